@@ -1,0 +1,52 @@
+"""The two records that flow through the pipeline: tokens in, states out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["TokenizedSample", "CapturedSample"]
+
+
+@dataclass(frozen=True)
+class TokenizedSample:
+    """A prompt ready for capture.
+
+    ``sample_id`` must be stable across runs (derived from the source row), since
+    resume skips ids that are already stored.
+    """
+
+    sample_id: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T]
+    truncated: bool = False
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dtype != torch.int64 or self.input_ids.dim() != 1:
+            raise ValueError(f"{self.sample_id}: input_ids must be int64 [T], got {self.input_ids.dtype} {tuple(self.input_ids.shape)}")
+        if self.loss_mask.dtype != torch.bool or self.loss_mask.shape != self.input_ids.shape:
+            raise ValueError(
+                f"{self.sample_id}: loss_mask must be bool with the shape of input_ids {tuple(self.input_ids.shape)}, "
+                f"got {self.loss_mask.dtype} {tuple(self.loss_mask.shape)}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class CapturedSample:
+    """One sample's tokens with its captured hidden states (see docs/FORMAT.md for meanings)."""
+
+    sample_id: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T]
+    aux_hidden_states: torch.Tensor  # [T, K, H]
+    final_hidden_state: torch.Tensor  # [T, H]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
