@@ -1,0 +1,36 @@
+# Fresh-machine entry points (README.md). Everything installs from this repo's files.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+# torch is pinned to the local CPU wheel: a bare requirement would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install test test-fast demo sglang-env fetch-sglang-sources bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q "$(TORCH_PIN)"
+	$(VPY) -m pip install -q -c constraints.txt -e ".[test,plots]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/hs-dataset build --config tiny-deepseek-hf --out out/tiny-deepseek-hf
+	$(VENV)/bin/hs-dataset verify out/tiny-deepseek-hf
+
+test: install sglang-env fetch-sglang-sources
+	$(VPY) -m pytest -q tests
+
+test-fast: install
+	$(VPY) -m pytest -q tests -m "not sglang and not slow"
+
+fetch-sglang-sources:
+	bash scripts/fetch_sglang_sources.sh
+
+bench: install
+	$(VPY) benchmarks/bench_shards.py
+
+sglang-env:
+	bash scripts/make_sglang_env.sh
+

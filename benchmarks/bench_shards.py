@@ -1,0 +1,172 @@
+"""P2/P3: shard writer and random-sample reader throughput against raw disk I/O of the same bytes.
+
+Both sides move the same number of bytes into the same directory in one run:
+  (a) writer: ShardWriter (hashing, atomic publish, fsync) vs plain os.write + fsync of
+      files of the same sizes;
+  (b) reader: open_dataset + every sample in random order, copied out of the mmap, vs
+      plain sequential readinto of the same files; warm page cache, and cold where
+      posix_fadvise(DONTNEED) can drop the pages.
+Samples are Kimi-K2.5 shaped (hidden 7168, 3 aux + final, bf16). Last line:
+``writer_vs_raw=X.XX reader_vs_raw=Y.YY`` (warm-cache reader ratio; cold printed above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hs_dataset import open_dataset
+from hs_dataset.formats import ShardWriter
+from hs_dataset.sample import CapturedSample
+
+H, K = 7168, 3
+
+
+def make_samples(total_bytes: int, seed: int = 0) -> list[CapturedSample]:
+    g = torch.Generator().manual_seed(seed)
+    per_token = (K + 1) * H * 2 + 9
+    samples, size, i = [], 0, 0
+    while size < total_bytes:
+        t = int(torch.randint(64, 513, (1,), generator=g))
+        states = torch.randn(t, K + 1, H, generator=g).bfloat16()
+        samples.append(
+            CapturedSample(f"s{i:05d}", torch.randint(0, 163840, (t,), generator=g), torch.ones(t, dtype=torch.bool), states[:, :K], states[:, K])
+        )
+        size += t * per_token
+        i += 1
+    return samples
+
+
+def metadata() -> dict:
+    return {"config_name": "bench", "model": {"path": "synthetic"}, "aux_layer_ids": [2, 30, 58], "final_state": "pre_norm", "dtype": "bfloat16", "hidden_size": H}
+
+
+def bench_writer(root: Path, samples: list[CapturedSample], shard_bytes: int, threads: int) -> tuple[float, list[int]]:
+    t0 = time.perf_counter()
+    with ShardWriter(root, metadata(), shard_bytes=shard_bytes, writer_threads=threads) as writer:
+        for s in samples:
+            writer.add(s)
+    elapsed = time.perf_counter() - t0
+    sizes = [r.bytes for r in writer.manifest.shards]
+    return elapsed, sizes
+
+
+def bench_raw_write(root: Path, sizes: list[int]) -> float:
+    block = os.urandom(8 * 1024 * 1024)
+    t0 = time.perf_counter()
+    for i, size in enumerate(sizes):
+        fd = os.open(root / f"raw-{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left:
+            n = os.write(fd, memoryview(block)[: min(left, len(block))])
+            left -= n
+        os.fsync(fd)
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def drop_cache(paths: list[Path]) -> bool:
+    ok = True
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (AttributeError, OSError):
+            ok = False
+        finally:
+            os.close(fd)
+    return ok
+
+
+def bench_reader(root: Path, seed: int) -> tuple[float, int]:
+    ds = open_dataset(root)
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
+    out = torch.empty(0, dtype=torch.uint8)
+    moved = 0
+    t0 = time.perf_counter()
+    for i in order:
+        item = ds[i]
+        for key in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_state"):
+            src = item[key].reshape(-1).view(torch.uint8)
+            if out.numel() < src.numel():
+                out = torch.empty(src.numel(), dtype=torch.uint8)
+            out[: src.numel()].copy_(src)
+            moved += src.numel()
+    return time.perf_counter() - t0, moved
+
+
+def bench_raw_read(paths: list[Path]) -> tuple[float, int]:
+    buf = bytearray(8 * 1024 * 1024)
+    moved = 0
+    t0 = time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                moved += n
+    return time.perf_counter() - t0, moved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=768, help="bytes of states to write (MiB)")
+    parser.add_argument("--shard-mib", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="writer threads")
+    parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    samples = make_samples(args.mib * 1024 * 1024)
+    base = Path(tempfile.mkdtemp(prefix="bench-shards-", dir=args.dir))
+    w_ratios, r_warm, r_cold = [], [], []
+    sizes: list[int] = []
+    try:
+        for rep in range(args.repeats):
+            ds_dir, raw_dir = base / f"ds{rep}", base / f"raw{rep}"
+            raw_dir.mkdir()
+            # alternate which side writes first so neither always meets the emptier disk cache
+            if rep % 2 and sizes:
+                raw_s = bench_raw_write(raw_dir, sizes)
+                writer_s, sizes = bench_writer(ds_dir, samples, args.shard_mib * 1024 * 1024, args.threads)
+            else:
+                writer_s, sizes = bench_writer(ds_dir, samples, args.shard_mib * 1024 * 1024, args.threads)
+                raw_s = bench_raw_write(raw_dir, sizes)
+            total = sum(sizes)
+            w_ratios.append(raw_s / writer_s)
+            shard_paths = sorted(ds_dir.glob("*.safetensors"))
+            bench_reader(ds_dir, rep)  # warm the cache
+            bench_raw_read(shard_paths)
+            ours_s, ours_b = bench_reader(ds_dir, rep)
+            raw_rs, raw_b = bench_raw_read(shard_paths)
+            r_warm.append((ours_b / ours_s) / (raw_b / raw_rs))
+            if drop_cache(shard_paths):
+                ours_cs, ours_cb = bench_reader(ds_dir, rep + 100)
+                drop_cache(shard_paths)
+                raw_cs, raw_cb = bench_raw_read(shard_paths)
+                r_cold.append((ours_cb / ours_cs) / (raw_cb / raw_cs))
+            print(
+                f"rep {rep}: {total / 2**20:.0f} MiB in {len(sizes)} shards | write ours {total / writer_s / 2**20:.0f} MiB/s raw {total / raw_s / 2**20:.0f} MiB/s"
+                f" | read warm ours {ours_b / ours_s / 2**20:.0f} raw {raw_b / raw_rs / 2**20:.0f} MiB/s"
+                + (f" | read cold ours {ours_cb / ours_cs / 2**20:.0f} raw {raw_cb / raw_cs / 2**20:.0f} MiB/s" if r_cold else ""),
+                flush=True,
+            )
+            shutil.rmtree(ds_dir)
+            shutil.rmtree(raw_dir)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    if r_cold:
+        print(f"reader_cold_vs_raw={med(r_cold):.2f}")
+    print(f"writer_vs_raw={med(w_ratios):.2f} reader_vs_raw={med(r_warm):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Crash-safe file publication: a file is either absent or complete, never partial.
+
+Pattern: write to a hidden temp file in the *same* directory, fsync it, rename it
+over the final name, then fsync the directory so the rename itself is durable.
+Temp names start with :data:`TEMP_PREFIX` so a resumed writer can find and remove
+the leftovers of a crash.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+
+from hs_dataset.faults import crash_point
+
+__all__ = ["TEMP_PREFIX", "temp_path_for", "fsync_dir", "publish", "atomic_write_bytes", "write_all", "is_temp_name", "remove_quietly"]
+
+TEMP_PREFIX = ".hs-tmp-"
+
+
+def temp_path_for(final: Path) -> Path:
+    """A unique hidden temp path next to ``final`` (same filesystem, so rename is atomic)."""
+    return final.parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{final.name}"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(TEMP_PREFIX)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename/unlink in ``directory`` durable (no-op where directories can't be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems refuse fsync on directories
+        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def publish(temp: Path, final: Path) -> None:
+    """Rename a fully written, fsynced temp file into place and persist the rename."""
+    os.replace(temp, final)
+    fsync_dir(final.parent)
+
+
+def remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_all(fd: int, view: memoryview) -> None:
+    """os.write until every byte is out (os.write may write less than asked)."""
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    """Write ``data`` to ``final`` atomically and durably."""
+    final = Path(final)
+    temp = temp_path_for(final)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        view = memoryview(data)
+        half = len(view) // 2
+        write_all(fd, view[:half])
+        crash_point("manifest.mid_write")
+        write_all(fd, view[half:])
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        remove_quietly(temp)
+        raise
+    os.close(fd)
+    publish(temp, final)

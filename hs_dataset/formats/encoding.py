@@ -1,0 +1,120 @@
+"""How each stored tensor is encoded, so readers never guess.
+
+Every tensor the format stores has an *encoding* recorded in the manifest. Plain
+encodings map one-to-one to a safetensors dtype. ``fp8_e4m3_per_token`` stores the
+state as float8 (e4m3) plus one float32 scale per token (and per aux layer), halving
+the bytes of a bf16 capture; readers decode it back to the capture dtype. A reader
+that meets an encoding it does not know refuses instead of misreading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hs_dataset.errors import UnsupportedFormatError
+
+__all__ = [
+    "Encoding",
+    "ENCODINGS",
+    "SAFETENSORS_DTYPES",
+    "get_encoding",
+    "state_encoding_for",
+    "encode_state",
+    "decode_state",
+    "SCALE_SUFFIX",
+]
+
+SCALE_SUFFIX = ".scale"
+
+# safetensors dtype code <-> torch dtype (only the ones this format uses).
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+}
+_TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def safetensors_dtype(dtype: torch.dtype) -> str:
+    try:
+        return _TORCH_TO_SAFETENSORS[dtype]
+    except KeyError:
+        raise UnsupportedFormatError(f"dtype {dtype} cannot be stored; use one of {sorted(map(str, _TORCH_TO_SAFETENSORS))}") from None
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """A named storage encoding of one logical tensor."""
+
+    name: str
+    storage_dtype: str  # safetensors dtype code of the main data
+    decoded_dtype: torch.dtype  # what readers hand out
+    scaled: bool = False  # a companion ``<key>.scale`` float32 tensor exists
+
+    @property
+    def storage_torch_dtype(self) -> torch.dtype:
+        return SAFETENSORS_DTYPES[self.storage_dtype]
+
+
+ENCODINGS: dict[str, Encoding] = {
+    "int64": Encoding("int64", "I64", torch.int64),
+    "bool": Encoding("bool", "BOOL", torch.bool),
+    "bf16": Encoding("bf16", "BF16", torch.bfloat16),
+    "f16": Encoding("f16", "F16", torch.float16),
+    "f32": Encoding("f32", "F32", torch.float32),
+    # decoded dtype is bf16: fp8 is an opt-in storage reduction of bf16 captures.
+    "fp8_e4m3_per_token": Encoding("fp8_e4m3_per_token", "F8_E4M3", torch.bfloat16, scaled=True),
+}
+
+_PLAIN_STATE_ENCODINGS = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def get_encoding(name: str) -> Encoding:
+    try:
+        return ENCODINGS[name]
+    except KeyError:
+        raise UnsupportedFormatError(
+            f"unknown tensor encoding {name!r}: this data was written by a newer hs_dataset; "
+            f"upgrade hs_dataset (known encodings: {sorted(ENCODINGS)})"
+        ) from None
+
+
+def state_encoding_for(dtype: torch.dtype, storage: str | None = None) -> str:
+    """The encoding name for hidden states captured in ``dtype`` (``storage='fp8'`` opts into fp8)."""
+    if storage in (None, "", "native"):
+        try:
+            return _PLAIN_STATE_ENCODINGS[dtype]
+        except KeyError:
+            raise ValueError(f"hidden states must be bf16, f16 or f32, got {dtype}") from None
+    if storage in ("fp8", "fp8_e4m3_per_token"):
+        return "fp8_e4m3_per_token"
+    raise ValueError(f"unknown storage encoding {storage!r}; use 'native' or 'fp8'")
+
+
+def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Encode a state tensor ``[..., H]`` for storage; returns (data, scale or None)."""
+    if not encoding.scaled:
+        return tensor.to(encoding.storage_torch_dtype).contiguous(), None
+    as_float = tensor.float()
+    amax = as_float.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
+    data = (as_float / scale.unsqueeze(-1)).clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    return data.contiguous(), scale.contiguous()
+
+
+def decode_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encoding) -> torch.Tensor:
+    """Inverse of :func:`encode_state`; plain encodings come back as the same (zero-copy) tensor."""
+    if not encoding.scaled:
+        return data
+    if scale is None:
+        raise UnsupportedFormatError(f"encoding {encoding.name} needs a '{SCALE_SUFFIX}' tensor but none is stored")
+    return (data.float() * scale.unsqueeze(-1)).to(encoding.decoded_dtype)

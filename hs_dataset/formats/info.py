@@ -1,0 +1,63 @@
+"""``hs-dataset info``: what a dataset holds, what its states mean, and how big it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hs_dataset.formats.manifest import Manifest
+
+__all__ = ["describe", "add_arguments", "run"]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def describe(manifest: Manifest) -> str:
+    """A human-readable summary of a manifest."""
+    md = manifest.metadata
+    model = md.get("model") or {}
+    norm = md.get("final_norm") or {}
+    bytes_per_token = manifest.num_bytes / manifest.num_tokens if manifest.num_tokens else 0.0
+    lines = [
+        f"format           {manifest.format} v{manifest.format_version} (dataset {manifest.dataset_id})",
+        f"created by       {manifest.created_by}",
+        f"config           {md.get('config_name')} (fingerprint {str(md.get('config_fingerprint'))[:16]})",
+        f"model            {model.get('path') or model.get('id')} (revision/fingerprint {model.get('revision') or str(model.get('fingerprint'))[:16]})",
+        f"aux layers       {md.get('aux_layer_ids')} ({md.get('layer_convention', 'hf_hidden_states_index')})",
+        f"final state      {md.get('final_state')} (norm eps {norm.get('eps')}, weight in {norm.get('weight_file')})",
+        f"dtype / hidden   {md.get('dtype')} / {md.get('hidden_size')}; stored as {manifest.tensors.get('aux_hidden_states', {}).get('encoding')}",
+        f"tokenizer        {md.get('tokenizer')}",
+        f"samples          {manifest.num_samples}",
+        f"tokens           {manifest.num_tokens}",
+        f"shards           {len(manifest.shards)}",
+        f"bytes            {_human(manifest.num_bytes)} ({bytes_per_token:.0f} B/token incl. ids and mask)",
+        f"quarantined      {len(manifest.quarantine)}",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="dataset directory (holds manifest.json)")
+    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    parser.add_argument("--plots", metavar="DIR", help="also write length and per-layer statistics plots (PNG) to DIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = Manifest.load(Path(args.path))
+    if args.json:
+        print(json.dumps(manifest.to_json(), indent=1))
+    else:
+        print(describe(manifest))
+    if args.plots:
+        from hs_dataset.stats import write_plots
+
+        for path in write_plots(args.path, args.plots):
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,270 @@
+"""The one shard reader. Every path that reads stored states goes through here.
+
+``open_dataset(path)`` returns a :class:`HiddenStateDataset`: a sequence (``len``,
+indexing, iteration) and a ``torch.utils.data.Dataset``. Items are dicts of
+zero-copy views over memory-mapped shards (copy-on-write private mappings: the
+file is never modified, and the tensors are writable without warnings). Nothing
+is ever unpickled: headers are JSON, tensors are raw bytes.
+
+Cheap checks run when a shard is first opened (size against the manifest, header
+shapes and dtypes against the recorded encodings, offsets); ``verify_hashes=True``
+also checks each shard's sha256 on first use. ``hs-dataset verify`` checks everything.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import mmap
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, decode_state, get_encoding
+from hs_dataset.formats.manifest import Manifest, ShardRecord
+from hs_dataset.formats.safetensors_layout import TensorSpec, read_header
+from hs_dataset.formats.shard_layout import (
+    AUX_KEY,
+    FINAL_KEY,
+    INPUT_IDS_KEY,
+    LOSS_MASK_KEY,
+    NORM_WEIGHT_KEY,
+    OFFSETS_KEY,
+    SHARD_FORMAT,
+)
+
+__all__ = ["ShardReader", "HiddenStateDataset", "open_dataset"]
+
+_SUPPORTED_SHARD_VERSIONS = {"1"}
+
+
+class ShardReader:
+    """Memory-mapped, validated view of one shard file."""
+
+    def __init__(self, path: Path, *, manifest: Manifest, record: ShardRecord | None = None, verify_hash: bool = False) -> None:
+        self.path = Path(path)
+        where = str(self.path)
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if record is not None and size != record.bytes:
+                raise IntegrityError(f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard)")
+            specs, meta, data_start = read_header(f, where)
+            if verify_hash and record is not None:
+                digest = _sha256_of_open_file(f)
+                if digest != record.sha256:
+                    raise IntegrityError(f"{where}: sha256 {digest} != manifest {record.sha256} (corrupted shard)")
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+        self._check_metadata(meta, manifest, where)
+        self.sample_ids: list[str] = self._parse_ids(meta, where)
+        self.specs = specs
+        self._data_start = data_start
+        self._tensors = {name: self._view(spec, manifest, where) for name, spec in specs.items()}
+        self.offsets = self._tensors[OFFSETS_KEY]
+        self._check_structure(manifest, record, where)
+        self._state_encoding = get_encoding(manifest.tensors[AUX_KEY]["encoding"])
+
+    # ---- validation --------------------------------------------------------
+    @staticmethod
+    def _check_metadata(meta: dict[str, str], manifest: Manifest, where: str) -> None:
+        if meta.get("format") != SHARD_FORMAT:
+            raise FormatError(f"{where}: not an hs_dataset shard (format={meta.get('format')!r})")
+        if meta.get("format_version") not in _SUPPORTED_SHARD_VERSIONS:
+            raise UnsupportedFormatError(f"{where}: shard format version {meta.get('format_version')!r} is not supported; upgrade hs_dataset")
+        if meta.get("dataset_id") != manifest.dataset_id:
+            raise IntegrityError(
+                f"{where}: shard belongs to dataset {meta.get('dataset_id')!r}, not {manifest.dataset_id!r} "
+                "(a shard from another dataset was copied here)"
+            )
+
+    @staticmethod
+    def _parse_ids(meta: dict[str, str], where: str) -> list[str]:
+        try:
+            ids = json.loads(meta["sample_ids"])
+        except (KeyError, ValueError):
+            raise FormatError(f"{where}: header has no valid sample_ids list") from None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise FormatError(f"{where}: sample_ids must be a list of strings")
+        return ids
+
+    def _view(self, spec: TensorSpec, manifest: Manifest, where: str) -> torch.Tensor:
+        dtype = SAFETENSORS_DTYPES.get(spec.dtype)
+        if dtype is None:
+            raise UnsupportedFormatError(f"{where}: tensor {spec.name!r} has dtype {spec.dtype!r}, unknown to this reader")
+        expected = _expected_storage_dtype(spec.name, manifest)
+        if expected is not None and expected != spec.dtype:
+            raise IntegrityError(f"{where}: tensor {spec.name!r} is {spec.dtype}, the manifest's encoding stores {expected}")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for d in spec.shape:
+            count *= d
+        if count * itemsize != spec.nbytes:
+            raise FormatError(f"{where}: tensor {spec.name!r} shape {spec.shape} does not match its {spec.nbytes} bytes")
+        if count == 0 or self._mmap is None:
+            return torch.empty(spec.shape, dtype=dtype)
+        flat = torch.frombuffer(self._mmap, dtype=dtype, count=count, offset=self._data_start + spec.begin)
+        return flat.view(spec.shape)
+
+    def _check_structure(self, manifest: Manifest, record: ShardRecord | None, where: str) -> None:
+        for key in (OFFSETS_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, AUX_KEY, FINAL_KEY):
+            if key not in self._tensors:
+                raise FormatError(f"{where}: tensor {key!r} is missing")
+        n = len(self.sample_ids)
+        offsets = self.offsets
+        tokens = self._tensors[INPUT_IDS_KEY].shape[0]
+        if offsets.shape != (n + 1,) or int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
+            raise IntegrityError(f"{where}: sample_offsets do not span the {tokens} tokens of {n} samples")
+        if n and bool((offsets[1:] <= offsets[:-1]).any()):
+            bad = int((offsets[1:] <= offsets[:-1]).nonzero()[0])
+            raise IntegrityError(f"{where}: sample {self.sample_ids[bad]!r} has no tokens (offsets not increasing)")
+        k, h = len(manifest.aux_layer_ids), manifest.hidden_size
+        shapes = {
+            LOSS_MASK_KEY: (tokens,),
+            AUX_KEY: (tokens, k, h),
+            FINAL_KEY: (tokens, h),
+        }
+        for key, shape in shapes.items():
+            if tuple(self._tensors[key].shape) != shape:
+                raise IntegrityError(f"{where}: {key} has shape {tuple(self._tensors[key].shape)}, expected {shape}")
+        if record is not None and (record.samples != n or record.tokens != tokens):
+            raise IntegrityError(f"{where}: holds {n} samples / {tokens} tokens, the manifest says {record.samples} / {record.tokens}")
+
+    # ---- access --------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A whole stored tensor (all samples concatenated), as a zero-copy view."""
+        return self._tensors[name]
+
+    def token_range(self, i: int) -> tuple[int, int]:
+        return int(self.offsets[i]), int(self.offsets[i + 1])
+
+    def sample(self, i: int) -> dict[str, Any]:
+        begin, end = self.token_range(i)
+        t = self._tensors
+        aux_scale = t.get(AUX_KEY + SCALE_SUFFIX)
+        final_scale = t.get(FINAL_KEY + SCALE_SUFFIX)
+        return {
+            "sample_id": self.sample_ids[i],
+            "input_ids": t[INPUT_IDS_KEY][begin:end],
+            "loss_mask": t[LOSS_MASK_KEY][begin:end],
+            "aux_hidden_states": decode_state(
+                t[AUX_KEY][begin:end], None if aux_scale is None else aux_scale[begin:end], self._state_encoding
+            ),
+            "final_hidden_state": decode_state(
+                t[FINAL_KEY][begin:end], None if final_scale is None else final_scale[begin:end], self._state_encoding
+            ),
+        }
+
+
+def _expected_storage_dtype(name: str, manifest: Manifest) -> str | None:
+    if name.endswith(SCALE_SUFFIX):
+        return "F32"
+    entry = manifest.tensors.get(name)
+    if entry is None:
+        return None
+    return get_encoding(entry["encoding"]).storage_dtype
+
+
+def _sha256_of_open_file(f: Any) -> str:
+    digest = hashlib.sha256()
+    f.seek(0)
+    while chunk := f.read(8 * 1024 * 1024):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
+    """All samples of a dataset directory, in manifest order.
+
+    Picklable (only the path and options travel), so it works with
+    ``DataLoader(num_workers>0)`` under both fork and spawn; each worker maps the
+    shards it touches on first use.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, verify_hashes: bool = False) -> None:
+        self.root = Path(root)
+        self.verify_hashes = verify_hashes
+        self.manifest = Manifest.load(self.root)
+        for name, entry in self.manifest.tensors.items():
+            get_encoding(entry["encoding"])  # refuse unknown encodings before any read
+        self._cumulative = [0]
+        for record in self.manifest.shards:
+            self._cumulative.append(self._cumulative[-1] + record.samples)
+        self._readers: dict[int, ShardReader] = {}
+        self._open_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "verify_hashes": self.verify_hashes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], verify_hashes=state["verify_hashes"])
+
+    def __len__(self) -> int:
+        return self._cumulative[-1]
+
+    def shard(self, index: int) -> ShardReader:
+        """The reader of shard ``index`` (opened and validated on first use)."""
+        reader = self._readers.get(index)
+        if reader is None:
+            with self._open_lock:
+                reader = self._readers.get(index)
+                if reader is None:
+                    record = self.manifest.shards[index]
+                    path = self.root / record.file
+                    if not path.exists():
+                        raise IntegrityError(f"{path}: shard listed in the manifest is missing")
+                    reader = ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
+                    self._readers[index] = reader
+        return reader
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Map a global sample index to (shard index, index within the shard)."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} samples")
+        shard = bisect.bisect_right(self._cumulative, index) - 1
+        return shard, index - self._cumulative[shard]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]  # type: ignore[return-value]
+        shard, local = self.locate(int(index))
+        return self.shard(shard).sample(local)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for shard_index in range(len(self.manifest.shards)):
+            reader = self.shard(shard_index)
+            for i in range(len(reader)):
+                yield reader.sample(i)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [sid for i in range(len(self.manifest.shards)) for sid in self.shard(i).sample_ids]
+
+    def final_norm(self) -> tuple[torch.Tensor, float]:
+        """The final norm's (weight, eps) recorded with the data, to derive post-norm states."""
+        info = self.manifest.metadata.get("final_norm") or {}
+        if "weight_file" not in info:
+            raise FormatError(f"{self.root}: the manifest records no final-norm weight")
+        from safetensors import safe_open
+
+        path = self.root / info["weight_file"]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if info.get("weight_sha256") and digest != info["weight_sha256"]:
+            raise IntegrityError(f"{path}: sha256 differs from the manifest (corrupted norm weight)")
+        with safe_open(str(path), framework="pt") as f:
+            weight = f.get_tensor(info.get("weight_key", NORM_WEIGHT_KEY))
+        return weight, float(info["eps"])
+
+
+def open_dataset(path: str | os.PathLike, *, verify_hashes: bool = False) -> HiddenStateDataset:
+    """Open a dataset directory written by :class:`~hs_dataset.formats.writer.ShardWriter`."""
+    return HiddenStateDataset(path, verify_hashes=verify_hashes)

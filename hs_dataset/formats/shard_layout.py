@@ -1,0 +1,43 @@
+"""Names and constants of the shard layout shared by the writer, reader and verify (docs/FORMAT.md)."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "SHARD_FORMAT",
+    "SHARD_SUFFIX",
+    "OFFSETS_KEY",
+    "INPUT_IDS_KEY",
+    "LOSS_MASK_KEY",
+    "AUX_KEY",
+    "FINAL_KEY",
+    "STATE_KEYS",
+    "NORM_WEIGHT_FILE",
+    "NORM_WEIGHT_KEY",
+    "MAX_SHARD_BYTES",
+    "DEFAULT_SHARD_BYTES",
+    "shard_file_name",
+    "SHARD_NAME_RE",
+]
+
+SHARD_FORMAT = "hs_dataset.shard"
+SHARD_SUFFIX = ".safetensors"
+OFFSETS_KEY = "sample_offsets"
+INPUT_IDS_KEY = "input_ids"
+LOSS_MASK_KEY = "loss_mask"
+AUX_KEY = "aux_hidden_states"
+FINAL_KEY = "final_hidden_state"
+STATE_KEYS = (AUX_KEY, FINAL_KEY)
+NORM_WEIGHT_FILE = "final_norm.safetensors"
+NORM_WEIGHT_KEY = "weight"
+
+MAX_SHARD_BYTES = 4 * 1024**3 - 1  # consumers with 32-bit offsets (and FAT-style limits) stay safe
+DEFAULT_SHARD_BYTES = 2 * 1024**3
+
+SHARD_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]*?)shard-(?P<seq>\d{6})\.safetensors$")
+
+
+def shard_file_name(prefix: str, seq: int) -> str:
+    """``{prefix}shard-000042.safetensors``; the prefix separates concurrent writers (ranks)."""
+    return f"{prefix}shard-{seq:06d}{SHARD_SUFFIX}"

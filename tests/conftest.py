@@ -1,0 +1,60 @@
+"""Shared test helpers: deterministic synthetic samples and dataset metadata."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hs_dataset.sample import CapturedSample
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_metadata(k: int = 3, h: int = 16, dtype: str = "bfloat16", **extra) -> dict:
+    md = {
+        "config_name": "unit-test",
+        "config_fingerprint": "0" * 64,
+        "model": {"path": "synthetic", "fingerprint": "none"},
+        "aux_layer_ids": list(range(2, 2 + k)),
+        "layer_convention": "hf_hidden_states_index",
+        "final_state": "pre_norm",
+        "final_norm": {"eps": 1e-6},
+        "dtype": dtype,
+        "hidden_size": h,
+    }
+    md.update(extra)
+    return md
+
+
+def make_sample(sid: str, tokens: int, k: int = 3, h: int = 16, dtype: torch.dtype = torch.bfloat16, seed: int | None = None) -> CapturedSample:
+    """A sample whose contents depend only on (sid, tokens, k, h, dtype, seed)."""
+    g = torch.Generator().manual_seed(seed if seed is not None else stable_seed(sid))
+    return CapturedSample(
+        sample_id=sid,
+        input_ids=torch.randint(0, 50_000, (tokens,), generator=g),
+        loss_mask=torch.rand(tokens, generator=g) > 0.3,
+        aux_hidden_states=torch.randn(tokens, k, h, generator=g).to(dtype),
+        final_hidden_state=torch.randn(tokens, h, generator=g).to(dtype),
+    )
+
+
+def stable_seed(sid: str) -> int:
+    import zlib
+
+    return zlib.crc32(sid.encode())
+
+
+@pytest.fixture
+def python_env() -> dict:
+    """Environment for child Python processes that import hs_dataset from this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("HS_DATASET_CRASH_AT", None)
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,247 @@
+"""Corruption that verify and the reader must catch, and bad input that must be refused clearly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from hs_dataset import open_dataset
+from hs_dataset.cli import main as cli_main
+from hs_dataset.errors import (
+    DiskFullError,
+    DuplicateSampleError,
+    ForeignDatasetError,
+    FormatError,
+    IntegrityError,
+    NonFiniteStateError,
+    SampleError,
+    UnsupportedFormatError,
+)
+from hs_dataset.formats import ShardWriter
+from hs_dataset.formats.verify import verify_dataset
+from hs_dataset.sample import CapturedSample
+
+from conftest import make_metadata, make_sample
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "ds"
+    with ShardWriter(root, make_metadata(), shard_bytes=4_000) as writer:
+        writer.add_many(make_sample(f"s{i:03d}", 10 + i) for i in range(12))
+    return root
+
+
+def _shards(root):
+    return json.loads((root / "manifest.json").read_text())["shards"]
+
+
+def test_clean_dataset_verifies_via_cli(dataset, capsys):
+    assert cli_main(["verify", str(dataset)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"verified 12 samples, {sum(10 + i for i in range(12))} tokens, {len(_shards(dataset))} shards"
+
+
+def test_flipped_byte_is_caught(dataset, capsys):
+    shard = dataset / _shards(dataset)[1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert cli_main(["verify", str(dataset)]) == 1
+    err = capsys.readouterr().err
+    assert shard.name in err and "sha256" in err
+    with pytest.raises(IntegrityError, match="sha256"):
+        ds = open_dataset(dataset, verify_hashes=True)
+        for _ in ds:
+            pass
+
+
+def test_truncated_shard_is_caught_by_verify_and_reader(dataset):
+    shard = dataset / _shards(dataset)[0]["file"]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 17)
+    result = verify_dataset(dataset)
+    assert not result.ok and shard.name in result.problems[0]
+    with pytest.raises(IntegrityError, match="truncated"):
+        open_dataset(dataset)[0]
+
+
+def test_missing_shard_is_caught(dataset):
+    shard = dataset / _shards(dataset)[-1]["file"]
+    shard.unlink()
+    result = verify_dataset(dataset)
+    assert not result.ok and "missing" in result.problems[0] and shard.name in result.problems[0]
+
+
+def test_edited_manifest_is_caught(dataset):
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["shards"][0]["tokens"] += 1
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    result = verify_dataset(dataset)
+    assert not result.ok and manifest["shards"][0]["file"] in result.problems[0]
+
+
+def test_nan_written_behind_the_writers_back_is_caught(dataset):
+    """verify scans values too: a NaN patched into a shard (with a matching hash) names its sample."""
+    from hs_dataset.formats.reader import ShardReader
+    from hs_dataset.formats.manifest import Manifest
+    import hashlib
+
+    manifest = Manifest.load(dataset)
+    record = manifest.shards[0]
+    path = dataset / record.file
+    reader = ShardReader(path, manifest=manifest)
+    spec = reader.specs["final_hidden_state"]
+    begin, _ = reader.token_range(1)
+    pos = reader._data_start + spec.begin + begin * 16 * 2
+    del reader
+    data = bytearray(path.read_bytes())
+    data[pos : pos + 2] = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(data))
+    raw = json.loads((dataset / "manifest.json").read_text())
+    raw["shards"][0]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (dataset / "manifest.json").write_text(json.dumps(raw))
+    result = verify_dataset(dataset)
+    assert not result.ok and "NaN" in result.problems[0] and reader_sample_id(dataset, 0, 1) in result.problems[0]
+
+
+def reader_sample_id(root, shard, index):
+    return open_dataset(root).shard(shard).sample_ids[index]
+
+
+def test_shard_from_another_dataset_is_caught(dataset, tmp_path):
+    other = tmp_path / "other"
+    with ShardWriter(other, make_metadata(), shard_bytes=4_000) as writer:
+        writer.add_many(make_sample(f"s{i:03d}", 10 + i) for i in range(12))
+    name = _shards(dataset)[0]["file"]
+    shutil.copyfile(other / name, dataset / name)
+    result = verify_dataset(dataset, check_hashes=False)
+    assert not result.ok and "another dataset" in " ".join(result.problems)
+
+
+def test_newer_format_version_is_refused(dataset):
+    raw = json.loads((dataset / "manifest.json").read_text())
+    raw["format_version"] = 99
+    (dataset / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(UnsupportedFormatError, match="upgrade hs_dataset"):
+        open_dataset(dataset)
+    assert not verify_dataset(dataset).ok
+
+
+def test_unknown_encoding_is_refused(dataset):
+    raw = json.loads((dataset / "manifest.json").read_text())
+    raw["tensors"]["aux_hidden_states"]["encoding"] = "int4_magic"
+    (dataset / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(UnsupportedFormatError, match="int4_magic"):
+        open_dataset(dataset)
+
+
+def test_not_a_dataset(tmp_path):
+    with pytest.raises(FormatError, match="not an hs_dataset"):
+        open_dataset(tmp_path)
+
+
+# ---------------------------------------------------------------- bad input at write time
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda s: CapturedSample(s.sample_id, s.input_ids[:0], s.loss_mask[:0], s.aux_hidden_states[:0], s.final_hidden_state[:0]), "empty sample"),
+        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states[:, :2], s.final_hidden_state), "aux_hidden_states shape"),
+        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states, s.final_hidden_state[:-1]), "final_hidden_state shape"),
+        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states.float(), s.final_hidden_state), "dtype"),
+        (lambda s: CapturedSample(s.sample_id, s.input_ids.float(), s.loss_mask, s.aux_hidden_states, s.final_hidden_state), "int64"),
+        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask[:-1], s.aux_hidden_states, s.final_hidden_state), "loss_mask"),
+        (lambda s: CapturedSample("", s.input_ids, s.loss_mask, s.aux_hidden_states, s.final_hidden_state), "sample id"),
+    ],
+)
+def test_bad_samples_are_refused_and_nothing_is_lost(tmp_path, mutate, match):
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        writer.add(make_sample("good-1", 5))
+        with pytest.raises(SampleError, match=match):
+            writer.add(mutate(make_sample("bad", 6)))
+        writer.add(make_sample("good-2", 5))
+    assert open_dataset(tmp_path).sample_ids == ["good-1", "good-2"]
+
+
+def test_nonfinite_states_are_quarantined_with_a_report(tmp_path):
+    bad = make_sample("nan-sample", 6)
+    bad.final_hidden_state[3, 2] = float("inf")
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        writer.add(make_sample("ok", 4))
+        assert writer.add(bad) is False
+    report = writer.report
+    assert report.quarantined == [{"sample_id": "nan-sample", "reason": "final_hidden_state has NaN/inf at 1 token(s), first at token 3"}]
+    ds = open_dataset(tmp_path)
+    assert ds.sample_ids == ["ok"] and ds.manifest.quarantine == report.quarantined
+    # a resumed run does not retry it silently: it stays reported
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        assert writer.contains("nan-sample")
+
+
+def test_nonfinite_states_can_be_refused(tmp_path):
+    bad = make_sample("nan-sample", 6)
+    bad.aux_hidden_states[0, 1, 0] = float("nan")
+    with ShardWriter(tmp_path, make_metadata(), nonfinite="refuse") as writer:
+        with pytest.raises(NonFiniteStateError, match="nan-sample.*aux_hidden_states.*token 0"):
+            writer.add(bad)
+
+
+def test_duplicate_id_in_one_run_is_refused(tmp_path):
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        writer.add(make_sample("a", 3))
+        with pytest.raises(DuplicateSampleError, match="'a'"):
+            writer.add(make_sample("a", 3))
+
+
+def test_foreign_directories_are_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    with pytest.raises(ForeignDatasetError, match="not empty"):
+        ShardWriter(tmp_path, make_metadata())
+    other = tmp_path / "ds"
+    with ShardWriter(other, make_metadata()) as writer:
+        writer.add(make_sample("a", 3))
+    with pytest.raises(ForeignDatasetError, match="different dataset"):
+        ShardWriter(other, make_metadata(aux_layer_ids=[1, 2, 3]))
+
+
+def test_second_writer_on_the_same_directory_is_refused(tmp_path):
+    with ShardWriter(tmp_path, make_metadata()):
+        with pytest.raises(ForeignDatasetError, match="another process"):
+            ShardWriter(tmp_path, make_metadata())
+
+
+def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, monkeypatch):
+    import hs_dataset.formats.writer as writer_module
+
+    with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:
+        writer.add_many(make_sample(f"pre-{i}", 8) for i in range(6))
+    before = open_dataset(tmp_path).sample_ids
+    real_write = writer_module.write_all
+    calls = {"n": 0}
+
+    def failing_write(fd, view):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(fd, view)
+
+    monkeypatch.setattr(writer_module, "write_all", failing_write)
+    writer = ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000)
+    with pytest.raises(DiskFullError, match="resume"):
+        for i in range(20):
+            writer.add(make_sample(f"post-{i}", 8))
+        writer.close()
+    writer.abort()
+    assert verify_dataset(tmp_path).ok
+    assert open_dataset(tmp_path).sample_ids == before
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".hs-tmp-")]
+    monkeypatch.setattr(writer_module, "write_all", real_write)
+    with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:
+        for i in range(20):
+            writer.add(make_sample(f"post-{i}", 8))
+    assert len(open_dataset(tmp_path)) == 26 and verify_dataset(tmp_path).ok

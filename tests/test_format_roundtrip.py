@@ -1,0 +1,95 @@
+"""Property tests: whatever goes into the writer comes back byte-exactly, across shard boundaries."""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from hs_dataset import open_dataset
+from hs_dataset.formats import ShardWriter
+from hs_dataset.formats.verify import verify_dataset
+
+from conftest import make_metadata, make_sample
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=25),
+    k=st.integers(min_value=1, max_value=4),
+    h=st.sampled_from([1, 8, 24]),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    shard_bytes=st.integers(min_value=1, max_value=20_000),
+    threads=st.integers(min_value=1, max_value=3),
+)
+def test_roundtrip_is_byte_exact(lengths, k, h, dtype, shard_bytes, threads):
+    samples = [make_sample(f"id-{i}", n, k, h, DTYPES[dtype], seed=i) for i, n in enumerate(lengths)]
+    with tempfile.TemporaryDirectory() as root:
+        with ShardWriter(root, make_metadata(k, h, dtype), shard_bytes=shard_bytes, writer_threads=threads) as writer:
+            for s in samples:
+                assert writer.add(s)
+        ds = open_dataset(root, verify_hashes=True)
+        assert len(ds) == len(samples)
+        by_id = {s.sample_id: s for s in samples}
+        assert sorted(ds.sample_ids) == sorted(by_id)
+        total_tokens = 0
+        for item in ds:
+            ref = by_id[item["sample_id"]]
+            total_tokens += ref.num_tokens
+            assert item["input_ids"].dtype == torch.int64 and torch.equal(item["input_ids"], ref.input_ids)
+            assert item["loss_mask"].dtype == torch.bool and torch.equal(item["loss_mask"], ref.loss_mask)
+            # byte-exact: compare the raw bits, so even NaN payloads or -0.0 would have to match
+            assert torch.equal(item["aux_hidden_states"].view(torch.uint8), ref.aux_hidden_states.view(torch.uint8))
+            assert torch.equal(item["final_hidden_state"].view(torch.uint8), ref.final_hidden_state.view(torch.uint8))
+        assert ds.manifest.num_tokens == total_tokens
+        # samples are never split: every shard's offsets end exactly at its token count
+        for i, record in enumerate(ds.manifest.shards):
+            reader = ds.shard(i)
+            assert int(reader.offsets[-1]) == record.tokens
+        assert verify_dataset(root).ok
+
+
+def test_shards_are_plain_safetensors(tmp_path):
+    """A third party can read a shard with nothing but safetensors and json (docs/FORMAT.md)."""
+    import json
+
+    samples = [make_sample(f"s{i}", 5 + i) for i in range(4)]
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        writer.add_many(samples)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    shard = tmp_path / manifest["shards"][0]["file"]
+    with safe_open(str(shard), framework="pt") as f:
+        ids = json.loads(f.metadata()["sample_ids"])
+        offsets = f.get_tensor("sample_offsets")
+        aux = f.get_tensor("aux_hidden_states")
+        for i, sid in enumerate(ids):
+            ref = samples[int(sid[1:])]
+            assert torch.equal(aux[offsets[i] : offsets[i + 1]], ref.aux_hidden_states)
+
+
+def test_items_are_zero_copy_views(tmp_path):
+    with ShardWriter(tmp_path, make_metadata()) as writer:
+        writer.add_many(make_sample(f"s{i}", 7) for i in range(3))
+    ds = open_dataset(tmp_path)
+    whole = ds.shard(0).tensor("aux_hidden_states")
+    item = ds[1]
+    assert item["aux_hidden_states"].untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    assert item["aux_hidden_states"].data_ptr() == whole[7:14].data_ptr()
+
+
+def test_fp8_encoding_roundtrip_is_close_and_recorded(tmp_path):
+    samples = [make_sample(f"s{i}", 9, seed=i) for i in range(5)]
+    with ShardWriter(tmp_path, make_metadata(), storage="fp8") as writer:
+        writer.add_many(samples)
+    ds = open_dataset(tmp_path, verify_hashes=True)
+    assert ds.manifest.tensors["aux_hidden_states"]["encoding"] == "fp8_e4m3_per_token"
+    for item, ref in zip(ds, samples):
+        assert item["aux_hidden_states"].dtype == torch.bfloat16
+        err = (item["aux_hidden_states"].float() - ref.aux_hidden_states.float()).norm() / ref.aux_hidden_states.float().norm()
+        assert err < 0.05, err
+    assert verify_dataset(tmp_path).ok
