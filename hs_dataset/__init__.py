@@ -1,13 +1,38 @@
 """hs_dataset: EAGLE-3 drafter training data from a served LLM's hidden states.
 
-Reading: ``hs_dataset.open_dataset(path)``. Building: ``hs-dataset build`` or
-``datasets.load_dataset("hs_dataset", config=...)`` after ``import hs_dataset``.
+Reading: ``hs_dataset.open_dataset(path)``. Building: ``hs-dataset build``, or
+``datasets.load_dataset("hs_dataset", config=...)`` after ``import hs_dataset``
+(which teaches ``datasets`` the name), or ``hs_dataset.load_dataset(...)``.
+
+Attributes are imported lazily, so the SGLang server can import
+``hs_dataset.server_patch`` with nothing but torch installed.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
 
-from hs_dataset.formats.reader import HiddenStateDataset, open_dataset  # noqa: E402
+__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "build_dataset", "push_to_hub"]
 
-__all__ = ["__version__", "open_dataset", "HiddenStateDataset"]
+_LAZY = {
+    "open_dataset": "hs_dataset.formats.reader",
+    "HiddenStateDataset": "hs_dataset.formats.reader",
+    "load_dataset": "hs_dataset.builder",
+    "build_dataset": "hs_dataset.pipeline",
+    "push_to_hub": "hs_dataset.hub",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hs_dataset' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+from hs_dataset import _datasets_hook  # noqa: E402
+
+_datasets_hook.install()

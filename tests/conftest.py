@@ -58,3 +58,32 @@ def python_env() -> dict:
 
 
 PYTHON = sys.executable
+
+
+# No test may reach a hub: everything is built locally or shipped in packages.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from hs_dataset.capture.tiny_model import build_tiny_deepseek
+
+    return build_tiny_deepseek()
+
+
+@pytest.fixture(scope="session")
+def tiny_card():
+    from hs_dataset.card import load_card
+
+    return load_card("tiny-deepseek-hf")
+
+
+@pytest.fixture(scope="session")
+def hf_backend(tiny_model_dir):
+    from hs_dataset.capture.hf import HFBackend
+
+    backend = HFBackend(tiny_model_dir, [2, 3, 4], dtype="float32", device="cpu")
+    yield backend
+    backend.close()

@@ -83,8 +83,12 @@ def default_cache_dir() -> Path:
 
 
 def _recipe_fingerprint() -> str:
+    """Changes whenever the built files could: config, seed, build revision, tokenizer recipe."""
+    from hs_dataset.sources import tiny_tokenizer
+
     recipe = json.dumps({"config": TINY_DEEPSEEK_CONFIG, "seed": TINY_SEED, "rev": _BUILD_REVISION}, sort_keys=True)
-    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+    tokenizer_recipe = Path(tiny_tokenizer.__file__).read_bytes()
+    return hashlib.sha256(recipe.encode() + tokenizer_recipe).hexdigest()[:16]
 
 
 def tiny_model_dir(cache_dir: Path | None = None) -> Path:

@@ -47,6 +47,8 @@ IDENTITY_KEYS = (
 def identity_fingerprint(metadata: dict[str, Any]) -> str:
     """sha256 over the identity part of the metadata (canonical JSON)."""
     identity = {k: metadata.get(k) for k in IDENTITY_KEYS}
+    if isinstance(identity["model"], dict):  # the weights define the data, not where they lie on disk
+        identity["model"] = {k: identity["model"].get(k) for k in ("id", "fingerprint")}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -59,11 +61,22 @@ class ShardRecord:
     tokens: int
     bytes: int
     sha256: str
+    dataset_id: str | None = None  # set in merged datasets: the part this shard was written for
+
+    def to_json(self) -> dict[str, Any]:
+        raw = asdict(self)
+        if raw["dataset_id"] is None:
+            del raw["dataset_id"]
+        return raw
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], where: str) -> "ShardRecord":
         try:
-            return cls(str(raw["file"]), int(raw["samples"]), int(raw["tokens"]), int(raw["bytes"]), str(raw["sha256"]))
+            dataset_id = raw.get("dataset_id")
+            return cls(
+                str(raw["file"]), int(raw["samples"]), int(raw["tokens"]), int(raw["bytes"]), str(raw["sha256"]),
+                None if dataset_id is None else str(dataset_id),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: malformed shard entry {raw!r} ({exc})") from None
 
@@ -118,7 +131,7 @@ class Manifest:
             "metadata": self.metadata,
             "tensors": self.tensors,
             "totals": {"samples": self.num_samples, "tokens": self.num_tokens, "bytes": self.num_bytes, "shards": len(self.shards)},
-            "shards": [asdict(s) for s in self.shards],
+            "shards": [s.to_json() for s in self.shards],
             "quarantine": self.quarantine,
         }
 

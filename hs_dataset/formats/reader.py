@@ -59,7 +59,7 @@ class ShardReader:
                 if digest != record.sha256:
                     raise IntegrityError(f"{where}: sha256 {digest} != manifest {record.sha256} (corrupted shard)")
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
-        self._check_metadata(meta, manifest, where)
+        self._check_metadata(meta, (record.dataset_id if record else None) or manifest.dataset_id, where)
         self.sample_ids: list[str] = self._parse_ids(meta, where)
         self.specs = specs
         self._data_start = data_start
@@ -70,14 +70,14 @@ class ShardReader:
 
     # ---- validation --------------------------------------------------------
     @staticmethod
-    def _check_metadata(meta: dict[str, str], manifest: Manifest, where: str) -> None:
+    def _check_metadata(meta: dict[str, str], dataset_id: str, where: str) -> None:
         if meta.get("format") != SHARD_FORMAT:
             raise FormatError(f"{where}: not an hs_dataset shard (format={meta.get('format')!r})")
         if meta.get("format_version") not in _SUPPORTED_SHARD_VERSIONS:
             raise UnsupportedFormatError(f"{where}: shard format version {meta.get('format_version')!r} is not supported; upgrade hs_dataset")
-        if meta.get("dataset_id") != manifest.dataset_id:
+        if meta.get("dataset_id") != dataset_id:
             raise IntegrityError(
-                f"{where}: shard belongs to dataset {meta.get('dataset_id')!r}, not {manifest.dataset_id!r} "
+                f"{where}: shard belongs to dataset {meta.get('dataset_id')!r}, not {dataset_id!r} "
                 "(a shard from another dataset was copied here)"
             )
 

@@ -1,0 +1,47 @@
+"""The sources stage: chat or pre-tokenized rows -> :class:`~hs_dataset.sample.TokenizedSample`.
+
+See docs/SOURCES.md for the input formats, the loss-mask rules and the report.
+"""
+
+from __future__ import annotations
+
+from hs_dataset.sources.iterate import Overflow, iter_samples, load_samples
+from hs_dataset.sources.masking import KIMI_K25_RULE, MarkerSpanRule, MaskRule, resolve_mask_rule
+from hs_dataset.sources.messages import Conversation, normalize_conversation
+from hs_dataset.sources.pretokenized import MissingMaskPolicy
+from hs_dataset.sources.report import MalformedRowError, RowIssue, SourceReport
+from hs_dataset.sources.rows import RowSource, open_source
+from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
+from hs_dataset.sources.tiny_tokenizer import KIMI_CHAT_TOKENS, kimi_k25_chat_template, write_tiny_tokenizer
+
+__all__ = [
+    "iter_samples",
+    "load_samples",
+    "SourceReport",
+    "RowIssue",
+    "MalformedRowError",
+    "Overflow",
+    "IdPolicy",
+    "MissingMaskPolicy",
+    "MaskRule",
+    "MarkerSpanRule",
+    "KIMI_K25_RULE",
+    "resolve_mask_rule",
+    "Conversation",
+    "normalize_conversation",
+    "RowSource",
+    "open_source",
+    "sample_id_for",
+    "write_tiny_tokenizer",
+    "kimi_k25_chat_template",
+    "KIMI_CHAT_TOKENS",
+    "bundled_conversations_path",
+]
+
+
+def bundled_conversations_path():
+    """Path of the conversations shipped with the package (``hs_dataset/data/conversations.jsonl``)."""
+    from importlib import resources
+    from pathlib import Path
+
+    return Path(str(resources.files("hs_dataset").joinpath("data", "conversations.jsonl")))

@@ -1,0 +1,178 @@
+"""In-process Hugging Face capture: batched forward, hooks on exactly the layers asked for.
+
+Meaning of what is captured (the manifest records it):
+
+* aux id ``i`` is transformers' ``output_hidden_states[i]``: ``i = 0`` is the
+  embedding output, ``i >= 1`` the output of decoder layer ``i - 1``. We read it with
+  a forward hook on that module instead of ``output_hidden_states=True``, which would
+  keep every layer of the batch alive at once.
+* the final state is the input of the model's final norm (``pre_norm``), taken with a
+  forward pre-hook on ``model.norm``; the norm's weight and eps are reported so a
+  post-norm state can be derived exactly.
+
+Batches are right-padded. With causal attention and an attention mask, real tokens
+never see padding, and padded rows are cut off before anything is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
+from hs_dataset.capture.model_info import model_fingerprint, resolve_model_path
+from hs_dataset.sample import CapturedSample, TokenizedSample
+
+__all__ = ["HFBackend", "pick_device", "find_decoder"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto`` means CUDA when present, else CPU; GPU code paths degrade to CPU cleanly."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for but CUDA is not available; use --device cpu or auto")
+    return torch.device(device)
+
+
+def find_decoder(model: torch.nn.Module, module_path: str | None = None) -> torch.nn.Module:
+    """The decoder stack (has ``embed_tokens``, ``layers`` and ``norm``), e.g. ``language_model.model`` for Kimi-K2.5."""
+    candidates = [module_path] if module_path else ["model", "language_model.model", "model.language_model", ""]
+    for path in candidates:
+        module = model
+        try:
+            for part in filter(None, (path or "").split(".")):
+                module = getattr(module, part)
+        except AttributeError:
+            continue
+        if all(hasattr(module, name) for name in ("embed_tokens", "layers", "norm")):
+            return module
+    raise ValueError(f"{type(model).__name__}: no decoder with embed_tokens/layers/norm found at {candidates}; set model.text_module in the card")
+
+
+class HFBackend(CaptureBackend):
+    """Capture with ``transformers`` in this process (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        aux_layer_ids: Sequence[int],
+        *,
+        dtype: str = "float32",
+        device: str = "auto",
+        text_module: str | None = None,
+        model_revision: str | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model_path = resolve_model_path(str(model_path))
+        self.device = pick_device(device)
+        self.dtype = _DTYPES[dtype]
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype, local_files_only=True)
+        self.model = model.to(self.device).eval()
+        self.decoder = find_decoder(self.model, text_module)
+        self.num_layers = len(self.decoder.layers)
+        self.aux_layer_ids = list(aux_layer_ids)
+        bad = [i for i in self.aux_layer_ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(
+                f"aux layer ids {bad} are outside 0..{self.num_layers - 1} for this {self.num_layers}-layer model "
+                f"(HF hidden_states index; hidden_states[{self.num_layers}] is the final state, captured separately)"
+            )
+        self.model_revision = model_revision
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> CaptureInfo:
+        config = self.model.config
+        text_config = getattr(config, "text_config", None) or config
+        norm = self.decoder.norm
+        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or getattr(text_config, "rms_norm_eps", None)
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self.model_path)
+        return CaptureInfo(
+            model_path=str(self.model_path),
+            model_fingerprint=self._fingerprint,
+            model_revision=self.model_revision,
+            aux_layer_ids=self.aux_layer_ids,
+            hidden_size=int(text_config.hidden_size),
+            num_hidden_layers=self.num_layers,
+            vocab_size=int(text_config.vocab_size),
+            dtype=self.dtype,
+            final_state="pre_norm",
+            final_norm_eps=float(eps) if eps is not None else None,
+            final_norm_weight=norm.weight.detach().to("cpu", torch.float32).clone(),
+            backend="hf",
+            backend_details={"device": str(self.device), "transformers_model_class": type(self.model).__name__},
+        )
+
+    # ------------------------------------------------------------------ capture
+    @contextlib.contextmanager
+    def _hooks(self, store: dict[Any, torch.Tensor]):
+        handles = []
+
+        def keep_output(key):
+            def hook(_module, _inputs, output):
+                store[key] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        def keep_norm_input(_module, args, kwargs):
+            store["final"] = args[0] if args else kwargs["hidden_states"]
+
+        for layer_id in self.aux_layer_ids:
+            module = self.decoder.embed_tokens if layer_id == 0 else self.decoder.layers[layer_id - 1]
+            handles.append(module.register_forward_hook(keep_output(layer_id)))
+        handles.append(self.decoder.norm.register_forward_pre_hook(keep_norm_input, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @torch.inference_mode()
+    def capture_batch(self, samples: Sequence[TokenizedSample]) -> list[CaptureResult]:
+        if not samples:
+            return []
+        lengths = [s.num_tokens for s in samples]
+        width = max(lengths)
+        vocab = self.model.config.get_text_config().vocab_size if hasattr(self.model.config, "get_text_config") else self.model.config.vocab_size
+        ids = torch.zeros(len(samples), width, dtype=torch.int64)
+        mask = torch.zeros(len(samples), width, dtype=torch.int64)
+        results: list[CaptureResult | None] = [None] * len(samples)
+        for row, sample in enumerate(samples):
+            if sample.num_tokens == 0:
+                results[row] = CaptureFailure(sample.sample_id, "empty sample")
+                continue
+            if int(sample.input_ids.max()) >= vocab or int(sample.input_ids.min()) < 0:
+                results[row] = CaptureFailure(sample.sample_id, f"token id out of the model's vocabulary (0..{vocab - 1})")
+                continue
+            ids[row, : sample.num_tokens] = sample.input_ids
+            mask[row, : sample.num_tokens] = 1
+        store: dict[Any, torch.Tensor] = {}
+        with self._hooks(store):
+            self.decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+        aux = torch.stack([store[i] for i in self.aux_layer_ids], dim=2).to("cpu")  # [B, W, K, H]
+        final = store["final"].to("cpu")  # [B, W, H]
+        for row, sample in enumerate(samples):
+            if results[row] is not None:
+                continue
+            t = sample.num_tokens
+            results[row] = CapturedSample(
+                sample_id=sample.sample_id,
+                input_ids=sample.input_ids,
+                loss_mask=sample.loss_mask,
+                aux_hidden_states=aux[row, :t].clone(),
+                final_hidden_state=final[row, :t].clone(),
+            )
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

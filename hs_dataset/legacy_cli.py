@@ -1,0 +1,30 @@
+"""`hs-dataset patch check|apply|revert`: the source patch for SGLang <= 0.5.5.
+
+The work is done by hs_dataset.server_patch.legacy_patch, which is standard
+library only so that it can also run (or be copied and run alone) inside the
+SGLang server's environment; this module only plugs it into `hs-dataset`.
+See docs/LEGACY_PATCH.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hs_dataset.server_patch import legacy_patch
+
+    parser.epilog = (
+        "Default target: sglang/srt/models/deepseek_v2.py of the sglang installed for this "
+        "Python (found without importing sglang). For SGLang 0.5.9+ use `hs-dataset serve` "
+        "(forward hooks) instead."
+    )
+    legacy_patch.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_dataset.server_patch import legacy_patch
+
+    return legacy_patch.run(args)

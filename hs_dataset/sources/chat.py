@@ -1,0 +1,105 @@
+"""Render a normalized conversation with the tokenizer's own chat template, and mask it.
+
+All formatting is done by ``tokenizer.apply_chat_template``: the template is the
+single source of truth for what the served model sees, so we never format turns in
+Python. For marker rules we ask transformers to encode control tokens that occur
+*inside* message text as plain text (``sanitize_control_tokens``, where the
+installed transformers has it); otherwise a user message containing the literal
+string ``<|im_end|>`` would become the real control token and corrupt both the
+prompt and the mask. Where it is unavailable, such rows are rejected instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from hs_dataset.sources.masking import CompiledMarkerRule, MarkerSpanRule
+from hs_dataset.sources.messages import Conversation
+from hs_dataset.sources.report import MalformedRowError
+
+__all__ = ["ChatTokenizer"]
+
+
+@lru_cache(maxsize=None)
+def _supports_sanitize(cls: type) -> bool:
+    try:
+        return "sanitize_control_tokens" in inspect.signature(cls.apply_chat_template).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _strings(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+@dataclass
+class ChatTokenizer:
+    """Bind a tokenizer, a concrete mask rule and template options; turn conversations into (ids, mask)."""
+
+    tokenizer: Any
+    rule: Literal["generation"] | MarkerSpanRule
+    chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self._compiled: CompiledMarkerRule | None = None
+        if isinstance(self.rule, MarkerSpanRule):
+            self._compiled = self.rule.compile(self.tokenizer)
+        self._sanitize = self._compiled is not None and _supports_sanitize(type(self.tokenizer))
+
+    @property
+    def rule_name(self) -> str:
+        return "generation" if self.rule == "generation" else self.rule.name
+
+    def _apply(self, conv: Conversation, **extra: Any) -> Mapping[str, Any]:
+        kwargs = dict(self.template_kwargs or {})
+        try:
+            return self.tokenizer.apply_chat_template(
+                conv.messages,
+                tools=conv.tools,
+                chat_template=self.chat_template,
+                add_generation_prompt=False,
+                tokenize=True,
+                return_dict=True,
+                **extra,
+                **kwargs,
+            )
+        except MalformedRowError:
+            raise
+        except Exception as exc:  # the template itself refused the row (raise_exception, bad types, ...)
+            raise MalformedRowError(f"the chat template failed on this row: {type(exc).__name__}: {exc}") from exc
+
+    def _reject_control_text(self, conv: Conversation) -> None:
+        markers = (self.rule.header, self.rule.end)
+        for text in _strings({"messages": conv.messages, "tools": conv.tools}):
+            for marker in markers:
+                if marker in text:
+                    raise MalformedRowError(
+                        f"message text contains the control marker {marker!r}; this transformers version cannot "
+                        "encode it as plain text (needs apply_chat_template(sanitize_control_tokens=...))"
+                    )
+
+    def encode(self, conv: Conversation) -> tuple[list[int], list[bool]]:
+        """Token ids and the assistant-only mask of the full (untruncated) conversation."""
+        if self._compiled is None:
+            out = self._apply(conv, return_assistant_tokens_mask=True)
+            ids = list(out["input_ids"])
+            return ids, [bool(x) for x in out["assistant_masks"]]
+        if self._sanitize:
+            out = self._apply(conv, sanitize_control_tokens=True)
+        else:
+            self._reject_control_text(conv)
+            out = self._apply(conv)
+        ids = list(out["input_ids"])
+        return ids, self._compiled.mask(ids, expected_turns=conv.num_assistant)

@@ -1,0 +1,203 @@
+"""``iter_samples``: rows in, :class:`TokenizedSample` s out, every other outcome counted.
+
+This is the one place where the per-row policies meet: sample ids and duplicates,
+resume skipping, chat vs. pre-tokenized rows, ``max_length`` overflow, rows with
+nothing to learn, and strict vs. lenient handling of bad rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator, Mapping
+from os import PathLike
+from typing import Any, Literal
+
+import torch
+
+from hs_dataset.errors import SourceError
+from hs_dataset.sample import TokenizedSample
+from hs_dataset.sources.chat import ChatTokenizer
+from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
+from hs_dataset.sources.messages import has_chat, normalize_conversation
+from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
+from hs_dataset.sources.report import IssueKind, MalformedRowError, RowIssue, SourceReport
+from hs_dataset.sources.rows import BadRow, Source, open_source
+from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
+
+__all__ = ["Overflow", "iter_samples", "load_samples"]
+
+Overflow = Literal["truncate", "drop"]
+_DEFAULT_MASK_NOTE = (
+    "pre-tokenized rows without loss_mask are supervised on every token (missing_loss_mask='all'); "
+    "their count is pretokenized_default_mask"
+)
+
+
+class _Skip(Exception):
+    """Internal: this row is accounted for in the report and yields nothing."""
+
+
+def _load_tokenizer(tokenizer: Any) -> Any:
+    if isinstance(tokenizer, (str, PathLike)):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(tokenizer))
+    return tokenizer
+
+
+class _Run:
+    """State of one pass: options, the lazily built chat encoder, seen ids and the report."""
+
+    def __init__(self, tokenizer: Any, report: SourceReport, opts: dict[str, Any]) -> None:
+        self.tokenizer = tokenizer
+        self.report = report
+        self.opts = opts
+        self.seen: dict[str, int] = {}
+        self._chat: ChatTokenizer | None = None
+
+    def issue(self, row_index: int, kind: IssueKind, reason: str, sample_id: str | None) -> _Skip:
+        issue = RowIssue(row_index, kind, reason, sample_id)
+        self.report.add_issue(issue)
+        if self.opts["strict"] and kind != "dropped_too_long":
+            raise SourceError(issue.describe(self.report.source_name) + " (strict mode; set strict=False to skip and report such rows)")
+        return _Skip()
+
+    def chat(self) -> ChatTokenizer:
+        if self._chat is None:
+            if self.tokenizer is None:
+                raise SourceError("conversation rows need a tokenizer with a chat template; pass tokenizer=...")
+            rule = resolve_mask_rule(self.tokenizer, self.opts["mask"], self.opts["chat_template"])
+            self._chat = ChatTokenizer(self.tokenizer, rule, self.opts["chat_template"], self.opts["template_kwargs"])
+        return self._chat
+
+    def vocab_size(self) -> int:
+        if self.opts["vocab_size"] is not None:
+            return int(self.opts["vocab_size"])
+        if self.tokenizer is None:
+            raise SourceError("pre-tokenized rows are checked against the vocabulary; pass tokenizer=... or vocab_size=...")
+        return len(self.tokenizer)
+
+    def encode(self, row: Mapping[str, Any]) -> tuple[list[int], list[bool], dict[str, Any]]:
+        if is_pretokenized(row):
+            ids, mask, given = read_pretokenized(row, vocab_size=self.vocab_size(), missing_mask=self.opts["missing_loss_mask"])
+            if not given:
+                self.report.pretokenized_default_mask += 1
+                self.report.add_note(_DEFAULT_MASK_NOTE)
+            return ids, mask, {"format": "pretokenized", "loss_mask_given": given}
+        if has_chat(row):
+            conv = normalize_conversation(row)
+            chat = self.chat()
+            ids, mask = chat.encode(conv)
+            return ids, mask, {"format": "chat", "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
+        raise MalformedRowError("row has neither 'messages' (or 'conversations') nor 'input_ids'")
+
+    def sample(self, row_index: int, row: Mapping[str, Any] | BadRow) -> TokenizedSample | None:
+        name = self.report.source_name
+        if isinstance(row, BadRow):
+            raise self.issue(row_index, "malformed", row.reason, sample_id_for(None, row_index, name))
+        try:
+            sid = sample_id_for(row, row_index, name, self.opts["id_policy"])
+        except MalformedRowError as exc:
+            raise self.issue(row_index, "malformed", str(exc), None) from None
+        if sid in self.seen:
+            raise self.issue(row_index, "malformed", f"duplicate sample id (first used by row {self.seen[sid]})", sid)
+        self.seen[sid] = row_index
+        skip = self.opts["skip_ids"]
+        if skip is not None and sid in skip:
+            self.report.skipped_existing += 1
+            return None
+        try:
+            ids, mask, meta = self.encode(row)
+        except MalformedRowError as exc:
+            raise self.issue(row_index, "malformed", str(exc), sid) from None
+        if not any(mask):
+            why = "loss_mask is all zero" if meta["format"] == "pretokenized" else "no assistant token to supervise"
+            if meta.get("assistant_messages") == 0:
+                why = "conversation has no assistant message"
+            raise self.issue(row_index, "no_supervised_token", why, sid)
+        return self.fit(row_index, sid, ids, mask, meta)
+
+    def fit(self, row_index: int, sid: str, ids: list[int], mask: list[bool], meta: dict[str, Any]) -> TokenizedSample:
+        """Apply the ``max_length`` overflow policy."""
+        max_length, full = self.opts["max_length"], len(ids)
+        truncated = full > max_length
+        if truncated:
+            if self.opts["overflow"] == "drop":
+                raise self.issue(row_index, "dropped_too_long", f"{full} tokens > max_length {max_length}", sid)
+            ids, mask = ids[:max_length], mask[:max_length]
+            if not any(mask):
+                raise self.issue(
+                    row_index, "no_supervised_token",
+                    f"every supervised token lies beyond max_length {max_length} (row has {full} tokens)", sid,
+                )
+        meta.update(source=self.report.source_name, row_index=row_index, full_length=full)
+        return TokenizedSample(
+            sample_id=sid,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            loss_mask=torch.tensor(mask, dtype=torch.bool),
+            truncated=truncated,
+            meta=meta,
+        )
+
+
+def iter_samples(
+    source: Source,
+    tokenizer: Any = None,
+    *,
+    max_length: int,
+    overflow: Overflow = "truncate",
+    strict: bool = False,
+    report: SourceReport | None = None,
+    source_name: str | None = None,
+    id_policy: IdPolicy = "index",
+    mask: MaskRule = "auto",
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    missing_loss_mask: MissingMaskPolicy = "all",
+    vocab_size: int | None = None,
+    skip_ids: Container[str] | None = None,
+) -> Iterator[TokenizedSample]:
+    """Yield one :class:`TokenizedSample` per usable row of ``source``, in source order.
+
+    ``source``: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory, a
+    ``datasets.Dataset``/``IterableDataset`` or a list of dicts. ``tokenizer``: a
+    transformers tokenizer or a local path to one (only pre-tokenized sources may
+    pass ``None``, with ``vocab_size``). Rows longer than
+    ``max_length`` are cut to it (``overflow="truncate"``, sample marked ``truncated``)
+    or dropped (``"drop"``). Malformed rows and rows without a supervised token are
+    recorded in ``report`` (pass your own :class:`SourceReport` to read it) and
+    skipped; with ``strict=True`` the first one raises :class:`SourceError`. Ids in
+    ``skip_ids`` (already stored, when resuming) are counted and not tokenized.
+    """
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
+    if missing_loss_mask not in ("all", "reject"):
+        raise ValueError(f"missing_loss_mask must be 'all' or 'reject', got {missing_loss_mask!r}")
+    rows = open_source(source, source_name)
+    report = report if report is not None else SourceReport()
+    report.source_name = rows.name
+    opts = dict(
+        max_length=max_length, overflow=overflow, strict=strict, id_policy=id_policy, mask=mask,
+        chat_template=chat_template, template_kwargs=template_kwargs, missing_loss_mask=missing_loss_mask,
+        vocab_size=vocab_size, skip_ids=skip_ids,
+    )
+    run = _Run(_load_tokenizer(tokenizer), report, opts)
+    for row_index, row in rows:
+        report.rows_read += 1
+        try:
+            sample = run.sample(row_index, row)
+        except _Skip:
+            continue
+        if sample is None:
+            continue
+        report.samples_out += 1
+        report.truncated += int(sample.truncated)
+        yield sample
+
+
+def load_samples(source: Source, tokenizer: Any = None, **kwargs: Any) -> tuple[list[TokenizedSample], SourceReport]:
+    """Eager :func:`iter_samples`: all samples plus the finished report (small sources, tests)."""
+    report = SourceReport()
+    samples = list(iter_samples(source, tokenizer, report=report, **kwargs))
+    return samples, report

@@ -1,0 +1,121 @@
+"""Read raw rows from JSONL/JSON/Parquet files, saved or in-memory ``datasets``, or plain lists.
+
+Each row comes with its 0-based index in the source; that index (with the source
+name) is what default sample ids and every report entry refer to, so it must not
+depend on how the rows were loaded. For JSONL, blank lines are not rows, which
+keeps the index equal to the row index of ``datasets.load_dataset("json", ...)``.
+A line that is not a JSON object is still a row: it is passed on as a
+:class:`BadRow` so the caller can report it instead of losing it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any, Union
+
+from hs_dataset.errors import SourceError
+
+__all__ = ["BadRow", "RowSource", "Source", "open_source"]
+
+Source = Union[str, PathLike, Iterable[Mapping[str, Any]]]  # a datasets.Dataset is an Iterable of rows
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row that could not even be parsed into a mapping."""
+
+    reason: str
+
+
+@dataclass
+class RowSource:
+    """A named, re-readable stream of ``(row_index, row)`` pairs."""
+
+    name: str
+    open_rows: Callable[[], Iterator[tuple[int, Mapping[str, Any] | BadRow]]]
+
+    def __iter__(self) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
+        return self.open_rows()
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
+    index = 0
+    with path.open("r", encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield index, BadRow(f"line {line_no} is not valid JSON ({exc.msg} at column {exc.colno})")
+            else:
+                yield index, row if isinstance(row, dict) else BadRow(f"line {line_no} is a JSON {type(row).__name__}, not an object")
+            index += 1
+
+
+def _iter_json_list(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{path}: not valid JSON ({exc}); use one JSON object per line (.jsonl) or a JSON list") from exc
+    if not isinstance(data, list):
+        raise SourceError(f"{path}: a .json source must hold a list of rows; got a {type(data).__name__}")
+    yield from _iter_items(data)
+
+
+def _iter_items(rows: Iterable[Any]) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
+    for index, row in enumerate(rows):
+        yield index, row if isinstance(row, Mapping) else BadRow(f"row is a {type(row).__name__}, not a mapping")
+
+
+def _one_split(data: Any, where: str) -> Any:
+    if isinstance(data, Mapping):
+        if not data or not all(hasattr(split, "column_names") for split in data.values()):
+            raise SourceError(f"{where} is a single mapping, not a collection of rows; pass a list of row dicts")
+        if len(data) != 1:  # DatasetDict
+            raise SourceError(f"{where} holds splits {sorted(data)}; pass one of them, e.g. load_from_disk(path)['train']")
+        data = next(iter(data.values()))
+    return data
+
+
+def _path_source(path: Path, name: str | None) -> RowSource:
+    if path.is_dir():  # a datasets.save_to_disk directory
+        import datasets
+
+        data = _one_split(datasets.load_from_disk(str(path)), str(path))
+        return RowSource(name or path.name, lambda: _iter_items(data))
+    if not path.is_file():
+        raise SourceError(f"{path}: no such file; pass a .jsonl/.json file, a saved datasets directory, a datasets.Dataset or a list of dicts")
+    if path.suffix == ".parquet":
+        import datasets
+
+        data = datasets.Dataset.from_parquet(str(path))
+        return RowSource(name or path.stem, lambda: _iter_items(data))
+    reader = _iter_json_list if path.suffix == ".json" else _iter_jsonl
+    return RowSource(name or path.name.split(".")[0], lambda: reader(path))
+
+
+def open_source(source: Source, name: str | None = None) -> RowSource:
+    """Wrap ``source`` as a :class:`RowSource`.
+
+    ``source``: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory, a
+    ``datasets.Dataset``/``IterableDataset`` (or a ``DatasetDict`` with one split),
+    or a list of dicts. ``name`` defaults to the file's stem (directory name), the
+    dataset's ``info.dataset_name``, or ``"rows"``.
+    """
+    if isinstance(source, RowSource):
+        return source
+    if isinstance(source, (str, PathLike)):
+        return _path_source(Path(source), name)
+    if isinstance(source, Mapping):
+        source = _one_split(source, f"the {type(source).__name__}")
+    if not isinstance(source, Iterable):
+        raise SourceError(f"cannot read rows from a {type(source).__name__}; pass a path, a datasets.Dataset or a list of dicts")
+    if name is None:
+        info = getattr(source, "info", None)
+        name = getattr(info, "dataset_name", None) or "rows"
+    return RowSource(name, lambda: _iter_items(source))
