@@ -1,11 +1,12 @@
 """P2/P3: shard writer and random-sample reader throughput against raw disk I/O of the same bytes.
 
 Both sides move the same number of bytes into the same directory in one run:
-  (a) writer: ShardWriter (hashing, atomic publish, fsync) vs plain os.write + fsync of
-      files of the same sizes;
+  (a) writer: ShardWriter (validation, hashing, atomic publish, fsync) vs plain os.write
+      of the same samples' bytes from the same memory into files of the shards' sizes, fsynced;
   (b) reader: open_dataset + every sample in random order, copied out of the mmap, vs
-      plain sequential readinto of the same files; warm page cache, and cold where
-      posix_fadvise(DONTNEED) can drop the pages.
+      plain sequential readinto of the same files; warm (page cache filled and shards
+      mapped by a first pass, as in every epoch after the first) and cold (fresh
+      mapping, pages dropped with posix_fadvise(DONTNEED), where the kernel allows).
 Samples are Kimi-K2.5 shaped (hidden 7168, 3 aux + final, bf16). Last line:
 ``writer_vs_raw=X.XX reader_vs_raw=Y.YY`` (warm-cache reader ratio; cold printed above).
 """
@@ -37,7 +38,10 @@ def make_samples(total_bytes: int, seed: int = 0) -> list[CapturedSample]:
         t = int(torch.randint(64, 513, (1,), generator=g))
         states = torch.randn(t, K + 1, H, generator=g).bfloat16()
         samples.append(
-            CapturedSample(f"s{i:05d}", torch.randint(0, 163840, (t,), generator=g), torch.ones(t, dtype=torch.bool), states[:, :K], states[:, K])
+            CapturedSample(
+                f"s{i:05d}", torch.randint(0, 163840, (t,), generator=g), torch.ones(t, dtype=torch.bool),
+                states[:, :K].contiguous(), states[:, K].contiguous(),  # backends hand out contiguous states
+            )
         )
         size += t * per_token
         i += 1
@@ -58,15 +62,24 @@ def bench_writer(root: Path, samples: list[CapturedSample], shard_bytes: int, th
     return elapsed, sizes
 
 
-def bench_raw_write(root: Path, sizes: list[int]) -> float:
-    block = os.urandom(8 * 1024 * 1024)
+def bench_raw_write(root: Path, samples: list[CapturedSample], sizes: list[int]) -> float:
+    """The same bytes from the same memory, written sequentially into files of the shards' sizes, fsynced."""
+    views = [
+        memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        for s in samples
+        for t in (s.input_ids, s.aux_hidden_states, s.final_hidden_state, s.loss_mask)
+    ]
     t0 = time.perf_counter()
+    source = iter(views)
+    pending = memoryview(b"")
     for i, size in enumerate(sizes):
         fd = os.open(root / f"raw-{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         left = size
         while left:
-            n = os.write(fd, memoryview(block)[: min(left, len(block))])
-            left -= n
+            if not pending:
+                pending = next(source, None) or memoryview(bytes(min(left, 1 << 20)))  # header bytes: pad
+            n = os.write(fd, pending[: min(left, len(pending), 8 << 20)])
+            pending, left = pending[n:], left - n
         os.fsync(fd)
         os.close(fd)
     return time.perf_counter() - t0
@@ -86,21 +99,23 @@ def drop_cache(paths: list[Path]) -> bool:
     return ok
 
 
-def bench_reader(root: Path, seed: int) -> tuple[float, int]:
-    ds = open_dataset(root)
+def bench_reader(ds, seed: int) -> tuple[float, int]:
+    """Every sample in random order, each tensor copied out of the mapping (one memcpy, like readinto)."""
+    import numpy as np
+
     order = list(range(len(ds)))
     random.Random(seed).shuffle(order)
-    out = torch.empty(0, dtype=torch.uint8)
+    out = np.empty(0, dtype=np.uint8)
     moved = 0
     t0 = time.perf_counter()
     for i in order:
         item = ds[i]
         for key in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_state"):
-            src = item[key].reshape(-1).view(torch.uint8)
-            if out.numel() < src.numel():
-                out = torch.empty(src.numel(), dtype=torch.uint8)
-            out[: src.numel()].copy_(src)
-            moved += src.numel()
+            src = item[key].reshape(-1).view(torch.uint8).numpy()
+            if out.size < src.size:
+                out = np.empty(src.size, dtype=np.uint8)
+            np.copyto(out[: src.size], src)
+            moved += src.size
     return time.perf_counter() - t0, moved
 
 
@@ -134,21 +149,23 @@ def main() -> None:
             raw_dir.mkdir()
             # alternate which side writes first so neither always meets the emptier disk cache
             if rep % 2 and sizes:
-                raw_s = bench_raw_write(raw_dir, sizes)
+                raw_s = bench_raw_write(raw_dir, samples, sizes)
                 writer_s, sizes = bench_writer(ds_dir, samples, args.shard_mib * 1024 * 1024, args.threads)
             else:
                 writer_s, sizes = bench_writer(ds_dir, samples, args.shard_mib * 1024 * 1024, args.threads)
-                raw_s = bench_raw_write(raw_dir, sizes)
+                raw_s = bench_raw_write(raw_dir, samples, sizes)
             total = sum(sizes)
             w_ratios.append(raw_s / writer_s)
             shard_paths = sorted(ds_dir.glob("*.safetensors"))
-            bench_reader(ds_dir, rep)  # warm the cache
+            ds = open_dataset(ds_dir)
+            bench_reader(ds, rep)  # warm: page cache filled, shards mapped, as in any epoch after the first
             bench_raw_read(shard_paths)
-            ours_s, ours_b = bench_reader(ds_dir, rep)
+            ours_s, ours_b = bench_reader(ds, rep)
             raw_rs, raw_b = bench_raw_read(shard_paths)
+            del ds
             r_warm.append((ours_b / ours_s) / (raw_b / raw_rs))
             if drop_cache(shard_paths):
-                ours_cs, ours_cb = bench_reader(ds_dir, rep + 100)
+                ours_cs, ours_cb = bench_reader(open_dataset(ds_dir), rep + 100)  # cold: fresh mapping, pages from disk
                 drop_cache(shard_paths)
                 raw_cs, raw_cb = bench_raw_read(shard_paths)
                 r_cold.append((ours_cb / ours_cs) / (raw_cb / raw_cs))

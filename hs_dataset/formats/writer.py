@@ -475,13 +475,40 @@ class ShardWriter:
 
 
 # ---------------------------------------------------------------------- shard bytes
+# (integer view, mask clearing the sign bit, smallest masked value that is inf/NaN) per float dtype
+_NONFINITE_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
+}
+_CHECK_CHUNK = 1 << 18  # elements; keeps the temporary in cache
+
+
+def _all_finite(state: torch.Tensor) -> bool:
+    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk."""
+    spec = _NONFINITE_BITS.get(state.dtype)
+    if spec is None:
+        return bool(torch.isfinite(state).all())
+    int_dtype, mask, limit = spec
+    flat = state.reshape(-1).view(int_dtype)
+    buf = torch.empty(min(_CHECK_CHUNK, flat.numel()), dtype=int_dtype)
+    for start in range(0, flat.numel(), _CHECK_CHUNK):
+        chunk = flat[start : start + _CHECK_CHUNK]
+        out = buf[: chunk.numel()]
+        torch.bitwise_and(chunk, mask, out=out)
+        if int(out.max()) >= limit:
+            return False
+    return True
+
+
 def _nonfinite_report(aux: torch.Tensor, final: torch.Tensor) -> str:
     problems = []
     for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):
+        if _all_finite(state):
+            continue
         finite = torch.isfinite(state)
-        if not bool(finite.all()):
-            bad_tokens = (~finite).flatten(1).any(dim=1).nonzero().flatten()
-            problems.append(f"{name} has NaN/inf at {bad_tokens.numel()} token(s), first at token {int(bad_tokens[0])}")
+        bad_tokens = (~finite).flatten(1).any(dim=1).nonzero().flatten()
+        problems.append(f"{name} has NaN/inf at {bad_tokens.numel()} token(s), first at token {int(bad_tokens[0])}")
     return "; ".join(problems)
 
 

@@ -1,0 +1,516 @@
+"""``hs-dataset serve``: start an SGLang server with everything capture needs.
+
+The server runs in its own environment (``make sglang-env`` -> ``.sglang-venv``);
+this module only builds its command line from a card, checks the installed SGLang
+against :data:`SUPPORTED`, starts it, waits for health and prints the URL.
+
+Card keys read (``sglang:`` section unless noted; all optional except where said):
+
+``python``            server interpreter (default ``$HS_SGLANG_PYTHON`` or ``<repo>/.sglang-venv/bin/python``)
+``device``            ``cuda`` (default) or ``cpu`` (CPU test servers: adds the CPU support files)
+``tp``                tensor-parallel size (default 1)
+``host`` / ``port``   listen address (default 127.0.0.1:30000)
+``module_path``       decoder-stack module (default ``model.text_module`` or ``model``)
+``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks``
+``radix_cache``       keep SGLang's prefix cache on (default false: ``--disable-radix-cache``)
+``chunked_prefill_size``  passed through when set (chunks are assembled into one dump)
+``startup_timeout_s`` seconds to wait for ``/health`` (default 900)
+``env``               extra environment variables for the server
+``args``              extra SGLang arguments (list)
+``staging``           ``dir``, ``max_bytes``, ``max_files``, ``max_wait_s``, ``writer_threads``,
+                      ``pinned_pool_bytes``, ``orphan_ttl_s`` (see docs/SGLANG.md)
+top level: ``model.path`` (or ``model.id``), ``layers.aux``, ``dtype``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "SUPPORTED",
+    "ServerPlan",
+    "ServerProcess",
+    "support_for",
+    "plan_server",
+    "launch",
+    "default_server_python",
+    "resolve_model_path",
+    "add_arguments",
+    "run",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CPU_SUPPORT_DIR = Path(__file__).resolve().parent / "server_patch" / "cpu_support"
+HOOKS_MODULE = "hs_dataset.server_patch.sglang_hooks"
+CPU_MLA_FACTORY = "hs_dataset.server_patch.cpu_support.mla_torch_native:factory"
+
+# (lowest, highest-exclusive, mechanism, status)
+SUPPORTED: list[tuple[tuple[int, int, int], tuple[int, int, int], str, str]] = [
+    ((0, 5, 23), (0, 6, 0), "aux_return", "verified (0.5.23, CPU, tiny DeepseekV3, float32)"),
+    ((0, 5, 15), (0, 5, 23), "layer_hooks", "read from source, not run (request ids available)"),
+    ((0, 5, 9), (0, 5, 15), "layer_hooks", "read from source, not run (no request ids: dumps keyed by content)"),
+]
+
+
+class ServeError(RuntimeError):
+    """The server cannot be planned or started; the message says how to fix it."""
+
+
+def support_for(version: str) -> tuple[str, str]:
+    """(mechanism, status) for an SGLang version; raises :class:`ServeError` if unsupported."""
+    from hs_dataset.server_patch.layer_ids import parse_version
+
+    v = parse_version(version)
+    for low, high, mechanism, status in SUPPORTED:
+        if low <= v < high:
+            return mechanism, status
+    if v <= (0, 5, 5):
+        raise ServeError(
+            f"SGLang {version} has no forward hooks: patch it with `hs-dataset patch apply` and start it with "
+            "HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set (docs/SGLANG.md, 'SGLang <= 0.5.5')"
+        )
+    supported = ", ".join(f"{'.'.join(map(str, lo))} <= v < {'.'.join(map(str, hi))}" for lo, hi, _, _ in SUPPORTED)
+    raise ServeError(f"SGLang {version} is not supported by this hs_dataset (supported: {supported})")
+
+
+def default_server_python() -> str:
+    return os.environ.get("HS_SGLANG_PYTHON") or str(REPO_ROOT / ".sglang-venv" / "bin" / "python")
+
+
+def resolve_model_path(path: str | None) -> str:
+    """``builtin:tiny-deepseek-v3`` -> the built model dir; local dirs -> absolute; hub ids unchanged."""
+    if not path:
+        raise ServeError("the card has no model path: set model.path or pass --model-path (or HS_DATASET_MODEL_PATH)")
+    if path == "builtin:tiny-deepseek-v3":
+        from hs_dataset.capture.tiny_model import build_tiny_deepseek
+
+        return str(build_tiny_deepseek())
+    if path.startswith("builtin:"):
+        raise ServeError(f"unknown builtin model {path!r} (known: builtin:tiny-deepseek-v3)")
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        return os.path.abspath(expanded)
+    return path
+
+
+def _model_config(model_path: str) -> dict:
+    cfg_path = Path(model_path) / "config.json"
+    if not cfg_path.is_file():
+        return {}
+    cfg = json.loads(cfg_path.read_text())
+    text = cfg.get("text_config")
+    if isinstance(text, dict):  # multimodal wrappers (Kimi-K2.5): layers live in the text config
+        merged = dict(text)
+        merged["architectures"] = cfg.get("architectures") or text.get("architectures")
+        return merged
+    return cfg
+
+
+def _probe_server_env(python: str) -> dict:
+    code = (
+        "import importlib.metadata as m, importlib.util as u, json\n"
+        "out = {'sglang': None}\n"
+        "try:\n    out['sglang'] = m.version('sglang')\nexcept m.PackageNotFoundError:\n    pass\n"
+        "out['hs_dataset'] = u.find_spec('hs_dataset') is not None\n"
+        "s = u.find_spec('sgl_kernel')\nout['sgl_kernel'] = s.origin if s else None\n"
+        "print(json.dumps(out))\n"
+    )
+    if not os.path.exists(python):
+        raise ServeError(f"server Python {python} does not exist: run `make sglang-env` (or set HS_SGLANG_PYTHON)")
+    try:
+        res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ServeError(f"cannot run the server Python {python}: {exc}") from None
+    if res.returncode != 0:
+        raise ServeError(f"the server Python {python} failed: {res.stderr.strip()[-500:]}")
+    info = json.loads(res.stdout.strip().splitlines()[-1])
+    if not info.get("sglang"):
+        raise ServeError(f"sglang is not installed in {python}: run `make sglang-env`")
+    return info
+
+
+def default_staging_dir(host: str, port: int) -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"hs_dataset-{os.geteuid()}", f"{host.replace(':', '_')}-{port}")
+
+
+@dataclass
+class ServerPlan:
+    """Everything needed to start one capture server (``--check`` prints it)."""
+
+    python: str
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    host: str
+    port: int
+    model_path: str
+    staging_dir: str
+    sglang_version: str
+    mechanism: str
+    support_status: str
+    hf_aux_layer_ids: list[int]
+    sglang_aux_layer_ids: list[int] | None
+    hook_config: dict
+    startup_timeout_s: float = 900.0
+    notes: list[str] = field(default_factory=list)
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join([self.python, *self.argv])}".strip()
+
+    def describe(self) -> str:
+        lines = [
+            f"SGLang {self.sglang_version} ({self.support_status})",
+            f"mechanism: {self.mechanism}",
+            f"model: {self.model_path}",
+            f"aux layers: HF hidden_states {self.hf_aux_layer_ids}"
+            + (f" -> --return-aux-hidden-state-layer-ids {self.sglang_aux_layer_ids}" if self.sglang_aux_layer_ids else ""),
+            "final state: pre-norm (hook on the final norm)",
+            f"staging dir: {self.staging_dir}",
+            f"url: {self.url}",
+            *[f"note: {n}" for n in self.notes],
+            "command:",
+            "  " + self.command_line(),
+        ]
+        return "\n".join(lines)
+
+
+def plan_server(
+    card: Any,
+    *,
+    port: int | None = None,
+    host: str | None = None,
+    staging_dir: str | None = None,
+    model_path: str | None = None,
+    python: str | None = None,
+    extra_args: Sequence[str] = (),
+    sglang_overrides: Mapping[str, Any] | None = None,
+) -> ServerPlan:
+    """Build the server command for a card (a :class:`hs_dataset.card.Card` or its raw dict)."""
+    from hs_dataset.server_patch.layer_ids import (
+        LayerIdError,
+        layer_hook_targets,
+        model_family,
+        sglang_eagle3_ids,
+        validate_hf_ids,
+    )
+
+    raw = card.raw if hasattr(card, "raw") else dict(card)
+    sg = dict(raw.get("sglang") or {})
+    sg.update(sglang_overrides or {})
+    model = dict(raw.get("model") or {})
+    aux = list((raw.get("layers") or {}).get("aux") or [])
+    dtype = raw.get("dtype", "bfloat16")
+    host = host or sg.get("host", "127.0.0.1")
+    port = int(port or sg.get("port", 30000))
+    python = python or sg.get("python") or default_server_python()
+    if not os.path.isabs(python) and os.sep in python:
+        python = str(REPO_ROOT / python)
+    device = sg.get("device", "cuda")
+    module_path = sg.get("module_path") or model.get("text_module") or "model"
+
+    mpath = model_path or os.environ.get("HS_DATASET_MODEL_PATH") or model.get("path") or model.get("id")
+    mpath = resolve_model_path(mpath)
+    mcfg = _model_config(mpath)
+    architectures = mcfg.get("architectures") or sg.get("architectures") or []
+    num_layers = mcfg.get("num_hidden_layers") or sg.get("num_hidden_layers")
+    if not num_layers:
+        raise ServeError(
+            f"cannot read num_hidden_layers for {mpath}: point model.path at a local snapshot with config.json "
+            "(or set sglang.num_hidden_layers and sglang.architectures in the card)"
+        )
+    notes: list[str] = []
+
+    info = _probe_server_env(python)
+    version = info["sglang"]
+    mechanism, status = support_for(version)
+    if sg.get("mechanism", "auto") not in ("auto", mechanism):
+        requested = sg["mechanism"]
+        if requested == "layer_hooks" and mechanism == "aux_return":
+            mechanism = "layer_hooks"
+            notes.append("mechanism forced to layer_hooks by the card")
+        else:
+            raise ServeError(f"mechanism {requested!r} is not available on SGLang {version} (use {mechanism!r})")
+    if model_family(architectures) != "deepseek" and mechanism == "layer_hooks":
+        notes.append("layer_hooks on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
+
+    try:
+        hf_ids = validate_hf_ids(aux, int(num_layers))
+        sglang_ids = sglang_eagle3_ids(hf_ids, architectures, version, int(num_layers)) if mechanism == "aux_return" else None
+    except LayerIdError as exc:
+        raise ServeError(str(exc)) from None
+
+    staging = dict(sg.get("staging") or {})
+    staging_dir = os.path.abspath(staging_dir or staging.get("dir") or default_staging_dir(host, port))
+    hook_config: dict[str, Any] = {
+        "staging_dir": staging_dir,
+        "hf_aux_layer_ids": hf_ids,
+        "mechanism": mechanism,
+        "module_path": module_path,
+        "architectures": list(architectures),
+        "num_hidden_layers": int(num_layers),
+    }
+    if sglang_ids is not None:
+        hook_config["sglang_aux_layer_ids"] = sglang_ids
+    for key, cfg_key in (
+        ("max_bytes", "max_staging_bytes"),
+        ("max_files", "max_staging_files"),
+        ("max_wait_s", "max_wait_s"),
+        ("writer_threads", "writer_threads"),
+        ("pinned_pool_bytes", "pinned_pool_bytes"),
+        ("orphan_ttl_s", "orphan_ttl_s"),
+        ("rid_prefix", "rid_prefix"),
+    ):
+        if staging.get(key) is not None:
+            hook_config[cfg_key] = staging[key]
+    # Validate the config now (same class the server uses), so mistakes surface before a 1-minute start.
+    from hs_dataset.server_patch.capture import CaptureConfig
+
+    CaptureConfig.from_sources(hook_config, environ={})
+
+    specs: list[dict] = []
+    if device == "cpu" and model_family(architectures) == "deepseek":
+        specs.append({"name": "hs_cpu_mla", "target_modules": [module_path], "hook_factory": CPU_MLA_FACTORY, "config": {}})
+    specs.append(
+        {"name": "hs_capture_final", "target_modules": [f"{module_path}.norm"], "hook_factory": f"{HOOKS_MODULE}:norm_hook", "config": hook_config}
+    )
+    if mechanism == "layer_hooks":
+        for target, hf_id in layer_hook_targets(hf_ids, module_path, int(num_layers)).items():
+            specs.append(
+                {
+                    "name": f"hs_capture_aux_{hf_id}",
+                    "target_modules": [target],
+                    "hook_factory": f"{HOOKS_MODULE}:layer_hook",
+                    "config": {**hook_config, "hook_hf_id": hf_id},
+                }
+            )
+    specs.append({"name": "hs_capture", "target_modules": [module_path], "hook_factory": f"{HOOKS_MODULE}:model_hook", "config": hook_config})
+
+    argv = ["-m", "sglang.launch_server", "--model-path", mpath, "--host", host, "--port", str(port)]
+    argv += ["--dtype", dtype, "--skip-tokenizer-init"]
+    if int(sg.get("tp", 1)) != 1:
+        argv += ["--tp-size", str(int(sg["tp"]))]
+    if device == "cpu":
+        argv += ["--device", "cpu", "--disable-cuda-graph"]
+    if mechanism == "aux_return":
+        argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids"]
+        argv += [str(i) for i in sglang_ids]
+    from hs_dataset.server_patch.layer_ids import parse_version
+
+    if parse_version(version) >= (0, 5, 15):
+        argv += ["--disable-prefill-cuda-graph"]  # the final-norm hook must run at prefill
+    if not sg.get("radix_cache", False):
+        argv += ["--disable-radix-cache"]
+    else:
+        notes.append("radix cache ON: prompts that hit the prefix cache are refused unless the client forces a full prefill")
+    if sg.get("chunked_prefill_size") is not None:
+        argv += ["--chunked-prefill-size", str(int(sg["chunked_prefill_size"]))]
+    argv += [str(a) for a in (sg.get("args") or [])]
+    argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
+    argv += [str(a) for a in extra_args]
+
+    env = {str(k): str(v) for k, v in (sg.get("env") or {}).items()}
+    pypath: list[str] = []
+    if not info.get("hs_dataset"):
+        if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "hs_dataset").is_dir():
+            pypath.append(str(REPO_ROOT))
+            notes.append(f"hs_dataset is not installed in the server env: using the checkout {REPO_ROOT} via PYTHONPATH")
+        else:
+            raise ServeError(f"hs_dataset is not importable by {python}: install it there with `pip install --no-deps hs_dataset`")
+    if device == "cpu":
+        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        env.setdefault("TORCHDYNAMO_DISABLE", "1")
+        if not info.get("sgl_kernel"):
+            pypath.append(str(CPU_SUPPORT_DIR))
+    if pypath:
+        env["PYTHONPATH"] = os.pathsep.join(pypath + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return ServerPlan(
+        python=python,
+        argv=argv,
+        env=env,
+        url=f"http://{host}:{port}",
+        host=host,
+        port=port,
+        model_path=mpath,
+        staging_dir=staging_dir,
+        sglang_version=version,
+        mechanism=mechanism,
+        support_status=status,
+        hf_aux_layer_ids=hf_ids,
+        sglang_aux_layer_ids=sglang_ids,
+        hook_config=hook_config,
+        startup_timeout_s=float(sg.get("startup_timeout_s", 900)),
+        notes=notes,
+    )
+
+
+class ServerProcess:
+    """A started server (its own process group); :meth:`stop` ends the group."""
+
+    def __init__(self, plan: ServerPlan, proc: subprocess.Popen, log_path: str | None) -> None:
+        self.plan = plan
+        self.proc = proc
+        self.log_path = log_path
+        self.url = plan.url
+        self.staging_dir = plan.staging_dir
+        self.started_in_s: float | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                # children of the group may outlive the leader briefly
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def launch(plan: ServerPlan, *, log_path: str | None = None, timeout: float | None = None) -> ServerProcess:
+    """Start the server, wait for ``/health``; raise :class:`ServeError` with the log tail if it dies."""
+    from hs_dataset.server_patch.staging import ensure_private_dir
+
+    ensure_private_dir(plan.staging_dir)
+    if _http_ok(plan.url + "/health", timeout=1.0):
+        raise ServeError(f"something already answers at {plan.url}; choose another --port")
+    env = dict(os.environ)
+    env.update(plan.env)
+    out = open(log_path, "ab") if log_path else None
+    try:
+        proc = subprocess.Popen(
+            [plan.python, *plan.argv],
+            env=env,
+            stdout=out if out else None,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        if out:
+            out.close()
+    server = ServerProcess(plan, proc, log_path)
+    start = time.monotonic()
+    deadline = start + (timeout if timeout is not None else plan.startup_timeout_s)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServeError(
+                f"the SGLang server exited with code {proc.returncode} before becoming healthy"
+                + (f"; last log lines:\n{server.log_tail()}" if log_path else "")
+            )
+        if _http_ok(plan.url + "/health"):
+            server.started_in_s = time.monotonic() - start
+            return server
+        time.sleep(0.5)
+    server.stop()
+    raise ServeError(
+        f"the SGLang server did not become healthy within {deadline - start:.0f} s"
+        + (f"; last log lines:\n{server.log_tail()}" if log_path else "")
+    )
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="card name (cards/NAME.yaml) or path to a card")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default: the card's sglang.port or 30000)")
+    parser.add_argument("--host", default=None, help="listen address (default: the card's sglang.host or 127.0.0.1)")
+    parser.add_argument("--model-path", default=None, help="local model snapshot (overrides the card's model.path)")
+    parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")
+    parser.add_argument("--python", default=None, help="Python of the server environment (default .sglang-venv)")
+    parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
+    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra arguments passed to SGLang")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_dataset.card import CardError, load_card
+
+    extra = list(args.extra or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    try:
+        card = load_card(args.config)
+        plan = plan_server(
+            card,
+            port=args.port,
+            host=args.host,
+            staging_dir=args.staging_dir,
+            model_path=args.model_path,
+            python=args.python,
+            extra_args=extra,
+        )
+    except (CardError, ServeError, ValueError) as exc:
+        print(f"hs-dataset serve: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(plan.describe())
+        return 0
+    print(plan.describe(), file=sys.stderr)
+    try:
+        server = launch(plan, log_path=args.log)
+    except ServeError as exc:
+        print(f"hs-dataset serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"SGLang capture server ready at {server.url} after {server.started_in_s:.0f} s (staging {plan.staging_dir})", flush=True)
+
+    def _terminate(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return int(server.proc.wait() or 0)
+    except KeyboardInterrupt:
+        print("hs-dataset serve: stopping the server", file=sys.stderr, flush=True)
+        server.stop()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

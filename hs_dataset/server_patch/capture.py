@@ -1,0 +1,590 @@
+"""The capture core: per-request dumps from prefill forward passes.
+
+Runs inside SGLang scheduler processes; imports only stdlib, torch and safetensors
+(and the stdlib-only siblings in this package). The SGLang-facing glue lives in
+:mod:`hs_dataset.server_patch.sglang_hooks` (0.5.9+) and
+:mod:`hs_dataset.server_patch.legacy_hook` (<= 0.5.5, called by the AST patch); both
+reduce a forward pass to a :class:`BatchView` plus tensors and call
+:meth:`CaptureCore.process`.
+
+What :meth:`CaptureCore.process` does, on the forward thread:
+
+1. ignores every pass that is not exactly ``EXTEND`` (decode, mixed, target-verify,
+   idle, ...);
+2. splits the batch per request by ``extend_seq_lens``; ignores requests whose rid
+   lacks our prefix (warm-up, health checks, other clients) and logs rids that have
+   the prefix but fail the strict :data:`~hs_dataset.server_patch.dump_format.RID_RE`
+   check (never used in a file name);
+3. a request seen whole (prefix length 0, all ``T`` tokens of its rid) is stored; a
+   chunked prefill (prefix length == tokens assembled so far) is assembled across
+   passes and stored once complete; anything else -- a prefix-cache hit, a chunk out
+   of order, more tokens than the rid says -- is refused with a marker;
+4. reserves room in the bounded staging budget (waiting at most ``max_wait_s`` per
+   forward pass in total), snapshots the rows to host memory (see :mod:`.copier`),
+   and hands them to background writer threads that write
+   ``{rid}.safetensors`` atomically. No room in time -> a refusal marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from hs_dataset.server_patch.copier import HostCopier, HostPiece
+from hs_dataset.server_patch.dump_format import (
+    DUMP_FORMAT,
+    DUMP_SUFFIX,
+    DUMP_VERSION,
+    RID_RE,
+    rid_num_tokens,
+)
+from hs_dataset.server_patch.staging import StagingBudget, StagingDir
+
+__all__ = ["CaptureConfig", "BatchView", "CaptureCore", "content_key", "CONTENT_KEY_PREFIX", "ENV_PREFIX"]
+
+logger = logging.getLogger("hs_dataset.server_patch")
+
+ENV_PREFIX = "HS_CAPTURE_"
+CONTENT_KEY_PREFIX = "ck-"
+
+_GiB = 1 << 30
+
+
+def content_key(input_ids: Sequence[int] | torch.Tensor) -> str:
+    """File stem used when the server cannot tell request ids (SGLang < 0.5.15): ``ck-`` + sha256 of the ids.
+
+    The ids are hashed as little-endian int64; the client computes the same key.
+    """
+    if isinstance(input_ids, torch.Tensor):
+        values = input_ids.detach().to("cpu").tolist()
+    else:
+        values = [int(i) for i in input_ids]
+    data = struct.pack("<%dq" % len(values), *values)
+    return CONTENT_KEY_PREFIX + hashlib.sha256(data).hexdigest()[:40]
+
+
+def _env(environ: Mapping[str, str], key: str):
+    return environ.get(ENV_PREFIX + key)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How a server process captures; from the forward-hooks ``config`` and ``HS_CAPTURE_*`` env vars.
+
+    Keys of the JSON config (env var in brackets, used when the key is absent):
+    ``staging_dir`` [HS_CAPTURE_STAGING_DIR], ``hf_aux_layer_ids`` [HS_CAPTURE_LAYER_IDS,
+    comma-separated], ``rid_prefix`` [HS_CAPTURE_RID_PREFIX], ``max_staging_bytes``
+    [HS_CAPTURE_MAX_BYTES], ``max_staging_files`` [HS_CAPTURE_MAX_FILES], ``max_wait_s``
+    [HS_CAPTURE_MAX_WAIT_S], ``writer_threads`` [HS_CAPTURE_WRITERS], ``pinned_pool_bytes``
+    [HS_CAPTURE_PINNED_BYTES], ``orphan_ttl_s`` [HS_CAPTURE_ORPHAN_TTL_S], ``assembly_ttl_s``
+    [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS]; plus
+    ``mechanism``, ``module_path``, ``sglang_aux_layer_ids``, ``architectures``,
+    ``num_hidden_layers`` (written by ``hs-dataset serve``).
+    """
+
+    staging_dir: str
+    hf_aux_layer_ids: tuple[int, ...]
+    rid_prefix: str = "hs-"
+    mechanism: str = "aux_return"
+    module_path: str = "model"
+    sglang_aux_layer_ids: tuple[int, ...] | None = None
+    architectures: tuple[str, ...] = ()
+    num_hidden_layers: int | None = None
+    max_staging_bytes: int = 16 * _GiB
+    max_staging_files: int = 4096
+    max_wait_s: float = 2.0
+    writer_threads: int = 2
+    pinned_pool_bytes: int = 2 * _GiB
+    orphan_ttl_s: float = 3600.0
+    assembly_ttl_s: float = 600.0
+    sweep_interval_s: float = 15.0
+    content_keys: bool = True
+
+    MECHANISMS = ("aux_return", "layer_hooks", "legacy")
+
+    def __post_init__(self) -> None:
+        if not self.staging_dir:
+            raise ValueError("capture config: staging_dir is required (config key or HS_CAPTURE_STAGING_DIR)")
+        if not self.hf_aux_layer_ids:
+            raise ValueError("capture config: hf_aux_layer_ids is required (config key or HS_CAPTURE_LAYER_IDS)")
+        ids = list(self.hf_aux_layer_ids)
+        if any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < 0:
+            raise ValueError(f"capture config: hf_aux_layer_ids must be ascending and >= 0, got {ids}")
+        if not self.rid_prefix.startswith("hs-") or not all(c.isalnum() or c == "-" for c in self.rid_prefix):
+            raise ValueError(f"capture config: rid_prefix must start with 'hs-' and hold only [a-z0-9-], got {self.rid_prefix!r}")
+        if self.mechanism not in self.MECHANISMS:
+            raise ValueError(f"capture config: mechanism must be one of {self.MECHANISMS}, got {self.mechanism!r}")
+        for name in ("max_staging_bytes", "max_staging_files", "writer_threads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"capture config: {name} must be >= 1")
+        if self.max_wait_s < 0:
+            raise ValueError("capture config: max_wait_s must be >= 0")
+
+    @classmethod
+    def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "CaptureConfig":
+        config = dict(config or {})
+        environ = os.environ if environ is None else environ
+        unknown = set(config) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"capture config: unknown keys {sorted(unknown)}")
+
+        def pick(key: str, env_key: str, conv):
+            if key in config and config[key] is not None:
+                return conv(config[key])
+            raw = _env(environ, env_key)
+            return conv(raw) if raw not in (None, "") else None
+
+        def ids(v):
+            if isinstance(v, str):
+                return tuple(int(x) for x in v.replace(" ", ",").split(",") if x)
+            return tuple(int(x) for x in v)
+
+        def boolean(v):
+            if isinstance(v, str):
+                return v.strip().lower() in ("1", "true", "yes", "on")
+            return bool(v)
+
+        values: dict[str, Any] = {
+            "staging_dir": pick("staging_dir", "STAGING_DIR", str),
+            "hf_aux_layer_ids": pick("hf_aux_layer_ids", "LAYER_IDS", ids),
+            "rid_prefix": pick("rid_prefix", "RID_PREFIX", str),
+            "max_staging_bytes": pick("max_staging_bytes", "MAX_BYTES", int),
+            "max_staging_files": pick("max_staging_files", "MAX_FILES", int),
+            "max_wait_s": pick("max_wait_s", "MAX_WAIT_S", float),
+            "writer_threads": pick("writer_threads", "WRITERS", int),
+            "pinned_pool_bytes": pick("pinned_pool_bytes", "PINNED_BYTES", int),
+            "orphan_ttl_s": pick("orphan_ttl_s", "ORPHAN_TTL_S", float),
+            "assembly_ttl_s": pick("assembly_ttl_s", "ASSEMBLY_TTL_S", float),
+            "content_keys": pick("content_keys", "CONTENT_KEYS", boolean),
+            "sweep_interval_s": pick("sweep_interval_s", "SWEEP_INTERVAL_S", float),
+        }
+        for key in ("mechanism", "module_path", "num_hidden_layers"):
+            if config.get(key) is not None:
+                values[key] = config[key]
+        if config.get("sglang_aux_layer_ids") is not None:
+            values["sglang_aux_layer_ids"] = ids(config["sglang_aux_layer_ids"])
+        if config.get("architectures"):
+            values["architectures"] = tuple(config["architectures"])
+        for required, env_key in (("staging_dir", "STAGING_DIR"), ("hf_aux_layer_ids", "LAYER_IDS")):
+            if not values.get(required):
+                raise ValueError(f"capture config: {required} is required (config key or {ENV_PREFIX}{env_key})")
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def to_json(self) -> dict:
+        out = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass
+class BatchView:
+    """What the core needs from a ForwardBatch (version-independent)."""
+
+    mode: str  # ForwardMode name, e.g. "EXTEND"
+    extend_seq_lens: list[int] | None
+    extend_prefix_lens: list[int] | None = None
+    rids: list[str] | None = None
+    input_ids: torch.Tensor | None = None  # [total tokens] on the model's device
+
+    @classmethod
+    def from_forward_batch(cls, fb: Any, input_ids: torch.Tensor | None = None) -> "BatchView":
+        mode = getattr(fb, "forward_mode", None)
+        name = getattr(mode, "name", None) or str(mode)
+        seq = getattr(fb, "extend_seq_lens_cpu", None)
+        prefix = getattr(fb, "extend_prefix_lens_cpu", None)
+        rids = getattr(fb, "rids", None)
+        ids = getattr(fb, "input_ids", None)
+        if ids is None:
+            ids = input_ids
+        return cls(
+            mode=name,
+            extend_seq_lens=[int(x) for x in seq] if seq is not None else None,
+            extend_prefix_lens=[int(x) for x in prefix] if prefix is not None else None,
+            rids=list(rids) if rids is not None else None,
+            input_ids=ids,
+        )
+
+
+@dataclass
+class _Assembly:
+    rid: str
+    total: int
+    pieces: list[HostPiece] = field(default_factory=list)
+    length: int = 0
+    reserved: int = 0
+    first_batch_size: int = 0
+    updated: float = 0.0
+
+
+@dataclass
+class _Job:
+    rid: str
+    total: int
+    pieces: list[HostPiece]
+    reserved: int
+    meta: dict
+
+
+class CaptureCore:
+    """Turns EXTEND passes into per-request dump files; one per scheduler process that writes."""
+
+    def __init__(
+        self,
+        config: CaptureConfig,
+        *,
+        sglang_version: str = "unknown",
+        extra_metadata: Mapping[str, str] | None = None,
+        copier: HostCopier | None = None,
+        start_threads: bool = True,
+    ) -> None:
+        self.config = config
+        self.sglang_version = str(sglang_version)
+        self.extra_metadata = dict(extra_metadata or {})
+        self.staging = StagingDir(config.staging_dir)
+        self.budget = StagingBudget(config.max_staging_bytes, config.max_staging_files, self.staging.usage)
+        self.copier = copier or HostCopier(config.pinned_pool_bytes)
+        self.stats = {
+            "passes_seen": 0,
+            "extend_passes": 0,
+            "requests_seen": 0,
+            "foreign_skipped": 0,
+            "invalid_rids": 0,
+            "dumps_written": 0,
+            "dump_bytes": 0,
+            "refused": 0,
+            "max_batch_requests": 0,
+            "chunks_assembled": 0,
+        }
+        self.verified: dict | None = None
+        self._lock = threading.Lock()
+        self._assemblies: dict[str, _Assembly] = {}
+        self._queue: "queue.Queue[_Job | None]" = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._warned_invalid = 0
+        self._pending = 0
+        self._pending_cond = threading.Condition()
+        if start_threads:
+            for i in range(int(config.writer_threads)):
+                t = threading.Thread(target=self._writer_loop, name=f"hs-dump-writer-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
+            t = threading.Thread(target=self._sweeper_loop, name="hs-dump-sweeper", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # ------------------------------------------------------------------ forward thread
+
+    def process(
+        self,
+        batch: BatchView,
+        *,
+        aux: torch.Tensor | Sequence[torch.Tensor] | None,
+        final_prenorm: torch.Tensor | None,
+        missing_reason: str | None = None,
+    ) -> None:
+        """Handle one forward pass. ``aux``: [N, K*H] packed, [N, K, H], or K tensors [N, H].
+
+        ``missing_reason``: set by the glue when it knows the states are unusable for
+        this pass (e.g. the final-norm hook did not fire); our requests are refused with it.
+        """
+        self.stats["passes_seen"] += 1
+        if batch.mode != "EXTEND":
+            return
+        self.stats["extend_passes"] += 1
+        lens = batch.extend_seq_lens
+        if lens is None:
+            return
+        rids = batch.rids
+        n = len(rids) if rids is not None else len(lens)
+        n = min(n, len(lens))
+        prefix = batch.extend_prefix_lens or [0] * len(lens)
+        self.stats["max_batch_requests"] = max(self.stats["max_batch_requests"], n)
+
+        ours: list[tuple[int, str, int, int, int]] = []  # (index, key, offset, length, prefix)
+        offset = 0
+        for i in range(n):
+            length, pre = int(lens[i]), int(prefix[i])
+            if rids is not None:
+                key = rids[i]
+                if not isinstance(key, str) or not key.startswith(self.config.rid_prefix):
+                    self.stats["foreign_skipped"] += 1
+                elif RID_RE.match(key) is None:
+                    self.stats["invalid_rids"] += 1
+                    if self._warned_invalid < 20:
+                        self._warned_invalid += 1
+                        logger.warning("hs_dataset capture: ignoring request with invalid rid %r (not hs-<run>-<seq>-<T>)", key[:120])
+                else:
+                    ours.append((i, key, offset, length, pre))
+            elif self.config.content_keys and pre == 0 and batch.input_ids is not None:
+                ours.append((i, "", offset, length, pre))  # keyed by content below
+            offset += length
+        self.stats["requests_seen"] += n
+        if not ours:
+            return
+        total_rows = offset
+
+        try:
+            aux3, final = self._normalize(aux, final_prenorm, total_rows, missing_reason)
+        except _Refuse as exc:
+            for _, key, *_ in ours:
+                if key:
+                    self._refuse(key, str(exc))
+            return
+
+        deadline = time.monotonic() + self.config.max_wait_s
+        for _, key, off, length, pre in ours:
+            rows = slice(off, off + length)
+            if not key:
+                key = content_key(batch.input_ids[rows])
+                total = length
+            else:
+                total = rid_num_tokens(key)
+            self._handle_request(key, total, pre, length, batch.input_ids[rows], aux3[rows], final[rows], n, deadline)
+
+    def _normalize(self, aux, final, total_rows: int, missing_reason: str | None):
+        cfg = self.config
+        k = len(cfg.hf_aux_layer_ids)
+        if missing_reason:
+            raise _Refuse(missing_reason)
+        if final is None:
+            raise _Refuse("no pre-norm final state was captured for this pass")
+        if aux is None:
+            raise _Refuse("no aux hidden states were captured for this pass (is aux capture enabled on the server?)")
+        if final.dim() != 2:
+            raise _Refuse(f"pre-norm final state has shape {tuple(final.shape)}, expected [tokens, hidden]")
+        h = final.shape[1]
+        if isinstance(aux, (list, tuple)):
+            if len(aux) != k:
+                raise _Refuse(f"captured {len(aux)} aux layers, configured {k} ({list(cfg.hf_aux_layer_ids)})")
+            aux = torch.stack([a.reshape(a.shape[0], -1) for a in aux], dim=1)
+        if aux.dim() == 2:
+            if aux.shape[1] != k * h:
+                raise _Refuse(
+                    f"aux hidden states are {aux.shape[1]} wide, expected {k} layers x {h} = {k * h}: the server "
+                    f"captures a different number of layers than configured ({list(cfg.hf_aux_layer_ids)})"
+                )
+            aux = aux.view(aux.shape[0], k, h)
+        if aux.dim() != 3 or aux.shape[1] != k or aux.shape[2] != h:
+            raise _Refuse(f"aux hidden states have shape {tuple(aux.shape)}, expected [tokens, {k}, {h}]")
+        if aux.shape[0] < total_rows or final.shape[0] < total_rows:
+            raise _Refuse(
+                f"states cover {min(aux.shape[0], final.shape[0])} tokens but the batch extends {total_rows}: "
+                "the states are token-scattered across ranks (DP-attention / sequence-parallel layouts are not supported)"
+            )
+        if self.verified is None:
+            self.verified = {
+                "aux_layers": k,
+                "hidden_size": int(h),
+                "dtype": str(aux.dtype).replace("torch.", ""),
+                "hf_aux_layer_ids": list(cfg.hf_aux_layer_ids),
+                "sglang_aux_layer_ids": list(cfg.sglang_aux_layer_ids) if cfg.sglang_aux_layer_ids else None,
+            }
+            logger.info(
+                "hs_dataset capture: first prefill verified: %d aux layers (HF hidden_states %s, sglang ids %s), "
+                "hidden %d, dtype %s, final pre-norm; staging %s",
+                k,
+                list(cfg.hf_aux_layer_ids),
+                self.verified["sglang_aux_layer_ids"],
+                h,
+                self.verified["dtype"],
+                cfg.staging_dir,
+            )
+        return aux, final
+
+    def _handle_request(self, rid, total, pre, length, ids, aux, final, batch_requests, deadline) -> None:
+        nbytes = length * (8 + aux.shape[1] * aux.shape[2] * aux.element_size() + final.shape[1] * aux.element_size())
+        with self._lock:
+            asm = self._assemblies.get(rid)
+            if pre == 0:
+                if asm is not None:  # re-prefilled from scratch (e.g. retracted): start over
+                    self._drop_assembly_locked(rid)
+                    asm = None
+                if length > total:
+                    self._refuse(rid, f"the prefill has {length} tokens but the request id says {total}")
+                    return
+            else:
+                if asm is None or asm.length != pre:
+                    if asm is not None:
+                        self._drop_assembly_locked(rid)
+                    self._refuse(
+                        rid,
+                        f"partial prompt: the first {pre} of {total} tokens were not computed in this request "
+                        "(prefix-cache hit); restart the server with --disable-radix-cache, or send requests with "
+                        "return_logprob and logprob_start_len 0 to force a full prefill",
+                    )
+                    return
+                if pre + length > total:
+                    self._drop_assembly_locked(rid)
+                    self._refuse(rid, f"chunks add up to {pre + length} tokens but the request id says {total}")
+                    return
+            left = max(0.0, deadline - time.monotonic())
+            first = pre == 0
+            if not self.budget.reserve(nbytes, left, nfiles=1 if first else 0):
+                if asm is not None:
+                    self._drop_assembly_locked(rid)
+                snap = self.budget.snapshot()
+                self._refuse(
+                    rid,
+                    f"staging full: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting in "
+                    f"{self.config.staging_dir} (limits {self.config.max_staging_files} files / "
+                    f"{self.config.max_staging_bytes} bytes) and no room freed within {self.config.max_wait_s} s; "
+                    "the client is not draining dumps fast enough",
+                )
+                return
+            piece = self.copier.snapshot({"input_ids": ids, "aux": aux, "final": final}, left)
+            if piece is None:
+                self.budget.release(nbytes, 1 if first else 0)
+                if asm is not None:
+                    self._drop_assembly_locked(rid)
+                self._refuse(rid, "no pinned host memory freed up in time (pinned_pool_bytes too small for the load)")
+                return
+            if first:
+                asm = _Assembly(rid=rid, total=total, first_batch_size=batch_requests)
+            asm.pieces.append(piece)
+            asm.length += length
+            asm.reserved += nbytes
+            asm.updated = time.monotonic()
+            if asm.length < total:
+                self._assemblies[rid] = asm
+                return
+            self._assemblies.pop(rid, None)
+            if len(asm.pieces) > 1:
+                self.stats["chunks_assembled"] += 1
+        meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces))}
+        with self._pending_cond:
+            self._pending += 1
+        self._queue.put(_Job(rid=rid, total=total, pieces=asm.pieces, reserved=asm.reserved, meta=meta))
+
+    def _drop_assembly_locked(self, rid: str) -> None:
+        asm = self._assemblies.pop(rid, None)
+        if asm is None:
+            return
+        for p in asm.pieces:
+            p.release()
+        self.budget.release(asm.reserved, 1)
+
+    def _refuse(self, rid: str, reason: str) -> None:
+        self.stats["refused"] += 1
+        logger.warning("hs_dataset capture: refused %s: %s", rid, reason)
+        if not rid or RID_RE.match(rid) is None:
+            return
+        try:
+            self.staging.write_refusal(rid, reason)
+        except OSError as exc:
+            logger.error("hs_dataset capture: cannot write refusal marker for %s: %s", rid, exc)
+
+    # ------------------------------------------------------------------ writer threads
+
+    def _writer_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                self._write(job)
+            except Exception as exc:  # never let a writer thread die silently
+                logger.exception("hs_dataset capture: writing %s failed", job.rid)
+                self.budget.release(job.reserved, 1)
+                self._refuse(job.rid, f"server could not write the dump: {type(exc).__name__}: {exc}")
+            finally:
+                for p in job.pieces:
+                    p.release()
+                with self._pending_cond:
+                    self._pending -= 1
+                    self._pending_cond.notify_all()
+
+    def _write(self, job: _Job) -> None:
+        from safetensors.torch import save
+
+        parts = [p.wait() for p in job.pieces]
+        if len(parts) == 1:
+            ids, aux, final = parts[0]["input_ids"], parts[0]["aux"], parts[0]["final"]
+        else:
+            ids = torch.cat([p["input_ids"] for p in parts])
+            aux = torch.cat([p["aux"] for p in parts])
+            final = torch.cat([p["final"] for p in parts])
+        if ids.shape[0] != job.total:
+            raise RuntimeError(f"assembled {ids.shape[0]} tokens, expected {job.total}")
+        tensors = {
+            "input_ids": ids.to(torch.int64).contiguous(),
+            "aux_hidden_states": aux.contiguous(),
+            "final_hidden_state": final.to(aux.dtype).contiguous(),
+        }
+        metadata = {
+            "format": DUMP_FORMAT,
+            "version": DUMP_VERSION,
+            "rid": job.rid,
+            "hf_aux_layer_ids": json.dumps(list(self.config.hf_aux_layer_ids)),
+            "final_state": "pre_norm",
+            "sglang_version": self.sglang_version,
+            "dtype": str(aux.dtype).replace("torch.", ""),
+            "mechanism": self.config.mechanism,
+            **self.extra_metadata,
+            **job.meta,
+        }
+        data = save(tensors, metadata=metadata)
+        written = self.staging.write_atomic(job.rid + DUMP_SUFFIX, data)
+        if written:
+            self.budget.committed(job.reserved, 1)
+            self.stats["dumps_written"] += 1
+            self.stats["dump_bytes"] += len(data)
+        else:  # a dump for this rid already exists (the request was prefilled twice): keep the first
+            self.budget.release(job.reserved, 1)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def _sweeper_loop(self) -> None:
+        while not self._closed:
+            time.sleep(self.config.sweep_interval_s)
+            try:
+                self.sweep()
+            except Exception:  # pragma: no cover
+                logger.exception("hs_dataset capture: sweeping the staging directory failed")
+
+    def sweep(self, now: float | None = None) -> None:
+        """Expire stale chunk assemblies (refused) and unclaimed staging files (deleted)."""
+        now_mono = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [r for r, a in self._assemblies.items() if now_mono - a.updated > self.config.assembly_ttl_s]
+            for rid in stale:
+                asm = self._assemblies[rid]
+                self._drop_assembly_locked(rid)
+                self._refuse(rid, f"incomplete chunked prefill: {asm.length} of {asm.total} tokens arrived, then nothing for {self.config.assembly_ttl_s} s")
+        self.staging.sweep(self.config.orphan_ttl_s)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued dump is written (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._pending_cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pending_cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+        self.staging.close()
+
+
+class _Refuse(Exception):
+    pass

@@ -1,0 +1,140 @@
+"""Device -> host copies that do not stall the forward pass (stdlib + torch only).
+
+* CPU tensors (CPU test servers): a plain ``clone`` -- the forward reuses its buffers.
+* CUDA tensors: a device-side snapshot (``clone``) on the *current* stream -- fast, and
+  ordered before anything the next forward writes into the same (e.g. CUDA-graph
+  static) buffers -- then an asynchronous copy into a pinned host buffer on a side
+  stream, with an event the writer thread waits on. ``record_stream`` keeps the
+  snapshot alive until the side stream is done. Pinned memory comes from a bounded
+  :class:`PinnedPool`; if no buffer frees up within the forward's wait budget the
+  caller refuses the request instead of blocking.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Mapping
+
+import torch
+
+__all__ = ["HostPiece", "PinnedPool", "HostCopier"]
+
+_ALIGN = 256
+
+
+def _round(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class PinnedPool:
+    """A bounded pool of reusable pinned host buffers (uint8)."""
+
+    def __init__(self, max_bytes: int, *, granularity: int = 2 << 20) -> None:
+        self.max_bytes = int(max_bytes)
+        self._gran = granularity
+        self._free: list[torch.Tensor] = []
+        self._total = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, nbytes: int, timeout: float) -> torch.Tensor | None:
+        size = _round(max(nbytes, 1), self._gran)
+        if size > self.max_bytes:
+            return None
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while True:
+                fits = [b for b in self._free if b.numel() >= size]
+                if fits:
+                    buf = min(fits, key=lambda b: b.numel())
+                    self._free.remove(buf)
+                    return buf
+                # Drop free buffers that are too small to make room for a new one.
+                while self._free and self._total + size > self.max_bytes:
+                    self._total -= self._free.pop(0).numel()
+                if self._total + size <= self.max_bytes:
+                    self._total += size
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.02))
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def release(self, buf: torch.Tensor) -> None:
+        with self._cond:
+            self._free.append(buf)
+            self._cond.notify_all()
+
+
+class HostPiece:
+    """Host copies of some named tensors, ready after :meth:`wait`; :meth:`release` frees pinned memory."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], event=None, pool: PinnedPool | None = None, buf=None) -> None:
+        self._tensors = dict(tensors)
+        self._event = event
+        self._pool = pool
+        self._buf = buf
+
+    def wait(self) -> dict[str, torch.Tensor]:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._tensors
+
+    def release(self) -> None:
+        self._tensors = {}
+        if self._pool is not None and self._buf is not None:
+            self._pool.release(self._buf)
+        self._buf = None
+
+
+class HostCopier:
+    """Snapshot tensors to host memory; see the module docstring."""
+
+    def __init__(self, pinned_pool_bytes: int = 2 << 30) -> None:
+        self._pool_bytes = int(pinned_pool_bytes)
+        self._pool: PinnedPool | None = None
+        self._side_streams: dict = {}
+
+    def _side_stream(self, device):
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
+    def snapshot(self, tensors: Mapping[str, torch.Tensor], timeout: float) -> HostPiece | None:
+        """Return a :class:`HostPiece`, or None when no pinned memory freed up within ``timeout``."""
+        devices = {t.device for t in tensors.values()}
+        if all(d.type == "cpu" for d in devices):
+            return HostPiece({k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()})
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            # Unusual devices: a synchronous copy is correct everywhere.
+            return HostPiece({k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()})
+        device = next(iter(devices))
+        if self._pool is None:
+            self._pool = PinnedPool(self._pool_bytes)
+        layout = []
+        offset = 0
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            layout.append((name, offset, nbytes))
+            offset = _round(offset + nbytes, _ALIGN)
+        buf = self._pool.acquire(offset, timeout)
+        if buf is None:
+            return None
+        current = torch.cuda.current_stream(device)
+        side = self._side_stream(device)
+        snapshots = {k: t.detach().contiguous().clone() for k, t in tensors.items()}  # on the current stream
+        side.wait_stream(current)
+        host: dict[str, torch.Tensor] = {}
+        with torch.cuda.stream(side):
+            for name, off, nbytes in layout:
+                src = snapshots[name]
+                dst = buf[off : off + nbytes].view(src.dtype).view(src.shape)
+                dst.copy_(src, non_blocking=True)
+                src.record_stream(side)
+                host[name] = dst
+            event = torch.cuda.Event()
+            event.record(side)
+        return HostPiece(host, event=event, pool=self._pool, buf=buf)

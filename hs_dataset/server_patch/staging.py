@@ -1,0 +1,273 @@
+"""The private staging directory: creation checks, atomic writes, the byte/file budget, sweeping.
+
+Stdlib only (runs inside SGLang scheduler processes and in the client).
+
+Safety rules (docs/SGLANG.md, "Staging"):
+
+* the directory is created ``0700``; an existing one is refused if it is a symlink,
+  not a directory, owned by another user, or readable/writable by group/others;
+* every file is created through a directory file descriptor with
+  ``O_CREAT | O_EXCL | O_NOFOLLOW`` under a ``.tmp-`` name, then hard-linked to its
+  final name (which fails instead of overwriting) and the temporary name unlinked, so
+  a reader never sees a partial file and nothing outside the directory is touched;
+* a :class:`StagingBudget` bounds the bytes and files waiting for the client.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Callable
+
+from hs_dataset.server_patch.dump_format import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX
+
+__all__ = [
+    "StagingError",
+    "ensure_private_dir",
+    "check_private_dir",
+    "StagingDir",
+    "StagingBudget",
+]
+
+logger = logging.getLogger("hs_dataset.server_patch")
+
+
+class StagingError(RuntimeError):
+    """The staging directory is unsafe or unusable."""
+
+
+def check_private_dir(path: str) -> os.stat_result:
+    """Raise :class:`StagingError` unless ``path`` is a real directory, ours, mode ``0700`` (or stricter)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StagingError(f"staging directory {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StagingError(f"staging directory {path} is a symlink; refusing it (use a real, private directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StagingError(f"staging path {path} exists and is not a directory")
+    if st.st_uid != os.geteuid():
+        raise StagingError(
+            f"staging directory {path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()}); "
+            "use a directory of your own (or remove it so it is created afresh)"
+        )
+    if st.st_mode & 0o077:
+        raise StagingError(
+            f"staging directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be private (0700): "
+            f"run `chmod 700 {path}` or choose another directory"
+        )
+    return st
+
+
+def ensure_private_dir(path: str) -> str:
+    """Create ``path`` with mode 0700 (parents as needed), or check an existing one. Returns the abspath."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)  # the umask can only remove bits: never wider than 0700
+    except FileExistsError:
+        pass
+    check_private_dir(path)
+    return path
+
+
+class StagingDir:
+    """Atomic, no-follow, no-clobber file operations inside one private directory."""
+
+    def __init__(self, path: str, *, create: bool = True) -> None:
+        self.path = ensure_private_dir(path) if create else os.path.abspath(path)
+        if not create:
+            check_private_dir(self.path)
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        self.fd = os.open(self.path, flags)
+        st = os.fstat(self.fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # replaced between the check and the open
+            os.close(self.fd)
+            raise StagingError(f"staging directory {self.path} changed while being opened; refusing it")
+        self._counter = itertools.count()
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def _tmp_name(self, final: str) -> str:
+        return f"{TMP_PREFIX}{final}.{self._pid}.{next(self._counter)}"
+
+    def write_atomic(self, name: str, data: bytes | memoryview) -> bool:
+        """Write ``data`` to ``name``; False if ``name`` already exists (never overwritten)."""
+        if "/" in name or name.startswith(".") or name in ("", "..") or "\0" in name:
+            raise StagingError(f"refusing unsafe staging file name {name!r}")
+        tmp = self._tmp_name(name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            except OSError as exc:  # filesystems without hard links: rename without clobbering check
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                try:
+                    os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+                    return False
+                except FileNotFoundError:
+                    os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    tmp = None
+            return True
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp, dir_fd=self.fd)
+                except FileNotFoundError:
+                    pass
+
+    def write_refusal(self, rid: str, reason: str) -> bool:
+        body = json.dumps({"rid": rid, "reason": reason}).encode()
+        return self.write_atomic(rid + REFUSED_SUFFIX, body)
+
+    def exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def usage(self) -> tuple[int, int]:
+        """(bytes, files) of dumps and temporaries currently in the directory."""
+        total = files = 0
+        with os.scandir(self.fd) as it:
+            for entry in it:
+                name = entry.name
+                if name.endswith(DUMP_SUFFIX) or name.startswith(TMP_PREFIX):
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        continue
+                    files += 1
+        return total, files
+
+    def sweep(self, max_age_s: float, now: float | None = None) -> int:
+        """Delete dumps, refusal markers and temporaries older than ``max_age_s``; return how many."""
+        now = time.time() if now is None else now
+        removed = 0
+        with os.scandir(self.fd) as it:
+            entries = list(it)
+        for entry in entries:
+            name = entry.name
+            if not (name.endswith(DUMP_SUFFIX) or name.endswith(REFUSED_SUFFIX) or name.startswith(TMP_PREFIX)):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < max_age_s:
+                    continue
+                os.unlink(name, dir_fd=self.fd)
+                removed += 1
+            except FileNotFoundError:
+                continue
+        if removed:
+            logger.warning("hs_dataset capture: swept %d unclaimed staging files older than %.0f s", removed, max_age_s)
+        return removed
+
+
+class StagingBudget:
+    """Bounded staging: bytes and files waiting for the client, plus writes in flight.
+
+    ``reserve`` is called on the forward thread before a copy; it waits at most
+    ``timeout`` for the client to drain the directory and returns False if the budget is
+    still exceeded (the caller then writes a refusal marker -- the forward pass is never
+    blocked longer than that). Usage on disk is re-read from the directory (other
+    processes, e.g. other DP ranks, may share it and the client deletes files).
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        max_files: int,
+        usage: Callable[[], tuple[int, int]],
+        *,
+        rescan_interval_s: float = 0.25,
+        poll_s: float = 0.02,
+    ) -> None:
+        self.max_bytes = int(max_bytes)
+        self.max_files = int(max_files)
+        self._usage = usage
+        self._rescan_interval_s = rescan_interval_s
+        self._poll_s = poll_s
+        self._cond = threading.Condition()
+        self._inflight_bytes = 0
+        self._inflight_files = 0
+        self._disk_bytes = 0
+        self._disk_files = 0
+        self._scanned_at = float("-inf")
+
+    def _rescan_locked(self) -> None:
+        self._disk_bytes, self._disk_files = self._usage()
+        self._scanned_at = time.monotonic()
+
+    def _fits_locked(self, nbytes: int, nfiles: int) -> bool:
+        return (
+            self._disk_bytes + self._inflight_bytes + nbytes <= self.max_bytes
+            and self._disk_files + self._inflight_files + nfiles <= self.max_files
+        )
+
+    def reserve(self, nbytes: int, timeout: float, *, nfiles: int = 1) -> bool:
+        if nbytes > self.max_bytes or nfiles > self.max_files:
+            return False
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            if time.monotonic() - self._scanned_at > self._rescan_interval_s:
+                self._rescan_locked()
+            while True:
+                if self._fits_locked(nbytes, nfiles):
+                    self._inflight_bytes += nbytes
+                    self._inflight_files += nfiles
+                    return True
+                self._rescan_locked()
+                if self._fits_locked(nbytes, nfiles):
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(self._poll_s, left))
+
+    def committed(self, nbytes: int, nfiles: int = 1) -> None:
+        """The reserved bytes are now a file on disk (counted there until the next rescan)."""
+        with self._cond:
+            self._inflight_bytes -= nbytes
+            self._inflight_files -= nfiles
+            self._disk_bytes += nbytes
+            self._disk_files += nfiles
+            self._cond.notify_all()
+
+    def release(self, nbytes: int, nfiles: int = 1) -> None:
+        """Give back a reservation that produced no file."""
+        with self._cond:
+            self._inflight_bytes -= nbytes
+            self._inflight_files -= nfiles
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict:
+        with self._cond:
+            return {
+                "inflight_bytes": self._inflight_bytes,
+                "inflight_files": self._inflight_files,
+                "disk_bytes": self._disk_bytes,
+                "disk_files": self._disk_files,
+            }
