@@ -80,7 +80,7 @@ def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_
 
 
 def _check_directory(root: Path, manifest: Manifest, result: VerifyResult) -> None:
-    listed = {Path(s.file).name for s in manifest.shards}
+    listed = {Path(s.file).as_posix() for s in manifest.shards}
     if len(listed) != len(manifest.shards):
         result.problems.append(f"{root}: the manifest lists a shard file twice")
     for name in sorted(os.listdir(root)):
