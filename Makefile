@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 # torch is pinned to the local CPU wheel: a bare requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test test-fast demo sglang-env fetch-sglang-sources bench
+.PHONY: install test test-fast demo sglang-env fetch-sglang-sources interop-env bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,11 +19,15 @@ demo: install
 	$(VENV)/bin/hs-dataset build --config tiny-deepseek-hf --out out/tiny-deepseek-hf
 	$(VENV)/bin/hs-dataset verify out/tiny-deepseek-hf
 
-test: install sglang-env fetch-sglang-sources
+test: install sglang-env fetch-sglang-sources interop-env
 	$(VPY) -m pytest -q tests
 
 test-fast: install
 	$(VPY) -m pytest -q tests -m "not sglang and not slow"
+
+# speculators and SpecForge readers, to prove exports load with the trainers' own code
+interop-env: install
+	bash scripts/make_interop_env.sh $(VENV)
 
 fetch-sglang-sources:
 	bash scripts/fetch_sglang_sources.sh

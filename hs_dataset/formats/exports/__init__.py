@@ -1,0 +1,360 @@
+"""Exports of a dataset into the layouts other trainers read (docs/EXPORTS.md).
+
+* :func:`export_speculators` -- speculators 0.9.0 (``speculators/train/data.py``
+  ``ArrowDataset``): an Arrow dataset (``save_to_disk``, torch format) plus
+  ``hidden_states/hs_{idx}.safetensors`` holding ``hidden_states`` [T, K+1, H] (aux
+  ascending, PRE-norm final last) and ``token_ids`` [T].
+* :func:`export_specforge` -- SpecForge 0.2.0 offline data
+  (``OfflineManifestReader``): ``rows_{g}-{g+2000}/data_{idx}.ckpt`` with
+  ``input_ids``, ``loss_mask``, ``aux_hidden_state`` [1, T, K*H] and ``hidden_state``
+  [1, T, H] POST-norm, derived from the stored pre-norm state with the recorded norm.
+
+Shared rules, implemented here:
+
+* every file is written to a hidden temp name in its final directory, fsynced and
+  renamed into place (half-way through, the ``export.mid_file`` crash point);
+* ``hs_dataset_export.json`` (the *export record*) is written first with status
+  ``in_progress`` and rewritten ``complete`` at the end; it names the source dataset
+  and the options, so a rerun of the same export resumes (complete, valid files are
+  skipped) while a destination holding anything else is refused unless
+  ``overwrite=True``;
+* data that cannot mean what the target expects (layers, final-state kind, norm) is
+  refused with a :class:`ExportMismatchError` naming the mismatch, never converted
+  silently.
+
+This module stays light at import time (the CLI imports it to build its parser).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from hs_dataset.errors import HsDatasetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hs_dataset.formats.reader import HiddenStateDataset
+
+__all__ = [
+    "ExportError",
+    "ExportMismatchError",
+    "ExportReport",
+    "EXPORT_RECORD_NAME",
+    "export_speculators",
+    "export_specforge",
+    "derive_post_norm",
+    "read_export_record",
+]
+
+EXPORT_RECORD_NAME = "hs_dataset_export.json"
+EXPORT_RECORD_FORMAT = "hs_dataset.export"
+EXPORT_RECORD_VERSION = 1
+# Export temp files: hidden, and never ending in a name a reader globs for
+# (SpecForge lists every *.ckpt under its root; speculators looks up hs_{i}.safetensors).
+_TEMP_PREFIX = ".hs-tmp-"
+_TEMP_SUFFIX = ".part"
+
+
+class ExportError(HsDatasetError):
+    """An export (or import) cannot be done as asked: destination, options or input."""
+
+
+class ExportMismatchError(ExportError):
+    """The data cannot satisfy the target's convention (layers, final-state kind, norm)."""
+
+
+@dataclass
+class ExportReport:
+    """What one export run did."""
+
+    target: str
+    source: str
+    dest: str
+    samples: int = 0
+    tokens: int = 0
+    files_written: int = 0
+    files_skipped: int = 0  # complete and valid from an earlier, interrupted run
+    files_rewritten: int = 0  # present but invalid (truncated, wrong sample), rewritten
+    bytes_written: int = 0
+    resumed: bool = False
+    quarantined_not_exported: int = 0
+    layers: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        lines = [
+            f"exported {self.samples} samples ({self.tokens} tokens) from {self.source} to {self.dest} as {self.target}",
+            f"  files written {self.files_written} ({self.bytes_written / 2**20:.1f} MiB), skipped (already complete) "
+            f"{self.files_skipped}, rewritten (invalid) {self.files_rewritten}" + ("; resumed" if self.resumed else ""),
+        ]
+        for key, value in self.layers.items():
+            lines.append(f"  {key}: {value}")
+        if self.quarantined_not_exported:
+            lines.append(f"  {self.quarantined_not_exported} quarantined sample(s) of the source are not exported")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- files
+def temp_path(final: Path) -> Path:
+    return final.parent / f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{final.name}{_TEMP_SUFFIX}"
+
+
+def write_file_atomic(final: Path, chunks: Sequence[memoryview | bytes]) -> int:
+    """Write ``chunks`` to ``final`` atomically: temp file, fsync, rename, directory fsync.
+
+    The ``export.mid_file`` crash point fires once half of the bytes are in the temp
+    file. Returns the number of bytes written.
+    """
+    from hs_dataset.faults import crash_point
+    from hs_dataset.formats.atomic import publish, remove_quietly, write_all
+
+    final = Path(final)
+    views = [memoryview(c).cast("B") if not isinstance(c, memoryview) or c.format != "B" else c for c in chunks]
+    total = sum(v.nbytes for v in views)
+    half = total // 2
+    temp = temp_path(final)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    written = 0
+    crashed_point_done = False
+    try:
+        for view in views:
+            if not crashed_point_done and written + view.nbytes > half:
+                cut = half - written
+                write_all(fd, view[:cut])
+                written += cut
+                crash_point("export.mid_file")
+                crashed_point_done = True
+                view = view[cut:]
+            write_all(fd, view)
+            written += view.nbytes
+        if not crashed_point_done:
+            crash_point("export.mid_file")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        remove_quietly(temp)
+        raise
+    os.close(fd)
+    publish(temp, final)
+    return total
+
+
+def tensor_bytes(t: "torch.Tensor") -> memoryview:
+    """The raw bytes of a tensor (made contiguous), as a flat memoryview."""
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    import torch
+
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def remove_temp_files(root: Path) -> int:
+    """Remove export temp files left by a crash anywhere under ``root``."""
+    removed = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if name.startswith(_TEMP_PREFIX):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+# ---------------------------------------------------------------------------- norm
+def derive_post_norm(pre: "torch.Tensor", weight: "torch.Tensor", eps: float, out_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
+    """RMSNorm of the pre-norm final state: ``x * rsqrt(mean(x^2) + eps) * weight``.
+
+    Computed in float32 (input and weight promoted), cast once to ``out_dtype``
+    (default: the input's dtype), as SGLang's RMSNorm (the server SpecForge's data
+    comes from) and docs/FORMAT.md define it.
+    """
+    import torch
+
+    x = pre.to(torch.float32)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    y = x * torch.rsqrt(variance + float(eps)) * weight.to(torch.float32)
+    return y.to(out_dtype or pre.dtype)
+
+
+# ---------------------------------------------------------------------------- source checks
+def quarantined_count(ds: "HiddenStateDataset") -> int:
+    return len(ds.manifest.quarantine)
+
+
+def check_layer_convention(ds: "HiddenStateDataset", target: str) -> None:
+    convention = ds.manifest.metadata.get("layer_convention", "hf_hidden_states_index")
+    if convention != "hf_hidden_states_index":
+        raise ExportMismatchError(
+            f"{ds.root}: layer_convention is {convention!r}; {target} export understands only "
+            "'hf_hidden_states_index' (aux id k = transformers hidden_states[k])"
+        )
+
+
+def select_aux_layers(ds: "HiddenStateDataset", wanted: Sequence[int] | None, target: str) -> tuple[list[int], list[int]]:
+    """(positions in the stored K axis, HF ids) of the aux layers to export.
+
+    ``wanted`` (HF ids) picks a subset of the stored aux layers, e.g. 3 of 4; an id
+    that the data does not hold is refused by name.
+    """
+    stored = [int(i) for i in ds.manifest.aux_layer_ids]
+    if sorted(set(stored)) != stored:
+        raise ExportMismatchError(f"{ds.root}: stored aux_layer_ids {stored} are not ascending and distinct; {target} expects ascending layers")
+    if wanted is None:
+        return list(range(len(stored))), stored
+    wanted = [int(i) for i in wanted]
+    if sorted(set(wanted)) != wanted:
+        raise ExportMismatchError(f"requested aux layers {wanted} must be ascending and distinct ({target} stores them in ascending order)")
+    missing = [i for i in wanted if i not in stored]
+    if missing:
+        raise ExportMismatchError(
+            f"requested aux layer(s) {missing} are not in the data: {ds.root} holds aux_layer_ids {stored} "
+            "(HF hidden_states indexes); recapture with those layers or pick from the stored ones"
+        )
+    return [stored.index(i) for i in wanted], wanted
+
+
+def num_hidden_layers(ds: "HiddenStateDataset", override: int | None, target: str) -> int:
+    recorded = ds.manifest.metadata.get("num_hidden_layers")
+    if override is not None:
+        if recorded is not None and int(recorded) != int(override):
+            raise ExportMismatchError(
+                f"--num-hidden-layers {override} contradicts the manifest's num_hidden_layers {recorded} ({ds.root})"
+            )
+        return int(override)
+    if recorded is None:
+        raise ExportMismatchError(
+            f"{ds.root}: the manifest records no num_hidden_layers, so the id of the final state (L) in {target}'s "
+            "layer convention is unknown; pass --num-hidden-layers L"
+        )
+    return int(recorded)
+
+
+# ---------------------------------------------------------------------------- destination + record
+def read_export_record(dest: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(dest) / EXPORT_RECORD_NAME
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != EXPORT_RECORD_FORMAT:
+        return None
+    return record
+
+
+def write_export_record(dest: Path, record: dict[str, Any]) -> None:
+    from hs_dataset.formats.atomic import atomic_write_bytes
+
+    atomic_write_bytes(dest / EXPORT_RECORD_NAME, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.relative_to(parent)
+        return True
+    except ValueError:
+        return False
+
+
+def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[str, Any], overwrite: bool) -> bool:
+    """Make ``dest`` ready for an export of ``src``; returns True when resuming an earlier run.
+
+    Refused: ``dest`` equal to, inside, or containing ``src``; a ``dest`` holding
+    anything but an export of the same source with the same options (unless
+    ``overwrite``); and, even with ``overwrite``, a ``dest`` that is an hs_dataset
+    dataset directory (delete that one yourself).
+    """
+    src_r, dest_r = src.resolve(), dest.resolve()
+    if dest_r == src_r or _is_within(dest_r, src_r) or _is_within(src_r, dest_r):
+        raise ExportError(f"destination {dest} overlaps the source dataset {src}; export to a separate directory")
+    if dest.exists() and not dest.is_dir():
+        raise ExportError(f"destination {dest} exists and is not a directory")
+    entries = sorted(os.listdir(dest)) if dest.exists() else []
+    if not entries:
+        dest.mkdir(parents=True, exist_ok=True)
+        return False
+    record = read_export_record(dest)
+    if record is not None:
+        differences = [
+            f"{key}: {record.get('resume_key', {}).get(key)!r} there, {value!r} now"
+            for key, value in resume_key.items()
+            if record.get("resume_key", {}).get(key) != value
+        ]
+        if not differences:
+            return True
+        problem = f"{dest} holds a different export ({'; '.join(differences)})"
+    else:
+        problem = f"{dest} is not empty ({len(entries)} entries, e.g. {entries[:3]}) and holds no hs_dataset export"
+    if not overwrite:
+        raise ExportError(f"{problem}; pass --overwrite to replace its contents, or choose another destination")
+    if (dest / "manifest.json").exists():
+        try:
+            is_dataset = json.loads((dest / "manifest.json").read_text()).get("format") == "hs_dataset"
+        except (OSError, ValueError, AttributeError):
+            is_dataset = False
+        if is_dataset:
+            raise ExportError(f"{dest} is an hs_dataset dataset directory; --overwrite will not delete it (remove it yourself)")
+    for name in entries:
+        path = dest / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return False
+
+
+def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    from hs_dataset import __version__
+
+    md = ds.manifest.metadata
+    return {
+        "format": EXPORT_RECORD_FORMAT,
+        "format_version": EXPORT_RECORD_VERSION,
+        "target": target,
+        "status": "in_progress",
+        "created_by": f"hs_dataset {__version__}",
+        "resume_key": resume_key,
+        "source": {
+            "path": str(ds.root),
+            "dataset_id": ds.manifest.dataset_id,
+            "identity": ds.manifest.identity,
+            "config_name": md.get("config_name"),
+            "model": md.get("model"),
+            "dtype": md.get("dtype"),
+            "state_encoding": ds.manifest.tensors.get("aux_hidden_states", {}).get("encoding"),
+            "final_state": md.get("final_state"),
+        },
+        **extra,
+    }
+
+
+def iter_indexed(ds: "HiddenStateDataset") -> Iterable[tuple[int, dict[str, Any]]]:
+    """(export index, sample) in manifest order: the index every export file is named by."""
+    return enumerate(ds)
+
+
+def __getattr__(name: str) -> Any:  # lazy: the heavy modules load only when used
+    if name == "export_speculators":
+        from hs_dataset.formats.exports.speculators import export_speculators
+
+        return export_speculators
+    if name == "export_specforge":
+        from hs_dataset.formats.exports.specforge import export_specforge
+
+        return export_specforge
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

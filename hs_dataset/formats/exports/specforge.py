@@ -1,0 +1,210 @@
+"""Export to SpecForge 0.2.0's offline EAGLE-3 data (``scripts/prepare_hidden_states.py`` output).
+
+```
+DEST/
+  rows_0-2000/data_0.ckpt ... data_1999.ckpt      # torch.save of a dict (their format):
+  rows_2000-4000/data_2000.ckpt ...               #   input_ids [T] int64, loss_mask [T] int64,
+                                                  #   aux_hidden_state [1, T, K*H] (aux ascending, concatenated),
+                                                  #   hidden_state [1, T, H] POST final norm,
+                                                  #   sample_id (str; ignored by SpecForge, used by import)
+  hs_dataset_export.json                          # what was exported, layer ids in both conventions
+```
+
+SpecForge's ``OfflineManifestReader`` lists every ``*.ckpt`` under the root (sorted);
+its EAGLE-3 normalizer maps ``aux_hidden_state`` -> ``hidden_state`` (drafter input) and
+``hidden_state`` -> ``target``, which goes straight to the lm_head: it must be the
+state AFTER the final norm. Ours is stored pre-norm, so the export derives it with the
+recorded norm weight and eps (float32, cast once to the stored dtype). SpecForge's
+EAGLE-3 trains on exactly three aux layers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hs_dataset.errors import FormatError
+from hs_dataset.formats.exports import (
+    ExportMismatchError,
+    ExportReport,
+    base_record,
+    check_layer_convention,
+    derive_post_norm,
+    prepare_destination,
+    quarantined_count,
+    remove_temp_files,
+    select_aux_layers,
+    write_export_record,
+    write_file_atomic,
+)
+
+__all__ = ["export_specforge", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX"]
+
+DEFAULT_GROUP_SIZE = 2000
+SPECFORGE_NUM_AUX = 3  # specforge.algorithms.model_providers.resolve_eagle_capture_layers: exactly three
+
+
+def ckpt_path(dest: Path, idx: int, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+    start = (idx // group_size) * group_size
+    return dest / f"rows_{start}-{start + group_size}" / f"data_{idx}.ckpt"
+
+
+def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
+    """(weight, eps) to derive the post-norm state, or (None, None) when the data is post-norm already."""
+    md = ds.manifest.metadata
+    kind = md.get("final_state")
+    if kind == "post_norm":
+        return None, None
+    if kind != "pre_norm":
+        raise ExportMismatchError(f"{ds.root}: unknown final_state {kind!r}; SpecForge needs a post-norm final state")
+    norm = md.get("final_norm") or {}
+    if norm.get("kind", "rmsnorm") != "rmsnorm":
+        raise ExportMismatchError(
+            f"{ds.root}: the final norm is {norm.get('kind')!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
+        )
+    try:
+        weight, eps = ds.final_norm()
+    except (FormatError, KeyError, ValueError, TypeError) as exc:
+        raise ExportMismatchError(
+            f"{ds.root}: the final state is pre_norm but the final norm cannot be applied ({exc}); SpecForge's "
+            "hidden_state must be post-norm, so the recorded norm weight and eps are required"
+        ) from None
+    if eps is None:
+        raise ExportMismatchError(f"{ds.root}: the manifest records no final-norm eps; cannot derive the post-norm state")
+    if tuple(weight.shape) != (int(ds.manifest.hidden_size),):
+        raise ExportMismatchError(f"{ds.root}: final-norm weight has shape {tuple(weight.shape)}, hidden size is {ds.manifest.hidden_size}")
+    return weight, float(eps)
+
+
+def _valid_ckpt(path: Path, *, sample_id: str, input_ids: torch.Tensor, aux_shape: tuple[int, ...], hidden: int, dtype: torch.dtype) -> bool:
+    try:
+        raw = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception:  # a truncated or foreign file: rewrite it
+        return False
+    try:
+        t = int(input_ids.shape[0])
+        return (
+            isinstance(raw, dict)
+            and raw.get("sample_id") == sample_id
+            and tuple(raw["aux_hidden_state"].shape) == aux_shape
+            and tuple(raw["hidden_state"].shape) == (1, t, hidden)
+            and raw["aux_hidden_state"].dtype == dtype
+            and raw["hidden_state"].dtype == dtype
+            and tuple(raw["loss_mask"].shape) == (t,)
+            and bool(torch.equal(raw["input_ids"], input_ids))
+        )
+    except (KeyError, AttributeError, TypeError):
+        return False
+
+
+def export_specforge(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    aux_layers: Sequence[int] | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    verify_hashes: bool = False,
+) -> ExportReport:
+    """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout."""
+    from hs_dataset.formats.encoding import get_encoding
+    from hs_dataset.formats.reader import open_dataset
+
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    src, dest = Path(src), Path(dest)
+    ds = open_dataset(src, verify_hashes=verify_hashes)
+    check_layer_convention(ds, "SpecForge")
+    positions, layer_ids = select_aux_layers(ds, aux_layers, "SpecForge")
+    if len(layer_ids) != SPECFORGE_NUM_AUX:
+        raise ExportMismatchError(
+            f"SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers, the export would hold {len(layer_ids)} "
+            f"({layer_ids}); pick three with --aux-layers"
+        )
+    if min(layer_ids) < 1:
+        raise ExportMismatchError(
+            f"aux layer id 0 (the embedding output) has no SpecForge/SGLang capture id (those name the output of decoder "
+            f"layer i, = HF hidden_states[i+1]); requested {layer_ids}"
+        )
+    weight, eps = _final_norm(ds)
+    hidden = int(ds.manifest.hidden_size)
+    num_layers = ds.manifest.metadata.get("num_hidden_layers")
+    out_dtype = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"]).decoded_dtype
+    specforge_ids = [i - 1 for i in layer_ids]
+    resume_key = {
+        "target": "specforge",
+        "source_dataset_id": ds.manifest.dataset_id,
+        "aux_layer_ids": layer_ids,
+        "group_size": group_size,
+    }
+    resumed = prepare_destination(src, dest, target="specforge", resume_key=resume_key, overwrite=overwrite)
+    report = ExportReport(target="specforge", source=str(src), dest=str(dest), resumed=resumed)
+    report.quarantined_not_exported = quarantined_count(ds)
+    layers = {
+        "aux_layer_ids_hf": layer_ids,
+        "specforge_aux_hidden_state_layer_ids": specforge_ids,
+        "convention": "HF hidden_states[k] = output of decoder layer k-1 = SpecForge/SGLang capture id k-1",
+        "hidden_state": "post_norm" + (" (derived from the stored pre-norm state with the recorded RMSNorm)" if weight is not None else " (stored)"),
+        "final_norm_eps": eps,
+        "num_hidden_layers": num_layers,
+        "hidden_size": hidden,
+        "dtype": str(out_dtype).replace("torch.", ""),
+    }
+    report.layers = {
+        "aux layers (HF hidden_states ids)": layer_ids,
+        "SpecForge aux_hidden_state_layer_ids (output of layer i)": specforge_ids,
+        "hidden_state": layers["hidden_state"],
+    }
+    if num_layers is not None:
+        default = [1, int(num_layers) // 2 - 1, int(num_layers) - 4]
+        if specforge_ids != default:
+            report.notes.append(
+                f"aux layers differ from SpecForge's default {default} for L={num_layers}: set "
+                f"model.aux_hidden_state_layer_ids (or the draft config's eagle_config.eagle_aux_hidden_state_layer_ids) "
+                f"to {specforge_ids}"
+            )
+    record = base_record(ds, "specforge", resume_key, {"layers": layers, "samples": len(ds)})
+    write_export_record(dest, record)
+    remove_temp_files(dest)
+
+    k = len(layer_ids)
+    for idx, sample in enumerate(ds):
+        ids = sample["input_ids"].clone()
+        t = int(ids.shape[0])
+        report.samples += 1
+        report.tokens += t
+        path = ckpt_path(dest, idx, group_size)
+        aux_shape = (1, t, k * hidden)
+        if path.exists():
+            if _valid_ckpt(path, sample_id=sample["sample_id"], input_ids=ids, aux_shape=aux_shape, hidden=hidden, dtype=out_dtype):
+                report.files_skipped += 1
+                continue
+            report.files_rewritten += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aux = sample["aux_hidden_states"][:, positions].to(out_dtype).reshape(t, k * hidden).unsqueeze(0).clone()
+        final = sample["final_hidden_state"]
+        post = final.to(out_dtype).clone() if weight is None else derive_post_norm(final, weight, eps, out_dtype)
+        # Every tensor is a fresh, compact copy: torch.save writes a view's WHOLE storage (here: the mapped shard).
+        obj = {
+            "input_ids": ids,
+            "loss_mask": sample["loss_mask"].to(torch.int64).clone(),
+            "aux_hidden_state": aux.contiguous(),
+            "hidden_state": post.unsqueeze(0).contiguous().clone(),
+            "sample_id": sample["sample_id"],
+        }
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        report.bytes_written += write_file_atomic(path, [buf.getbuffer()])
+        report.files_written += 1
+    # ckpt files beyond the source's samples (an older, larger export): SpecForge would read them.
+    for stale in dest.rglob("data_*.ckpt"):
+        stem = stale.name[len("data_") : -len(".ckpt")]
+        if stem.isdigit() and int(stem) >= report.samples:
+            stale.unlink()
+    record.update(status="complete", samples=report.samples, tokens=report.tokens)
+    write_export_record(dest, record)
+    return report

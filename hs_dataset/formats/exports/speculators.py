@@ -1,0 +1,293 @@
+"""Export to the layout speculators 0.9.0's trainer reads (``speculators/train/data.py``).
+
+```
+DEST/
+  data-00000-of-00001.arrow, dataset_info.json, state.json   # Arrow dataset (save_to_disk, torch format)
+                                                              # columns input_ids, loss_mask (int64 lists), seq_len (int64),
+                                                              # sample_id (string; ignored by speculators, used by import)
+  hidden_states/hs_{idx}.safetensors                          # hidden_states [T, K+1, H], token_ids int64 [T]
+  token_freq.pt                                               # {token id: count over loss-masked tokens} (speculators' vocab mapping input)
+  final_norm.safetensors                                      # the recorded final norm weight, if any (for import)
+  hs_dataset_export.json                                      # what was exported: layer ids, the --target-layer-ids to pass, source
+```
+
+``ArrowDataset`` loads ``hs_{idx}`` for Arrow row ``idx`` with ``FileTransfer.get_cached``
+and uses ``hidden_states[:, :-1].flatten(1)`` as the aux states and
+``hidden_states[:, -1]`` as ``verifier_last_hidden_states``, the final state BEFORE the
+verifier's norm (its trainer applies ``verifier_norm`` itself). Its layer ids are HF
+``hidden_states`` indexes with the final as id L = num_hidden_layers, default
+``[2, L//2, L-3, L]``: the same convention as ours, so the stored pre-norm data maps
+one to one. Post-norm data is refused (the norm cannot be undone).
+
+speculators reads no layer record from the data directory: the trainer takes the aux
+ids from ``--target-layer-ids`` (default ``[2, L//2, L-3]``). The export record says
+which ids to pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hs_dataset.errors import FormatError
+from hs_dataset.formats.exports import (
+    ExportMismatchError,
+    ExportReport,
+    base_record,
+    check_layer_convention,
+    num_hidden_layers,
+    prepare_destination,
+    quarantined_count,
+    remove_temp_files,
+    select_aux_layers,
+    temp_path,
+    tensor_bytes,
+    write_export_record,
+    write_file_atomic,
+)
+
+__all__ = ["export_speculators", "speculators_default_layer_ids", "HIDDEN_STATES_DIR", "hs_file_name"]
+
+HIDDEN_STATES_DIR = "hidden_states"
+_ARROW_INDEX_FILES = ("state.json", "dataset_info.json")
+_META_SAMPLE_ID = "hs_dataset.sample_id"
+_META_SOURCE = "hs_dataset.source_dataset_id"
+
+
+def hs_file_name(idx: int) -> str:
+    return f"hs_{idx}.safetensors"
+
+
+def speculators_default_layer_ids(num_layers: int) -> list[int]:
+    """speculators' default aux ids (``resolve_target_layer_ids``); the final is id ``num_layers``."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def _check_final_state(ds: Any) -> None:
+    kind = ds.manifest.metadata.get("final_state")
+    if kind != "pre_norm":
+        raise ExportMismatchError(
+            f"{ds.root}: the stored final state is {kind!r}, but speculators' trainer needs the PRE-norm final state "
+            "(hidden_states[:, -1] goes through its own verifier_norm before lm_head); a post-norm state cannot be "
+            "turned back into the pre-norm one. Recapture with layers.final: pre_norm"
+        )
+
+
+def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
+    from hs_dataset.formats.encoding import safetensors_dtype
+    from hs_dataset.formats.safetensors_layout import build_header
+
+    entries = [
+        ("token_ids", "I64", tuple(token_ids.shape), token_ids.numel() * 8),
+        ("hidden_states", safetensors_dtype(hidden_states.dtype), tuple(hidden_states.shape), hidden_states.numel() * hidden_states.element_size()),
+    ]
+    header, _ = build_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
+    return [header, tensor_bytes(token_ids), tensor_bytes(hidden_states)]
+
+
+def _valid_hs_file(path: Path, *, sample_id: str, input_ids: torch.Tensor, shape: tuple[int, ...], dtype: str) -> bool:
+    """A file from an earlier run is kept only if its header, size, sample and tokens are right."""
+    from hs_dataset.formats.safetensors_layout import read_header
+
+    try:
+        with open(path, "rb") as f:
+            specs, meta, data_start = read_header(f, str(path))
+            size = os.fstat(f.fileno()).st_size
+            if set(specs) != {"hidden_states", "token_ids"} or meta.get(_META_SAMPLE_ID) != sample_id:
+                return False
+            hs, tok = specs["hidden_states"], specs["token_ids"]
+            if hs.dtype != dtype or hs.shape != shape or tok.dtype != "I64" or tok.shape != (shape[0],):
+                return False
+            if data_start + max(hs.end, tok.end) != size:
+                return False
+            f.seek(data_start + tok.begin)
+            raw = f.read(tok.nbytes)
+        stored = torch.frombuffer(bytearray(raw), dtype=torch.int64) if raw else torch.empty(0, dtype=torch.int64)
+        return bool(torch.equal(stored, input_ids.to(torch.int64)))
+    except (OSError, FormatError, ValueError):
+        return False
+
+
+def _write_arrow_index(dest: Path, input_ids: list[torch.Tensor], loss_masks: list[torch.Tensor], sample_ids: list[str]) -> None:
+    """``save_to_disk`` into a temp dir, then move the files in; ``state.json`` (what ``load_from_disk`` opens) last."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    from hs_dataset.formats.atomic import fsync_dir
+
+    def list_column(parts: list[torch.Tensor]) -> pa.Array:
+        lengths = np.array([int(p.shape[0]) for p in parts], dtype=np.int64)
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([p.numpy().astype(np.int64, copy=False) for p in parts]) if parts else np.zeros(0, np.int64)
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)).cast(pa.list_(pa.int64()))
+
+    table = pa.table(
+        {
+            "input_ids": list_column(input_ids),
+            "loss_mask": list_column(loss_masks),
+            "seq_len": pa.array([int(p.shape[0]) for p in input_ids], type=pa.int64()),
+            "sample_id": pa.array(sample_ids, type=pa.string()),
+        }
+    )
+    dataset = datasets.Dataset(table)
+    dataset.set_format(type="torch")
+    staging = temp_path(dest / "arrow")
+    bars_were_off = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        dataset.save_to_disk(str(staging))
+    finally:
+        if not bars_were_off:
+            datasets.enable_progress_bars()
+    try:
+        for name in _ARROW_INDEX_FILES:  # the index goes first, so a crash below leaves no loadable stale index
+            try:
+                os.unlink(dest / name)
+            except FileNotFoundError:
+                pass
+        for old in dest.glob("data-*.arrow"):
+            old.unlink()
+        fsync_dir(dest)
+        produced = sorted(os.listdir(staging))
+        ordered = [n for n in produced if n not in _ARROW_INDEX_FILES] + [n for n in ("dataset_info.json", "state.json") if n in produced]
+        for name in ordered:
+            with open(staging / name, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(staging / name, dest / name)
+            fsync_dir(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
+    """Keep the recorded final norm next to the export (speculators ignores it; ``import`` reads it back)."""
+    from hs_dataset.formats.shard_layout import NORM_WEIGHT_FILE, NORM_WEIGHT_KEY
+
+    try:
+        weight, eps = ds.final_norm()
+    except (FormatError, KeyError, ValueError, TypeError):
+        return None
+    from hs_dataset.formats.encoding import safetensors_dtype
+    from hs_dataset.formats.safetensors_layout import build_header
+
+    weight = weight.detach().to("cpu").contiguous()
+    header, _ = build_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
+    write_file_atomic(dest / NORM_WEIGHT_FILE, [header, tensor_bytes(weight)])
+    return {"kind": "rmsnorm", "eps": eps, "weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY}
+
+
+def export_speculators(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    aux_layers: Sequence[int] | None = None,
+    num_hidden_layers_override: int | None = None,
+    verify_hashes: bool = False,
+    token_freq: bool = True,
+) -> ExportReport:
+    """Export dataset ``src`` to ``dest`` in speculators 0.9.0's offline training layout."""
+    from hs_dataset.formats.reader import open_dataset
+
+    src, dest = Path(src), Path(dest)
+    ds = open_dataset(src, verify_hashes=verify_hashes)
+    check_layer_convention(ds, "speculators")
+    _check_final_state(ds)
+    positions, layer_ids = select_aux_layers(ds, aux_layers, "speculators")
+    num_layers = num_hidden_layers(ds, num_hidden_layers_override, "speculators")
+    bad = [i for i in layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ExportMismatchError(
+            f"aux layer id(s) {bad} are outside 0..{num_layers - 1}: in speculators' convention id k is the input of "
+            f"decoder layer k (HF hidden_states[k]) and id {num_layers} is the pre-norm final state, stored last"
+        )
+    hidden = int(ds.manifest.hidden_size)
+    defaults = speculators_default_layer_ids(num_layers)
+    resume_key = {
+        "target": "speculators",
+        "source_dataset_id": ds.manifest.dataset_id,
+        "aux_layer_ids": layer_ids,
+        "num_hidden_layers": num_layers,
+        "token_freq": bool(token_freq),
+    }
+    resumed = prepare_destination(src, dest, target="speculators", resume_key=resume_key, overwrite=overwrite)
+    report = ExportReport(target="speculators", source=str(src), dest=str(dest), resumed=resumed)
+    report.quarantined_not_exported = quarantined_count(ds)
+    layers = {
+        "target_layer_ids": layer_ids,
+        "hidden_states_layer_ids": layer_ids + [num_layers],
+        "final_layer_id": num_layers,
+        "final_state": "pre_norm",
+        "num_hidden_layers": num_layers,
+        "hidden_size": hidden,
+        "convention": "speculators: id k = HF hidden_states[k] (input of decoder layer k); id L = final state before the norm",
+        "speculators_default_target_layer_ids": defaults,
+        "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)),
+    }
+    report.layers = {"hidden_states layers (aux ascending, final last)": layers["hidden_states_layer_ids"], "pass to speculators train": layers["train_flag"]}
+    if layer_ids != defaults:
+        report.notes.append(
+            f"aux layers {layer_ids} differ from speculators' default {defaults} for L={num_layers}: "
+            f"train with {layers['train_flag']} (speculators otherwise assumes the default silently, with a warning)"
+        )
+    record = base_record(ds, "speculators", resume_key, {"layers": layers, "samples": len(ds)})
+    write_export_record(dest, record)
+    remove_temp_files(dest)
+
+    hs_dir = dest / HIDDEN_STATES_DIR
+    hs_dir.mkdir(exist_ok=True)
+    decoded = ds.manifest.tensors["aux_hidden_states"]["encoding"]
+    from hs_dataset.formats.encoding import get_encoding, safetensors_dtype
+
+    out_dtype = get_encoding(decoded).decoded_dtype
+    all_ids: list[torch.Tensor] = []
+    all_masks: list[torch.Tensor] = []
+    sample_ids: list[str] = []
+    freq: dict[int, int] = {}
+    for idx, sample in enumerate(ds):
+        ids = sample["input_ids"].clone()
+        mask = sample["loss_mask"].to(torch.int64)
+        t = int(ids.shape[0])
+        all_ids.append(ids)
+        all_masks.append(mask)
+        sample_ids.append(sample["sample_id"])
+        report.samples += 1
+        report.tokens += t
+        if token_freq:
+            uniq, counts = ids[mask.bool()].unique(return_counts=True)
+            for tok, n in zip(uniq.tolist(), counts.tolist()):
+                freq[tok] = freq.get(tok, 0) + n
+        path = hs_dir / hs_file_name(idx)
+        shape = (t, len(layer_ids) + 1, hidden)
+        if path.exists():
+            if _valid_hs_file(path, sample_id=sample["sample_id"], input_ids=ids, shape=shape, dtype=safetensors_dtype(out_dtype)):
+                report.files_skipped += 1
+                continue
+            report.files_rewritten += 1
+        aux = sample["aux_hidden_states"][:, positions]
+        final = sample["final_hidden_state"]
+        states = torch.cat([aux, final.unsqueeze(1)], dim=1).to(out_dtype).contiguous()
+        report.bytes_written += write_file_atomic(path, _encode_hs_file(states, ids, sample["sample_id"], ds.manifest.dataset_id))
+        report.files_written += 1
+    for stale in hs_dir.glob("hs_*.safetensors"):  # files beyond the source's samples (never ours to keep)
+        stem = stale.name[len("hs_") : -len(".safetensors")]
+        if stem.isdigit() and int(stem) >= report.samples:
+            stale.unlink()
+    record["final_norm"] = _copy_final_norm(ds, dest)
+    if token_freq:
+        import io
+
+        buf = io.BytesIO()
+        torch.save(dict(sorted(freq.items())), buf)  # speculators' own format: torch.load(weights_only=True) of {int: int}
+        write_file_atomic(dest / "token_freq.pt", [buf.getbuffer()])
+    _write_arrow_index(dest, all_ids, all_masks, sample_ids)
+    record.update(status="complete", samples=report.samples, tokens=report.tokens)
+    write_export_record(dest, record)
+    return report

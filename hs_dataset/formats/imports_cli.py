@@ -1,0 +1,73 @@
+"""``hs-dataset import speculators|specforge SRC DEST --config NAME``: another trainer's data into our format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="the speculators / SpecForge data directory")
+    p.add_argument("dest", help="hs_dataset directory to write (an interrupted import of the same data resumes)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="config card name or .yaml path (supplies layer ids, dtype, model), or a free-form name for the imported dataset",
+    )
+    p.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes, ascending")
+    p.add_argument("--num-hidden-layers", type=int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]")
+    p.add_argument("--model-path", default=None, help="local model directory: records its fingerprint and final-norm weight/eps")
+    p.add_argument("--model-id", default=None, help="model id to record (e.g. moonshotai/Kimi-K2.5)")
+    p.add_argument("--storage", choices=["native", "fp8"], default="native", help="state encoding on disk")
+    p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
+    p.add_argument("--overwrite", action="store_true", help="delete whatever DEST holds first")
+    p.add_argument("--json", action="store_true", help="print the import report as JSON")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="source_format", metavar="FORMAT")
+    sub.required = True
+    spec = sub.add_parser(
+        "speculators",
+        help="speculators 0.9.0: Arrow dataset + hidden_states/hs_{idx}.safetensors (final = pre-norm)",
+        description="Import a speculators offline-data directory; the last layer of hidden_states is stored as the pre-norm final state.",
+    )
+    _common(spec)
+    spec.add_argument("--hidden-states-path", default=None, help="directory of hs_{idx}.safetensors (default SRC/hidden_states)")
+    spec.add_argument("--skip-missing", action="store_true", help="import rows whose hs_{idx}.safetensors exists, list the others")
+    forge = sub.add_parser(
+        "specforge",
+        help="SpecForge 0.2.0: rows_*/data_{idx}.ckpt (final = post-norm)",
+        description="Import SpecForge offline data; hidden_state is stored as a post_norm final state "
+        "(files are read with torch.load(weights_only=True) only).",
+    )
+    _common(forge)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_dataset.errors import HsDatasetError
+    from hs_dataset.formats.imports import import_specforge, import_speculators
+
+    common = dict(
+        config=args.config,
+        aux_layer_ids=args.aux_layer_ids,
+        num_hidden_layers=args.num_hidden_layers,
+        model_path=args.model_path,
+        model_id=args.model_id,
+        storage=args.storage,
+        shard_bytes=args.shard_bytes,
+        overwrite=args.overwrite,
+    )
+    try:
+        if args.source_format == "speculators":
+            report = import_speculators(args.src, args.dest, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing, **common)
+        else:
+            report = import_specforge(args.src, args.dest, **common)
+    except (HsDatasetError, ValueError, FileNotFoundError) as exc:
+        print(f"hs-dataset import {args.source_format}: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.summary())
+    return 0
