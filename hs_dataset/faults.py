@@ -19,6 +19,7 @@ CRASH_POINTS = (
     "manifest.mid_write",  # half of the new manifest is in its temp file
     "pipeline.after_batch",  # a capture batch was handed to the writer
     "export.mid_file",  # an export file is half written
+    "push.before_commit",  # a batch of shards is uploaded to the Hub's storage, its commit not made
 )
 
 _spec = os.environ.get("HS_DATASET_CRASH_AT", "")

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from hs_dataset.faults import crash_point
+
 __all__ = [
     "push_to_hub",
     "open_pushed",
@@ -539,6 +541,7 @@ def push_to_hub(
             uploaded = op.upload_info.sha256.hex()
             if f.sha256 is not None and uploaded != f.sha256:
                 raise IntegrityError(f"{f.local}: sha256 {uploaded} != manifest {f.sha256}; not published (corrupted shard)")
+        crash_point("push.before_commit")
         info = api.create_commit(
             repo_id, operations=ops, repo_type=REPO_TYPE, revision=revision,
             commit_message=f"hs_dataset: {config} shards ({number}/{len(batches)})",

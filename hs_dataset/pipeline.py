@@ -43,6 +43,7 @@ class RunReport:
     truncated: int = 0
     capture_failures: list[dict[str, str]] = field(default_factory=list)
     quarantined: list[dict[str, str]] = field(default_factory=list)
+    rejected_shards: list[str] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     rank: int = 0
@@ -84,6 +85,8 @@ class RunReport:
             lines.append(f"    {failure['sample_id']}: capture failed: {failure['reason']}")
         for q in self.quarantined[:10]:
             lines.append(f"    {q['sample_id']}: quarantined: {q['reason']}")
+        for name in self.rejected_shards:
+            lines.append(f"    {name}: unlisted shard of another dataset, renamed to {name}.rejected")
         return "\n".join(lines)
 
 
@@ -257,6 +260,7 @@ def build_dataset(
         report.samples_written = wrep.written
         report.bytes_written = wrep.bytes_written
         report.quarantined = list(wrep.quarantined)
+        report.rejected_shards = list(wrep.rejected_shards)
         report.truncated = source_report.truncated
         report.source = {
             "name": source_report.source_name,

@@ -299,3 +299,28 @@ def test_stats_make_an_all_zero_capture_stand_out(tmp_path, capsys):
     assert "layer_stats.png" in capsys.readouterr().out
     for name in ("lengths.png", "layer_stats.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_sigkill_mid_push_then_resume(tmp_path, standin, api, python_env, nth):
+    """kill -9 `hs-dataset push` after a batch is uploaded but before its commit; rerun; nothing half-published."""
+    import signal
+    import subprocess
+    import sys
+
+    root = _synthetic(tmp_path / "ds", n=8)
+    manifest = open_dataset(root).manifest
+    env = dict(
+        python_env, HS_DATASET_CRASH_AT=f"push.before_commit:{nth}", HF_HUB_DISABLE_XET="1",
+        HF_HUB_CACHE=str(tmp_path / "child-cache"), HF_HUB_OFFLINE="0",
+    )
+    cmd = [sys.executable, "-m", "hs_dataset.cli", "push", str(root), "me/killed", "--endpoint", standin.url,
+           "--commit-files", "1", "--no-plots"]
+    assert subprocess.run(cmd, env=env).returncode == -signal.SIGKILL
+    files = standin.files("me/killed")
+    assert "README.md" not in files and "unit-test/hs_shards/manifest.json" not in files
+    assert sum(f.startswith("unit-test/hs_shards/") for f in files) == nth - 1  # only committed batches are visible
+    report = push_to_hub(root, "me/killed", api=api, commit_files=1, plots=False)
+    assert len(report.skipped) >= nth - 1
+    ds = open_pushed("me/killed", api=api, local_dir=tmp_path / "dl", cache_dir=tmp_path / "c")
+    assert sorted(ds["sample_id"]) == sorted(open_dataset(root).sample_ids) and len(manifest.shards) >= 3

@@ -547,12 +547,7 @@ class SGLangBackend(CaptureBackend):
     def _abandon(self, ep: Endpoint, key: str) -> None:
         """A request whose dump may still arrive later: delete it when seen (and at close)."""
         self._abandoned.append((ep, key))
-        if ep.staging_dir:
-            for suffix in (DUMP_SUFFIX, REFUSED_SUFFIX):
-                try:
-                    os.unlink(os.path.join(ep.staging_dir, key + suffix))
-                except FileNotFoundError:
-                    pass
+        _delete_staged(ep, key)
 
     async def _await_dump(self, ep: Endpoint, key: str, sample: TokenizedSample):
         dump = os.path.join(ep.staging_dir, key + DUMP_SUFFIX)
@@ -731,12 +726,7 @@ class SGLangBackend(CaptureBackend):
         if self._loop is None:
             return
         for ep, key in self._abandoned:
-            if ep.staging_dir:
-                for suffix in (DUMP_SUFFIX, REFUSED_SUFFIX):
-                    try:
-                        os.unlink(os.path.join(ep.staging_dir, key + suffix))
-                    except FileNotFoundError:
-                        pass
+            _delete_staged(ep, key)
         self._abandoned.clear()
         if self._session is not None:
             try:
@@ -765,3 +755,14 @@ def _config_bytes(directory: str) -> bytes | None:
         return (Path(directory) / "config.json").read_bytes()
     except OSError:
         return None
+
+
+def _delete_staged(ep: Endpoint, key: str) -> None:
+    """Remove a request's dump and refusal marker from the endpoint's staging dir, if present."""
+    if not ep.staging_dir:
+        return
+    for suffix in (DUMP_SUFFIX, REFUSED_SUFFIX):
+        try:
+            os.unlink(os.path.join(ep.staging_dir, key + suffix))
+        except FileNotFoundError:
+            pass

@@ -90,6 +90,7 @@ class WriterReport:
     shards_written: int = 0
     bytes_written: int = 0
     adopted_shards: list[str] = field(default_factory=list)
+    rejected_shards: list[str] = field(default_factory=list)  # unlisted shards of another dataset, renamed *.rejected
     removed_temp_files: int = 0
 
 
@@ -229,6 +230,10 @@ class ShardWriter:
             self._resume(manifest, entries)
             fsync_dir(self.root)
             return manifest
+        if entries == [NORM_WEIGHT_FILE]:
+            # a crash between publishing the norm weight and the first manifest: nothing else was written
+            remove_quietly(self.root / NORM_WEIGHT_FILE)
+            entries = []
         if entries:
             raise ForeignDatasetError(
                 f"{self.root} is not empty and holds no hs_dataset manifest ({len(entries)} entries, e.g. {sorted(entries)[:3]}); "
@@ -294,6 +299,7 @@ class ShardWriter:
             record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, digest)
         except (FormatError, KeyError, ValueError, OSError):
             os.replace(path, self.root / f"{name}.rejected")
+            self.report.rejected_shards.append(name)
             return
         manifest.shards.append(record)
         manifest.shards.sort(key=lambda s: s.file)

@@ -161,9 +161,15 @@ def tensor_bytes(t: "torch.Tensor") -> memoryview:
 
 
 def remove_temp_files(root: Path) -> int:
-    """Remove export temp files left by a crash anywhere under ``root``."""
+    """Remove export temp files and temp directories (staged Arrow indexes) a crash left under ``root``."""
+    import shutil
+
     removed = 0
-    for dirpath, _dirs, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root):
+        for name in [d for d in dirs if d.startswith(_TEMP_PREFIX)]:
+            shutil.rmtree(os.path.join(dirpath, name), ignore_errors=True)
+            dirs.remove(name)
+            removed += 1
         for name in names:
             if name.startswith(_TEMP_PREFIX):
                 try:
