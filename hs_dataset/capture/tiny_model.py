@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["TINY_DEEPSEEK_CONFIG", "TINY_SEED", "tiny_model_dir", "build_tiny_deepseek", "default_cache_dir"]
+__all__ = ["TINY_DEEPSEEK_CONFIG", "TINY_SEED", "tiny_model_dir", "build_tiny_deepseek", "default_cache_dir", "write_random_deepseek"]
 
 TINY_SEED = 1234
 # Bump when anything that changes the built files changes (weights, config, tokenizer).
@@ -120,31 +120,44 @@ def build_tiny_deepseek(cache_dir: Path | None = None) -> Path:
 
 
 def _write_model(directory: Path) -> None:
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
     from hs_dataset.sources.tiny_tokenizer import write_tiny_tokenizer
 
-    config = DeepseekV3Config(**{k: v for k, v in TINY_DEEPSEEK_CONFIG.items() if k not in ("architectures", "model_type")})
-    devnull_state = torch.random.get_rng_state()
-    torch.manual_seed(TINY_SEED)
-    try:
-        model = DeepseekV3ForCausalLM(config).to(torch.float32).eval()
-    finally:
-        torch.random.set_rng_state(devnull_state)
-    model.save_pretrained(directory, safe_serialization=True)
-    # save_pretrained drops keys transformers does not know; SGLang needs them.
-    config_path = directory / "config.json"
-    saved = json.loads(config_path.read_text())
-    for key in ("topk_method", "scoring_func", "moe_layer_freq", "ep_size", "rope_parameters"):
-        saved[key] = TINY_DEEPSEEK_CONFIG[key]
-    # SGLang (and older transformers) read the rope from rope_scaling/rope_theta.
-    rope = dict(TINY_DEEPSEEK_CONFIG["rope_parameters"])
-    saved["rope_theta"] = rope.pop("rope_theta")
-    saved["rope_scaling"] = {**rope, "type": "yarn"}
-    saved["architectures"] = ["DeepseekV3ForCausalLM"]
-    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True))
+    write_random_deepseek(directory, TINY_DEEPSEEK_CONFIG, seed=TINY_SEED, dtype="float32")
     write_tiny_tokenizer(directory)
     (directory / "hs_dataset_recipe.json").write_text(
         json.dumps({"seed": TINY_SEED, "build_revision": _BUILD_REVISION, "fingerprint": _recipe_fingerprint()}, indent=2)
     )
+
+
+def write_random_deepseek(directory: Path, config_dict: dict, *, seed: int, dtype: str = "float32") -> Path:
+    """Save a random DeepseekV3 built from ``config_dict`` with ``seed``, with the config keys SGLang reads.
+
+    Used for the tiny default and for benchmark models of other shapes (e.g. Kimi's width).
+    """
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")})
+    saved_rng = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = DeepseekV3ForCausalLM(config).to(getattr(torch, dtype)).eval()
+    finally:
+        torch.random.set_rng_state(saved_rng)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    del model
+    # save_pretrained drops keys transformers does not know; SGLang needs them.
+    config_path = directory / "config.json"
+    saved = json.loads(config_path.read_text())
+    for key in ("topk_method", "scoring_func", "moe_layer_freq", "ep_size", "rope_parameters"):
+        saved[key] = config_dict[key]
+    # SGLang (and older transformers) read the rope from rope_scaling/rope_theta.
+    rope = dict(config_dict["rope_parameters"])
+    saved["rope_theta"] = rope.pop("rope_theta")
+    saved["rope_scaling"] = {**rope, "type": "yarn"}
+    saved["architectures"] = ["DeepseekV3ForCausalLM"]
+    if dtype != "float32":
+        saved["torch_dtype"] = dtype
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True))
+    return directory
