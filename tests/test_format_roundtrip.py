@@ -93,3 +93,25 @@ def test_fp8_encoding_roundtrip_is_close_and_recorded(tmp_path):
         err = (item["aux_hidden_states"].float() - ref.aux_hidden_states.float()).norm() / ref.aux_hidden_states.float().norm()
         assert err < 0.05, err
     assert verify_dataset(tmp_path).ok
+
+
+def test_read_into_copies_exactly_the_view_bytes(tmp_path):
+    samples = [make_sample(f"s{i}", 3 + 5 * i, seed=i) for i in range(4)]
+    with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:
+        writer.add_many(samples)
+    ds = open_dataset(tmp_path)
+    for index in range(len(ds)):
+        shard, local = ds.locate(index)
+        reader = ds.shard(shard)
+        item = reader.sample(local)
+        for key in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_state"):
+            want = item[key].reshape(-1).view(torch.uint8).numpy().tobytes()
+            assert reader.sample_nbytes(local, key) == len(want)
+            out = bytearray(len(want))
+            got, start = memoryview(out), 0
+            while start < len(want):  # in pieces of 7 bytes, as a consumer with a small buffer would
+                piece = bytearray(7)
+                n = reader.read_into(local, key, memoryview(piece), start)
+                got[start : start + n] = piece[:n]
+                start += n
+            assert bytes(out) == want, (index, key)

@@ -48,6 +48,7 @@ class ShardReader:
 
     def __init__(self, path: Path, *, manifest: Manifest, record: ShardRecord | None = None, verify_hash: bool = False) -> None:
         self.path = Path(path)
+        self._fd: int | None = None  # opened on first read_into
         where = str(self.path)
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -140,6 +141,37 @@ class ShardReader:
     def tensor(self, name: str) -> torch.Tensor:
         """A whole stored tensor (all samples concatenated), as a zero-copy view."""
         return self._tensors[name]
+
+    def read_into(self, i: int, name: str, out: memoryview, start: int = 0) -> int:
+        """Copy bytes ``[start, start + len(out))`` of sample ``i``'s stored ``name`` into ``out``.
+
+        The copy-out path for consumers that need the bytes in their own buffer (pinned
+        memory for a GPU upload, a socket): one ``preadv``, which avoids touching the
+        mapping's pages one by one. Returns the number of bytes copied.
+        """
+        spec = self.specs[name]
+        begin, end = self.token_range(i)
+        per_token = spec.nbytes // spec.shape[0] if spec.shape and spec.shape[0] else 0
+        lo = self._data_start + spec.begin + begin * per_token + start
+        hi = self._data_start + spec.begin + end * per_token
+        want = max(0, min(len(out), hi - lo))
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return os.preadv(self._fd, [out[:want]], lo) if want else 0
+
+    def sample_nbytes(self, i: int, name: str) -> int:
+        """Stored bytes of sample ``i``'s tensor ``name`` (for :meth:`read_into`)."""
+        spec = self.specs[name]
+        begin, end = self.token_range(i)
+        return (end - begin) * (spec.nbytes // spec.shape[0]) if spec.shape and spec.shape[0] else 0
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def token_range(self, i: int) -> tuple[int, int]:
         return int(self.offsets[i]), int(self.offsets[i + 1])
