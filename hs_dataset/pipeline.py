@@ -284,9 +284,7 @@ def _capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_
     Fixed windows of the source order form the batches; a window whose members are
     all stored is skipped without a forward pass.
     """
-    from hs_dataset.capture.hf import HFBackend
-
-    if not isinstance(backend, HFBackend):
+    if not backend.fixed_batches:
         def missing() -> Iterator[TokenizedSample]:
             for sample in samples:
                 report.samples_considered += 1

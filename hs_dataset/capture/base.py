@@ -63,6 +63,11 @@ class CaptureBackend(abc.ABC):
     many requests in flight (the SGLang client) override :meth:`capture_stream`.
     """
 
+    # True when a sample's bytes depend on which samples share its batch (padded
+    # forwards): the pipeline then forms batches from fixed windows of the source
+    # order, so a resumed build stores the same bytes as an uninterrupted one.
+    fixed_batches: bool = False
+
     @abc.abstractmethod
     def info(self) -> CaptureInfo:
         """Describe the captured states (model, layers, norm); called once before work starts."""

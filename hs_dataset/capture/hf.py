@@ -58,6 +58,8 @@ def find_decoder(model: torch.nn.Module, module_path: str | None = None) -> torc
 class HFBackend(CaptureBackend):
     """Capture with ``transformers`` in this process (CPU or CUDA)."""
 
+    fixed_batches = True
+
     def __init__(
         self,
         model_path: str | Path,
