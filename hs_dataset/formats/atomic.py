@@ -12,10 +12,11 @@ import errno
 import os
 import secrets
 from pathlib import Path
+from typing import Iterable
 
 from hs_dataset.faults import crash_point
 
-__all__ = ["TEMP_PREFIX", "temp_path_for", "fsync_dir", "publish", "atomic_write_bytes", "write_all", "is_temp_name", "remove_quietly"]
+__all__ = ["TEMP_PREFIX", "temp_path_for", "fsync_dir", "publish", "atomic_write_bytes", "atomic_write_chunks", "write_all", "is_temp_name", "remove_quietly"]
 
 TEMP_PREFIX = ".hs-tmp-"
 
@@ -63,17 +64,32 @@ def write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def atomic_write_bytes(final: Path, data: bytes) -> None:
-    """Write ``data`` to ``final`` atomically and durably."""
+def atomic_write_chunks(final: Path, chunks: Iterable[bytes | memoryview], *, crash_at: str, temp: Path | None = None) -> int:
+    """Write ``chunks`` to ``final`` atomically and durably; returns the bytes written.
+
+    The crash point ``crash_at`` fires once half of the bytes are in the temp file, so
+    fault-injection tests can kill a writer mid-file.
+    """
     final = Path(final)
-    temp = temp_path_for(final)
+    views = [memoryview(c).cast("B") if not isinstance(c, memoryview) or c.format != "B" else c for c in chunks]
+    total = sum(v.nbytes for v in views)
+    half = total // 2
+    temp = temp or temp_path_for(final)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    written, crashed = 0, False
     try:
-        view = memoryview(data)
-        half = len(view) // 2
-        write_all(fd, view[:half])
-        crash_point("manifest.mid_write")
-        write_all(fd, view[half:])
+        for view in views:
+            if not crashed and written + view.nbytes > half:
+                cut = half - written
+                write_all(fd, view[:cut])
+                written += cut
+                crash_point(crash_at)
+                crashed = True
+                view = view[cut:]
+            write_all(fd, view)
+            written += view.nbytes
+        if not crashed:
+            crash_point(crash_at)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -81,3 +97,9 @@ def atomic_write_bytes(final: Path, data: bytes) -> None:
         raise
     os.close(fd)
     publish(temp, final)
+    return total
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    """Write ``data`` to ``final`` atomically and durably (the manifest's path)."""
+    atomic_write_chunks(final, [data], crash_at="manifest.mid_write")

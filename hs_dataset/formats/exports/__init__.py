@@ -111,43 +111,14 @@ def temp_path(final: Path) -> Path:
 
 
 def write_file_atomic(final: Path, chunks: Sequence[memoryview | bytes]) -> int:
-    """Write ``chunks`` to ``final`` atomically: temp file, fsync, rename, directory fsync.
+    """Write ``chunks`` to ``final`` atomically (temp file, fsync, rename, directory fsync).
 
     The ``export.mid_file`` crash point fires once half of the bytes are in the temp
     file. Returns the number of bytes written.
     """
-    from hs_dataset.faults import crash_point
-    from hs_dataset.formats.atomic import publish, remove_quietly, write_all
+    from hs_dataset.formats.atomic import atomic_write_chunks
 
-    final = Path(final)
-    views = [memoryview(c).cast("B") if not isinstance(c, memoryview) or c.format != "B" else c for c in chunks]
-    total = sum(v.nbytes for v in views)
-    half = total // 2
-    temp = temp_path(final)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    written = 0
-    crashed_point_done = False
-    try:
-        for view in views:
-            if not crashed_point_done and written + view.nbytes > half:
-                cut = half - written
-                write_all(fd, view[:cut])
-                written += cut
-                crash_point("export.mid_file")
-                crashed_point_done = True
-                view = view[cut:]
-            write_all(fd, view)
-            written += view.nbytes
-        if not crashed_point_done:
-            crash_point("export.mid_file")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        remove_quietly(temp)
-        raise
-    os.close(fd)
-    publish(temp, final)
-    return total
+    return atomic_write_chunks(Path(final), chunks, crash_at="export.mid_file", temp=temp_path(Path(final)))
 
 
 def tensor_bytes(t: "torch.Tensor") -> memoryview:

@@ -26,7 +26,6 @@ which ids to pass.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path

@@ -1,0 +1,53 @@
+"""Helpers the SGLang benchmarks share: a free port, and cleanup of the /dev/shm files SGLang leaves."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+__all__ = ["server_shm_files", "remove_files", "free_port"]
+
+# SGLang leaves its load-snapshot slot file (/dev/shm/sglang_loads_*.shm) and multiprocessing
+# semaphores (/dev/shm/sem.mp-*) behind when it is stopped with signals; collect the ones
+# this benchmark's server has open while it runs, and delete them after it stopped.
+_LEAKY_SHM = ("sglang_loads_", "sem.mp-")
+
+
+def server_shm_files(pgid: int) -> set[str]:
+    found: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            paths = []
+            with open(f"/proc/{entry}/maps") as f:
+                paths += [line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/dev/shm/" in line]
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                try:
+                    paths.append(os.readlink(f"/proc/{entry}/fd/{fd}"))
+                except OSError:
+                    continue
+        except (OSError, IndexError, ValueError):
+            continue
+        for p in paths:
+            p = p.removesuffix(" (deleted)")  # a mapped name may be unlinked and still come back (semaphores)
+            if p.startswith("/dev/shm/") and os.path.basename(p).startswith(_LEAKY_SHM):
+                found.add(p)
+    return found
+
+
+def remove_files(paths: set[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
