@@ -230,8 +230,9 @@ def build_dataset(
         metadata = dataset_metadata(card, info, _tokenizer_info(tokenizer, tokenizer_dir))
         report = RunReport(config=card.name, out_dir=str(out_dir), rank=rank, world_size=world_size)
         source_report = SourceReport()
+        resolved_source = _resolve_source(card, source)
         samples = iter_samples(
-            _resolve_source(card, source), tokenizer, max_length=card.max_length, overflow=card.overflow,
+            resolved_source, tokenizer, max_length=card.max_length, overflow=card.overflow,
             strict=strict, report=source_report, vocab_size=info.vocab_size,
         )
         samples = partition(_limit(samples, num_samples), rank, world_size)
@@ -245,7 +246,7 @@ def build_dataset(
             shard_prefix=f"rank{rank:05d}-" if world_size > 1 else "",
             writer_threads=writer_threads,
         ) as writer:
-            bar = _progress(num_samples) if progress else None
+            bar = _progress(_expected_samples(resolved_source, num_samples, rank, world_size)) if progress else None
             for result in _capture(backend, samples, batch_size, writer, report):
                 if isinstance(result, CaptureFailure):
                     report.capture_failures.append({"sample_id": result.sample_id, "reason": result.reason})
@@ -318,6 +319,21 @@ def _save_report(out_dir: Path, report: RunReport) -> None:
             runs = []
     runs.append(report.to_json())
     atomic_write_bytes(path, json.dumps({"runs": runs}, indent=1).encode())
+
+
+def _expected_samples(source: Any, num_samples: int | None, rank: int, world_size: int) -> int | None:
+    """Rows this rank will see, for the progress bar's total and ETA (None when unknown cheaply)."""
+    rows: int | None = None
+    if isinstance(source, (str, os.PathLike)) and str(source).endswith(".jsonl") and Path(source).is_file():
+        with open(source, "rb") as f:
+            rows = sum(1 for line in f if line.strip())
+    elif hasattr(source, "__len__"):
+        rows = len(source)
+    if num_samples is not None:
+        rows = num_samples if rows is None else min(rows, num_samples)
+    if rows is None:
+        return None
+    return len(range(rank, rows, world_size))
 
 
 def _progress(total: int | None):
