@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["server_shm_files", "remove_files", "free_port"]
+__all__ = ["group_pids", "server_shm_files", "remove_files", "free_port", "stop_and_clean"]
 
 # SGLang leaves its load-snapshot slot file (/dev/shm/sglang_loads_*.shm) and multiprocessing
 # semaphores (/dev/shm/sem.mp-*) behind when it is stopped with signals; collect the ones
@@ -13,15 +13,25 @@ __all__ = ["server_shm_files", "remove_files", "free_port"]
 _LEAKY_SHM = ("sglang_loads_", "sem.mp-")
 
 
-def server_shm_files(pgid: int) -> set[str]:
-    found: set[str] = set()
+def group_pids(pgid: int) -> list[str]:
+    """The pids (as /proc entry names) of every live process in process group ``pgid``."""
+    pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
+                if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:  # field 5 (pgrp) after the comm
+                    pids.append(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+def server_shm_files(pgid: int) -> set[str]:
+    found: set[str] = set()
+    for entry in group_pids(pgid):
+        try:
             paths = []
             with open(f"/proc/{entry}/maps") as f:
                 paths += [line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/dev/shm/" in line]
@@ -51,3 +61,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_and_clean(server, shm_seen: set[str]) -> None:
+    """Stop a benchmark's server and delete the /dev/shm files it left behind."""
+    if server is None:
+        return
+    leaked = server_shm_files(server.proc.pid) | shm_seen
+    server.stop(timeout=10)
+    remove_files(leaked)

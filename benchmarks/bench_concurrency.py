@@ -53,7 +53,7 @@ CARD = "tiny-deepseek-sglang"
 _PREFILL_RE = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: (\d+)")
 
 
-from _sglang_bench_util import free_port, remove_files, server_shm_files  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import free_port, server_shm_files, stop_and_clean  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def tiny_model(tmp: Path) -> Path:
@@ -283,10 +283,7 @@ def main() -> int:
     finally:
         for b in backends:
             b.close()
-        if server is not None:
-            leaked = server_shm_files(server.proc.pid) | shm_seen
-            server.stop(timeout=10)
-            remove_files(leaked)
+        stop_and_clean(server, shm_seen)
         shutil.rmtree(tmp, ignore_errors=True)
         if shm != tmp:
             shutil.rmtree(shm, ignore_errors=True)

@@ -94,7 +94,7 @@ def build_wide_deepseek(directory: Path) -> Path:
     return write_random_deepseek(directory, WIDE_DEEPSEEK_CONFIG, seed=SEED, dtype=DTYPE)
 
 
-from _sglang_bench_util import free_port, remove_files, server_shm_files  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import free_port, group_pids, server_shm_files, stop_and_clean  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def make_card(model_dir: Path, staging: Path, port: int, server_env: dict | None = None) -> dict:
@@ -136,14 +136,8 @@ def make_card(model_dir: Path, staging: Path, port: int, server_env: dict | None
 
 def _group_rss_bytes(pgid: int) -> int:
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in group_pids(pgid):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # field 5 (pgrp) after the comm
-                continue
             with open(f"/proc/{entry}/status") as f:
                 for line in f:
                     if line.startswith("VmRSS:"):
@@ -157,21 +151,17 @@ def _group_rss_bytes(pgid: int) -> int:
 def group_cpu_s(pgid: int) -> float:
     """CPU time (s) used so far by every thread of the server's process group (ns-resolution schedstat)."""
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in group_pids(pgid):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
-            for tid in os.listdir(f"/proc/{entry}/task"):
-                try:
-                    with open(f"/proc/{entry}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[0])
-                except (OSError, IndexError, ValueError):
-                    continue
-        except (OSError, IndexError, ValueError):
+            tids = os.listdir(f"/proc/{entry}/task")
+        except OSError:
             continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{entry}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue
     return total / 1e9
 
 
@@ -499,10 +489,7 @@ def main() -> int:
     finally:
         if backend is not None:
             backend.close()
-        if server is not None:
-            leaked = server_shm_files(server.proc.pid) | shm_seen
-            server.stop(timeout=10)
-            remove_files(leaked)
+        stop_and_clean(server, shm_seen)
         shutil.rmtree(tmp, ignore_errors=True)
         if shm != tmp:
             shutil.rmtree(shm, ignore_errors=True)
