@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.hashing import sha256_file
 
 __all__ = [
     "push_to_hub",
@@ -109,7 +110,7 @@ class _Local:
 
     def digest(self) -> str:
         if self.sha256 is None:
-            self.sha256 = _sha256_file(self.local)
+            self.sha256 = sha256_file(self.local)
         return self.sha256
 
 
@@ -118,14 +119,6 @@ class _Remote:
     size: int
     blob_id: str | None
     lfs_sha256: str | None
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _git_blob_sha1(path: Path) -> str:

@@ -245,3 +245,21 @@ def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, mon
         for i in range(20):
             writer.add(make_sample(f"post-{i}", 8))
     assert len(open_dataset(tmp_path)) == 26 and verify_dataset(tmp_path).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fast_finite_check_agrees_with_isfinite(dtype):
+    """The exponent-bits test used by the writer and verify must match torch.isfinite exactly."""
+    from hs_dataset.formats.encoding import all_finite
+
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(600, 7, generator=g) * 1e3).to(dtype)
+    assert all_finite(base)
+    extremes = base.clone()
+    extremes[0, 0], extremes[1, 1], extremes[2, 2] = torch.finfo(dtype).max, -torch.finfo(dtype).max, -0.0
+    assert all_finite(extremes)
+    for bad in (float("nan"), float("inf"), float("-inf"), -float("nan")):
+        for where in ((0, 0), (599, 6), (300, 3)):  # first, last, and inside a later chunk of the scan
+            x = base.clone()
+            x[where] = bad
+            assert all_finite(x) == bool(torch.isfinite(x).all()) == False  # noqa: E712

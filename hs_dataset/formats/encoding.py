@@ -24,6 +24,8 @@ __all__ = [
     "encode_state",
     "decode_state",
     "SCALE_SUFFIX",
+    "tensor_bytes",
+    "all_finite",
 ]
 
 SCALE_SUFFIX = ".scale"
@@ -118,3 +120,35 @@ def decode_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encod
     if scale is None:
         raise UnsupportedFormatError(f"encoding {encoding.name} needs a '{SCALE_SUFFIX}' tensor but none is stored")
     return (data.float() * scale.unsqueeze(-1)).to(encoding.decoded_dtype)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a tensor (made contiguous), as a flat memoryview; no copy when already contiguous."""
+    flat = t.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+# (integer view, mask clearing the sign bit, smallest masked value that is inf/NaN) per float dtype
+_NONFINITE_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
+}
+_CHECK_CHUNK = 1 << 18  # elements; keeps the temporary in cache
+
+
+def all_finite(state: torch.Tensor) -> bool:
+    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk."""
+    spec = _NONFINITE_BITS.get(state.dtype)
+    if spec is None:
+        return bool(torch.isfinite(state.float() if state.dtype == torch.float8_e4m3fn else state).all())
+    int_dtype, mask, limit = spec
+    flat = state.reshape(-1).view(int_dtype)
+    buf = torch.empty(min(_CHECK_CHUNK, flat.numel()), dtype=int_dtype)
+    for start in range(0, flat.numel(), _CHECK_CHUNK):
+        chunk = flat[start : start + _CHECK_CHUNK]
+        out = buf[: chunk.numel()]
+        torch.bitwise_and(chunk, mask, out=out)
+        if int(out.max()) >= limit:
+            return False
+    return True

@@ -14,7 +14,6 @@ also checks each shard's sha256 on first use. ``hs-dataset verify`` checks every
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import mmap
 import os
@@ -26,6 +25,7 @@ import torch
 
 from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, decode_state, get_encoding
+from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
 from hs_dataset.formats.manifest import Manifest, ShardRecord
 from hs_dataset.formats.safetensors_layout import TensorSpec, read_header
 from hs_dataset.formats.shard_layout import (
@@ -56,7 +56,7 @@ class ShardReader:
                 raise IntegrityError(f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard)")
             specs, meta, data_start = read_header(f, where)
             if verify_hash and record is not None:
-                digest = _sha256_of_open_file(f)
+                digest = sha256_fileobj(f)
                 if digest != record.sha256:
                     raise IntegrityError(f"{where}: sha256 {digest} != manifest {record.sha256} (corrupted shard)")
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
@@ -203,14 +203,6 @@ def _expected_storage_dtype(name: str, manifest: Manifest) -> str | None:
     return get_encoding(entry["encoding"]).storage_dtype
 
 
-def _sha256_of_open_file(f: Any) -> str:
-    digest = hashlib.sha256()
-    f.seek(0)
-    while chunk := f.read(8 * 1024 * 1024):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
 class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
     """All samples of a dataset directory, in manifest order.
 
@@ -289,7 +281,7 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
         from safetensors import safe_open
 
         path = self.root / info["weight_file"]
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = sha256_file(path)
         if info.get("weight_sha256") and digest != info["weight_sha256"]:
             raise IntegrityError(f"{path}: sha256 differs from the manifest (corrupted norm weight)")
         with safe_open(str(path), framework="pt") as f:

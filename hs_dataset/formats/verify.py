@@ -11,7 +11,6 @@ its hash. The first failure names the shard (and sample where there is one).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -22,6 +21,8 @@ import torch
 
 from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
+from hs_dataset.formats.encoding import all_finite
+from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.reader import ShardReader
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
@@ -109,6 +110,8 @@ def _check_finite(reader: ShardReader, path: Path) -> None:
         data = reader.tensor(key)
         for start in range(0, data.shape[0], _STATE_CHUNK_TOKENS):
             chunk = data[start : start + _STATE_CHUNK_TOKENS]
+            if all_finite(chunk):
+                continue
             finite = torch.isfinite(chunk.float() if chunk.dtype == torch.float8_e4m3fn else chunk)
             if not bool(finite.all()):
                 token = start + int((~finite).flatten(1).any(dim=1).nonzero()[0])
@@ -124,7 +127,7 @@ def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> 
     if not path.exists():
         result.problems.append(f"{path}: final-norm weight listed in the manifest is missing")
         return
-    if info.get("weight_sha256") and hashlib.sha256(path.read_bytes()).hexdigest() != info["weight_sha256"]:
+    if info.get("weight_sha256") and sha256_file(path) != info["weight_sha256"]:
         result.problems.append(f"{path}: sha256 differs from the manifest (corrupted norm weight)")
 
 

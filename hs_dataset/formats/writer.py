@@ -42,7 +42,8 @@ from hs_dataset.errors import (
     SampleError,
 )
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
-from hs_dataset.formats.encoding import SCALE_SUFFIX, encode_state, get_encoding, state_encoding_for
+from hs_dataset.formats.encoding import SCALE_SUFFIX, all_finite, encode_state, get_encoding, state_encoding_for, tensor_bytes
+from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.safetensors_layout import build_header, read_header
 from hs_dataset.formats.shard_layout import (
@@ -261,7 +262,7 @@ class ShardWriter:
         os.chmod(temp, 0o644)
         with open(temp, "rb") as f:
             os.fsync(f.fileno())
-            digest = hashlib.sha256(f.read()).hexdigest()
+            digest = sha256_fileobj(f)
         publish(temp, final)
         return {"weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY, "weight_sha256": digest}
 
@@ -294,7 +295,7 @@ class ShardWriter:
                 specs, meta, _ = read_header(f, str(path))
             if meta.get("dataset_id") != manifest.dataset_id or meta.get("format") != SHARD_FORMAT:
                 raise FormatError(f"{path}: belongs to another dataset")
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
             ids = json.loads(meta["sample_ids"])
             record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, digest)
         except (FormatError, KeyError, ValueError, OSError):
@@ -481,46 +482,15 @@ class ShardWriter:
 
 
 # ---------------------------------------------------------------------- shard bytes
-# (integer view, mask clearing the sign bit, smallest masked value that is inf/NaN) per float dtype
-_NONFINITE_BITS = {
-    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
-    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
-    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
-}
-_CHECK_CHUNK = 1 << 18  # elements; keeps the temporary in cache
-
-
-def _all_finite(state: torch.Tensor) -> bool:
-    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk."""
-    spec = _NONFINITE_BITS.get(state.dtype)
-    if spec is None:
-        return bool(torch.isfinite(state).all())
-    int_dtype, mask, limit = spec
-    flat = state.reshape(-1).view(int_dtype)
-    buf = torch.empty(min(_CHECK_CHUNK, flat.numel()), dtype=int_dtype)
-    for start in range(0, flat.numel(), _CHECK_CHUNK):
-        chunk = flat[start : start + _CHECK_CHUNK]
-        out = buf[: chunk.numel()]
-        torch.bitwise_and(chunk, mask, out=out)
-        if int(out.max()) >= limit:
-            return False
-    return True
-
-
 def _nonfinite_report(aux: torch.Tensor, final: torch.Tensor) -> str:
     problems = []
     for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):
-        if _all_finite(state):
+        if all_finite(state):
             continue
         finite = torch.isfinite(state)
         bad_tokens = (~finite).flatten(1).any(dim=1).nonzero().flatten()
         problems.append(f"{name} has NaN/inf at {bad_tokens.numel()} token(s), first at token {int(bad_tokens[0])}")
     return "; ".join(problems)
-
-
-def _as_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
 def _shard_entries(batch: list[_Encoded]) -> list[tuple[str, str, tuple[int, ...], list[memoryview]]]:
@@ -531,15 +501,15 @@ def _shard_entries(batch: list[_Encoded]) -> list[tuple[str, str, tuple[int, ...
     offsets = torch.tensor([0] + [s.tokens for s in batch], dtype=torch.int64).cumsum(0)
     first = batch[0]
     entries: list[tuple[str, torch.dtype, tuple[int, ...], list[memoryview]]] = [
-        (OFFSETS_KEY, torch.int64, (len(batch) + 1,), [_as_bytes(offsets)]),
-        (INPUT_IDS_KEY, torch.int64, (tokens,), [_as_bytes(s.input_ids) for s in batch]),
-        (AUX_KEY, first.aux.dtype, (tokens, *first.aux.shape[1:]), [_as_bytes(s.aux) for s in batch]),
-        (FINAL_KEY, first.final.dtype, (tokens, first.final.shape[1]), [_as_bytes(s.final) for s in batch]),
-        (LOSS_MASK_KEY, torch.bool, (tokens,), [_as_bytes(s.loss_mask) for s in batch]),
+        (OFFSETS_KEY, torch.int64, (len(batch) + 1,), [tensor_bytes(offsets)]),
+        (INPUT_IDS_KEY, torch.int64, (tokens,), [tensor_bytes(s.input_ids) for s in batch]),
+        (AUX_KEY, first.aux.dtype, (tokens, *first.aux.shape[1:]), [tensor_bytes(s.aux) for s in batch]),
+        (FINAL_KEY, first.final.dtype, (tokens, first.final.shape[1]), [tensor_bytes(s.final) for s in batch]),
+        (LOSS_MASK_KEY, torch.bool, (tokens,), [tensor_bytes(s.loss_mask) for s in batch]),
     ]
     if first.aux_scale is not None:
-        entries.append((AUX_KEY + SCALE_SUFFIX, torch.float32, (tokens, first.aux.shape[1]), [_as_bytes(s.aux_scale) for s in batch]))
-        entries.append((FINAL_KEY + SCALE_SUFFIX, torch.float32, (tokens,), [_as_bytes(s.final_scale) for s in batch]))
+        entries.append((AUX_KEY + SCALE_SUFFIX, torch.float32, (tokens, first.aux.shape[1]), [tensor_bytes(s.aux_scale) for s in batch]))
+        entries.append((FINAL_KEY + SCALE_SUFFIX, torch.float32, (tokens,), [tensor_bytes(s.final_scale) for s in batch]))
     entries.sort(key=lambda e: -torch.empty((), dtype=e[1]).element_size())
     return [(name, safetensors_dtype(dtype), shape, views) for name, dtype, shape, views in entries]
 
@@ -598,14 +568,6 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
     publish(temp, final)
     crash_point("shard.after_publish")
     return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, hasher.digest.hexdigest())
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _shard_sample_ids(path: Path) -> list[str]:

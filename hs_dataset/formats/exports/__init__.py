@@ -121,16 +121,6 @@ def write_file_atomic(final: Path, chunks: Sequence[memoryview | bytes]) -> int:
     return atomic_write_chunks(Path(final), chunks, crash_at="export.mid_file", temp=temp_path(Path(final)))
 
 
-def tensor_bytes(t: "torch.Tensor") -> memoryview:
-    """The raw bytes of a tensor (made contiguous), as a flat memoryview."""
-    flat = t.contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    import torch
-
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
 def remove_temp_files(root: Path) -> int:
     """Remove export temp files and temp directories (staged Arrow indexes) a crash left under ``root``."""
     import shutil

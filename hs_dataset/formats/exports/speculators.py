@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.errors import FormatError
+from hs_dataset.formats.encoding import tensor_bytes
 from hs_dataset.formats.exports import (
     ExportMismatchError,
     ExportReport,
@@ -45,7 +46,6 @@ from hs_dataset.formats.exports import (
     remove_temp_files,
     select_aux_layers,
     temp_path,
-    tensor_bytes,
     write_export_record,
     write_file_atomic,
 )
