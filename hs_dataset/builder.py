@@ -86,12 +86,10 @@ class HsDataset(datasets.GeneratorBasedBuilder):
 
     @property
     def card(self) -> Card:
-        card = self.config.card or load_card(self.config.name)
-        return card
+        return self.config.card or load_card(self.config.name)
 
     def _info(self) -> datasets.DatasetInfo:
-        card = self.config.card or load_card(self.config.name)
-        return datasets.DatasetInfo(description=card.description, features=INDEX_FEATURES)
+        return datasets.DatasetInfo(description=self.card.description, features=INDEX_FEATURES)
 
     # -------------------------------------------------------------- generation
     def _download_and_prepare(self, dl_manager: Any, verification_mode: Any, **prepare_split_kwargs: Any) -> None:
