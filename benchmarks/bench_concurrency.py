@@ -2,7 +2,7 @@
 
 One real SGLang 0.5.23 server (CPU) runs the ``tiny-deepseek-sglang`` card (the tiny
 DeepseekV3, float32, aux [2, 3, 4] + pre-norm final), started here through
-``hs_dataset.serve``. The same samples -- the 42 bundled conversations, cycled to
+``hs_dataset.serve.plan``. The same samples -- the 42 bundled conversations, cycled to
 ``--samples`` (48) with distinct ids, 29-521 tokens each -- are captured two ways,
 alternating (serial, concurrent, concurrent, serial, ...) so that drift in the machine's
 load hits both:
@@ -57,7 +57,7 @@ from _sglang_bench_util import free_port, server_shm_files, stop_and_clean  # no
 
 
 def tiny_model(tmp: Path) -> Path:
-    from hs_dataset.capture.tiny_model import build_tiny_deepseek, tiny_model_dir
+    from hs_dataset.testing.tiny_model import build_tiny_deepseek, tiny_model_dir
 
     cached = tiny_model_dir()
     if (cached / "config.json").exists():
@@ -174,9 +174,9 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from hs_dataset.capture.sglang import SGLangBackend
-    from hs_dataset.card import load_card
-    from hs_dataset.serve import launch, plan_server
+    from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.config import load_card
+    from hs_dataset.serve.plan import launch, plan_server
     from hs_dataset.sources import iter_samples
 
     # SIGTERM -> SystemExit, so the finally below still stops the server

@@ -1,6 +1,6 @@
 """P1: per-token cost of moving Kimi-wide hidden states out of a real SGLang server.
 
-One real SGLang 0.5.23 server (CPU, started here through ``hs_dataset.serve``) with
+One real SGLang 0.5.23 server (CPU, started here through ``hs_dataset.serve.plan``) with
 capture on serves three kinds of requests for the same prompts, in the same run:
 
 * ``plain``: ``/generate`` without any state return (rid without our ``hs-`` prefix, so
@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from hs_dataset.capture.tiny_model import TINY_DEEPSEEK_CONFIG, write_random_deepseek
+from hs_dataset.testing.tiny_model import TINY_DEEPSEEK_CONFIG, write_random_deepseek
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
@@ -393,9 +393,9 @@ def main() -> int:
         print(f"{SERVER_PYTHON} not found: run `make sglang-env` first", file=sys.stderr)
         return 2
 
-    from hs_dataset.capture.sglang import SGLangBackend
-    from hs_dataset.card import card_from_dict
-    from hs_dataset.serve import launch, plan_server
+    from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.config import card_from_dict
+    from hs_dataset.serve.plan import launch, plan_server
 
     # SIGTERM -> SystemExit, so the finally below still stops the server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

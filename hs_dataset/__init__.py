@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from hs_dataset.version import __version__
 
 __all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "build_dataset", "push_to_hub"]
 
@@ -22,7 +22,7 @@ _LAZY = {
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
     "build_dataset": "hs_dataset.pipeline",
-    "push_to_hub": "hs_dataset.hub",
+    "push_to_hub": "hs_dataset.hub.push",
 }
 
 

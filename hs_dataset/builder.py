@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import datasets
 
-from hs_dataset.card import Card, list_cards, load_card
+from hs_dataset.config import Card, list_cards, load_card
 
 __all__ = ["HsDatasetConfig", "HsDataset", "ShardTransform", "load_dataset", "builder_module", "INDEX_FEATURES", "SHARDS_DIR"]
 
@@ -181,7 +181,7 @@ def _build_part_from_stdin() -> None:
     import json
     import sys
 
-    from hs_dataset.card import card_from_dict
+    from hs_dataset.config import card_from_dict
     from hs_dataset.pipeline import build_dataset
 
     job = json.loads(sys.stdin.read())

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo
-from hs_dataset.card import Card
+from hs_dataset.config import Card
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.writer import ShardWriter, WriterReport, dtype_name
@@ -110,7 +110,7 @@ def make_backend(card: Card, *, model_path: str | None = None, device: str | Non
             model_revision=card.model.get("revision"),
         )
     if name == "sglang":
-        from hs_dataset.capture.sglang import SGLangBackend
+        from hs_dataset.capture.sglang.client import SGLangBackend
 
         return SGLangBackend.from_card(card, model_path=path, servers=servers, **extra)
     raise ValueError(f"config {card.name!r}: unknown backend {name!r} (use 'hf' or 'sglang')")

@@ -3,7 +3,7 @@
 A fresh ``hs-dataset`` process spends ~10-15 s importing torch/transformers and
 loading the tiny model before it writes a byte, so a chain of 25 SIGKILLed builds
 would take minutes. This helper pays that once, then forks one child per request;
-each child runs the real command line (``hs_dataset.cli.main(argv)``, i.e. exactly
+each child runs the real command line (``hs_dataset.cli.main.main(argv)``, i.e. exactly
 what the ``hs-dataset`` script runs) and is killed with SIGKILL either by a crash
 point of :mod:`hs_dataset.faults` (armed in the child after the fork, as
 ``HS_DATASET_CRASH_AT`` would) or by this server at a random moment after the child
@@ -39,17 +39,17 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from hs_dataset import faults  # noqa: E402
-from hs_dataset.card import load_card  # noqa: E402
-from hs_dataset.cli import main as cli_main  # noqa: E402
+from hs_dataset.config import load_card  # noqa: E402
+from hs_dataset.cli.main import main as cli_main  # noqa: E402
 from hs_dataset.pipeline import make_backend  # noqa: E402
 
 
 def _warm_up() -> float:
     """Import everything a build/export touches, and build the tiny model once (cached on disk)."""
     t0 = time.perf_counter()
-    import hs_dataset.formats.exports.cli  # noqa: F401
+    import hs_dataset.cli.export  # noqa: F401
     import hs_dataset.formats.verify  # noqa: F401
-    import hs_dataset.pipeline_cli  # noqa: F401
+    import hs_dataset.cli.build  # noqa: F401
     from transformers import AutoTokenizer
 
     _cache_tokenizers(AutoTokenizer)
@@ -59,7 +59,7 @@ def _warm_up() -> float:
         AutoTokenizer.from_pretrained(info.model_path, local_files_only=True)
     finally:
         backend.close()
-    for name in ("hs_dataset.formats.exports.specforge", "hs_dataset.formats.exports.speculators"):
+    for name in ("hs_dataset.interop.specforge", "hs_dataset.interop.speculators"):
         try:
             __import__(name)
         except ImportError:

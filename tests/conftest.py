@@ -68,14 +68,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from hs_dataset.capture.tiny_model import build_tiny_deepseek
+    from hs_dataset.testing.tiny_model import build_tiny_deepseek
 
     return build_tiny_deepseek()
 
 
 @pytest.fixture(scope="session")
 def tiny_card():
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     return load_card("tiny-deepseek-hf")
 

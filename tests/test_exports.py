@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import PYTHON, make_metadata, make_sample
-from hs_dataset.formats.exports import (
+from hs_dataset.interop.common import (
     EXPORT_RECORD_NAME,
     ExportError,
     ExportMismatchError,
@@ -27,7 +27,7 @@ from hs_dataset.formats.exports import (
     export_specforge,
     export_speculators,
 )
-from hs_dataset.formats.imports import ImportError_, import_specforge, import_speculators
+from hs_dataset.interop.imports import ImportError_, import_specforge, import_speculators
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.writer import ShardWriter
 
@@ -270,7 +270,7 @@ def test_interrupted_export_resumes(target: str, src: Path, tmp_path: Path, pyth
     dest = tmp_path / "dest"
     env = dict(python_env, HS_DATASET_CRASH_AT="export.mid_file:3")
     proc = subprocess.run(
-        [PYTHON, "-m", "hs_dataset.cli", "export", target, str(src), str(dest)], env=env, capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "hs_dataset.cli.main", "export", target, str(src), str(dest)], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == -9, proc.stderr
     files = sorted(p for p in dest.rglob("*") if p.is_file())
@@ -410,7 +410,7 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
 
 
 def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None:
-    from hs_dataset.cli import main
+    from hs_dataset.cli.main import main
     from hs_dataset.pipeline import build_dataset
 
     src = tmp_path / "tiny"

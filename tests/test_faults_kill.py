@@ -4,7 +4,7 @@ must be exactly what an uninterrupted run writes.
 The builder runs the real command line, ``hs-dataset build --config tiny-deepseek-hf``,
 in children forked from a warm interpreter (tests/_faults_forkserver.py: one import of
 torch/transformers instead of one per kill), and the last resume of the chain is a
-fresh ``python -m hs_dataset.cli build`` process. Kills come from every crash point of
+fresh ``python -m hs_dataset.cli.main build`` process. Kills come from every crash point of
 :mod:`hs_dataset.faults` the build path reaches, at several counts, and from SIGKILLs
 sent at random moments after the child started writing. After every kill the
 directory must be crash-consistent (the manifest parses and every shard it lists is
@@ -266,7 +266,7 @@ def _build_chain_test(forkserver, source, reference, tmp_path, record_property, 
     # the last resume: a fresh process through the console entry point, no fork server
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env.pop("HS_DATASET_CRASH_AT", None)
-    done = subprocess.run([sys.executable, "-m", "hs_dataset.cli", *argv], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "hs_dataset.cli.main", *argv], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     print(done.stdout)
     final = json.loads((out / "run_report.json").read_text())["runs"][-1]
@@ -276,7 +276,7 @@ def _build_chain_test(forkserver, source, reference, tmp_path, record_property, 
 
     result = verify_dataset(out)
     assert result.ok, result.problems
-    from hs_dataset.cli import main as cli_main
+    from hs_dataset.cli.main import main as cli_main
 
     assert cli_main(["verify", str(out)]) == 0
     assert leftovers(out) == []
@@ -375,13 +375,6 @@ EXPORT_CHAINS = {
 
 @pytest.mark.parametrize("target", sorted(EXPORT_CHAINS))
 def test_export_survives_a_chain_of_sigkills(forkserver, reference, tmp_path, target, record_property):
-    try:
-        import hs_dataset.formats.exports.cli  # noqa: F401
-        from hs_dataset.formats import exports
-    except ImportError as exc:  # pragma: no cover - the exporters are optional in this tree
-        pytest.skip(f"exports not available yet: {exc}")
-    if not hasattr(exports, f"export_{target}"):
-        pytest.skip(f"no {target} exporter yet")
     dest = tmp_path / f"{target}-chain"
     argv = ["export", target, str(reference), str(dest)]
     log = run_chain(forkserver, argv, dest, EXPORT_CHAINS[target], random.Random(7), max_delay_s=0.02)
@@ -402,10 +395,6 @@ def test_export_survives_a_chain_of_sigkills(forkserver, reference, tmp_path, ta
 
 def test_speculators_export_killed_while_moving_its_arrow_index(forkserver, reference, tmp_path):
     """No crash point marks the Arrow index write, so the child is killed right after save_to_disk into its staging dir."""
-    from hs_dataset.formats import exports
-
-    if not hasattr(exports, "export_speculators"):
-        pytest.skip("no speculators exporter yet")
     dest = tmp_path / "spec"
     argv = ["export", "speculators", str(reference), str(dest)]
     res = forkserver.run(argv, kill_after_call="datasets.Dataset.save_to_disk")

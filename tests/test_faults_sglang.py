@@ -47,14 +47,14 @@ CLIENT = dict(concurrency=4, request_timeout_s=5.0, dump_timeout_s=10.0, retries
 
 @pytest.fixture(scope="module")
 def card():
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     return load_card("tiny-deepseek-sglang")
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from hs_dataset.capture.tiny_model import build_tiny_deepseek
+    from hs_dataset.testing.tiny_model import build_tiny_deepseek
 
     return str(build_tiny_deepseek())
 
@@ -83,7 +83,7 @@ def source_samples(card, tiny_model):
 
 
 def _plan(card, port: int, staging: Path):
-    from hs_dataset.serve import plan_server
+    from hs_dataset.serve.plan import plan_server
 
     staging_cfg = dict((card.raw.get("sglang") or {}).get("staging") or {})
     staging_cfg["orphan_ttl_s"] = ORPHAN_TTL_S
@@ -93,7 +93,7 @@ def _plan(card, port: int, staging: Path):
 
 
 def _launch(card, port: int, root: Path, name: str):
-    from hs_dataset.serve import launch
+    from hs_dataset.serve.plan import launch
 
     t0 = time.monotonic()
     server = launch(_plan(card, port, root / "stage"), log_path=str(root / f"{name}.log"), timeout=300)
@@ -119,7 +119,7 @@ def _server(box, card):
 
 
 def _backend(card, urls, **kw):
-    from hs_dataset.capture.sglang import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
 
     return SGLangBackend.from_card(card, servers=urls, **{**CLIENT, **kw})
 

@@ -41,7 +41,7 @@ from safetensors.torch import save
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.capture import BatchView, CaptureConfig, CaptureCore
-from hs_dataset.server_patch.dump_format import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
+from hs_dataset.server_patch.protocol import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
 from hs_dataset.server_patch.staging import StagingDir, StagingError, check_private_dir, ensure_private_dir
 
 from test_sglang_capture_core import IDS, H, K, fake_batch, make_core, states
@@ -243,7 +243,7 @@ def test_symlink_planted_at_the_dump_name_is_not_written_through_nor_read(tmp_pa
 
 
 def _client(tmp_path):
-    from hs_dataset.capture.sglang import Endpoint, SGLangBackend
+    from hs_dataset.capture.sglang.client import Endpoint, SGLangBackend
 
     be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32", dump_timeout_s=0.5)
     return be, Endpoint(url="http://127.0.0.1:9", staging_dir=str(tmp_path / "stage"))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hs_dataset import open_dataset
-from hs_dataset.cli import main as cli_main
+from hs_dataset.cli.main import main as cli_main
 from hs_dataset.errors import (
     DiskFullError,
     DuplicateSampleError,

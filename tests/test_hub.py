@@ -1,4 +1,4 @@
-"""hs_dataset.hub against a local stand-in of the Hub's HTTP API (tests/hub_standin.py).
+"""hs_dataset.hub.push against a local stand-in of the Hub's HTTP API (tests/hub_standin.py).
 
 The real ``huggingface_hub.HfApi`` (LFS upload path, Xet off) and the real
 ``datasets.load_dataset`` talk HTTP to a server on 127.0.0.1. Every other host is
@@ -19,7 +19,7 @@ import yaml
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.reader import open_dataset
-from hs_dataset.hub import download_pushed, open_pushed, push_to_hub
+from hs_dataset.hub.push import download_pushed, open_pushed, push_to_hub
 
 from conftest import make_metadata, make_sample
 from hub_standin import HubStandIn
@@ -264,7 +264,7 @@ def test_repush_replaces_stale_files_and_keeps_other_configs(tmp_path, standin, 
 
 
 def test_push_to_a_branch_and_cli(tmp_path, standin, api):
-    from hs_dataset.cli import main
+    from hs_dataset.cli.main import main
 
     root = _synthetic(tmp_path / "ds", n=3)
     rc = main(["push", str(root), "me/cli", "--endpoint", standin.url, "--revision", "v1", "--no-plots", "--config", "renamed"])
@@ -279,8 +279,8 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
 
 # ---------------------------------------------------------------------------- statistics and pictures
 def test_stats_make_an_all_zero_capture_stand_out(tmp_path, capsys):
-    from hs_dataset.cli import main
-    from hs_dataset.stats import compute_stats
+    from hs_dataset.cli.main import main
+    from hs_dataset.formats.stats import compute_stats
 
     samples = [make_sample(f"s{i}", 5 + i) for i in range(6)]
     samples[2].aux_hidden_states[:, 1] = 0  # layer hidden_states[3] came back empty for one sample
@@ -314,7 +314,7 @@ def test_sigkill_mid_push_then_resume(tmp_path, standin, api, python_env, nth):
         python_env, HS_DATASET_CRASH_AT=f"push.before_commit:{nth}", HF_HUB_DISABLE_XET="1",
         HF_HUB_CACHE=str(tmp_path / "child-cache"), HF_HUB_OFFLINE="0",
     )
-    cmd = [sys.executable, "-m", "hs_dataset.cli", "push", str(root), "me/killed", "--endpoint", standin.url,
+    cmd = [sys.executable, "-m", "hs_dataset.cli.main", "push", str(root), "me/killed", "--endpoint", standin.url,
            "--commit-files", "1", "--no-plots"]
     assert subprocess.run(cmd, env=env).returncode == -signal.SIGKILL
     files = standin.files("me/killed")

@@ -449,7 +449,7 @@ def test_crlf_source_round_trips(tmp_path):
 
 
 def _cli(*argv: str) -> int:
-    from hs_dataset.cli import main
+    from hs_dataset.cli.main import main
 
     return main(["patch", *argv])
 
@@ -496,12 +496,12 @@ def test_legacy_patch_runs_on_the_bare_standard_library(tmp_path):
 
 def test_cli_module_import_is_light():
     """Building the `hs-dataset` parser must not pull anything in beyond the package itself."""
-    code = ("import sys, hs_dataset; before = set(sys.modules); import hs_dataset.legacy_cli; "
+    code = ("import sys, hs_dataset; before = set(sys.modules); import hs_dataset.cli.patch; "
             "print(sorted(set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     new = eval(out)  # a printed list of module names
     heavy = {m for m in new if m.split(".")[0] in {"torch", "transformers", "datasets", "safetensors", "numpy", "sglang"}}
-    assert "hs_dataset.legacy_cli" in new and not heavy, heavy
+    assert "hs_dataset.cli.patch" in new and not heavy, heavy
 
 
 def test_fetch_script_is_idempotent_offline(tmp_path):

@@ -34,8 +34,8 @@ import hs_dataset
 PACKAGE = Path(hs_dataset.__file__).resolve().parent
 BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
 TORCH_SAVE_ALLOWED = {
-    "formats/exports/specforge.py": "SpecForge reads its offline data as torch.save'd .ckpt dicts",
-    "formats/exports/speculators.py": "speculators reads token_freq.pt with torch.load(weights_only=True)",
+    "interop/specforge.py": "SpecForge reads its offline data as torch.save'd .ckpt dicts",
+    "interop/speculators.py": "speculators reads token_freq.pt with torch.load(weights_only=True)",
 }
 
 
@@ -213,7 +213,7 @@ def _forbid(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("storage", ["native", "fp8"])
 def test_reading_a_dataset_never_unpickles(tmp_path, monkeypatch, capsys, storage):
     from hs_dataset import open_dataset
-    from hs_dataset.cli import main as cli_main
+    from hs_dataset.cli.main import main as cli_main
     from hs_dataset.formats import ShardWriter
     from hs_dataset.formats.verify import verify_dataset
 

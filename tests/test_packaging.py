@@ -17,7 +17,7 @@ def test_all_subpackages_are_listed():
 
 
 def test_cards_ship_with_the_package():
-    from hs_dataset.card import list_cards
+    from hs_dataset.config import list_cards
 
     assert {"tiny-deepseek-hf", "kimi-k25-sglang"} <= set(list_cards())
     assert all(Path(REPO / "cards" / f"{name}.yaml").exists() for name in list_cards())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hs_dataset import open_dataset
-from hs_dataset.cli import main as cli_main
+from hs_dataset.cli.main import main as cli_main
 from hs_dataset.distributed import rank_and_world_size
 from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats import ShardWriter

@@ -19,9 +19,9 @@ import torch
 from safetensors import safe_open
 
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.server_patch import layer_ids as L
+from hs_dataset.server_patch import protocol as L
 from hs_dataset.server_patch.capture import BatchView, CaptureConfig, CaptureCore, content_key
-from hs_dataset.server_patch.dump_format import make_rid, refused_name, validate_rid
+from hs_dataset.server_patch.protocol import make_rid, refused_name, validate_rid
 from hs_dataset.server_patch.staging import StagingBudget, StagingDir, StagingError, check_private_dir, ensure_private_dir
 
 K, H = 3, 8
@@ -503,7 +503,7 @@ def test_legacy_adapter(monkeypatch, tmp_path):
 def test_server_side_modules_import_nothing_heavy():
     code = (
         "import sys\n"
-        "import hs_dataset.server_patch.sglang_hooks, hs_dataset.server_patch.legacy_hook, hs_dataset.server_patch.layer_ids\n"
+        "import hs_dataset.server_patch.sglang_hooks, hs_dataset.server_patch.legacy_hook, hs_dataset.server_patch.protocol\n"
         "import hs_dataset.server_patch.cpu_support.mla_torch_native\n"
         "bad = sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'datasets', 'pyarrow', 'aiohttp', 'yaml', 'huggingface_hub'})\n"
         "print(','.join(bad))\n"
@@ -516,7 +516,7 @@ def test_server_side_modules_import_nothing_heavy():
 
 
 def test_client_reports_an_unreachable_server_clearly(tmp_path):
-    from hs_dataset.capture.sglang import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
 
     be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, request_timeout_s=5)
     try:
@@ -530,7 +530,7 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     from safetensors.torch import save_file
 
     from hs_dataset.capture.base import CaptureFailure
-    from hs_dataset.capture.sglang import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
     from hs_dataset.sample import CapturedSample, TokenizedSample
 
     be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32")

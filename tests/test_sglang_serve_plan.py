@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hs_dataset import serve
+from hs_dataset.serve import plan as serve
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def _kimi_dir(tmp_path):
 
 
 def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     plan = serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
     argv = plan.argv
@@ -41,7 +41,7 @@ def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
 
 
 def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang")
     fake_env.update(hs_dataset=False)
@@ -64,7 +64,7 @@ def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
 
 
 def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path):
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang").with_overrides(layers={"aux": [1, 2]})
     with pytest.raises(serve.ServeError, match="start with 1"):
@@ -72,7 +72,7 @@ def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path)
 
 
 def test_serve_check_cli(fake_env, capsys):
-    from hs_dataset.cli import main
+    from hs_dataset.cli.main import main
 
     assert main(["serve", "--config", "tiny-deepseek-sglang", "--check", "--port", "31998", "--", "--log-level", "warning"]) == 0
     out = capsys.readouterr().out

@@ -50,14 +50,14 @@ def _require_env() -> None:
 
 @pytest.fixture(scope="session")
 def card():
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
 
     return load_card("tiny-deepseek-sglang")
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from hs_dataset.capture.tiny_model import build_tiny_deepseek
+    from hs_dataset.testing.tiny_model import build_tiny_deepseek
 
     return str(build_tiny_deepseek())
 
@@ -71,7 +71,7 @@ def _free_port() -> int:
 
 
 def _start(card, tmp_root: Path, name: str, **overrides):
-    from hs_dataset.serve import launch, plan_server
+    from hs_dataset.serve.plan import launch, plan_server
 
     extra = overrides.pop("extra_args", ())
     plan = plan_server(
@@ -136,7 +136,7 @@ def make_samples(n: int, lengths, seed: int = 0, vocab: int = 129000):
 
 
 def backend(card, server, **kw):
-    from hs_dataset.capture.sglang import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
 
     kw.setdefault("servers", [server.url])
     return SGLangBackend.from_card(card, **kw)
@@ -297,7 +297,7 @@ def test_wrong_layers_or_dtype_are_refused(card, capture_server):
 
 
 def test_unreachable_server_is_refused(card):
-    from hs_dataset.capture.sglang import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
 
     be = SGLangBackend.from_card(card, servers=[f"http://127.0.0.1:{_free_port()}"])
     try:
@@ -323,7 +323,7 @@ def test_staging_dir_not_private_is_refused(card, capture_server):
 def test_serve_check_prints_the_plan(capture_server):
     env = dict(os.environ, HS_SGLANG_PYTHON=str(SERVER_PYTHON))
     out = subprocess.run(
-        [sys.executable, "-m", "hs_dataset.cli", "serve", "--config", "tiny-deepseek-sglang", "--port", "30999", "--check"],
+        [sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", "tiny-deepseek-sglang", "--port", "30999", "--check"],
         capture_output=True,
         text=True,
         env=env,
@@ -337,7 +337,7 @@ def test_serve_check_prints_the_plan(capture_server):
 
 def test_plain_server_without_hooks_is_refused(card, hs_tmp):
     """A server started without hs_dataset's capture hooks: the client says capture is not enabled."""
-    from hs_dataset.serve import launch, plan_server
+    from hs_dataset.serve.plan import launch, plan_server
 
     _require_env()
     plan = plan_server(card, port=_free_port(), staging_dir=str(hs_tmp / "plain-stage"), python=str(SERVER_PYTHON))

@@ -19,15 +19,13 @@ from hypothesis import strategies as st
 
 from hs_dataset.errors import SourceError
 from hs_dataset.sources import (
-    KIMI_CHAT_TOKENS,
     MarkerSpanRule,
     SourceReport,
     bundled_conversations_path,
     iter_samples,
     load_samples,
-    write_tiny_tokenizer,
 )
-from hs_dataset.sources.tiny_tokenizer import TINY_VOCAB_LIMIT
+from hs_dataset.testing.tiny_tokenizer import KIMI_CHAT_TOKENS, TINY_VOCAB_LIMIT, write_tiny_tokenizer
 
 # ---------------------------------------------------------------- fixtures and helpers
 

@@ -5,30 +5,52 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-__all__ = ["BUILTIN_PREFIX", "resolve_model_path", "model_fingerprint", "read_final_norm"]
+from hs_dataset.errors import CaptureError
+
+__all__ = ["BUILTIN_PREFIX", "BUILTIN_GROUP", "ModelPathError", "builtin_models", "resolve_model_path", "model_fingerprint", "read_final_norm"]
 
 BUILTIN_PREFIX = "builtin:"
+BUILTIN_GROUP = "hs_dataset.builtin_models"
 _FULL_HASH_LIMIT = 2 * 1024**3  # hash every weight byte below this; above, hash the index and sizes
 
 
-def resolve_model_path(path: str) -> Path:
-    """Turn a card's model path into a local directory (``builtin:`` models are built on first use)."""
+class ModelPathError(CaptureError, FileNotFoundError):
+    """The model path names no local snapshot (or an unknown builtin model)."""
+
+
+def builtin_models() -> dict[str, EntryPoint]:
+    """Models registered under ``builtin:NAME`` (entry point group ``hs_dataset.builtin_models``).
+
+    A registry instead of an import keeps test fixtures (the tiny model lives in
+    :mod:`hs_dataset.testing`) out of the production import graph.
+    """
+    return {ep.name: ep for ep in entry_points(group=BUILTIN_GROUP)}
+
+
+def resolve_model_path(path: str | None) -> Path:
+    """The one model resolver: a card's model path -> a local directory holding config.json.
+
+    ``builtin:NAME`` models are built (and cached) on first use. Anything else must
+    already be on disk: hs_dataset never downloads weights at run time.
+    """
+    if not path:
+        raise ModelPathError("no model path: set model.path in the card or pass --model-path (or HS_DATASET_MODEL_PATH)")
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX) :]
-        if name != "tiny-deepseek-v3":
-            raise ValueError(f"unknown builtin model {name!r}; the only one is builtin:tiny-deepseek-v3")
-        from hs_dataset.capture.tiny_model import build_tiny_deepseek
-
-        return build_tiny_deepseek()
+        known = builtin_models()
+        if name not in known:
+            raise ModelPathError(f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(known)) or 'none (reinstall hs_dataset)'}")
+        return Path(known[name].load()()).resolve()
     local = Path(path).expanduser()
-    if not (local / "config.json").exists():
-        raise FileNotFoundError(
+    if not (local / "config.json").is_file():
+        raise ModelPathError(
             f"model directory {path!r} has no config.json; hs_dataset never downloads weights at run time: "
             "download the snapshot first (huggingface-cli download ...) and pass its local path"
         )
-    return local
+    return local.resolve()
 
 
 def model_fingerprint(directory: str | os.PathLike) -> str:

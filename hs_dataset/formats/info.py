@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(describe(manifest))
     if args.plots:
-        from hs_dataset.stats import write_plots
+        from hs_dataset.formats.stats import write_plots
 
         for path in write_plots(args.path, args.plots):
             print(f"wrote {path}")

@@ -207,7 +207,7 @@ class ShardWriter:
         }
 
     def _open_or_create(self, final_norm_weight: torch.Tensor | None, created_by: str | None) -> Manifest:
-        from hs_dataset import __version__
+        from hs_dataset.version import __version__
 
         entries = [e for e in os.listdir(self.root) if e != _LOCK_NAME]
         for name in entries:

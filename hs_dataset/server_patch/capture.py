@@ -13,7 +13,7 @@ What :meth:`CaptureCore.process` does, on the forward thread:
    idle, ...);
 2. splits the batch per request by ``extend_seq_lens``; ignores requests whose rid
    lacks our prefix (warm-up, health checks, other clients) and logs rids that have
-   the prefix but fail the strict :data:`~hs_dataset.server_patch.dump_format.RID_RE`
+   the prefix but fail the strict :data:`~hs_dataset.server_patch.protocol.RID_RE`
    check (never used in a file name);
 3. a request seen whole (prefix length 0, all ``T`` tokens of its rid) is stored; a
    chunked prefill (prefix length == tokens assembled so far) is assembled across
@@ -41,7 +41,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hs_dataset.server_patch.copier import HostCopier, HostPiece
-from hs_dataset.server_patch.dump_format import (
+from hs_dataset.server_patch.protocol import (
+    CONTENT_KEY_PREFIX,
+    content_key,
     DUMP_FORMAT,
     DUMP_SUFFIX,
     DUMP_VERSION,
@@ -55,22 +57,8 @@ __all__ = ["CaptureConfig", "BatchView", "CaptureCore", "content_key", "CONTENT_
 logger = logging.getLogger("hs_dataset.server_patch")
 
 ENV_PREFIX = "HS_CAPTURE_"
-CONTENT_KEY_PREFIX = "ck-"
 
 _GiB = 1 << 30
-
-
-def content_key(input_ids: Sequence[int] | torch.Tensor) -> str:
-    """File stem used when the server cannot tell request ids (SGLang < 0.5.15): ``ck-`` + sha256 of the ids.
-
-    The ids are hashed as little-endian int64; the client computes the same key.
-    """
-    if isinstance(input_ids, torch.Tensor):
-        values = input_ids.detach().to("cpu").tolist()
-    else:
-        values = [int(i) for i in input_ids]
-    data = struct.pack("<%dq" % len(values), *values)
-    return CONTENT_KEY_PREFIX + hashlib.sha256(data).hexdigest()[:40]
 
 
 def _env(environ: Mapping[str, str], key: str):

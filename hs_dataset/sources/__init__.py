@@ -12,7 +12,6 @@ from hs_dataset.sources.pretokenized import MissingMaskPolicy
 from hs_dataset.sources.report import MalformedRowError, RowIssue, SourceReport
 from hs_dataset.sources.rows import RowSource, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
-from hs_dataset.sources.tiny_tokenizer import KIMI_CHAT_TOKENS, kimi_k25_chat_template, write_tiny_tokenizer
 
 __all__ = [
     "iter_samples",
@@ -32,9 +31,6 @@ __all__ = [
     "RowSource",
     "open_source",
     "sample_id_for",
-    "write_tiny_tokenizer",
-    "kimi_k25_chat_template",
-    "KIMI_CHAT_TOKENS",
     "bundled_conversations_path",
 ]
 

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.target == "speculators":
-            from hs_dataset.formats.exports.speculators import export_speculators
+            from hs_dataset.interop.speculators import export_speculators
 
             report = export_speculators(
                 args.src,
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 token_freq=not args.no_token_freq,
             )
         else:
-            from hs_dataset.formats.exports.specforge import export_specforge
+            from hs_dataset.interop.specforge import export_specforge
 
             report = export_specforge(
                 args.src,

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hs_dataset.errors import HsDatasetError
+from hs_dataset.server_patch import protocol
+
 __all__ = [
     "SUPPORTED",
     "ServerPlan",
@@ -47,63 +50,40 @@ __all__ = [
     "plan_server",
     "launch",
     "default_server_python",
-    "resolve_model_path",
+    "resolve_server_model_path",
     "add_arguments",
     "run",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CPU_SUPPORT_DIR = Path(__file__).resolve().parent / "server_patch" / "cpu_support"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "server_patch" / "cpu_support"
 HOOKS_MODULE = "hs_dataset.server_patch.sglang_hooks"
 CPU_MLA_FACTORY = "hs_dataset.server_patch.cpu_support.mla_torch_native:factory"
 
-# (lowest, highest-exclusive, mechanism, status)
-SUPPORTED: list[tuple[tuple[int, int, int], tuple[int, int, int], str, str]] = [
-    ((0, 5, 23), (0, 6, 0), "aux_return", "verified (0.5.23, CPU, tiny DeepseekV3, float32)"),
-    ((0, 5, 15), (0, 5, 23), "layer_hooks", "read from source, not run (request ids available)"),
-    ((0, 5, 9), (0, 5, 15), "layer_hooks", "read from source, not run (no request ids: dumps keyed by content)"),
-]
-
-
-class ServeError(RuntimeError):
+class ServeError(HsDatasetError, RuntimeError):
     """The server cannot be planned or started; the message says how to fix it."""
 
 
 def support_for(version: str) -> tuple[str, str]:
-    """(mechanism, status) for an SGLang version; raises :class:`ServeError` if unsupported."""
-    from hs_dataset.server_patch.layer_ids import parse_version
-
-    v = parse_version(version)
-    for low, high, mechanism, status in SUPPORTED:
-        if low <= v < high:
-            return mechanism, status
-    if v <= (0, 5, 5):
-        raise ServeError(
-            f"SGLang {version} has no forward hooks: patch it with `hs-dataset patch apply` and start it with "
-            "HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set (docs/SGLANG.md, 'SGLang <= 0.5.5')"
-        )
-    supported = ", ".join(f"{'.'.join(map(str, lo))} <= v < {'.'.join(map(str, hi))}" for lo, hi, _, _ in SUPPORTED)
-    raise ServeError(f"SGLang {version} is not supported by this hs_dataset (supported: {supported})")
+    """(mechanism, status) for an SGLang version, from the protocol's table; :class:`ServeError` if unsupported."""
+    try:
+        return protocol.support_for(version)
+    except protocol.UnsupportedVersionError as exc:
+        raise ServeError(str(exc)) from None
 
 
 def default_server_python() -> str:
     return os.environ.get("HS_SGLANG_PYTHON") or str(REPO_ROOT / ".sglang-venv" / "bin" / "python")
 
 
-def resolve_model_path(path: str | None) -> str:
-    """``builtin:tiny-deepseek-v3`` -> the built model dir; local dirs -> absolute; hub ids unchanged."""
-    if not path:
-        raise ServeError("the card has no model path: set model.path or pass --model-path (or HS_DATASET_MODEL_PATH)")
-    if path == "builtin:tiny-deepseek-v3":
-        from hs_dataset.capture.tiny_model import build_tiny_deepseek
+def resolve_server_model_path(path: str | None) -> str:
+    """The server's ``--model-path``: the one resolver in :mod:`hs_dataset.capture.model_info`."""
+    from hs_dataset.capture.model_info import ModelPathError, resolve_model_path
 
-        return str(build_tiny_deepseek())
-    if path.startswith("builtin:"):
-        raise ServeError(f"unknown builtin model {path!r} (known: builtin:tiny-deepseek-v3)")
-    expanded = os.path.expanduser(path)
-    if os.path.isdir(expanded):
-        return os.path.abspath(expanded)
-    return path
+    try:
+        return str(resolve_model_path(path))
+    except ModelPathError as exc:
+        raise ServeError(str(exc)) from None
 
 
 def _model_config(model_path: str) -> dict:
@@ -200,8 +180,8 @@ def plan_server(
     extra_args: Sequence[str] = (),
     sglang_overrides: Mapping[str, Any] | None = None,
 ) -> ServerPlan:
-    """Build the server command for a card (a :class:`hs_dataset.card.Card` or its raw dict)."""
-    from hs_dataset.server_patch.layer_ids import (
+    """Build the server command for a card (a :class:`hs_dataset.config.Card` or its raw dict)."""
+    from hs_dataset.server_patch.protocol import (
         LayerIdError,
         layer_hook_targets,
         model_family,
@@ -224,7 +204,7 @@ def plan_server(
     module_path = sg.get("module_path") or model.get("text_module") or "model"
 
     mpath = model_path or os.environ.get("HS_DATASET_MODEL_PATH") or model.get("path") or model.get("id")
-    mpath = resolve_model_path(mpath)
+    mpath = resolve_server_model_path(mpath)
     mcfg = _model_config(mpath)
     architectures = mcfg.get("architectures") or sg.get("architectures") or []
     num_layers = mcfg.get("num_hidden_layers") or sg.get("num_hidden_layers")
@@ -309,7 +289,7 @@ def plan_server(
     if mechanism == "aux_return":
         argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids"]
         argv += [str(i) for i in sglang_ids]
-    from hs_dataset.server_patch.layer_ids import parse_version
+    from hs_dataset.server_patch.protocol import parse_version
 
     if parse_version(version) >= (0, 5, 15):
         argv += ["--disable-prefill-cuda-graph"]  # the final-norm hook must run at prefill
@@ -416,7 +396,7 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
 
 def launch(plan: ServerPlan, *, log_path: str | None = None, timeout: float | None = None) -> ServerProcess:
     """Start the server, wait for ``/health``; raise :class:`ServeError` with the log tail if it dies."""
-    from hs_dataset.server_patch.staging import ensure_private_dir
+    from hs_dataset.server_patch.protocol import ensure_private_dir
 
     ensure_private_dir(plan.staging_dir)
     if _http_ok(plan.url + "/health", timeout=1.0):
@@ -472,7 +452,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.card import CardError, load_card
+    from hs_dataset.config import CardError, load_card
 
     extra = list(args.extra or [])
     if extra and extra[0] == "--":

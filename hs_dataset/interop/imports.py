@@ -98,7 +98,7 @@ def _default_ids(num_layers: int) -> list[int]:
 
 
 def _load_card_or_none(config: str) -> Any:
-    from hs_dataset.card import CardError, load_card
+    from hs_dataset.config import CardError, load_card
 
     looks_like_path = Path(config).suffix in (".yaml", ".yml")
     try:
@@ -110,7 +110,7 @@ def _load_card_or_none(config: str) -> Any:
 
 
 def _record_of(src: Path, fmt: str) -> dict[str, Any] | None:
-    from hs_dataset.formats.exports import read_export_record
+    from hs_dataset.interop.common import read_export_record
 
     record = read_export_record(src)
     return record if record and record.get("target") == fmt else None

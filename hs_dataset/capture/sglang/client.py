@@ -37,7 +37,7 @@ import torch
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import CapturedSample, TokenizedSample
-from hs_dataset.server_patch.dump_format import (
+from hs_dataset.server_patch.protocol import (
     DUMP_FORMAT,
     DUMP_SUFFIX,
     DUMP_VERSION,
@@ -47,7 +47,7 @@ from hs_dataset.server_patch.dump_format import (
 
 __all__ = ["SGLangBackend", "Endpoint"]
 
-logger = logging.getLogger("hs_dataset.capture.sglang")
+logger = logging.getLogger("hs_dataset.capture.sglang.client")
 
 HOOKS_MODULE = "hs_dataset.server_patch.sglang_hooks"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,7 +96,7 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
 
 
 def _content_key(ids: torch.Tensor) -> str:
-    from hs_dataset.server_patch.capture import content_key
+    from hs_dataset.server_patch.protocol import content_key
 
     return content_key(ids)
 
@@ -335,9 +335,7 @@ class SGLangBackend(CaptureBackend):
     async def _validate_endpoint(self, ep: Endpoint) -> None:
         import aiohttp
 
-        from hs_dataset.serve import ServeError, support_for
-        from hs_dataset.server_patch.layer_ids import parse_version
-        from hs_dataset.server_patch.staging import StagingError, check_private_dir
+        from hs_dataset.server_patch.protocol import StagingError, UnsupportedVersionError, check_private_dir, parse_version, support_for
 
         url = ep.url
         fix = "start it with `hs-dataset serve --config <card>`"
@@ -363,7 +361,7 @@ class SGLangBackend(CaptureBackend):
         version = str(info.get("version") or "")
         try:
             support_for(version)
-        except (ServeError, ValueError) as exc:
+        except (UnsupportedVersionError, ValueError) as exc:
             raise ServerValidationError(f"SGLang server {url}: {exc}") from None
         ep.version = version
         ep.uses_rids = parse_version(version) >= (0, 5, 15)

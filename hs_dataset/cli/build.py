@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.card import load_card
+    from hs_dataset.config import load_card
     from hs_dataset.distributed import rank_and_world_size
     from hs_dataset.errors import HsDatasetError
     from hs_dataset.pipeline import build_dataset

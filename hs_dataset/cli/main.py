@@ -17,15 +17,15 @@ __all__ = ["main", "COMMANDS"]
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "build": ("hs_dataset.pipeline_cli", "capture hidden states for a config and write a dataset"),
+    "build": ("hs_dataset.cli.build", "capture hidden states for a config and write a dataset"),
     "verify": ("hs_dataset.formats.verify", "check every shard, hash, shape and offset of a dataset"),
     "info": ("hs_dataset.formats.info", "print a dataset's metadata and sizes (optionally plots)"),
     "merge": ("hs_dataset.formats.merge", "merge per-rank datasets into one verified dataset"),
-    "serve": ("hs_dataset.serve", "start a SGLang server with everything capture needs"),
-    "patch": ("hs_dataset.legacy_cli", "check / apply / revert the source patch for SGLang <= 0.5.5"),
-    "export": ("hs_dataset.formats.exports.cli", "export to a trainer's layout (speculators, specforge)"),
-    "import": ("hs_dataset.formats.imports_cli", "import a speculators or SpecForge layout"),
-    "push": ("hs_dataset.hub", "upload a dataset (index, shards, manifest, card) to the Hub"),
+    "serve": ("hs_dataset.serve.plan", "start a SGLang server with everything capture needs"),
+    "patch": ("hs_dataset.cli.patch", "check / apply / revert the source patch for SGLang <= 0.5.5"),
+    "export": ("hs_dataset.cli.export", "export to a trainer's layout (speculators, specforge)"),
+    "import": ("hs_dataset.cli.import_", "import a speculators or SpecForge layout"),
+    "push": ("hs_dataset.hub.push", "upload a dataset (index, shards, manifest, card) to the Hub"),
 }
 
 

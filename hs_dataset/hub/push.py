@@ -8,7 +8,7 @@ shards) into a dataset repository, one folder per config::
     <config>/hs_shards/manifest.json        the dataset directory, unchanged: manifest,
     <config>/hs_shards/shard-*.safetensors  shards (their sha256 is their LFS oid),
     <config>/hs_shards/final_norm.safetensors  norm weight, run_report.json
-    <config>/figures/*.png                  lengths and per-layer statistics (hs_dataset.stats)
+    <config>/figures/*.png                  lengths and per-layer statistics (hs_dataset.formats.stats)
 
 so ``datasets.load_dataset(repo, config)`` loads the index and
 ``hs_dataset.open_dataset(<download>/<config>/hs_shards)`` reads the tensors.
@@ -306,7 +306,7 @@ def render_card(
     """The README.md for ``repo_id`` with this config's section (other configs' kept from ``existing``)."""
     import yaml
 
-    from hs_dataset.card import CardError, load_card
+    from hs_dataset.config import CardError, load_card
 
     manifest = dataset.manifest
     md = manifest.metadata
@@ -570,7 +570,7 @@ def push_to_hub(
         stats = None
         if plots:
             try:
-                from hs_dataset.stats import PlotsUnavailable, compute_stats, write_plots
+                from hs_dataset.formats.stats import PlotsUnavailable, compute_stats, write_plots
 
                 stats = compute_stats(root, max_samples=stats_samples)
                 fig_dir = work / "figures"

@@ -35,7 +35,7 @@ import torch
 
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.encoding import tensor_bytes
-from hs_dataset.formats.exports import (
+from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
     base_record,

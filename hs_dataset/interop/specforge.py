@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.errors import FormatError
-from hs_dataset.formats.exports import (
+from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
     base_record,

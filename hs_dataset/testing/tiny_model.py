@@ -84,7 +84,7 @@ def default_cache_dir() -> Path:
 
 def _recipe_fingerprint() -> str:
     """Changes whenever the built files could: config, seed, build revision, tokenizer recipe."""
-    from hs_dataset.sources import tiny_tokenizer
+    from hs_dataset.testing import tiny_tokenizer
 
     recipe = json.dumps({"config": TINY_DEEPSEEK_CONFIG, "seed": TINY_SEED, "rev": _BUILD_REVISION}, sort_keys=True)
     tokenizer_recipe = Path(tiny_tokenizer.__file__).read_bytes()
@@ -120,7 +120,7 @@ def build_tiny_deepseek(cache_dir: Path | None = None) -> Path:
 
 
 def _write_model(directory: Path) -> None:
-    from hs_dataset.sources.tiny_tokenizer import write_tiny_tokenizer
+    from hs_dataset.testing.tiny_tokenizer import write_tiny_tokenizer
 
     write_random_deepseek(directory, TINY_DEEPSEEK_CONFIG, seed=TINY_SEED, dtype="float32")
     write_tiny_tokenizer(directory)

@@ -286,7 +286,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
 
 
 def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    from hs_dataset import __version__
+    from hs_dataset.version import __version__
 
     md = ds.manifest.metadata
     return {
@@ -317,11 +317,11 @@ def iter_indexed(ds: "HiddenStateDataset") -> Iterable[tuple[int, dict[str, Any]
 
 def __getattr__(name: str) -> Any:  # lazy: the heavy modules load only when used
     if name == "export_speculators":
-        from hs_dataset.formats.exports.speculators import export_speculators
+        from hs_dataset.interop.speculators import export_speculators
 
         return export_speculators
     if name == "export_specforge":
-        from hs_dataset.formats.exports.specforge import export_specforge
+        from hs_dataset.interop.specforge import export_specforge
 
         return export_specforge
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 __all__ = ["KIMI_CHAT_TOKENS", "KIMI_TEMPLATE_SHA256", "TINY_VOCAB_LIMIT", "kimi_k25_chat_template", "write_tiny_tokenizer"]
 
-# The tiny model's embedding rows (hs_dataset.capture.tiny_model.TINY_DEEPSEEK_CONFIG["vocab_size"]).
+# The tiny model's embedding rows (hs_dataset.testing.tiny_model.TINY_DEEPSEEK_CONFIG["vocab_size"]).
 TINY_VOCAB_LIMIT = 129536
 
 # Control tokens of Kimi-K2.5's chat format, in the order their ids are assigned.
@@ -49,7 +49,7 @@ def kimi_k25_chat_template() -> str:
     if digest != KIMI_TEMPLATE_SHA256:
         raise RuntimeError(
             f"hs_dataset/data/{_TEMPLATE_RESOURCE} changed (sha256 {digest}); update KIMI_TEMPLATE_SHA256 in "
-            "hs_dataset/sources/tiny_tokenizer.py so cached tiny models are rebuilt"
+            "hs_dataset/testing/tiny_tokenizer.py so cached tiny models are rebuilt"
         )
     return raw.decode("utf-8")
 

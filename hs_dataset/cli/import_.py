@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.errors import HsDatasetError
-    from hs_dataset.formats.imports import import_specforge, import_speculators
+    from hs_dataset.interop.imports import import_specforge, import_speculators
 
     common = dict(
         config=args.config,

@@ -1,0 +1,1 @@
+"""Trainer formats: export to and import from speculators and SpecForge layouts."""

@@ -1,0 +1,325 @@
+"""The per-request dump contract between the server hook and the client (docs/SGLANG.md).
+
+Stdlib only, so both sides (scheduler processes and the builder) share one definition.
+
+* ``{staging}/{rid}.safetensors``: tensors ``input_ids`` int64 ``[T]``,
+  ``aux_hidden_states`` ``[T, K, H]`` (model dtype, K in ascending HF index order),
+  ``final_hidden_state`` ``[T, H]`` (pre-norm); ``__metadata__`` with the keys of
+  :data:`REQUIRED_METADATA`.
+* ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
+  request but will not store it (partial prompt, staging full, wrong set-up...).
+* Names starting with ``.`` are in-progress temporary files; readers ignore them.
+
+Request ids are ``hs-<run>-<seq>-<T>``: ``<run>`` 1-32 of ``[a-z0-9]``, ``<seq>`` a
+request counter, ``<T>`` the prompt's token count (the server needs it to know when a
+chunked prefill is complete). :func:`validate_rid` is the one gate before a rid is used
+in a file name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import struct
+from typing import Iterable, Sequence
+
+__all__ = [
+    "DUMP_FORMAT",
+    "DUMP_VERSION",
+    "DUMP_SUFFIX",
+    "REFUSED_SUFFIX",
+    "TMP_PREFIX",
+    "RID_RE",
+    "REQUIRED_METADATA",
+    "validate_rid",
+    "make_rid",
+    "rid_num_tokens",
+    "dump_name",
+    "refused_name",
+    "CONTENT_KEY_PREFIX",
+    "content_key",
+    "parse_version",
+    "SUPPORTED",
+    "UnsupportedVersionError",
+    "support_for",
+    "StagingError",
+    "check_private_dir",
+    "ensure_private_dir",
+    "LayerIdError",
+    "model_family",
+    "validate_hf_ids",
+    "sglang_eagle3_ids",
+    "captured_hf_ids",
+    "layer_hook_targets",
+]
+
+DUMP_FORMAT = "hs_dataset.dump"
+DUMP_VERSION = "1"
+DUMP_SUFFIX = ".safetensors"
+REFUSED_SUFFIX = ".refused.json"
+TMP_PREFIX = ".tmp-"
+REQUIRED_METADATA = ("format", "version", "rid", "hf_aux_layer_ids", "final_state", "sglang_version", "dtype")
+
+RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<tokens>[1-9][0-9]{0,8})\Z")
+_RUN_RE = re.compile(r"\A[a-z0-9]{1,32}\Z")
+
+
+def validate_rid(rid: object) -> str:
+    """Return ``rid`` if it is one of ours and safe as a file name; raise ``ValueError`` otherwise."""
+    if not isinstance(rid, str) or RID_RE.match(rid) is None:
+        raise ValueError(f"not a valid hs_dataset request id: {rid!r} (expected hs-<run>-<seq>-<tokens>)")
+    return rid
+
+
+def make_rid(run: str, seq: int, num_tokens: int) -> str:
+    if not _RUN_RE.match(run):
+        raise ValueError(f"run id must be 1-32 characters of [a-z0-9], got {run!r}")
+    return validate_rid(f"hs-{run}-{int(seq)}-{int(num_tokens)}")
+
+
+def rid_num_tokens(rid: str) -> int:
+    """The prompt length encoded in a valid rid."""
+    m = RID_RE.match(rid)
+    if m is None:
+        raise ValueError(f"not a valid hs_dataset request id: {rid!r}")
+    return int(m.group("tokens"))
+
+
+def dump_name(rid: str) -> str:
+    return validate_rid(rid) + DUMP_SUFFIX
+
+
+def refused_name(rid: str) -> str:
+    return validate_rid(rid) + REFUSED_SUFFIX
+
+
+# ---------------------------------------------------------------- keys without request ids
+CONTENT_KEY_PREFIX = "ck-"
+
+
+def content_key(input_ids: Sequence[int]) -> str:
+    """File stem used when the server cannot tell request ids (SGLang < 0.5.15): ``ck-`` + sha256 of the ids.
+
+    The ids are hashed as little-endian int64; the client computes the same key.
+    """
+    tolist = getattr(input_ids, "tolist", None)  # a tensor, without importing torch here
+    values = [int(i) for i in (tolist() if tolist is not None else input_ids)]
+    data = struct.pack("<%dq" % len(values), *values)
+    return CONTENT_KEY_PREFIX + hashlib.sha256(data).hexdigest()[:40]
+
+
+# ---------------------------------------------------------------- supported SGLang versions
+def parse_version(version: str) -> tuple[int, int, int]:
+    """``"0.5.23"`` / ``"0.5.23.post1"`` / ``"0.5.5rc2"`` -> ``(0, 5, 23)``."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if not m:
+        raise ValueError(f"cannot parse a version from {version!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+# (lowest, highest-exclusive, mechanism, status)
+SUPPORTED: list[tuple[tuple[int, int, int], tuple[int, int, int], str, str]] = [
+    ((0, 5, 23), (0, 6, 0), "aux_return", "verified (0.5.23, CPU, tiny DeepseekV3, float32)"),
+    ((0, 5, 15), (0, 5, 23), "layer_hooks", "read from source, not run (request ids available)"),
+    ((0, 5, 9), (0, 5, 15), "layer_hooks", "read from source, not run (no request ids: dumps keyed by content)"),
+]
+
+
+class UnsupportedVersionError(ValueError):
+    """This SGLang version cannot be captured from (the message names the fix)."""
+
+
+def support_for(version: str) -> tuple[str, str]:
+    """(mechanism, status) for an SGLang version; raises :class:`UnsupportedVersionError` if unsupported."""
+    v = parse_version(version)
+    for low, high, mechanism, status in SUPPORTED:
+        if low <= v < high:
+            return mechanism, status
+    if v <= (0, 5, 5):
+        raise UnsupportedVersionError(
+            f"SGLang {version} has no forward hooks: patch it with `hs-dataset patch apply` and start it with "
+            "HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set (docs/SGLANG.md, 'SGLang <= 0.5.5')"
+        )
+    supported = ", ".join(f"{'.'.join(map(str, lo))} <= v < {'.'.join(map(str, hi))}" for lo, hi, _, _ in SUPPORTED)
+    raise UnsupportedVersionError(f"SGLang {version} is not supported by this hs_dataset (supported: {supported})")
+
+
+# ---------------------------------------------------------------- the staging directory
+class StagingError(RuntimeError):
+    """The staging directory is unsafe or unusable."""
+
+
+def check_private_dir(path: str) -> os.stat_result:
+    """Raise :class:`StagingError` unless ``path`` is a real directory, ours, mode ``0700`` (or stricter)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StagingError(f"staging directory {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StagingError(f"staging directory {path} is a symlink; refusing it (use a real, private directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StagingError(f"staging path {path} exists and is not a directory")
+    if st.st_uid != os.geteuid():
+        raise StagingError(
+            f"staging directory {path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()}); "
+            "use a directory of your own (or remove it so it is created afresh)"
+        )
+    if st.st_mode & 0o077:
+        raise StagingError(
+            f"staging directory {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be private (0700): "
+            f"run `chmod 700 {path}` or choose another directory"
+        )
+    return st
+
+
+# ---------------------------------------------------------------- layer ids: HF hidden_states <-> SGLang
+# Translate our aux layer ids (HF ``hidden_states`` indexes) into what SGLang needs.
+#
+# Runs on both sides (client, ``hs-dataset serve``, scheduler processes): stdlib only.
+#
+# Our convention (the dataset's): aux id ``i`` is transformers'
+# ``output_hidden_states[i]`` -- ``0`` is the embedding output and ``i >= 1`` the output
+# of decoder layer ``i - 1`` (the pre-norm residual stream entering layer ``i``). The
+# last entry of transformers' tuple, ``hidden_states[N]``, is *post*-norm and is not an
+# aux id here: the final state is captured separately (pre-norm).
+#
+# SGLang captures "at layer ``c``" = the stream entering layer ``c`` = HF index ``c``.
+# What it does with the ids it is given differs by version and model family:
+#
+# =====================  ====================================  ==========================
+# SGLang                  DeepseekV2/V3 (Kimi-K2, K2.5)          Llama / Qwen2/3 (+MoE)
+# =====================  ====================================  ==========================
+# 0.5.15 - 0.5.23         ``+1`` only when the first id is 1     always ``+1``
+# <= 0.5.9 (0.5.5 read)   always ``+1``                          always ``+1``
+# =====================  ====================================  ==========================
+#
+# So some HF indexes cannot be asked for on some set-ups (e.g. a first id of 1 on
+# DeepseekV3 0.5.15+, or id 0 wherever SGLang always adds 1); those raise
+# :class:`LayerIdError` with the reason, instead of silently capturing a neighbour.
+
+
+_DEEPSEEK_ARCHS = {
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "KimiK25ForConditionalGeneration",
+}
+_SHIFT_ALWAYS_ARCHS_PREFIXES = ("Llama", "Qwen2", "Qwen3", "Mistral")
+
+
+class LayerIdError(ValueError):
+    """An aux layer id cannot be captured on this model / SGLang version."""
+
+
+def model_family(architectures: Sequence[str] | str | None) -> str:
+    """``"deepseek"``, ``"llama"`` (the always-+1 family) or ``"unknown"``."""
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    for arch in architectures or ():
+        if arch in _DEEPSEEK_ARCHS:
+            return "deepseek"
+        if arch.startswith(_SHIFT_ALWAYS_ARCHS_PREFIXES):
+            return "llama"
+    return "unknown"
+
+
+def validate_hf_ids(hf_ids: Iterable[int], num_hidden_layers: int) -> list[int]:
+    """Check ids are ints, strictly ascending, and within ``[0, num_hidden_layers - 1]``."""
+    ids = list(hf_ids)
+    if not ids:
+        raise LayerIdError("aux layer ids must not be empty")
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise LayerIdError(f"aux layer ids must be integers, got {ids!r}")
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise LayerIdError(f"aux layer ids must be strictly ascending, got {ids}")
+    if ids[0] < 0:
+        raise LayerIdError(f"aux layer ids must be >= 0, got {ids}")
+    if ids[-1] > num_hidden_layers - 1:
+        raise LayerIdError(
+            f"aux layer id {ids[-1]} is out of range for a model with {num_hidden_layers} decoder layers: "
+            f"HF hidden_states[{num_hidden_layers}] is the post-norm final state, and SGLang can only capture "
+            f"the stream entering a layer (ids 0..{num_hidden_layers - 1})"
+        )
+    return ids
+
+
+def _shifts_when_first_is_one(family: str, version: tuple[int, int, int]) -> bool:
+    return family == "deepseek" and version >= (0, 5, 15)
+
+
+def sglang_eagle3_ids(
+    hf_ids: Sequence[int], architectures: Sequence[str] | str, sglang_version: str, num_hidden_layers: int
+) -> list[int]:
+    """The ``--return-aux-hidden-state-layer-ids`` (EAGLE3 convention) that capture ``hf_ids``.
+
+    Raises :class:`LayerIdError` when no argument captures exactly those indexes.
+    """
+    ids = validate_hf_ids(hf_ids, num_hidden_layers)
+    family = model_family(architectures)
+    version = parse_version(sglang_version)
+    if family == "unknown":
+        raise LayerIdError(
+            f"no known SGLang layer-id convention for architectures {architectures!r}; "
+            "supported: DeepseekV2/V3, Kimi-K2/K2.5, Llama, Qwen2/3"
+        )
+    if _shifts_when_first_is_one(family, version):
+        if ids[0] == 1:
+            raise LayerIdError(
+                f"HF aux ids {ids} start with 1: SGLang {sglang_version} DeepseekV2/V3 adds 1 to every id when the "
+                "first is 1 (giving hidden_states[2]...) and uses ids as given otherwise, so hidden_states[1] "
+                "cannot be the first aux layer; choose another first layer (e.g. 0 or 2)"
+            )
+        # Passed as given (a first id of 2 is kept; passing 1, ... would also give 2, ...).
+        return list(ids)
+    # Always +1 (Llama/Qwen on every version, DeepseekV2 before 0.5.15).
+    if ids[0] == 0:
+        raise LayerIdError(
+            f"HF aux id 0 (the embedding output) cannot be captured on {family} with SGLang {sglang_version}: "
+            "it adds 1 to every EAGLE3 layer id"
+        )
+    return [i - 1 for i in ids]
+
+
+def captured_hf_ids(
+    sglang_ids: Sequence[int], architectures: Sequence[str] | str, sglang_version: str
+) -> list[int]:
+    """Inverse of :func:`sglang_eagle3_ids`: which HF indexes SGLang captures for ``sglang_ids``."""
+    family = model_family(architectures)
+    version = parse_version(sglang_version)
+    ids = list(sglang_ids)
+    if family == "unknown":
+        raise LayerIdError(f"no known SGLang layer-id convention for architectures {architectures!r}")
+    if _shifts_when_first_is_one(family, version):
+        return [i + 1 for i in ids] if ids and ids[0] == 1 else ids
+    return [i + 1 for i in ids]
+
+
+def layer_hook_targets(hf_ids: Sequence[int], module_path: str, num_hidden_layers: int) -> dict[str, int]:
+    """Module names whose forward-hook output is HF ``hidden_states[i]``, for the layer-hook mechanism.
+
+    ``hidden_states[0]`` is the output of ``{module_path}.embed_tokens``; ``hidden_states[i]``
+    (``i >= 1``) the output of ``{module_path}.layers.{i-1}`` (with its residual added back
+    when the layer returns ``(hidden, residual)``).
+    """
+    ids = validate_hf_ids(hf_ids, num_hidden_layers)
+    targets: dict[str, int] = {}
+    for i in ids:
+        name = f"{module_path}.embed_tokens" if i == 0 else f"{module_path}.layers.{i - 1}"
+        targets[name] = i
+    return targets
+
+
+def ensure_private_dir(path: str) -> str:
+    """Create ``path`` with mode 0700 (parents as needed), or check an existing one. Returns the abspath."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)  # the umask can only remove bits: never wider than 0700
+    except FileExistsError:
+        pass
+    check_private_dir(path)
+    return path
