@@ -192,10 +192,10 @@ def main() -> int:
         model_dir = tiny_model(tmp)
         port = free_port()
         base = load_card(CARD)
-        staging = {**(base.raw["sglang"].get("staging") or {}), "dir": str(shm / "stage")}
+        staging = {**base.sglang.staging.model_dump(), "dir": str(shm / "stage")}
         # On 2 shared cores, OpenMP's spin-waiting made the server's forward swing 10-30x from run to run
         # (other processes on the cores); passive waiting keeps its 2 threads and makes runs repeatable.
-        env = {**(base.raw["sglang"].get("env") or {}), **dict(kv.split("=", 1) for kv in args.server_env)}
+        env = {**base.sglang.env, **dict(kv.split("=", 1) for kv in args.server_env)}
         card = base.with_overrides(
             model={"path": str(model_dir)},
             backend={"urls": [f"http://127.0.0.1:{port}"]},

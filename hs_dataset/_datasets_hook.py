@@ -1,15 +1,20 @@
-"""Make ``datasets.load_dataset("hs_dataset", ...)`` resolve to our builder after ``import hs_dataset``.
+"""Make ``datasets.load_dataset("hs_dataset", ...)`` resolve to our builder, even without ``import hs_dataset``.
 
-datasets >= 4 no longer runs loading scripts, and an installed package is not
-looked up by name. We wrap ``datasets.load.dataset_module_factory`` so the name
-``hs_dataset`` maps to :mod:`hs_dataset.builder`; every other name goes through
-untouched. If ``datasets`` is not imported yet, a tiny import hook applies the
-wrap when it is, so ``import hs_dataset`` never pays for importing ``datasets``.
+datasets >= 4 runs no loading scripts and never looks an installed package up by
+name, so the only place to answer the name is ``datasets.load.dataset_module_factory``.
+We wrap it, answering for the exact name ``hs_dataset`` only (and only when no
+``data_files``/``data_dir`` are given); everything else, ``"./hs_dataset"`` included,
+goes through untouched. Answering first also means a local ``./hs_dataset`` folder
+(this repository's source, when run from its root) cannot hijack the name.
+
+The wrap is applied lazily: :func:`install` registers a meta-path finder that wraps
+``datasets.load`` right after it is first executed. The ``hs_dataset_datasets_hook.pth``
+file shipped with the package calls :func:`install` at interpreter start; it imports
+nothing but the standard library (no datasets, no torch).
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 from typing import Any
@@ -20,13 +25,22 @@ DATASET_NAME = "hs_dataset"
 _MARK = "_hs_dataset_wrapped"
 
 
+def _answers(original: Any, path: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if path != DATASET_NAME:
+        return False
+    import inspect
+
+    given = inspect.signature(original).bind_partial(path, *args, **kwargs).arguments
+    return given.get("data_files") is None and given.get("data_dir") is None
+
+
 def _wrap(load_module: Any) -> None:
     original = load_module.dataset_module_factory
     if getattr(original, _MARK, False):
         return
 
     def dataset_module_factory(path: str, *args: Any, **kwargs: Any) -> Any:
-        if path == DATASET_NAME:
+        if _answers(original, path, args, kwargs):
             from hs_dataset.builder import builder_module
 
             return builder_module()
@@ -34,11 +48,13 @@ def _wrap(load_module: Any) -> None:
 
     setattr(dataset_module_factory, _MARK, True)
     dataset_module_factory.__doc__ = original.__doc__
+    dataset_module_factory.__wrapped__ = original  # type: ignore[attr-defined]
     load_module.dataset_module_factory = dataset_module_factory
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Wraps ``datasets.load`` right after it is first executed."""
+class _PatchOnImport:
+    """Meta-path finder (duck-typed: importlib.abc costs ~5 ms at startup) that wraps
+    ``datasets.load`` right after it is first executed; inert for every other import."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "datasets.load":
@@ -50,18 +66,18 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return None
-        loader = spec.loader
-        exec_module = loader.exec_module
+        exec_module = spec.loader.exec_module
 
         def exec_and_wrap(module: Any) -> None:
             exec_module(module)
             _wrap(module)
 
-        loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
+    """Idempotent; cheap enough for interpreter start (stdlib imports only)."""
     if "datasets.load" in sys.modules:
         _wrap(sys.modules["datasets.load"])
         return

@@ -1,59 +1,59 @@
-"""A thin Hugging Face ``datasets`` builder over the capture pipeline.
+"""The Hugging Face ``datasets`` builder over the capture pipeline (documented hooks only).
 
-The generation step runs :func:`hs_dataset.pipeline.build_dataset` into a persistent
-work directory (``<cache_dir>/hs_dataset_work/<config id>/``), so an interrupted
-build resumes instead of restarting (datasets deletes its own ``.incomplete``
-directory on failure). It then yields lightweight index rows (ids, tokens, where
-each sample lives); the shards are hard-linked next to the Arrow files, and the
-tensors reach users through a transform that reads them with the one shard reader.
+``_generate_tables`` runs or resumes :func:`hs_dataset.pipeline.build_dataset` into a
+persistent work directory (``<cache_dir>/hs_dataset_work/<config id>/``: datasets
+deletes its own ``.incomplete`` directory on failure, so shards that must survive a
+crash live there), verifies it, and yields rows that carry the states. Arrow has no
+bfloat16, so states are stored as float32 (exact for bf16/f32 data); the shards in the
+work directory stay the zero-copy path (``hs_dataset.open_dataset``).
 
-``num_proc=N`` splits the source deterministically into N parts (one backend and one
-writer per process); the parts are merged into one manifest afterwards.
+The config id (hence the cache directory and the work directory) is a digest of the
+card, the model, the source's content and the run options, so an edited source or
+another model builds again instead of returning stale rows.
+
+``num_parts=N`` (``hs_dataset.load_dataset(num_proc=N)`` sets it) splits the source
+deterministically into N parts, one capture process each; ``num_proc`` then writes
+them in parallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import datasets
+import numpy as np
+import pyarrow as pa
 
 from hs_dataset.config import Card, list_cards, load_card
 
-__all__ = ["HsDatasetConfig", "HsDataset", "ShardTransform", "load_dataset", "builder_module", "INDEX_FEATURES", "SHARDS_DIR"]
+__all__ = ["HsDatasetConfig", "HsDataset", "load_dataset", "builder_module", "row_features", "WORK_DIR_NAME"]
 
-SHARDS_DIR = "hs_shards"
 WORK_DIR_NAME = "hs_dataset_work"
-
-INDEX_FEATURES = datasets.Features(
-    {
-        "sample_id": datasets.Value("string"),
-        "input_ids": datasets.Sequence(datasets.Value("int64")),
-        "seq_len": datasets.Value("int64"),
-        "num_supervised": datasets.Value("int64"),
-        "shard_file": datasets.Value("string"),
-        "index_in_shard": datasets.Value("int64"),
-        "shard_sha256": datasets.Value("string"),
-    }
-)
+TABLE_BYTES = 256 * 1024**2  # float32 state bytes per yielded Arrow table (bounds memory)
+_RUN_OPTIONS = ("num_samples", "batch_size", "num_parts", "shard_bytes", "device", "servers")
 
 
 class HsDatasetConfig(datasets.BuilderConfig):
-    """One card plus run options (which do not change what a sample contains)."""
+    """One card plus run options; :meth:`create_config_id` digests everything that changes the rows."""
 
     def __init__(
         self,
         *,
         card: Card | None = None,
         num_samples: int | None = None,
-        source: str | None = None,
+        source: Any = None,
         model_path: str | None = None,
         servers: list[str] | None = None,
         batch_size: int | None = None,
         device: str | None = None,
         work_dir: str | None = None,
         shard_bytes: int | None = None,
+        num_parts: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -66,97 +66,223 @@ class HsDatasetConfig(datasets.BuilderConfig):
         self.device = device
         self.work_dir = work_dir
         self.shard_bytes = shard_bytes
+        self.num_parts = num_parts
+
+    def resolved_card(self) -> Card:
+        return self.card or load_card(self.name)
+
+    def model_dir(self) -> Path | None:
+        """The local model directory the capture will use (None when it is not on this machine)."""
+        from hs_dataset.capture.model_info import ModelPathError, resolve_model_path
+
+        card = self.resolved_card()
+        path = self.model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
+        try:
+            return resolve_model_path(path)
+        except ModelPathError:
+            return None
+
+    def cache_key(self) -> str:
+        """sha256 over the card, the model's weights, the source's content and the run options."""
+        from hs_dataset.capture.model_info import model_fingerprint
+
+        model = self.model_dir()
+        parts = {
+            "card": self.resolved_card().fingerprint,
+            "model": model_fingerprint(model) if model is not None else self.model_path,
+            "source": _source_identity(self.resolved_card(), self.source),
+            "options": {name: getattr(self, name) for name in _RUN_OPTIONS},
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+    def create_config_id(self, config_kwargs: dict, custom_features: datasets.Features | None = None) -> str:
+        """``<name>-<cache key>``: datasets' default id ignores the source's and the model's content."""
+        suffix = self.cache_key()[:16]
+        if custom_features is not None:
+            suffix = hashlib.sha256((suffix + str(custom_features)).encode()).hexdigest()[:16]
+        return f"{self.name}-{suffix}"
 
 
-class HsDataset(datasets.GeneratorBasedBuilder):
-    """``load_dataset("hs_dataset", config="kimi-k25-sglang")`` (after ``import hs_dataset``)."""
+def _source_identity(card: Card, source: Any) -> Any:
+    """What the source's rows depend on: path, size and mtime_ns of every file (or a datasets fingerprint)."""
+    from hs_dataset.pipeline import _resolve_source
+
+    try:
+        resolved = _resolve_source(card, source)
+    except ValueError:
+        return None
+    if not isinstance(resolved, (str, os.PathLike)):
+        from datasets.fingerprint import Hasher
+
+        return Hasher.hash(resolved)
+    root = Path(resolved).expanduser()
+    if not root.exists():
+        return str(resolved)
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    return [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def _hidden_size(model_dir: Path | None) -> int | None:
+    from hs_dataset.capture.model_info import load_text_config
+
+    size = load_text_config(model_dir).get("hidden_size") if model_dir is not None else None
+    return int(size) if size else None
+
+
+def row_features(num_aux: int, hidden: int | None) -> datasets.Features:
+    """Row schema; states are float32 (Arrow has no bfloat16). Shapes show when the hidden size is known."""
+    f32 = datasets.Value("float32")
+    aux = datasets.Array3D((None, num_aux, hidden), "float32") if hidden else datasets.List(datasets.List(datasets.List(f32)))
+    final = datasets.Array2D((None, hidden), "float32") if hidden else datasets.List(datasets.List(f32))
+    return datasets.Features(
+        {
+            "sample_id": datasets.Value("string"),
+            "input_ids": datasets.List(datasets.Value("int64")),
+            "loss_mask": datasets.List(datasets.Value("bool")),
+            "seq_len": datasets.Value("int64"),
+            "num_supervised": datasets.Value("int64"),
+            "aux_hidden_states": aux,
+            "final_hidden_state": final,
+        }
+    )
+
+
+class HsDataset(datasets.ArrowBasedBuilder):
+    """``datasets.load_dataset("hs_dataset", config="kimi-k25-sglang")``."""
 
     BUILDER_CONFIG_CLASS = HsDatasetConfig
     BUILDER_CONFIGS = [HsDatasetConfig(name=name, card=load_card(name), version=datasets.Version("1.0.0")) for name in list_cards()]
     DEFAULT_CONFIG_NAME = "tiny-deepseek-hf"
 
-    def __init__(self, *args: Any, config: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, config: str | None = None, cache_dir: str | None = None, **kwargs: Any) -> None:
         if config is not None:
             named = kwargs.get("config_name")
             if named is not None and named != config:
                 raise ValueError(f"config={config!r} and name={named!r} disagree; pass one of them")
             kwargs["config_name"] = config
         kwargs.setdefault("dataset_name", "hs_dataset")
-        super().__init__(*args, **kwargs)
+        self.work_root = Path(os.path.expanduser(str(cache_dir or datasets.config.HF_DATASETS_CACHE))) / WORK_DIR_NAME
+        self.created_in_pid = os.getpid()
+        super().__init__(*args, cache_dir=cache_dir, **kwargs)
 
     @property
     def card(self) -> Card:
-        return self.config.card or load_card(self.config.name)
+        return self.config.resolved_card()
+
+    @property
+    def work_dir(self) -> Path:
+        """Where the shards live (one ``part-*`` dataset directory per part); open them with ``hs_dataset.open_dataset``."""
+        return Path(self.config.work_dir) if self.config.work_dir else self.work_root / self.config_id
 
     def _info(self) -> datasets.DatasetInfo:
-        return datasets.DatasetInfo(description=self.card.description, features=INDEX_FEATURES)
-
-    # -------------------------------------------------------------- generation
-    def _download_and_prepare(self, dl_manager: Any, verification_mode: Any, **prepare_split_kwargs: Any) -> None:
-        self._num_parts = max(1, int(prepare_split_kwargs.get("num_proc") or 1))
-        super()._download_and_prepare(dl_manager, verification_mode, **prepare_split_kwargs)
-        self._link_shards()
-
-    def _work_dir(self) -> Path:
-        if self.config.work_dir:
-            return Path(self.config.work_dir)
-        return Path(self._cache_dir_root) / WORK_DIR_NAME / self.config_id
+        features = row_features(len(self.card.aux_layer_ids), _hidden_size(self.config.model_dir()))
+        return datasets.DatasetInfo(description=self.card.description, features=features)
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
-        parts = getattr(self, "_num_parts", 1)
-        work = self._work_dir()
-        return [
-            datasets.SplitGenerator(
-                name=datasets.Split.TRAIN,
-                gen_kwargs={"part_dirs": [str(work / f"part-{p:05d}-of-{parts:05d}") for p in range(parts)], "num_parts": parts},
-            )
-        ]
+        parts = max(1, int(self.config.num_parts or 1))
+        part_dirs = [str(self.work_dir / f"part-{p:05d}-of-{parts:05d}") for p in range(parts)]
+        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": part_dirs, "num_parts": parts})]
 
-    def _generate_examples(self, part_dirs: list[str], num_parts: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _generate_tables(self, part_dirs: list[str], num_parts: int) -> Iterator[tuple[Any, pa.Table]]:
+        from datasets.builder import Key
+
         from hs_dataset.formats.reader import open_dataset
-        from hs_dataset.pipeline import build_dataset
+
+        shard_id = 0  # per job: datasets counts rows per original shard in a list
+        with _fork_safe_torch(forked=os.getpid() != self.created_in_pid):
+            for part_dir in part_dirs:
+                rank = int(Path(part_dir).name.split("-")[1])
+                self._capture(part_dir, rank, num_parts)
+                data = open_dataset(part_dir)
+                for shard_index in range(len(data.manifest.shards)):
+                    for batch, table in enumerate(_shard_tables(data.shard(shard_index), self.info.features)):
+                        yield Key(shard_id, batch), table
+                    shard_id += 1
+
+    def _capture(self, part_dir: str, rank: int, num_parts: int) -> None:
+        """Run or resume one part's capture, then verify every hash, shape and value of it."""
+        from hs_dataset.errors import IntegrityError
+        from hs_dataset.formats.verify import verify_dataset
 
         cfg = self.config
-        for part_dir in part_dirs:
-            rank = int(Path(part_dir).name.split("-")[1])
-            kwargs = dict(
-                num_samples=cfg.num_samples, source=cfg.source, batch_size=cfg.batch_size, model_path=cfg.model_path,
-                device=cfg.device, servers=cfg.servers, rank=rank, world_size=num_parts, shard_bytes=cfg.shard_bytes,
-            )
-            if num_parts == 1:
-                build_dataset(self.card, part_dir, **kwargs)
-            else:
-                _build_in_fresh_process(self.card, part_dir, kwargs)
-            ds = open_dataset(part_dir)
-            prefix = f"part-{rank:05d}"
-            for shard_index, record in enumerate(ds.manifest.shards):
-                reader = ds.shard(shard_index)
-                for i, sid in enumerate(reader.sample_ids):
-                    begin, end = reader.token_range(i)
-                    yield sid, {
-                        "sample_id": sid,
-                        "input_ids": reader.tensor("input_ids")[begin:end].tolist(),
-                        "seq_len": end - begin,
-                        "num_supervised": int(reader.tensor("loss_mask")[begin:end].sum()),
-                        "shard_file": f"{prefix}/{Path(record.file).name}",
-                        "index_in_shard": i,
-                        "shard_sha256": record.sha256,
-                    }
+        kwargs = dict(
+            num_samples=cfg.num_samples, source=cfg.source, batch_size=cfg.batch_size, model_path=cfg.model_path,
+            device=cfg.device, servers=cfg.servers, rank=rank, world_size=num_parts, shard_bytes=cfg.shard_bytes,
+            progress=datasets.utils.is_progress_bar_enabled(),
+        )
+        if num_parts == 1:
+            from hs_dataset.pipeline import build_dataset
 
-    def _link_shards(self) -> None:
-        """Merge the parts into ``<arrow dir>/hs_shards`` (hard links) next to the Arrow files."""
-        from hs_dataset.formats.merge import merge_datasets
+            build_dataset(self.card, part_dir, **kwargs)
+        else:
+            _build_in_fresh_process(self.card, part_dir, kwargs)
+        result = verify_dataset(part_dir)
+        if not result.ok:
+            raise IntegrityError(f"{part_dir}: verification failed: " + "; ".join(result.problems))
 
-        work = self._work_dir()
-        parts = sorted(str(p) for p in work.glob(f"part-*-of-{self._num_parts:05d}") if (p / "manifest.json").exists())
-        target = Path(self._output_dir) / SHARDS_DIR
-        merge_datasets(parts, target, check_ids=False)
 
-    # -------------------------------------------------------------- reading
-    def _as_dataset(self, split: Any = datasets.Split.TRAIN, in_memory: bool = False) -> datasets.Dataset:
-        ds = super()._as_dataset(split=split, in_memory=in_memory)
-        ds.set_transform(ShardTransform(str(Path(self._output_dir) / SHARDS_DIR)))
-        return ds
+@contextlib.contextmanager
+def _fork_safe_torch(forked: bool) -> Iterator[None]:
+    """One torch thread in a ``num_proc`` worker: OpenMP's pool does not survive a fork,
+    so a parallel op (verify, bf16 -> float32) in a forked worker hangs forever."""
+    if not forked:
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _shard_tables(reader: Any, features: datasets.Features) -> Iterator[pa.Table]:
+    """One shard's rows as Arrow tables of at most ~TABLE_BYTES of float32 states."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for i in range(len(reader)):
+        sample = reader.sample(i)
+        batch.append(sample)
+        size += 4 * (sample["aux_hidden_states"].numel() + sample["final_hidden_state"].numel())
+        if size >= TABLE_BYTES:
+            yield _table(batch, features)
+            batch, size = [], 0
+    if batch:
+        yield _table(batch, features)
+
+
+def _table(samples: list[dict[str, Any]], features: datasets.Features) -> pa.Table:
+    import torch
+
+    lengths = np.array([len(s["input_ids"]) for s in samples], dtype=np.int64)
+    mask = [s["loss_mask"] for s in samples]
+    columns = {
+        "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
+        "input_ids": _ragged(torch.cat([s["input_ids"] for s in samples]).numpy(), lengths),
+        "loss_mask": _ragged(torch.cat(mask).numpy().astype(bool), lengths),
+        "seq_len": pa.array(lengths),
+        "num_supervised": pa.array([int(m.sum()) for m in mask], pa.int64()),
+        "aux_hidden_states": _ragged(torch.cat([s["aux_hidden_states"].float() for s in samples]).numpy(), lengths),
+        "final_hidden_state": _ragged(torch.cat([s["final_hidden_state"].float() for s in samples]).numpy(), lengths),
+    }
+    schema = features.arrow_schema
+    arrays = []
+    for name in schema.names:
+        wanted = schema.field(name).type
+        array = columns[name]
+        arrays.append(pa.ExtensionArray.from_storage(wanted, array) if isinstance(wanted, pa.ExtensionType) else array.cast(wanted))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _ragged(flat: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """``flat`` [sum(lengths), *inner] as nested Arrow lists, one outer list per sample (no Python loop over values)."""
+    array: pa.Array = pa.array(np.ascontiguousarray(flat).reshape(-1))
+    for dim in reversed(flat.shape[1:]):
+        array = pa.ListArray.from_arrays(pa.array(np.arange(0, len(array) + 1, dim, dtype=np.int32)), array)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), array)
 
 
 def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -> None:
@@ -166,11 +292,10 @@ def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -
     be running; OpenMP does not survive a fork, so a forward pass in the fork can hang.
     The child gets its job as JSON on stdin (nothing is pickled).
     """
-    import json
     import subprocess
     import sys
 
-    job = json.dumps({"card": card.raw, "card_path": card.source_path, "part_dir": part_dir, "kwargs": kwargs})
+    job = json.dumps({"card": card.to_dict(), "card_path": card.source_path, "part_dir": part_dir, "kwargs": kwargs}, default=str)
     code = "from hs_dataset.builder import _build_part_from_stdin; _build_part_from_stdin()"
     done = subprocess.run([sys.executable, "-c", code], input=job, text=True)
     if done.returncode != 0:
@@ -178,7 +303,6 @@ def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -
 
 
 def _build_part_from_stdin() -> None:
-    import json
     import sys
 
     from hs_dataset.config import card_from_dict
@@ -188,70 +312,31 @@ def _build_part_from_stdin() -> None:
     build_dataset(card_from_dict(job["card"], job["card_path"]), job["part_dir"], **job["kwargs"])
 
 
-class ShardTransform:
-    """``datasets`` transform: index rows in, rows with zero-copy state tensors out.
-
-    Picklable (just a path); each process opens the shards it touches, and the
-    shard hash in the row must equal the manifest's, so a row never reads the wrong bytes.
-    """
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self._dataset = None
-        self._by_file: dict[str, int] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"])
-
-    def _open(self):
-        if self._dataset is None:
-            from hs_dataset.formats.reader import open_dataset
-
-            self._dataset = open_dataset(self.root)
-            self._by_file = {record.file: i for i, record in enumerate(self._dataset.manifest.shards)}
-        return self._dataset
-
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        import torch
-
-        from hs_dataset.errors import IntegrityError
-
-        ds = self._open()
-        out: dict[str, list] = {key: list(values) for key, values in batch.items()}
-        columns: dict[str, list] = {"input_ids": [], "loss_mask": [], "aux_hidden_states": [], "final_hidden_state": []}
-        for file, index, sha, sid in zip(batch["shard_file"], batch["index_in_shard"], batch["shard_sha256"], batch["sample_id"]):
-            shard_index = self._by_file.get(file)
-            if shard_index is None or ds.manifest.shards[shard_index].sha256 != sha:
-                raise IntegrityError(f"{self.root}: row {sid!r} points to shard {file!r} with sha256 {sha[:12]}..., which the manifest does not list")
-            item = ds.shard(shard_index).sample(index)
-            if item["sample_id"] != sid:
-                raise IntegrityError(f"{self.root}/{file}: row {index} holds {item['sample_id']!r}, the index says {sid!r}")
-            for key in columns:
-                columns[key].append(item[key])
-        out.update(columns)
-        out["input_ids"] = [torch.as_tensor(x) for x in columns["input_ids"]]
-        return out
-
-
 # ------------------------------------------------------------------ entry points
 def builder_module() -> Any:
-    """The ``DatasetModule`` that ``datasets.load_dataset("hs_dataset")`` resolves to."""
+    """The ``DatasetModule`` that ``datasets.load_dataset("hs_dataset")`` resolves to (hash: this file)."""
     from datasets.load import DatasetModule
 
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     return DatasetModule("hs_dataset.builder", digest, {"dataset_name": "hs_dataset"})
 
 
-def load_dataset(config: str = HsDataset.DEFAULT_CONFIG_NAME, *, split: str | None = "train", num_proc: int | None = None, cache_dir: str | None = None, **config_kwargs: Any):
-    """Build (or reuse) a config's dataset through ``datasets`` and return it with the shard transform.
+def load_dataset(
+    config: str = HsDataset.DEFAULT_CONFIG_NAME,
+    *,
+    split: str | None = "train",
+    num_proc: int | None = None,
+    cache_dir: str | None = None,
+    format: str | None = "torch",
+    **config_kwargs: Any,
+):
+    """``datasets.load_dataset("hs_dataset", config, ...)`` without the name hook, rows as torch tensors.
 
-    Same result as ``datasets.load_dataset("hs_dataset", config, ...)``, without
-    relying on the name hook.
+    ``num_proc=N`` also captures in N parts (``num_parts``) so the processes have work to share.
     """
+    if num_proc and num_proc > 1:
+        config_kwargs.setdefault("num_parts", num_proc)
     builder = HsDataset(config_name=config, cache_dir=cache_dir, hash=builder_module().hash, **config_kwargs)
     builder.download_and_prepare(num_proc=num_proc)
-    return builder.as_dataset(split=split)
-
+    ds = builder.as_dataset(split=split)
+    return ds.with_format(format) if format else ds

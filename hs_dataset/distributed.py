@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from hs_dataset.errors import UsageError
+
 __all__ = ["rank_and_world_size"]
 
 # (rank variable, world-size variable) pairs, most specific first.
@@ -24,5 +26,5 @@ def rank_and_world_size(rank: int | None = None, world_size: int | None = None) 
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"invalid rank/world size {rank}/{world_size}: need 0 <= rank < world_size")
+        raise UsageError(f"invalid rank/world size {rank}/{world_size}: need 0 <= rank < world_size")
     return rank, world_size

@@ -7,6 +7,7 @@ __all__ = [
     "FormatError",
     "UnsupportedFormatError",
     "IntegrityError",
+    "UnsafePathError",
     "SampleError",
     "DuplicateSampleError",
     "NonFiniteStateError",
@@ -15,6 +16,9 @@ __all__ = [
     "SourceError",
     "CaptureError",
     "ServerValidationError",
+    "UsageError",
+    "HubError",
+    "ReadOnlyError",
 ]
 
 
@@ -32,6 +36,10 @@ class UnsupportedFormatError(FormatError):
 
 class IntegrityError(FormatError):
     """Stored bytes disagree with the manifest (hash, size, shape, offsets)."""
+
+
+class UnsafePathError(IntegrityError):
+    """A name from a dataset or record leads outside its directory (``..``, absolute, symlink) or to a non-file."""
 
 
 class SampleError(HsDatasetError, ValueError):
@@ -64,3 +72,15 @@ class CaptureError(HsDatasetError):
 
 class ServerValidationError(CaptureError):
     """An SGLang server is unreachable or not set up for capture."""
+
+
+class UsageError(HsDatasetError, ValueError):
+    """Arguments that cannot work (together); the message names the one to change."""
+
+
+class HubError(HsDatasetError, ConnectionError):
+    """The Hugging Face Hub (or the endpoint given) could not be reached."""
+
+
+class ReadOnlyError(HsDatasetError, PermissionError):
+    """A command that writes met a read-only file system or a directory it may not write to."""

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo
-from hs_dataset.config import Card
+from hs_dataset.config import Card, HFBackendSection
+from hs_dataset.dtypes import state_dtype_name
+from hs_dataset.errors import UsageError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import atomic_write_bytes
-from hs_dataset.formats.writer import ShardWriter, WriterReport, dtype_name
+from hs_dataset.formats.writer import ShardWriter, WriterReport
 from hs_dataset.sample import TokenizedSample
 
 __all__ = ["RunReport", "build_dataset", "dataset_metadata", "make_backend", "RUN_REPORT_NAME", "partition"]
@@ -94,26 +96,23 @@ class RunReport:
 def make_backend(card: Card, *, model_path: str | None = None, device: str | None = None, servers: list[str] | None = None, **extra: Any) -> CaptureBackend:
     """Instantiate the backend a card names (``hf`` in-process, ``sglang`` client)."""
     backend = card.backend
-    name = backend["name"]
-    path = model_path or card.model.get("path") or os.environ.get("HS_DATASET_MODEL_PATH")
+    path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
     if not path:
-        raise ValueError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
-    if name == "hf":
+        raise UsageError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
+    if isinstance(backend, HFBackendSection):
         from hs_dataset.capture.hf import HFBackend
 
         return HFBackend(
             path,
-            card.aux_layer_ids,
+            card.layers.aux,
             dtype=card.dtype,
-            device=device or backend.get("device", "auto"),
-            text_module=card.model.get("text_module"),
-            model_revision=card.model.get("revision"),
+            device=device or backend.device,
+            text_module=card.model.text_module,
+            model_revision=card.model.revision,
         )
-    if name == "sglang":
-        from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.capture.sglang.client import SGLangBackend
 
-        return SGLangBackend.from_card(card, model_path=path, servers=servers, **extra)
-    raise ValueError(f"config {card.name!r}: unknown backend {name!r} (use 'hf' or 'sglang')")
+    return SGLangBackend.from_card(card, model_path=path, servers=servers, **extra)
 
 
 def _tokenizer_info(tokenizer: Any, path: Path) -> dict[str, Any]:
@@ -135,7 +134,7 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         "config_fingerprint": card.fingerprint,
         "model": {
             "path": info.model_path,
-            "id": card.model.get("id"),
+            "id": card.model.id,
             "revision": info.model_revision,
             "fingerprint": info.model_fingerprint,
         },
@@ -143,7 +142,7 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         "layer_convention": "hf_hidden_states_index",
         "final_state": info.final_state,
         "final_norm": {"kind": "rmsnorm", "eps": info.final_norm_eps},
-        "dtype": dtype_name(info.dtype),
+        "dtype": state_dtype_name(info.dtype),
         "hidden_size": info.hidden_size,
         "num_hidden_layers": info.num_hidden_layers,
         "vocab_size": info.vocab_size,
@@ -182,13 +181,13 @@ def _batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[Tok
 def _resolve_source(card: Card, source: Any) -> Any:
     if source is not None:
         return source
-    path = card.source.get("path")
+    path = card.source.path
     if path == "builtin:conversations":
         from hs_dataset.sources import bundled_conversations_path
 
         return bundled_conversations_path()
     if not path:
-        raise ValueError(f"config {card.name!r} names no source data: pass --source PATH (JSONL or a saved datasets directory)")
+        raise UsageError(f"config {card.name!r} names no source data: pass --source PATH (JSONL or a saved datasets directory)")
     return path
 
 
@@ -218,7 +217,7 @@ def build_dataset(
     from hs_dataset.sources import SourceReport, iter_samples
 
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
+        raise UsageError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
     started = time.perf_counter()
     out_dir = Path(out_dir)
     own_backend = backend is None
@@ -236,13 +235,13 @@ def build_dataset(
             strict=strict, report=source_report, vocab_size=info.vocab_size,
         )
         samples = partition(_limit(samples, num_samples), rank, world_size)
-        batch_size = batch_size or int(card.backend.get("batch_size", 1))
+        batch_size = batch_size or card.backend.batch_size
         with ShardWriter(
             out_dir,
             metadata,
             final_norm_weight=info.final_norm_weight,
-            storage=storage or card.shards.get("storage", "native"),
-            shard_bytes=shard_bytes or int(card.shards.get("bytes", 2 * 1024**3)),
+            storage=storage or card.shards.storage,
+            shard_bytes=shard_bytes or card.shards.bytes,
             shard_prefix=f"rank{rank:05d}-" if world_size > 1 else "",
             writer_threads=writer_threads,
         ) as writer:

@@ -87,3 +87,44 @@ def hf_backend(tiny_model_dir):
     backend = HFBackend(tiny_model_dir, [2, 3, 4], dtype="float32", device="cpu")
     yield backend
     backend.close()
+
+
+# ---------------------------------------------------------------------------- bad-input tally
+# Every test of the bad-input tables is one case. A failing case is classified by its
+# assertion tag (ESCAPE:, SILENT:, LOST:) or, when an exception other than an assertion
+# escaped, as a traceback. The totals line is what the README cites:
+#   pytest tests/test_bad_inputs.py tests/test_untrusted.py
+_TALLY_FILES = ("test_bad_inputs.py", "test_untrusted.py")
+_TALLY = {"tried": 0, "passed": 0, "escapes": 0, "tracebacks": 0, "silent wrong data": 0, "samples lost": 0, "other failures": 0}
+_TAGS = {"ESCAPE:": "escapes", "SILENT:": "silent wrong data", "LOST:": "samples lost"}
+
+
+def _classify(excinfo) -> str:
+    if excinfo is None:
+        return "other failures"
+    if not isinstance(excinfo.value, AssertionError):
+        return "tracebacks" if excinfo.typename not in ("Failed", "Skipped") else "other failures"
+    text = str(excinfo.value)
+    return next((name for tag, name in _TAGS.items() if tag in text), "other failures")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when != "call" or item.path.name not in _TALLY_FILES:
+        return
+    _TALLY["tried"] += 1
+    if rep.passed:
+        _TALLY["passed"] += 1
+    elif rep.failed:
+        _TALLY[_classify(call.excinfo)] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _TALLY["tried"]:
+        t = _TALLY
+        terminalreporter.write_line(
+            f"bad-input cases: {t['tried']} tried, {t['passed']} passed; escapes {t['escapes']}, tracebacks {t['tracebacks']}, "
+            f"silent wrong data {t['silent wrong data']}, samples lost {t['samples lost']}, other failures {t['other failures']}"
+        )

@@ -14,6 +14,8 @@ The number of cases is printed by ``test_case_count``.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +30,14 @@ from hs_dataset.errors import FormatError, IntegrityError, SourceError, Unsuppor
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.pipeline import build_dataset
 from hs_dataset.sample import CapturedSample
-from hs_dataset.sources import iter_samples
+from hs_dataset.sources import iter_samples, load_samples
 
 GOOD_A = {"id": "good-a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 GOOD_B = {"id": "good-b", "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 VOCAB = 129536  # the tiny model's vocab_size (the pipeline checks pre-tokenized ids against it)
 LONG = " ".join(["word"] * 80)
+HUGE_TEXT = "The quick brown fox jumps over the lazy dog. " * 5000  # 225,000 characters, over the 65,536-character row cap
+LINE_CAP = 16 << 20  # the JSONL line cap at the tiny card's max_length 1024 (docs/SOURCES.md, "Size limits")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -122,6 +126,29 @@ BUILD_CASES: dict[str, BuildCase] = {
     "NaN in an aux state": BuildCase([chat("q", "fine text")], "quarantined", "aux_hidden_states has NaN/inf at 1 token(s), first at token 1", poison="nan"),
     "inf in the final state": BuildCase([chat("q", "fine text")], "quarantined", "final_hidden_state has NaN/inf at 1 token(s), first at token 0", poison="inf"),
     "backend cannot capture": BuildCase([chat("q", "fine text")], "capture_failed", "partial prompt (injected)", poison="fail"),
+    # source lines that cannot be decoded or parsed: counted with their line, never fatal
+    "invalid UTF-8 line": BuildCase([b'{"id": "bad", "messages": "\xff\xfe"}'], "malformed", "line 2 is not valid UTF-8 (byte 27"),
+    "latin-1 encoded line": BuildCase([b'{"id": "bad", "text": "caf\xe9"}'], "malformed", "not valid UTF-8"),
+    "NUL bytes line": BuildCase([b"\x00\x00\x00"], "malformed", "line 2 is not valid JSON"),
+    "UTF-8 BOM inside the file": BuildCase(["\ufeff" + json.dumps(GOOD_B | {"id": "bad"})], "malformed", "not valid JSON"),
+    "JSON cut mid-object": BuildCase(['{"id": "bad", "messages": [{"role": "user", "cont'], "malformed", "not valid JSON"),
+    "JSON number line": BuildCase(["42"], "malformed", "is a JSON int, not an object"),
+    "JSON null line": BuildCase(["null"], "malformed", "is a JSON NoneType, not an object"),
+    "JSON nested 100k deep": BuildCase(["[" * 100_000 + "]" * 100_000], "malformed", "line 2 is"),
+    "CRLF line ending (fine)": BuildCase([json.dumps(GOOD_B | {"id": "bad"}) + "\r"], "written", ""),
+    # oversized rows: over the line cap (skipped unread) or over the character cap (cut exactly, or refused)
+    "line over the line cap": BuildCase([json.dumps(chat("q", "x" * (LINE_CAP + 10)))], "oversized", f"bytes, over the {LINE_CAP}-byte line cap"),
+    "text over the character cap, cut exactly": BuildCase([chat("q", HUGE_TEXT)], "truncated", ""),
+    "reasoning over the character cap, cut exactly": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer", "reasoning_content": HUGE_TEXT}]}], "truncated", ""),
+    "character cap reaching the stored window": BuildCase([chat("q", " " * 200_000)], "oversized", "its first 1024 tokens reach that cut"),
+    "tool schemas over the character cap": BuildCase([chat("q", "a", tools=[{"type": "function", "function": {"name": "f", "description": "d" * 70_000}}])], "oversized", "tool schemas alone exceed the 65536-character row cap"),
+    "tool-call arguments across the character cap": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": "y" * 70_000})}}]}]}], "oversized", "inside tool-call arguments"),
+    # token ids that do not fit the model
+    "token id 2**70": BuildCase([{"id": "bad", "input_ids": [1, 2**70], "loss_mask": [1, 1]}], "malformed", "must hold integers"),
+    "token ids nested": BuildCase([{"id": "bad", "input_ids": [[1, 2], [3, 4]], "loss_mask": [1, 1]}], "malformed", "must be a flat list"),
+    "token ids a string": BuildCase([{"id": "bad", "input_ids": "1 2 3"}], "malformed", "input_ids"),
+    "token ids booleans": BuildCase([{"id": "bad", "input_ids": [True, False], "loss_mask": [1, 1]}], "malformed", "got booleans"),
+    "most negative int64 id": BuildCase([{"id": "bad", "input_ids": [-(2**63), 5], "loss_mask": [1, 1]}], "malformed", f"first {-(2**63)} at position 0"),
 }
 
 
@@ -151,8 +178,32 @@ class PoisonBackend(CaptureBackend):
 
 
 def _write_source(path: Path, rows: list[Any]) -> None:
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
-    path.write_text("\n".join(lines) + "\n")
+    """Rows as JSONL; str and bytes rows are written as they are (bad encodings included)."""
+    lines = [r if isinstance(r, bytes) else (r if isinstance(r, str) else json.dumps(r)).encode() for r in rows]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def assert_same_as_uncut(row: Any, item: dict, max_length: int) -> None:
+    """A cut row must store exactly the first max_length tokens (and mask) of the whole row, rendered uncut."""
+    from transformers import AutoTokenizer
+
+    from hs_dataset.sources.chat import ChatTokenizer
+    from hs_dataset.sources.masking import resolve_mask_rule
+    from hs_dataset.sources.messages import normalize_conversation
+
+    tok = _tokenizer(str(_TINY_DIR[0]), AutoTokenizer)
+    ids, mask = ChatTokenizer(tok, resolve_mask_rule(tok, "auto", None)).encode(normalize_conversation(row))
+    assert item["input_ids"].tolist() == ids[:max_length], "SILENT: a cut row stored other tokens than the whole row's"
+    assert item["loss_mask"].tolist() == mask[:max_length], "SILENT: a cut row stored another mask than the whole row's"
+
+
+_TINY_DIR: list = []
+
+
+@pytest.fixture(autouse=True)
+def _remember_tiny_dir(tiny_model_dir):
+    if not _TINY_DIR:
+        _TINY_DIR.append(tiny_model_dir)
 
 
 @pytest.mark.parametrize("name", list(BUILD_CASES))
@@ -168,9 +219,9 @@ def test_build_reports_every_bad_row(tmp_path, hf_backend, tiny_card, name):
 
     issues = report.source["issues"]
     accounted = report.samples_written + len(issues) + len(report.capture_failures) + len(report.quarantined)
-    assert report.source["rows_read"] == len(rows) == accounted, f"rows vanished: {report.to_json()}"
+    assert report.source["rows_read"] == len(rows) == accounted, f"LOST: rows vanished: {report.to_json()}"
     stored = open_dataset(out).sample_ids
-    assert {"good-a", "good-b"} <= set(stored)
+    assert {"good-a", "good-b"} <= set(stored), f"LOST: a good row beside the bad one was not stored: {stored}"
     assert verify_dataset(out).ok
     summary = report.summary()
     bad_index = 1
@@ -179,7 +230,8 @@ def test_build_reports_every_bad_row(tmp_path, hf_backend, tiny_card, name):
         if case.kind == "truncated":
             assert report.truncated == 1
             item = next(i for i in open_dataset(out) if i["sample_id"] == "bad")
-            assert item["input_ids"].shape[0] == case.card["max_length"] and bool(item["loss_mask"].any())
+            assert item["input_ids"].shape[0] == case.card.get("max_length", card.max_length) and bool(item["loss_mask"].any())
+            assert_same_as_uncut(case.rows[0], item, card.max_length)
         return
     assert "bad" not in stored and report.samples_written == 2
     if case.kind == "capture_failed":
@@ -194,6 +246,7 @@ def test_build_reports_every_bad_row(tmp_path, hf_backend, tiny_card, name):
         issue = issues[0]
         assert issue["kind"] == case.kind and case.reason in issue["reason"], issue
         assert issue["row_index"] == bad_index
+        assert issue["file"] == str(src) and issue["line"] == 2, issue  # where to look, for every kind
         if isinstance(case.rows[0], dict) and isinstance(case.rows[0].get("id"), str):
             assert issue["sample_id"] == case.rows[0]["id"]
         assert f"row {bad_index}: {case.kind}: " in summary and case.reason in summary
@@ -382,6 +435,351 @@ def test_case_count():
     build, read = len(BUILD_CASES), len(READ_CASES)
     extra = 2  # newer manifest at build time, foreign orphan shard at resume
     strict = sum(1 for c in BUILD_CASES.values() if c.kind in ("malformed", "no_supervised_token"))
-    print(f"\nbad inputs tried: {build} build-path rows + {read} read-path rows + {extra} resume cases = {build + read + extra} "
-          f"(plus {strict} strict-mode re-checks)")
-    assert build + read + extra >= 30
+    limits = 2 + 2 + 1 + 1  # memory: 50 MB line, gzip bomb; unreadable gz x2; resume past bad rows; model-vocab ids
+    fs = len(READ_ONLY_COMMANDS) + len(WRITE_COMMANDS)
+    network, mechanisms = 3, len(MECHANISM_CASES) + 2
+    total = build + read + extra + limits + fs + network + mechanisms
+    print(f"\nbad inputs tried: {build} build-path rows + {read} read-path rows + {extra} resume cases + {limits} size/memory "
+          f"+ {fs} read-only fs + {network} network + {mechanisms} mechanism = {total} (plus {strict} strict-mode re-checks)")
+    assert total >= 60
+
+
+# ---------------------------------------------------------------------------- resume past bad rows
+def test_resume_reads_past_the_bad_rows(tmp_path, hf_backend, tiny_card):
+    """A second run over the same source (a resume) stores nothing twice, stops at no bad row, reports them again."""
+    bad = [b'{"id": "bad-utf8", "messages": "\xff"}', "not json", {"id": "bad-ids", "input_ids": [VOCAB + 5], "loss_mask": [1]}]
+    src = tmp_path / "rows.jsonl"
+    _write_source(src, [GOOD_A, *bad, GOOD_B])
+    first = build_dataset(tiny_card, tmp_path / "ds", source=str(src), backend=hf_backend)
+    second = build_dataset(tiny_card, tmp_path / "ds", source=str(src), backend=hf_backend)
+    assert first.samples_written == 2 and second.samples_written == 0
+    assert [i["line"] for i in second.source["issues"]] == [2, 3, 4], second.source["issues"]
+    assert sorted(open_dataset(tmp_path / "ds").sample_ids) == ["good-a", "good-b"], "LOST: resume lost or doubled a sample"
+    assert verify_dataset(tmp_path / "ds").ok
+
+
+def test_tokenizer_ids_beyond_the_model_vocab_are_counted(tiny_model_dir):
+    """A tokenizer that knows more tokens than the model embeds: the row is malformed, not an index past the table."""
+    from transformers import AutoTokenizer
+
+    tok = _tokenizer(str(tiny_model_dir), AutoTokenizer)
+    rows = [GOOD_A, {"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<|im_end|> x"}]}]
+    top = max(tok.convert_tokens_to_ids(["<|im_end|>"]))
+    samples, report = load_samples(rows, tok, max_length=1024, vocab_size=top)  # the model "embeds" ids < <|im_end|>
+    assert [s.sample_id for s in samples] == [] and len(report.issues) == 2
+    assert all("outside the model's vocabulary" in i.reason for i in report.issues)
+
+
+# ---------------------------------------------------------------------------- memory bounds
+# Peak RSS of a child process (VmHWM, else ru_maxrss) may grow at most MEMORY_BOUND_MIB over what it
+# held before reading the bad input (tokenizer or torch loaded). The 50 MB line alone, or
+# the bomb's 320 MB of output, would exceed it: neither is ever held whole.
+MEMORY_BOUND_MIB = 64
+_CHILD = r"""
+import json, resource, sys
+def peak():
+    # VmHWM: this process's own peak RSS (ru_maxrss would carry pytest's size over from the fork)
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+kind, path, extra = sys.argv[1:4]
+if kind == "jsonl":
+    from transformers import AutoTokenizer
+    from hs_dataset.sources import load_samples
+    tok = AutoTokenizer.from_pretrained(extra)
+    load_samples([{"messages": [{"role": "user", "content": "warm"}, {"role": "assistant", "content": "up"}]}], tok, max_length=4096)
+    base = peak()
+    samples, report = load_samples(path, tok, max_length=4096)
+    out = {"stored": [s.sample_id for s in samples], "issues": [[i.kind, i.reason, i.line] for i in report.issues]}
+else:
+    from hs_dataset.interop.imports import ImportError_, import_specforge
+    base = peak()
+    try:
+        import_specforge(path, extra, config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8)
+        out = {"error": None}
+    except ImportError_ as exc:
+        out = {"error": str(exc)}
+out.update(base_mib=base, peak_mib=peak())
+print(json.dumps(out))
+"""
+
+
+def _child(kind: str, path: Path, extra: str) -> dict:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path), extra], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"child failed: {res.stderr[-2000:]}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"\n[memory] {kind}: peak RSS {out['peak_mib']:.0f} MiB, {out['peak_mib'] - out['base_mib']:.1f} MiB over the "
+          f"{out['base_mib']:.0f} MiB before the input (bound {MEMORY_BOUND_MIB} MiB)")
+    return out
+
+
+def test_a_50mb_single_line_row_costs_bounded_memory(tmp_path, tiny_model_dir):
+    src = tmp_path / "big.jsonl"
+    huge = {"id": "huge", "messages": [{"role": "user", "content": "x" * (50 << 20)}, {"role": "assistant", "content": "y"}]}
+    _write_source(src, [GOOD_A, huge, GOOD_B])
+    assert src.stat().st_size > 50 << 20
+    out = _child("jsonl", src, str(tiny_model_dir))
+    assert out["stored"] == ["good-a", "good-b"], f"LOST: {out}"
+    assert out["issues"] == [["oversized", f"line 2 is {len(json.dumps(huge)) + 1} bytes, over the {LINE_CAP}-byte line cap "
+                                           "(raise max_length, or split the row)", 2]]
+    assert out["peak_mib"] - out["base_mib"] < MEMORY_BOUND_MIB
+
+
+def _gzip_bomb(path: Path, compressed_bytes: int = 20 << 20) -> int:
+    """A valid multi-member gzip of ``compressed_bytes`` that expands about 1000x (zeros); returns the expanded size."""
+    import zlib
+
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    member = comp.compress(b"\0" * (64 << 20)) + comp.flush()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = expanded = 0
+    with open(path, "wb") as f:
+        while written < compressed_bytes:
+            f.write(member)
+            written += len(member)
+            expanded += 64 << 20
+    return expanded
+
+
+def test_a_20mb_ckpt_gz_bomb_is_refused_with_bounded_memory(tmp_path):
+    bomb = tmp_path / "sf" / "rows_0" / "data_0.ckpt.gz"
+    expanded = _gzip_bomb(bomb)
+    assert bomb.stat().st_size >= 20 << 20 and expanded > 20 << 30
+    out = _child("ckpt", tmp_path / "sf", str(tmp_path / "dest"))
+    assert out["error"] and f"{bomb}: decompresses to more than" in out["error"] and "gzip bomb" in out["error"], out
+    assert out["peak_mib"] - out["base_mib"] < MEMORY_BOUND_MIB
+    assert not (tmp_path / "dest" / "manifest.json").exists() or open_dataset(tmp_path / "dest").sample_ids == []
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"not gzip at all", "cannot be decompressed"),
+    (None, "cannot be decompressed"),  # a real gzip cut in half
+])
+def test_unreadable_ckpt_gz_is_a_named_error(tmp_path, content, match):
+    import gzip
+
+    from hs_dataset.interop.imports import ImportError_, import_specforge
+
+    path = tmp_path / "sf" / "data_0.ckpt.gz"
+    path.parent.mkdir()
+    path.write_bytes(content if content is not None else gzip.compress(os.urandom(4096))[:2000])
+    with pytest.raises(ImportError_, match=f"{re.escape(str(path))}: {match}"):
+        import_specforge(tmp_path / "sf", tmp_path / "dest", config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8)
+
+
+# ---------------------------------------------------------------------------- read-only file systems
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """os.open refuses every create/write flag with ``errno`` under the given directories (a read-only mount)."""
+    import errno as errno_module
+
+    state: dict[str, Any] = {"roots": [], "errno": errno_module.EROFS, "refused": 0}
+    real_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def guarded(path, flags, mode=0o777, *, dir_fd=None):
+        target = os.path.abspath(os.fspath(path))
+        if flags & writing and any(target.startswith(r) for r in state["roots"]):
+            state["refused"] += 1
+            raise OSError(state["errno"], os.strerror(state["errno"]), os.fspath(path))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", guarded)
+    return state
+
+
+READ_ONLY_COMMANDS = {
+    "verify": lambda ds, tmp: ["verify", str(ds)],
+    "verify --json": lambda ds, tmp: ["verify", "--json", str(ds)],
+    "info": lambda ds, tmp: ["info", str(ds)],
+    "export speculators from it": lambda ds, tmp: ["export", "speculators", str(ds), str(tmp / "out-spec")],
+    "export specforge from it": lambda ds, tmp: ["export", "specforge", str(ds), str(tmp / "out-sf")],
+}
+
+
+@pytest.mark.parametrize("name", list(READ_ONLY_COMMANDS))
+def test_read_only_commands_write_nothing_in_the_dataset(tmp_path, clean_dataset, read_only, capsys, name):
+    from hs_dataset.cli.main import main
+
+    ds = tmp_path / "ds"
+    shutil.copytree(clean_dataset, ds)
+    before = _snapshot(ds)
+    read_only["roots"].append(str(ds))
+    assert main(READ_ONLY_COMMANDS[name](ds, tmp_path)) == 0, capsys.readouterr().err
+    assert read_only["refused"] == 0, "a read-only command tried to write in the dataset directory"
+    assert _snapshot(ds) == before, "LOST: a read-only command changed the dataset directory"
+
+
+WRITE_COMMANDS = {
+    "build into it (EROFS)": ("build", "EROFS"),
+    "build into it (EACCES)": ("build", "EACCES"),
+    "merge into it": ("merge", "EROFS"),
+    "import into it": ("import", "EROFS"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITE_COMMANDS))
+def test_writing_to_a_read_only_directory_is_one_clear_error(tmp_path, clean_dataset, read_only, capsys, name):
+    import errno as errno_module
+
+    from hs_dataset.cli.main import main
+
+    command, code = WRITE_COMMANDS[name]
+    target = tmp_path / "target"
+    if command == "import":
+        target.mkdir()  # an empty directory on the read-only medium
+    else:
+        shutil.copytree(clean_dataset, target)
+    before = _snapshot(target)
+    src = tmp_path / "rows.jsonl"
+    _write_source(src, [GOOD_A])
+    spec = tmp_path / "spec"
+    assert main(["export", "speculators", str(clean_dataset), str(spec)]) == 0
+    read_only.update(errno=getattr(errno_module, code))
+    read_only["roots"].append(str(target))
+    argv = {
+        "build": ["build", "--config", "tiny-deepseek-hf", "--source", str(src), "--out", str(target)],
+        "merge": ["merge", str(clean_dataset), str(target)],
+        "import": ["import", "speculators", str(spec), str(target), "--config", "tiny-deepseek-hf"],
+    }[command]
+    assert main(argv) == 2
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("hs-dataset ")]  # progress bars aside
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    err = errors[0]
+    assert f"hs-dataset {command}: error: {target}" in err and code in err and "writable file system" in err, err
+    assert _snapshot(target) == before, "LOST: a refused write changed the dataset"
+
+
+# ---------------------------------------------------------------------------- network failures
+def _push(ds: Path, endpoint: str) -> tuple[int, str, float]:
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HS_DATASET_HUB_TIMEOUT_S": "2", "HF_HUB_OFFLINE": "0"}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "hs_dataset.cli.main", "push", str(ds), "me/repo", "--endpoint", endpoint,
+                          "--token", "hf_test", "--no-plots"], capture_output=True, text=True, env=env, timeout=120)
+    return res.returncode, res.stderr.strip(), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("where", ["nothing listens", "listens, never answers", "unresolvable host"])
+def test_push_without_a_network_fails_in_one_line_without_hanging(tmp_path, clean_dataset, where):
+    import socket
+
+    ds = tmp_path / "ds"
+    shutil.copytree(clean_dataset, ds)
+    before = _snapshot(ds)
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        port = hole.getsockname()[1]
+        if where == "listens, never answers":
+            hole.listen(8)
+        endpoint = {"nothing listens": f"http://127.0.0.1:{port}", "listens, never answers": f"http://127.0.0.1:{port}",
+                    "unresolvable host": "http://hub.invalid"}[where]
+        if where == "nothing listens":
+            hole.close()
+        code, err, took = _push(ds, endpoint)
+    assert code == 2 and err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith(f"hs-dataset push: error: cannot reach {endpoint}"), err
+    assert took < 60, f"push hung for {took:.0f} s"
+    assert _snapshot(ds) == before, "LOST: a failed push changed the dataset"
+
+
+# ---------------------------------------------------------------------------- wrong mechanisms
+NEW_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch):\n        return (hidden_states, topk_indices)\n"
+OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        if x:\n            return hidden_states, residual\n        return (hidden_states, residual)\n"
+
+MECHANISM_CASES = {
+    "layer_hooks where the layer returns topk_indices (0.5.23)": ("0.5.23", NEW_LAYER, ["DeepseekV3ForCausalLM"], "returns `(hidden_states, topk_indices)`"),
+    "layer_hooks where one return lacks the residual": ("0.5.19", OLD_LAYER.replace("return (hidden_states, residual)", "return hidden_states"), ["DeepseekV3ForCausalLM"], "returns `hidden_states`"),
+    "layer_hooks where the layer class is gone": ("0.5.19", "class Other:\n    pass\n", ["DeepseekV3ForCausalLM"], "cannot read sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.forward"),
+    "layer_hooks on an unknown architecture": ("0.5.19", OLD_LAYER, ["MysteryForCausalLM"], "no known SGLang decoder layer"),
+    "layer_hooks where the model file is missing": ("0.5.19", None, ["DeepseekV3ForCausalLM"], "cannot read"),
+}
+
+
+@pytest.mark.parametrize("name", list(MECHANISM_CASES))
+def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
+    from hs_dataset.serve import plan as serve
+
+    version, layer_source, archs, match = MECHANISM_CASES[name]
+    sglang_dir = tmp_path / "env" / "sglang"
+    (sglang_dir / "srt" / "models").mkdir(parents=True)
+    if layer_source is not None:
+        (sglang_dir / "srt" / "models" / "deepseek_v2.py").write_text(layer_source)
+    info = {"sglang": version, "hs_dataset": True, "sgl_kernel": None, "sglang_dir": str(sglang_dir)}
+    monkeypatch.setattr(serve, "_probe_server_env", lambda python: dict(info))
+    monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": archs, "num_hidden_layers": 8})
+    from hs_dataset.config import load_card
+
+    card = load_card("tiny-deepseek-sglang")
+    with pytest.raises(serve.ServeError, match=re.escape(match) + ".*aux_return"):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
+    info["sglang"] = "0.5.19"
+    (sglang_dir / "srt" / "models" / "deepseek_v2.py").write_text(OLD_LAYER)
+    monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8})
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
+    assert plan.mechanism == "layer_hooks"  # a layer that does return the residual is still accepted
+
+
+SERVER_PYTHON = Path(__file__).resolve().parents[1] / ".sglang-venv" / "bin" / "python"
+
+
+def _need_server_env() -> None:
+    if not SERVER_PYTHON.exists():
+        pytest.skip(f"{SERVER_PYTHON} not found: run `make sglang-env`")
+
+
+@pytest.mark.sglang
+def test_real_sglang_env_refuses_layer_hooks_at_planning(tmp_path):
+    """The real probe of .sglang-venv (SGLang 0.5.23) finds the installed layer source and refuses; 'auto' still plans."""
+    _need_server_env()
+    from hs_dataset.config import load_card
+    from hs_dataset.serve import plan as serve
+
+    card = load_card("tiny-deepseek-sglang")
+    with pytest.raises(serve.ServeError, match=r"SGLang 0\.5\.23.*returns `\(hidden_states, topk_indices\)`.*'aux_return'"):
+        serve.plan_server(card, python=str(SERVER_PYTHON), staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
+    assert serve.plan_server(card, python=str(SERVER_PYTHON), staging_dir=str(tmp_path / "st")).mechanism == "aux_return"
+
+
+_IN_SERVER = r"""
+import json, sys
+from hs_dataset.server_patch import sglang_hooks
+config = {"staging_dir": sys.argv[1], "hf_aux_layer_ids": [2, 3, 4], "mechanism": "layer_hooks",
+          "module_path": "model", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "hook_hf_id": 2}
+try:
+    sglang_hooks.layer_hook(config)
+    print(json.dumps({"refused": None}))
+except sglang_hooks.SetupError as exc:
+    print(json.dumps({"refused": str(exc), "source_read": sglang_hooks._loaded_source("sglang.srt.models.deepseek_v2", "DeepseekV2DecoderLayer") is not None}))
+"""
+
+
+@pytest.mark.sglang
+def test_hand_started_server_refuses_layer_hooks_in_process(tmp_path):
+    """The layer_hook factory, run by the real SGLang 0.5.23 python against the class it imports, refuses to start."""
+    import subprocess
+
+    _need_server_env()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'hs_dataset' / 'server_patch' / 'cpu_support'}",
+           "SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
+    stage = tmp_path / "stage"
+    stage.mkdir(mode=0o700)
+    res = subprocess.run([str(SERVER_PYTHON), "-c", _IN_SERVER, str(stage)], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["source_read"] is True
+    assert out["refused"] and "SGLang 0.5.23" in out["refused"] and "topk_indices" in out["refused"] and "'aux_return'" in out["refused"], out

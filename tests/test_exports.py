@@ -29,6 +29,7 @@ from hs_dataset.interop.common import (
 )
 from hs_dataset.interop.imports import ImportError_, import_specforge, import_speculators
 from hs_dataset.formats.reader import open_dataset
+from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 
 H, K, L = 16, 3, 6
@@ -403,10 +404,12 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
         import_speculators(tmp_path / "spec", tmp_path / "h", config="unit-test")
     report = import_speculators(tmp_path / "spec", tmp_path / "i", config="unit-test", skip_missing=True)
     assert report.samples_written == len(LENGTHS) - 1 and len(report.skipped_missing) == 1
-    # a destination holding another dataset is refused; --overwrite replaces it
+    # a destination holding another dataset is refused; --overwrite refuses to delete it too (as export does)
     with pytest.raises(Exception, match="different dataset"):
         import_speculators(tmp_path / "spec", tmp_path / "b", config="unit-test", skip_missing=True)
-    import_speculators(tmp_path / "spec", tmp_path / "b", config="unit-test", skip_missing=True, overwrite=True)
+    with pytest.raises(ExportError, match="--overwrite will not delete it"):
+        import_speculators(tmp_path / "spec", tmp_path / "b", config="unit-test", skip_missing=True, overwrite=True)
+    assert verify_dataset(tmp_path / "b").ok
 
 
 def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None:
@@ -422,6 +425,6 @@ def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None
     assert back.manifest.identity == orig.manifest.identity  # same card, model, layers, pre-norm: the same dataset
     assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "back2"), "--config", "tiny-deepseek-hf"]) == 0
     assert open_dataset(tmp_path / "back2").manifest.metadata["final_state"] == "post_norm"
-    # the CLI names refusals and exits 1
-    assert main(["export", "speculators", str(tmp_path / "back2"), str(tmp_path / "x")]) == 1
-    assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "y"), "--config", "tiny-deepseek-hf", "--aux-layer-ids", "1", "2", "3"]) == 1
+    # the CLI names refusals and exits 2
+    assert main(["export", "speculators", str(tmp_path / "back2"), str(tmp_path / "x")]) == 2
+    assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "y"), "--config", "tiny-deepseek-hf", "--aux-layer-ids", "1", "2", "3"]) == 2

@@ -85,7 +85,7 @@ def source_samples(card, tiny_model):
 def _plan(card, port: int, staging: Path):
     from hs_dataset.serve.plan import plan_server
 
-    staging_cfg = dict((card.raw.get("sglang") or {}).get("staging") or {})
+    staging_cfg = card.sglang.staging.model_dump()
     staging_cfg["orphan_ttl_s"] = ORPHAN_TTL_S
     plan = plan_server(card, port=port, staging_dir=str(staging), python=str(SERVER_PYTHON), sglang_overrides={"staging": staging_cfg})
     plan.env["HS_CAPTURE_SWEEP_INTERVAL_S"] = "1"

@@ -53,7 +53,7 @@ def test_two_ranks_then_merge_equals_one_rank(tmp_path, hf_backend, tiny_card, c
         assert all(r.file.startswith(f"rank{rank:05d}-") for r in open_dataset(part).manifest.shards)
         parts.append(str(part))
     merged = tmp_path / "merged"
-    assert cli_main(["merge", str(merged), *parts]) == 0
+    assert cli_main(["merge", *parts, str(merged)]) == 0
     assert "merged 2 parts: verified 9 samples" in capsys.readouterr().out
     ours, ref = open_dataset(merged, verify_hashes=True), open_dataset(single)
     assert sorted(ours.sample_ids) == sorted(ref.sample_ids)

@@ -445,8 +445,16 @@ def test_hooks_pair_the_prenorm_final_with_the_model_output(monkeypatch, tmp_pat
     core.close()
 
 
+OLD_LAYER_SOURCE = """
+class DeepseekV2DecoderLayer:
+    def forward(self, positions, hidden_states, forward_batch, residual):
+        return hidden_states, residual
+"""
+
+
 def test_layer_hooks_mechanism(monkeypatch, tmp_path):
-    hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism="layer_hooks")
+    hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism="layer_hooks", architectures=["DeepseekV3ForCausalLM"])
+    monkeypatch.setattr(hooks, "_loaded_source", lambda module, cls: OLD_LAYER_SOURCE)  # an SGLang <= 0.5.19 layer
     layer_fns = {i: hooks.layer_hook({**config, "hook_hf_id": i}) for i in IDS}
     norm, model = hooks.norm_hook(config), hooks.model_hook(config)
     fb = fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])

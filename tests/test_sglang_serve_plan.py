@@ -9,9 +9,20 @@ import pytest
 from hs_dataset.serve import plan as serve
 
 
+OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        return hidden_states, residual\n"
+
+
+def fake_sglang(root, layer_source: str = OLD_LAYER) -> str:
+    """A stand-in ``sglang`` package directory holding only ``srt/models/deepseek_v2.py``."""
+    models = root / "sglang" / "srt" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "deepseek_v2.py").write_text(layer_source)
+    return str(root / "sglang")
+
+
 @pytest.fixture
-def fake_env(monkeypatch):
-    info = {"sglang": "0.5.23", "hs_dataset": True, "sgl_kernel": None}
+def fake_env(monkeypatch, tmp_path):
+    info = {"sglang": "0.5.23", "hs_dataset": True, "sgl_kernel": None, "sglang_dir": fake_sglang(tmp_path / "env")}
     monkeypatch.setattr(serve, "_probe_server_env", lambda python: dict(info))
     return info
 

@@ -23,12 +23,11 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
-from hs_dataset.capture.model_info import model_fingerprint, resolve_model_path
+from hs_dataset.capture.model_info import model_fingerprint, resolve_model_path, text_config
+from hs_dataset.dtypes import state_dtype
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
 __all__ = ["HFBackend", "pick_device", "find_decoder"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -74,7 +73,7 @@ class HFBackend(CaptureBackend):
 
         self.model_path = resolve_model_path(str(model_path))
         self.device = pick_device(device)
-        self.dtype = _DTYPES[dtype]
+        self.dtype = state_dtype(dtype)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype, local_files_only=True)
         self.model = model.to(self.device).eval()
         self.decoder = find_decoder(self.model, text_module)
@@ -91,10 +90,9 @@ class HFBackend(CaptureBackend):
 
     # ------------------------------------------------------------------ info
     def info(self) -> CaptureInfo:
-        config = self.model.config
-        text_config = getattr(config, "text_config", None) or config
+        text = text_config(self.model.config)
         norm = self.decoder.norm
-        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or getattr(text_config, "rms_norm_eps", None)
+        eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or getattr(text, "rms_norm_eps", None)
         if self._fingerprint is None:
             self._fingerprint = model_fingerprint(self.model_path)
         return CaptureInfo(
@@ -102,9 +100,9 @@ class HFBackend(CaptureBackend):
             model_fingerprint=self._fingerprint,
             model_revision=self.model_revision,
             aux_layer_ids=self.aux_layer_ids,
-            hidden_size=int(text_config.hidden_size),
+            hidden_size=int(text.hidden_size),
             num_hidden_layers=self.num_layers,
-            vocab_size=int(text_config.vocab_size),
+            vocab_size=int(text.vocab_size),
             dtype=self.dtype,
             final_state="pre_norm",
             final_norm_eps=float(eps) if eps is not None else None,
@@ -143,7 +141,7 @@ class HFBackend(CaptureBackend):
             return []
         lengths = [s.num_tokens for s in samples]
         width = max(lengths)
-        vocab = self.model.config.get_text_config().vocab_size if hasattr(self.model.config, "get_text_config") else self.model.config.vocab_size
+        vocab = text_config(self.model.config).vocab_size
         ids = torch.zeros(len(samples), width, dtype=torch.int64)
         mask = torch.zeros(len(samples), width, dtype=torch.int64)
         results: list[CaptureResult | None] = [None] * len(samples)

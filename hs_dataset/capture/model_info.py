@@ -5,12 +5,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import Any
 
 from hs_dataset.errors import CaptureError
 
-__all__ = ["BUILTIN_PREFIX", "BUILTIN_GROUP", "ModelPathError", "builtin_models", "resolve_model_path", "model_fingerprint", "read_final_norm"]
+__all__ = [
+    "BUILTIN_PREFIX",
+    "BUILTIN_GROUP",
+    "ModelPathError",
+    "builtin_models",
+    "resolve_model_path",
+    "text_config",
+    "load_text_config",
+    "model_fingerprint",
+    "read_final_norm",
+]
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_GROUP = "hs_dataset.builtin_models"
@@ -53,6 +65,24 @@ def resolve_model_path(path: str | None) -> Path:
     return local.resolve()
 
 
+def text_config(config: Any) -> Any:
+    """The one text-config lookup: the decoder's config inside a model config.
+
+    Multimodal wrappers (Kimi-K2.5, ``model_type: kimi_k25``) keep the DeepseekV3
+    text model's config under ``text_config``; plain models are their own text
+    config. Works on a ``config.json`` mapping and on a transformers config object.
+    """
+    if isinstance(config, Mapping):
+        inner = config.get("text_config")
+        return inner if isinstance(inner, Mapping) and inner else config
+    return getattr(config, "text_config", None) or config
+
+
+def load_text_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The text config of the model in ``directory`` (its ``config.json``), as a dict."""
+    return dict(text_config(json.loads((Path(directory) / "config.json").read_text())))
+
+
 def model_fingerprint(directory: str | os.PathLike) -> str:
     """sha256 over config.json and the weights (every byte for small models; index + sizes for large ones)."""
     directory = Path(directory)
@@ -80,9 +110,7 @@ def read_final_norm(directory: str | os.PathLike, key_suffix: str = "model.norm.
     from safetensors import safe_open
 
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
-    text = config.get("text_config") or config
-    eps = float(text.get("rms_norm_eps", 1e-6))
+    eps = float(load_text_config(directory).get("rms_norm_eps", 1e-6))
     index = directory / "model.safetensors.index.json"
     files = sorted(directory.glob("*.safetensors"))
     if index.exists():

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-__all__ = ["add_arguments", "run"]
+from hs_dataset.cli.style import add_global_flags
+
+__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+
+HELP = "export to a trainer's layout (speculators, specforge)"
+EXAMPLES = """
+  hs-dataset export speculators out/kimi out/kimi-speculators
+  hs-dataset export specforge out/kimi out/kimi-specforge --aux-layer-ids 2 30 58
+  hs-dataset export speculators out/kimi out/spec --json   # the export report as JSON
+"""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    add_global_flags(p, top_level=False)
     p.add_argument("src", help="hs_dataset dataset directory (holds manifest.json)")
     p.add_argument("dest", help="export directory; an interrupted export of the same source resumes")
     p.add_argument("--overwrite", action="store_true", help="replace whatever DEST holds (never an hs_dataset dataset directory)")
     p.add_argument(
-        "--aux-layers",
+        "--aux-layer-ids",
         type=int,
         nargs="+",
         default=None,
@@ -28,8 +37,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="target", metavar="TARGET")
     sub.required = True
+    style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
     spec = sub.add_parser(
         "speculators",
+        **style,
         help="speculators 0.9.0: Arrow dataset + hidden_states/hs_{idx}.safetensors (pre-norm final last)",
         description="Arrow dataset (save_to_disk, torch format: input_ids, loss_mask, seq_len) plus "
         "hidden_states/hs_{idx}.safetensors with hidden_states [T, K+1, H] (aux ascending, pre-norm final last) "
@@ -40,44 +51,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--no-token-freq", action="store_true", help="do not write token_freq.pt")
     forge = sub.add_parser(
         "specforge",
+        **style,
         help="SpecForge 0.2.0: rows_{g}-{g+2000}/data_{idx}.ckpt with a post-norm hidden_state",
         description="rows_{g}-{g+N}/data_{idx}.ckpt (torch.save) with input_ids, loss_mask, aux_hidden_state [1, T, 3H] "
         "and hidden_state [1, T, H] after the final norm (derived from the stored pre-norm state), as SpecForge's "
         "OfflineManifestReader reads them.",
     )
     _common(forge)
-    forge.add_argument("--group-size", type=int, default=2000, help="files per rows_{g}-{g+N} directory (default 2000)")
+    forge.add_argument("--group-size", type=int, default=2000, help="files per rows_{g}-{g+N} directory")
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.errors import HsDatasetError
+    if args.target == "speculators":
+        from hs_dataset.interop.speculators import export_speculators
 
-    try:
-        if args.target == "speculators":
-            from hs_dataset.interop.speculators import export_speculators
+        report = export_speculators(
+            args.src,
+            args.dest,
+            overwrite=args.overwrite,
+            aux_layers=args.aux_layer_ids,
+            num_hidden_layers_override=args.num_hidden_layers,
+            verify_hashes=args.verify_hashes,
+            token_freq=not args.no_token_freq,
+        )
+    else:
+        from hs_dataset.interop.specforge import export_specforge
 
-            report = export_speculators(
-                args.src,
-                args.dest,
-                overwrite=args.overwrite,
-                aux_layers=args.aux_layers,
-                num_hidden_layers_override=args.num_hidden_layers,
-                verify_hashes=args.verify_hashes,
-                token_freq=not args.no_token_freq,
-            )
-        else:
-            from hs_dataset.interop.specforge import export_specforge
-
-            report = export_specforge(
-                args.src,
-                args.dest,
-                overwrite=args.overwrite,
-                aux_layers=args.aux_layers,
-                group_size=args.group_size,
-                verify_hashes=args.verify_hashes,
-            )
-    except (HsDatasetError, ValueError, FileNotFoundError) as exc:
-        print(f"hs-dataset export {args.target}: error: {exc}", file=sys.stderr)
-        return 1
+        report = export_specforge(
+            args.src,
+            args.dest,
+            overwrite=args.overwrite,
+            aux_layers=args.aux_layer_ids,
+            group_size=args.group_size,
+            verify_hashes=args.verify_hashes,
+        )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0

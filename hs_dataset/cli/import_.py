@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-__all__ = ["add_arguments", "run"]
+from hs_dataset.cli.style import add_global_flags
+
+__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+
+HELP = "import a speculators or SpecForge layout"
+EXAMPLES = """
+  hs-dataset import speculators out/spec out/back --config kimi-k25-sglang
+  hs-dataset import specforge /data/forge out/forge --config my-import --aux-layer-ids 2 30 58 \\
+      --model-path /models/Kimi-K2.5
+"""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    add_global_flags(p, top_level=False)
     p.add_argument("src", help="the speculators / SpecForge data directory")
     p.add_argument("dest", help="hs_dataset directory to write (an interrupted import of the same data resumes)")
     p.add_argument(
@@ -30,8 +39,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="source_format", metavar="FORMAT")
     sub.required = True
+    style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
     spec = sub.add_parser(
         "speculators",
+        **style,
         help="speculators 0.9.0: Arrow dataset + hidden_states/hs_{idx}.safetensors (final = pre-norm)",
         description="Import a speculators offline-data directory; the last layer of hidden_states is stored as the pre-norm final state.",
     )
@@ -40,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--skip-missing", action="store_true", help="import rows whose hs_{idx}.safetensors exists, list the others")
     forge = sub.add_parser(
         "specforge",
+        **style,
         help="SpecForge 0.2.0: rows_*/data_{idx}.ckpt (final = post-norm)",
         description="Import SpecForge offline data; hidden_state is stored as a post_norm final state "
         "(files are read with torch.load(weights_only=True) only).",
@@ -48,7 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.errors import HsDatasetError
     from hs_dataset.interop.imports import import_specforge, import_speculators
 
     common = dict(
@@ -61,13 +72,9 @@ def run(args: argparse.Namespace) -> int:
         shard_bytes=args.shard_bytes,
         overwrite=args.overwrite,
     )
-    try:
-        if args.source_format == "speculators":
-            report = import_speculators(args.src, args.dest, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing, **common)
-        else:
-            report = import_specforge(args.src, args.dest, **common)
-    except (HsDatasetError, ValueError, FileNotFoundError) as exc:
-        print(f"hs-dataset import {args.source_format}: error: {exc}", file=sys.stderr)
-        return 1
+    if args.source_format == "speculators":
+        report = import_speculators(args.src, args.dest, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing, **common)
+    else:
+        report = import_specforge(args.src, args.dest, **common)
     print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.summary())
     return 0

@@ -1,63 +1,138 @@
-"""The ``hs-dataset`` command line.
+"""The ``hs-dataset`` command line: the parser, the dispatch and the one error boundary.
 
-Each subcommand lives in the module that owns its concept and exposes
-``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
-Command modules keep heavy imports (torch, transformers, datasets) inside ``run``
-so that building the parser stays fast.
+Every command is a module of this package exposing ``HELP`` (one line), ``EXAMPLES``
+(the ``examples:`` epilog), ``add_arguments(parser)`` and ``run(args) -> int``.
+Command modules import torch, transformers and datasets only inside ``run``, so
+``hs-dataset --help`` stays fast.
+
+Errors are handled here and nowhere else: an error hs_dataset raises on purpose
+(:class:`~hs_dataset.errors.HsDatasetError`), an OS error or Ctrl-C prints one line
+``hs-dataset CMD: error: MESSAGE`` and exits 2 (with the traceback under ``--debug``
+or ``HS_DATASET_DEBUG=1``); anything else is a bug: traceback, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+import traceback
 from typing import Sequence
 
-__all__ = ["main", "COMMANDS"]
+from hs_dataset.cli.style import HelpFormatter, Parser, add_global_flags, add_subcommand
+from hs_dataset.errors import HsDatasetError
+from hs_dataset.version import __version__
 
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "build": ("hs_dataset.cli.build", "capture hidden states for a config and write a dataset"),
-    "verify": ("hs_dataset.formats.verify", "check every shard, hash, shape and offset of a dataset"),
-    "info": ("hs_dataset.formats.info", "print a dataset's metadata and sizes (optionally plots)"),
-    "merge": ("hs_dataset.formats.merge", "merge per-rank datasets into one verified dataset"),
-    "serve": ("hs_dataset.serve.plan", "start a SGLang server with everything capture needs"),
-    "patch": ("hs_dataset.cli.patch", "check / apply / revert the source patch for SGLang <= 0.5.5"),
-    "export": ("hs_dataset.cli.export", "export to a trainer's layout (speculators, specforge)"),
-    "import": ("hs_dataset.cli.import_", "import a speculators or SpecForge layout"),
-    "push": ("hs_dataset.hub.push", "upload a dataset (index, shards, manifest, card) to the Hub"),
+__all__ = ["main", "COMMANDS", "EXIT_ERROR", "EXIT_BUG", "build_parser"]
+
+# command name -> module (under hs_dataset.cli) holding HELP, EXAMPLES, add_arguments, run
+COMMANDS: dict[str, str] = {
+    "build": "hs_dataset.cli.build",
+    "verify": "hs_dataset.cli.verify",
+    "info": "hs_dataset.cli.info",
+    "merge": "hs_dataset.cli.merge",
+    "serve": "hs_dataset.cli.serve",
+    "patch": "hs_dataset.cli.patch",
+    "export": "hs_dataset.cli.export",
+    "import": "hs_dataset.cli.import_",
+    "push": "hs_dataset.cli.push",
 }
 
+EXIT_ERROR = 2  # a known error: bad input, missing file, refused operation, Ctrl-C
+EXIT_BUG = 1  # an unexpected exception (please report it, with --debug output)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hs-dataset", description="EAGLE-3 hidden-state datasets.")
+_KNOWN_ERRORS = (HsDatasetError, OSError, KeyboardInterrupt)
+
+# Libraries whose INFO/DEBUG chatter (HTTP requests, lock files) hides our own output.
+_NOISY_LOGGERS = ("httpx", "httpcore", "urllib3", "huggingface_hub", "filelock", "datasets", "fsspec")
+
+_EPILOG = """examples:
+  hs-dataset build --config tiny-deepseek-hf --out out/tiny
+  hs-dataset verify out/tiny
+  hs-dataset CMD --help           # the options and examples of one command
+
+exit status: 0 success, 1 verify/check found problems (or a bug: traceback shown),
+2 error (one line on stderr; --debug or HS_DATASET_DEBUG=1 adds the traceback)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser; command modules are imported here, so they must stay light."""
+    parser = Parser(
+        prog="hs-dataset", description="EAGLE-3 hidden-state datasets.", epilog=_EPILOG, formatter_class=HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hs-dataset {__version__}")
+    add_global_flags(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
-        cmd.set_defaults(_module=module_name)
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                cmd.set_defaults(_missing=f"'{name}' is not available in this installation ({exc})")
-                continue
-            raise
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = add_subcommand(sub, name, help=module.HELP, description=getattr(module, "DESCRIPTION", None), examples=module.EXAMPLES)
         module.add_arguments(cmd)
+        cmd.set_defaults(_module=module_name, _parser=cmd)
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Like ``parse_args``, but unknown options are blamed on the command (``hs-dataset build: error: ...``)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "_parser", parser).error("unrecognized arguments: " + " ".join(unknown))
+    return args
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Our own INFO messages always; library noise only with ``-v``."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    logging.getLogger("hs_dataset").setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _debug_wanted(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("HS_DATASET_DEBUG", "") not in ("", "0")
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message on one line (multi-line messages are joined with ' | ')."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " | ".join(lines) or type(exc).__name__
+
+
+def _report_error(command: str, exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc)
+    print(f"hs-dataset {command}: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+def _report_bug(command: str, exc: BaseException) -> int:
+    traceback.print_exception(exc)
+    print(f"hs-dataset {command}: internal error ({type(exc).__name__}); this is a bug, please report it with the traceback above",
+          file=sys.stderr, flush=True)
+    return EXIT_BUG
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    """Parse ``argv``, run the command and turn its errors into an exit status (never raises)."""
+    parser = build_parser()
+    try:
+        args = _parse(parser, argv)
+    except SystemExit as exc:  # --help, --version, usage errors: already printed; hand back the status
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     if not getattr(args, "command", None):
-        parser.print_help()
-        return 2
-    missing = getattr(args, "_missing", None)
-    if missing:
-        print(f"hs-dataset: {missing}", file=sys.stderr)
-        return 2
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    _configure_logging(args.verbose)
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except _KNOWN_ERRORS as exc:
+        return _report_error(args.command, exc, _debug_wanted(args))
+    except Exception as exc:  # noqa: BLE001 -- the boundary: anything else is a bug
+        return _report_bug(args.command, exc)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.writable import open_for_writing
 
 __all__ = ["TEMP_PREFIX", "temp_path_for", "fsync_dir", "publish", "atomic_write_bytes", "atomic_write_chunks", "write_all", "is_temp_name", "remove_quietly"]
 
@@ -75,7 +76,7 @@ def atomic_write_chunks(final: Path, chunks: Iterable[bytes | memoryview], *, cr
     total = sum(v.nbytes for v in views)
     half = total // 2
     temp = temp or temp_path_for(final)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    fd = open_for_writing(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     written, crashed = 0, False
     try:
         for view in views:

@@ -13,43 +13,35 @@ from dataclasses import dataclass
 
 import torch
 
-from hs_dataset.errors import UnsupportedFormatError
+from hs_dataset.dtypes import DTYPES, STATE_DTYPES, dtype_info, from_torch
+from hs_dataset.errors import FormatError, UnsupportedFormatError
 
 __all__ = [
     "Encoding",
     "ENCODINGS",
     "SAFETENSORS_DTYPES",
     "get_encoding",
+    "check_tensor_table",
     "state_encoding_for",
     "encode_state",
     "decode_state",
     "SCALE_SUFFIX",
     "tensor_bytes",
     "all_finite",
+    "FP8_MAX",
 ]
 
 SCALE_SUFFIX = ".scale"
 
-# safetensors dtype code <-> torch dtype (only the ones this format uses).
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn,
-}
-_TORCH_TO_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+# safetensors dtype code -> torch dtype (the ones this format uses), from the one table in hs_dataset.dtypes.
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {d.safetensors: d.torch for d in DTYPES}
 
 
 def safetensors_dtype(dtype: torch.dtype) -> str:
-    try:
-        return _TORCH_TO_SAFETENSORS[dtype]
-    except KeyError:
-        raise UnsupportedFormatError(f"dtype {dtype} cannot be stored; use one of {sorted(map(str, _TORCH_TO_SAFETENSORS))}") from None
+    row = from_torch(dtype)
+    if row is None:
+        raise UnsupportedFormatError(f"dtype {dtype} cannot be stored; use one of {sorted(d.name for d in DTYPES)}")
+    return row.safetensors
 
 
 @dataclass(frozen=True)
@@ -67,17 +59,14 @@ class Encoding:
 
 
 ENCODINGS: dict[str, Encoding] = {
-    "int64": Encoding("int64", "I64", torch.int64),
-    "bool": Encoding("bool", "BOOL", torch.bool),
-    "bf16": Encoding("bf16", "BF16", torch.bfloat16),
-    "f16": Encoding("f16", "F16", torch.float16),
-    "f32": Encoding("f32", "F32", torch.float32),
+    # plain: one per dtype the table gives an encoding name (int64, bool, bf16, f16, f32)
+    **{d.encoding: Encoding(d.encoding, d.safetensors, d.torch) for d in DTYPES if d.encoding},
     # decoded dtype is bf16: fp8 is an opt-in storage reduction of bf16 captures.
-    "fp8_e4m3_per_token": Encoding("fp8_e4m3_per_token", "F8_E4M3", torch.bfloat16, scaled=True),
+    "fp8_e4m3_per_token": Encoding("fp8_e4m3_per_token", dtype_info("float8_e4m3fn").safetensors, torch.bfloat16, scaled=True),
 }
 
-_PLAIN_STATE_ENCODINGS = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_PLAIN_STATE_ENCODINGS = {dtype_info(name).torch: dtype_info(name).encoding for name in STATE_DTYPES}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
 def get_encoding(name: str) -> Encoding:
@@ -88,6 +77,16 @@ def get_encoding(name: str) -> Encoding:
             f"unknown tensor encoding {name!r}: this data was written by a newer hs_dataset; "
             f"upgrade hs_dataset (known encodings: {sorted(ENCODINGS)})"
         ) from None
+
+
+def check_tensor_table(tensors: dict[str, dict], where: str) -> Encoding:
+    """Refuse unknown encodings and states stored two ways; returns the state encoding (readers decode with it)."""
+    for entry in tensors.values():
+        get_encoding(entry["encoding"])
+    aux, final = tensors["aux_hidden_states"]["encoding"], tensors["final_hidden_state"]["encoding"]
+    if aux != final:
+        raise FormatError(f"{where}: aux states are {aux!r} but the final state {final!r}; a dataset stores both one way (restore the manifest)")
+    return get_encoding(aux)
 
 
 def state_encoding_for(dtype: torch.dtype, storage: str | None = None) -> str:
@@ -108,8 +107,8 @@ def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor
         return tensor.to(encoding.storage_torch_dtype).contiguous(), None
     as_float = tensor.float()
     amax = as_float.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
-    data = (as_float / scale.unsqueeze(-1)).clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    data = (as_float / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return data.contiguous(), scale.contiguous()
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.errors import FormatError, UnsupportedFormatError
+from hs_dataset.errors import FormatError, HsDatasetError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
+from hs_dataset.formats.paths import check_member_name, open_member
+from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY
 
 __all__ = [
     "FORMAT_NAME",
@@ -24,9 +28,14 @@ __all__ = [
     "Manifest",
     "identity_fingerprint",
     "IDENTITY_KEYS",
+    "MAX_MANIFEST_BYTES",
+    "read_manifest_bytes",
+    "is_dataset_dir",
 ]
 
 FORMAT_NAME = "hs_dataset"
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # ~1M shard entries; bounds what a hostile manifest can make us parse
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
@@ -70,15 +79,29 @@ class ShardRecord:
         return raw
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any], where: str) -> "ShardRecord":
+    def from_json(cls, raw: dict[str, Any], where: str, index: int = 0) -> "ShardRecord":
+        field_name = f"shards[{index}]"
+        if not isinstance(raw, dict):
+            raise FormatError(f"{where}: {field_name} is a {type(raw).__name__}, not an object; restore the manifest")
         try:
             dataset_id = raw.get("dataset_id")
-            return cls(
-                str(raw["file"]), int(raw["samples"]), int(raw["tokens"]), int(raw["bytes"]), str(raw["sha256"]),
+            record = cls(
+                check_member_name(raw["file"], what=f"{field_name}.file", where=where),
+                _count(raw["samples"]), _count(raw["tokens"]), _count(raw["bytes"]), str(raw["sha256"]),
                 None if dataset_id is None else str(dataset_id),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"{where}: malformed shard entry {raw!r} ({exc})") from None
+            raise FormatError(f"{where}: malformed {field_name} {str(raw)[:200]} ({exc}); restore the manifest") from None
+        if not _SHA256_RE.match(record.sha256):
+            raise FormatError(f"{where}: {field_name}.sha256 {record.sha256[:80]!r} is not a sha256 hex digest; restore the manifest")
+        return record
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer field (``int(1.5)`` or ``True`` would silently mean something else)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
 
 
 @dataclass
@@ -157,7 +180,7 @@ class Manifest:
                 dataset_id=str(raw["dataset_id"]),
                 metadata=dict(raw["metadata"]),
                 tensors=dict(raw["tensors"]),
-                shards=[ShardRecord.from_json(s, where) for s in raw["shards"]],
+                shards=[ShardRecord.from_json(s, where, i) for i, s in enumerate(raw["shards"])],
                 quarantine=list(raw.get("quarantine", [])),
                 created_by=str(raw.get("created_by", "")),
                 format_version=version,
@@ -165,15 +188,79 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: manifest is missing or has a malformed field ({exc})") from None
+        _check_members(manifest, where)
         return manifest
 
     @classmethod
     def load(cls, root: Path) -> "Manifest":
         path = Path(root) / MANIFEST_NAME
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
         except FileNotFoundError:
             raise FormatError(f"{root}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was written yet)") from None
-        except json.JSONDecodeError as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise FormatError(f"{path}: not valid JSON ({exc}); the file was edited or damaged") from None
+        except RecursionError:
+            raise FormatError(f"{path}: JSON nested too deeply; the file was edited or damaged") from None
         return cls.from_json(raw, str(path))
+
+
+def read_manifest_bytes(root: str | os.PathLike) -> bytes:
+    """The bytes of ``root/manifest.json``: a regular file inside ``root``, at most MAX_MANIFEST_BYTES."""
+    with open_member(root, MANIFEST_NAME, what="the manifest") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise FormatError(
+            f"{Path(root) / MANIFEST_NAME}: larger than {MAX_MANIFEST_BYTES} bytes; not a manifest hs_dataset writes "
+            "(the file was replaced or damaged)"
+        )
+    return data
+
+
+def is_dataset_dir(root: str | os.PathLike) -> bool:
+    """True when ``root`` holds an hs_dataset manifest (even a damaged one): such a directory is never wiped."""
+    path = Path(root) / MANIFEST_NAME
+    if not os.path.lexists(path):
+        return False
+    try:
+        raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
+    except (HsDatasetError, OSError, ValueError, RecursionError):
+        return True  # unreadable: assume the worst, a damaged dataset is still someone's data
+    return isinstance(raw, dict) and raw.get("format") == FORMAT_NAME
+
+
+def _check_members(manifest: "Manifest", where: str) -> None:
+    """Names and counts a reader trusts: no shard listed twice, a norm weight file named safely."""
+    seen: set[str] = set()
+    for i, record in enumerate(manifest.shards):
+        if record.file in seen:
+            raise FormatError(f"{where}: shards[{i}].file {record.file!r} is listed twice; restore the manifest")
+        seen.add(record.file)
+    _check_shape_fields(manifest, where)
+    norm = manifest.metadata.get("final_norm")
+    if norm is not None and not isinstance(norm, dict):
+        raise FormatError(f"{where}: metadata.final_norm must be an object; restore the manifest")
+    if isinstance(norm, dict) and "weight_file" in norm:
+        check_member_name(norm["weight_file"], what="metadata.final_norm.weight_file", where=where)
+
+
+def _check_shape_fields(manifest: "Manifest", where: str) -> None:
+    """The fields readers compute shapes from: small non-negative ints, tensor entries with an encoding name."""
+    ids, hidden = manifest.metadata.get("aux_layer_ids"), manifest.metadata.get("hidden_size")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 20 for i in ids):
+        raise FormatError(f"{where}: metadata.aux_layer_ids must be a list of HF hidden_states indexes, got {str(ids)[:80]}; restore the manifest")
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or not 0 < hidden < 1 << 24:
+        raise FormatError(f"{where}: metadata.hidden_size must be a positive integer, got {str(hidden)[:80]}; restore the manifest")
+    for name, entry in manifest.tensors.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("encoding"), str):
+            raise FormatError(f"{where}: tensors.{name} needs an 'encoding' name; restore the manifest")
+    fixed = {OFFSETS_KEY: "int64", INPUT_IDS_KEY: "int64", LOSS_MASK_KEY: "bool"}
+    for name in (*fixed, AUX_KEY, FINAL_KEY):
+        if name not in manifest.tensors:
+            raise FormatError(f"{where}: tensors.{name} is missing; every dataset records its encoding; restore the manifest")
+    wrong = [n for n, enc in fixed.items() if manifest.tensors[n]["encoding"] != enc]
+    if wrong:
+        raise FormatError(f"{where}: tensors {wrong} have the wrong encoding (offsets and ids are int64, the mask bool); restore the manifest")
+    for i, entry in enumerate(manifest.quarantine):
+        if not isinstance(entry, dict) or not isinstance(entry.get("sample_id"), str):
+            raise FormatError(f"{where}: quarantine[{i}] needs a 'sample_id' string; restore the manifest")

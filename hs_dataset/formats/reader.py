@@ -14,6 +14,7 @@ also checks each shard's sha256 on first use. ``hs-dataset verify`` checks every
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import mmap
 import os
@@ -24,10 +25,11 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
-from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, decode_state, get_encoding
-from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
-from hs_dataset.formats.manifest import Manifest, ShardRecord
-from hs_dataset.formats.safetensors_layout import TensorSpec, read_header
+from hs_dataset.formats.encoding import FP8_MAX, SAFETENSORS_DTYPES, SCALE_SUFFIX, check_tensor_table, decode_state, get_encoding
+from hs_dataset.formats.hashing import sha256_fileobj
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.paths import open_member, open_regular, resolve_member
+from hs_dataset.formats.safetensors_layout import TensorSpec, parse_header, read_header
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
     FINAL_KEY,
@@ -38,7 +40,7 @@ from hs_dataset.formats.shard_layout import (
     SHARD_FORMAT,
 )
 
-__all__ = ["ShardReader", "HiddenStateDataset", "open_dataset"]
+__all__ = ["ShardReader", "HiddenStateDataset", "open_dataset", "load_norm_weight"]
 
 _SUPPORTED_SHARD_VERSIONS = {"1"}
 
@@ -50,7 +52,11 @@ class ShardReader:
         self.path = Path(path)
         self._fd: int | None = None  # opened on first read_into
         where = str(self.path)
-        with open(self.path, "rb") as f:
+        try:
+            f = open_regular(self.path, what="shard")
+        except FileNotFoundError:
+            raise IntegrityError(f"{where}: shard listed in the manifest is missing; restore it from a copy") from None
+        with f:
             size = os.fstat(f.fileno()).st_size
             if record is not None and size != record.bytes:
                 raise IntegrityError(f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard)")
@@ -65,9 +71,11 @@ class ShardReader:
         self.specs = specs
         self._data_start = data_start
         self._tensors = {name: self._view(spec, manifest, where) for name, spec in specs.items()}
-        self.offsets = self._tensors[OFFSETS_KEY]
-        self._check_structure(manifest, record, where)
         self._state_encoding = get_encoding(manifest.tensors[AUX_KEY]["encoding"])
+        self._check_structure(manifest, record, where)
+        self.offsets = self._tensors[OFFSETS_KEY]
+        if self._state_encoding.scaled:
+            self._check_scales(manifest, where)
 
     # ---- validation --------------------------------------------------------
     @staticmethod
@@ -115,7 +123,7 @@ class ShardReader:
             if key not in self._tensors:
                 raise FormatError(f"{where}: tensor {key!r} is missing")
         n = len(self.sample_ids)
-        offsets = self.offsets
+        offsets = self._tensors[OFFSETS_KEY]
         tokens = self._tensors[INPUT_IDS_KEY].shape[0]
         if offsets.shape != (n + 1,) or int(offsets[0]) != 0 or int(offsets[-1]) != tokens:
             raise IntegrityError(f"{where}: sample_offsets do not span the {tokens} tokens of {n} samples")
@@ -133,6 +141,29 @@ class ShardReader:
                 raise IntegrityError(f"{where}: {key} has shape {tuple(self._tensors[key].shape)}, expected {shape}")
         if record is not None and (record.samples != n or record.tokens != tokens):
             raise IntegrityError(f"{where}: holds {n} samples / {tokens} tokens, the manifest says {record.samples} / {record.tokens}")
+
+    def _check_scales(self, manifest: Manifest, where: str) -> None:
+        """fp8 scales must be finite and > 0 (and small enough that 448 * scale stays finite).
+
+        A damaged scale decodes to inf/NaN/0 rows that no NaN scan of the fp8 data
+        would catch, so every scale is checked on open (1/H of the data: cheap).
+        """
+        tokens, k = int(self._tensors[INPUT_IDS_KEY].shape[0]), len(manifest.aux_layer_ids)
+        for key, shape in ((AUX_KEY, (tokens, k)), (FINAL_KEY, (tokens,))):
+            name = key + SCALE_SUFFIX
+            scale = self._tensors.get(name)
+            if scale is None or tuple(scale.shape) != shape:
+                got = "missing" if scale is None else f"of shape {tuple(scale.shape)}"
+                raise IntegrityError(f"{where}: {name} is {got}, the fp8 encoding needs one float32 scale per token {shape}")
+            bad = ~(torch.isfinite(scale * FP8_MAX) & (scale > 0))
+            if bool(bad.any()):
+                token = int(bad.reshape(tokens, -1).any(dim=1).nonzero()[0])
+                sample = int(torch.searchsorted(self._tensors[OFFSETS_KEY], torch.tensor(token), right=True)) - 1
+                value = float(scale.reshape(tokens, -1)[token].min() if scale.dim() > 1 else scale[token])
+                raise IntegrityError(
+                    f"{where}: sample {self.sample_ids[sample]!r} has {name} {value} at token {token - int(self._tensors[OFFSETS_KEY][sample])}; "
+                    "fp8 scales must be finite and > 0 (damaged shard: restore it or rebuild it)"
+                )
 
     # ---- access --------------------------------------------------------------
     def __len__(self) -> int:
@@ -156,7 +187,7 @@ class ShardReader:
         hi = self._data_start + spec.begin + end * per_token
         want = max(0, min(len(out), hi - lo))
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         return os.preadv(self._fd, [out[:want]], lo) if want else 0
 
     def sample_nbytes(self, i: int, name: str) -> int:
@@ -174,6 +205,8 @@ class ShardReader:
                 pass
 
     def token_range(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < len(self.sample_ids):
+            raise IndexError(f"{self.path}: sample index {i} out of range for {len(self.sample_ids)} samples")
         return int(self.offsets[i]), int(self.offsets[i + 1])
 
     def sample(self, i: int) -> dict[str, Any]:
@@ -215,8 +248,7 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
         self.root = Path(root)
         self.verify_hashes = verify_hashes
         self.manifest = Manifest.load(self.root)
-        for name, entry in self.manifest.tensors.items():
-            get_encoding(entry["encoding"])  # refuse unknown encodings before any read
+        check_tensor_table(self.manifest.tensors, str(self.root / MANIFEST_NAME))  # before any read
         self._cumulative = [0]
         for record in self.manifest.shards:
             self._cumulative.append(self._cumulative[-1] + record.samples)
@@ -240,9 +272,7 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
                 reader = self._readers.get(index)
                 if reader is None:
                     record = self.manifest.shards[index]
-                    path = self.root / record.file
-                    if not path.exists():
-                        raise IntegrityError(f"{path}: shard listed in the manifest is missing")
+                    path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
                     reader = ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
                     self._readers[index] = reader
         return reader
@@ -276,17 +306,45 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
     def final_norm(self) -> tuple[torch.Tensor, float]:
         """The final norm's (weight, eps) recorded with the data, to derive post-norm states."""
         info = self.manifest.metadata.get("final_norm") or {}
+        where = str(self.root / MANIFEST_NAME)
         if "weight_file" not in info:
             raise FormatError(f"{self.root}: the manifest records no final-norm weight")
-        from safetensors import safe_open
+        eps = info.get("eps")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+            raise FormatError(f"{where}: metadata.final_norm.eps must be a small non-negative number, got {str(eps)[:40]}")
+        return load_norm_weight(self.root, info, where=where, hidden_size=self.manifest.hidden_size), float(eps)
 
-        path = self.root / info["weight_file"]
-        digest = sha256_file(path)
-        if info.get("weight_sha256") and digest != info["weight_sha256"]:
-            raise IntegrityError(f"{path}: sha256 differs from the manifest (corrupted norm weight)")
-        with safe_open(str(path), framework="pt") as f:
-            weight = f.get_tensor(info.get("weight_key", NORM_WEIGHT_KEY))
-        return weight, float(info["eps"])
+
+MAX_NORM_WEIGHT_BYTES = 64 * 1024 * 1024  # a [H] vector; far above any real model's
+
+
+def load_norm_weight(root: str | os.PathLike, info: dict[str, Any], *, where: str, hidden_size: int | None = None) -> torch.Tensor:
+    """Read the norm weight file named by ``info`` (``weight_file``/``weight_key``/``weight_sha256``) under ``root``.
+
+    The one place such a file is read (datasets and export records): one open (no
+    symlinks, inside ``root``), bounded size, sha256 checked when recorded, header
+    through the one parser, and a finite ``[hidden_size]`` weight.
+    """
+    from safetensors.torch import load
+
+    with open_member(root, info.get("weight_file"), what="final_norm.weight_file", where=where) as f:
+        data = f.read(MAX_NORM_WEIGHT_BYTES + 1)
+    shown = Path(root) / str(info["weight_file"])
+    if len(data) > MAX_NORM_WEIGHT_BYTES:
+        raise FormatError(f"{shown}: larger than {MAX_NORM_WEIGHT_BYTES} bytes; not a norm weight (replaced file?)")
+    expected = info.get("weight_sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise IntegrityError(f"{shown}: sha256 differs from the manifest (corrupted norm weight); restore it from the model")
+    specs, _meta, _start = parse_header(data, len(data), str(shown))
+    key = info.get("weight_key", NORM_WEIGHT_KEY)
+    if key not in specs:
+        raise FormatError(f"{shown}: holds no tensor {str(key)[:80]!r} (final_norm.weight_key in {where})")
+    weight = load(data)[key]
+    if hidden_size is not None and tuple(weight.shape) != (hidden_size,):
+        raise IntegrityError(f"{shown}: norm weight has shape {tuple(weight.shape)}, the data's hidden size is {hidden_size}")
+    if weight.is_floating_point() and not bool(torch.isfinite(weight.float()).all()):
+        raise IntegrityError(f"{shown}: norm weight holds NaN/inf (corrupted file)")
+    return weight
 
 
 def open_dataset(path: str | os.PathLike, *, verify_hashes: bool = False) -> HiddenStateDataset:

@@ -17,11 +17,19 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from hs_dataset.errors import FormatError
+from hs_dataset.errors import FormatError, UnsupportedFormatError
 
-__all__ = ["TensorSpec", "build_header", "parse_header", "read_header", "MAX_HEADER_BYTES"]
+__all__ = ["TensorSpec", "build_header", "parse_header", "read_header", "MAX_HEADER_BYTES", "DTYPE_SIZES"]
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_MAX_DIMS = 16
+# Item size of every safetensors dtype code, so a header is checked without torch.
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
 _ALIGN = 8
 
 
@@ -57,6 +65,14 @@ def build_header(tensors: list[tuple[str, str, tuple[int, ...], int]], metadata:
     return struct.pack("<Q", len(body)) + body, specs
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A key given twice would mean one tensor to us and another to a different parser: refuse it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise json.JSONDecodeError("a key appears twice", "", 0)
+    return out
+
+
 def parse_header(prefix: bytes, file_size: int, where: str) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
     """Validate and parse a header; ``prefix`` must hold at least the 8 + N header bytes.
 
@@ -69,9 +85,9 @@ def parse_header(prefix: bytes, file_size: int, where: str) -> tuple[dict[str, T
     if n > MAX_HEADER_BYTES or 8 + n > file_size:
         raise FormatError(f"{where}: header length {n} does not fit in a {file_size}-byte file (truncated or not safetensors)")
     try:
-        raw = json.loads(prefix[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{where}: header is not valid JSON ({exc})") from None
+        raw = json.loads(prefix[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f"{where}: header is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(raw, dict):
         raise FormatError(f"{where}: header is not a JSON object")
     metadata = raw.pop("__metadata__", {}) or {}
@@ -80,14 +96,56 @@ def parse_header(prefix: bytes, file_size: int, where: str) -> tuple[dict[str, T
     data_start = 8 + n
     specs: dict[str, TensorSpec] = {}
     for name, entry in raw.items():
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise FormatError(f"{where}: tensor {name!r} has a malformed header entry") from None
-        if not (0 <= begin <= end) or data_start + end > file_size:
-            raise FormatError(f"{where}: tensor {name!r} bytes [{begin}, {end}) lie outside the file (truncated?)")
-        specs[name] = TensorSpec(name, dtype, shape, int(begin), int(end))
+        specs[name] = _parse_entry(name, entry, where)
+    _check_layout(specs, file_size - data_start, where)
     return specs, metadata, data_start
+
+
+def _parse_entry(name: str, entry: object, where: str) -> TensorSpec:
+    """One tensor entry: a known dtype, non-negative integer dims, integer offsets whose span fits dtype * shape."""
+    try:
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]  # type: ignore[index]
+        if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2:
+            raise TypeError
+    except (KeyError, TypeError):
+        raise FormatError(f"{where}: tensor {name!r} has a malformed header entry") from None
+    if not all(_is_count(v) for v in (*shape, *offsets)) or len(shape) > _MAX_DIMS:
+        raise FormatError(f"{where}: tensor {name!r} has a shape {str(shape)[:80]} or data_offsets {str(offsets)[:80]} that are not non-negative integers")
+    itemsize = DTYPE_SIZES.get(dtype)
+    if itemsize is None:
+        raise UnsupportedFormatError(f"{where}: tensor {name!r} has dtype {dtype[:40]!r}, unknown to this reader; upgrade hs_dataset")
+    begin, end = offsets
+    count = 1
+    for d in shape:
+        count *= d
+    if end < begin or count * itemsize != end - begin:
+        raise FormatError(
+            f"{where}: tensor {name!r} ({dtype} {shape}) needs {count * itemsize} bytes but data_offsets span [{begin}, {end}) "
+            "(damaged or hand-edited header)"
+        )
+    return TensorSpec(name, dtype, tuple(shape), begin, end)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_layout(specs: dict[str, TensorSpec], data_bytes: int, where: str) -> None:
+    """Byte ranges tile the data section exactly: no overlap (two tensors sharing bytes), no hole, nothing past the end.
+
+    safetensors' own loader refuses the same files; without this, a header could make
+    two tensors alias each other and still pass a hash check.
+    """
+    position, previous = 0, None
+    for spec in sorted(specs.values(), key=lambda s: (s.begin, s.end)):
+        if spec.begin != position:
+            kind = f"overlap {previous.name!r}'s [{previous.begin}, {previous.end})" if spec.begin < position and previous else "leave a hole before them"
+            raise FormatError(f"{where}: tensor {spec.name!r} bytes [{spec.begin}, {spec.end}) {kind} (damaged or hand-edited header)")
+        position, previous = spec.end, spec
+    if position != data_bytes:
+        raise FormatError(
+            f"{where}: tensors cover {position} data bytes but the file holds {data_bytes} after the header (truncated or extended file)"
+        )
 
 
 def read_header(f: BinaryIO, where: str) -> tuple[dict[str, TensorSpec], dict[str, str], int]:

@@ -27,12 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_dataset.errors import HsDatasetError
+
 __all__ = ["LayerStats", "DatasetStats", "compute_stats", "write_plots", "PLOT_FILES", "PlotsUnavailable"]
 
 PLOT_FILES = ("lengths.png", "layer_stats.png")
 
 
-class PlotsUnavailable(RuntimeError):
+class PlotsUnavailable(HsDatasetError, RuntimeError):
     """matplotlib is not installed."""
 
 

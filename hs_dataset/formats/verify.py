@@ -10,10 +10,7 @@ its hash. The first failure names the shard (and sample where there is one).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,13 +18,13 @@ import torch
 
 from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
-from hs_dataset.formats.encoding import all_finite
-from hs_dataset.formats.hashing import sha256_file
-from hs_dataset.formats.manifest import Manifest
-from hs_dataset.formats.reader import ShardReader
+from hs_dataset.formats.encoding import all_finite, check_tensor_table
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
+from hs_dataset.formats.paths import resolve_member
+from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 
-__all__ = ["VerifyResult", "verify_dataset", "add_arguments", "run"]
+__all__ = ["VerifyResult", "verify_dataset"]
 
 _STATE_CHUNK_TOKENS = 4096
 
@@ -54,20 +51,17 @@ def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_
     result = VerifyResult()
     try:
         manifest = Manifest.load(root)
-        from hs_dataset.formats.encoding import get_encoding
-
-        for entry in manifest.tensors.values():
-            get_encoding(entry["encoding"])
+        check_tensor_table(manifest.tensors, str(root / MANIFEST_NAME))
     except HsDatasetError as exc:
         result.problems.append(str(exc))
         return result
     _check_directory(root, manifest, result)
     seen: dict[str, str] = {}
-    for record in manifest.shards:
+    for index, record in enumerate(manifest.shards):
         if len(result.problems) >= max_problems:
             break
-        path = root / record.file
         try:
+            path = resolve_member(root, record.file, what=f"shards[{index}].file")
             _check_shard(path, manifest, record, seen, check_hashes, check_values)
         except (HsDatasetError, OSError) as exc:
             result.problems.append(str(exc))
@@ -92,8 +86,6 @@ def _check_directory(root: Path, manifest: Manifest, result: VerifyResult) -> No
 
 
 def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], check_hashes: bool, check_values: bool) -> None:
-    if not path.exists():
-        raise IntegrityError(f"{path}: listed in the manifest but missing")
     reader = ShardReader(path, manifest=manifest, record=record, verify_hash=check_hashes)
     for sid in reader.sample_ids:
         if sid in seen:
@@ -123,31 +115,9 @@ def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> 
     info = manifest.metadata.get("final_norm") or {}
     if "weight_file" not in info:
         return
-    path = root / info["weight_file"]
-    if not path.exists():
-        result.problems.append(f"{path}: final-norm weight listed in the manifest is missing")
-        return
-    if info.get("weight_sha256") and sha256_file(path) != info["weight_sha256"]:
-        result.problems.append(f"{path}: sha256 differs from the manifest (corrupted norm weight)")
-
-
-# ---------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="dataset directory (holds manifest.json)")
-    parser.add_argument("--no-hashes", action="store_true", help="skip sha256 checks (fast structural check only)")
-    parser.add_argument("--no-values", action="store_true", help="skip the NaN/inf scan of every state")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    result = verify_dataset(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
-    if args.json:
-        print(json.dumps({"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}))
-    elif result.ok:
-        print(result.summary())
-    else:
-        for problem in result.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        print(f"verification FAILED: {len(result.problems)} problem(s) in {args.path}", file=sys.stderr)
-    return 0 if result.ok else 1
-
+    try:
+        load_norm_weight(root, info, where=str(root / MANIFEST_NAME), hidden_size=manifest.hidden_size)
+    except FileNotFoundError:
+        result.problems.append(f"{root / str(info['weight_file'])}: final-norm weight listed in the manifest is missing")
+    except (HsDatasetError, OSError) as exc:
+        result.problems.append(str(exc))

@@ -17,7 +17,6 @@ Guarantees (docs/FORMAT.md, "Writing"):
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -31,6 +30,7 @@ from typing import Any, Iterable
 
 import torch
 
+from hs_dataset.dtypes import state_dtype
 from hs_dataset.faults import crash_point
 from hs_dataset.errors import (
     DiskFullError,
@@ -41,9 +41,11 @@ from hs_dataset.errors import (
     NonFiniteStateError,
     SampleError,
 )
+from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.encoding import SCALE_SUFFIX, all_finite, encode_state, get_encoding, state_encoding_for, tensor_bytes
-from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
+from hs_dataset.formats.hashing import sha256_fileobj
+from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.safetensors_layout import build_header, read_header
 from hs_dataset.formats.shard_layout import (
@@ -62,22 +64,9 @@ from hs_dataset.formats.shard_layout import (
 )
 from hs_dataset.sample import CapturedSample
 
-__all__ = ["ShardWriter", "WriterReport", "dtype_name", "parse_dtype"]
+__all__ = ["ShardWriter", "WriterReport"]
 
-_LOCK_NAME = ".lock"
 _HASH_CHUNK = 8 * 1024 * 1024
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return _DTYPE_NAMES[dtype]
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    for dtype, dname in _DTYPE_NAMES.items():
-        if dname == name:
-            return dtype
-    raise ValueError(f"unsupported state dtype {name!r}; use one of {sorted(_DTYPE_NAMES.values())}")
 
 
 @dataclass
@@ -154,7 +143,7 @@ class ShardWriter:
             raise ValueError(f"metadata lacks {missing}; the manifest must say what the states mean")
         self.root = Path(root)
         self.metadata = dict(metadata)
-        self.state_dtype = parse_dtype(self.metadata["dtype"])
+        self.state_dtype = state_dtype(self.metadata["dtype"])
         self.num_aux = len(self.metadata["aux_layer_ids"])
         self.hidden_size = int(self.metadata["hidden_size"])
         self.state_encoding = get_encoding(state_encoding_for(self.state_dtype, storage))
@@ -175,7 +164,7 @@ class ShardWriter:
         self._closed = False
 
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._acquire_dir_lock()
+        self._lock_fd = acquire_dir_lock(self.root)
         try:
             self.manifest = self._open_or_create(final_norm_weight, created_by)
         except BaseException:
@@ -184,18 +173,6 @@ class ShardWriter:
         self._pool = ThreadPoolExecutor(max_workers=writer_threads, thread_name_prefix="hs-shard-writer")
 
     # ------------------------------------------------------------------ open
-    def _acquire_dir_lock(self) -> int:
-        fd = os.open(self.root / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ForeignDatasetError(
-                f"{self.root} is being written by another process; wait for it, or give each process its own "
-                "output directory (shard_prefix / --rank) and merge afterwards"
-            ) from None
-        return fd
-
     def _tensor_table(self) -> dict[str, dict[str, Any]]:
         state = {"encoding": self.state_encoding.name}
         return {
@@ -209,7 +186,7 @@ class ShardWriter:
     def _open_or_create(self, final_norm_weight: torch.Tensor | None, created_by: str | None) -> Manifest:
         from hs_dataset.version import __version__
 
-        entries = [e for e in os.listdir(self.root) if e != _LOCK_NAME]
+        entries = [e for e in os.listdir(self.root) if e != LOCK_NAME]
         for name in entries:
             if is_temp_name(name):
                 remove_quietly(self.root / name)
@@ -268,9 +245,9 @@ class ShardWriter:
 
     def _resume(self, manifest: Manifest, entries: list[str]) -> None:
         listed = {s.file for s in manifest.shards}
-        for record in manifest.shards:
-            path = self.root / record.file
-            if not path.exists() or path.stat().st_size != record.bytes:
+        for index, record in enumerate(manifest.shards):
+            path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
+            if not path.is_file() or path.stat().st_size != record.bytes:
                 raise IntegrityError(
                     f"{path}: listed in the manifest but missing or of the wrong size; run `hs-dataset verify {self.root}` "
                     "and restore the file (or start a new output directory)"
@@ -281,7 +258,7 @@ class ShardWriter:
                 self._adopt_orphan(manifest, name)
         for record in manifest.shards:
             match = SHARD_NAME_RE.match(Path(record.file).name)
-            ids = _shard_sample_ids(self.root / record.file)
+            ids = _shard_sample_ids(resolve_member(self.root, record.file, what="shards[].file"))
             self._stored_ids.update(ids)
             if match and match.group("prefix") == self.shard_prefix:
                 self._next_seq = max(self._next_seq, int(match.group("seq")) + 1)
@@ -291,11 +268,11 @@ class ShardWriter:
         """A crash between rename and manifest update leaves a complete shard: hash it and list it."""
         path = self.root / name
         try:
-            with open(path, "rb") as f:
+            with open_regular(path, what="unlisted shard") as f:
                 specs, meta, _ = read_header(f, str(path))
-            if meta.get("dataset_id") != manifest.dataset_id or meta.get("format") != SHARD_FORMAT:
-                raise FormatError(f"{path}: belongs to another dataset")
-            digest = sha256_file(path)
+                if meta.get("dataset_id") != manifest.dataset_id or meta.get("format") != SHARD_FORMAT:
+                    raise FormatError(f"{path}: belongs to another dataset")
+                digest = sha256_fileobj(f)
             ids = json.loads(meta["sample_ids"])
             record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, digest)
         except (FormatError, KeyError, ValueError, OSError):
@@ -571,7 +548,7 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
 
 
 def _shard_sample_ids(path: Path) -> list[str]:
-    with open(path, "rb") as f:
+    with open_regular(path, what="shard") as f:
         _specs, meta, _ = read_header(f, str(path))
     try:
         return list(json.loads(meta["sample_ids"]))

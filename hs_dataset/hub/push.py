@@ -31,12 +31,11 @@ The push is resumable and bounded:
 ``open_pushed(repo_or_dir, config)`` downloads ``<config>/`` (or reads an already
 downloaded copy), checks every shard's and the norm weight's sha256 against the
 manifest, loads the index with ``datasets.load_dataset(dir, config)`` and returns it
-with :class:`hs_dataset.builder.ShardTransform` set, so rows carry the tensors.
+with :class:`hs_dataset.formats.index.ShardTransform` set, so rows carry the tensors.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -48,8 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from hs_dataset.errors import UsageError
 from hs_dataset.faults import crash_point
-from hs_dataset.formats.hashing import sha256_file
+from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
+from hs_dataset.formats.paths import open_regular, resolve_member
 
 __all__ = [
     "push_to_hub",
@@ -60,14 +61,12 @@ __all__ = [
     "PushReport",
     "DEFAULT_COMMIT_BYTES",
     "DEFAULT_COMMIT_FILES",
-    "add_arguments",
-    "run",
 ]
 
 logger = logging.getLogger(__name__)
 
 REPO_TYPE = "dataset"
-SHARDS_FOLDER = "hs_shards"  # == hs_dataset.builder.SHARDS_DIR (not imported: that pulls in datasets)
+SHARDS_FOLDER = "hs_shards"
 FIGURES_FOLDER = "figures"
 README = "README.md"
 DEFAULT_COMMIT_BYTES = 16 * 1024**3  # per shard commit
@@ -99,6 +98,15 @@ class PushReport:
             f"({self.bytes_uploaded / 2**20:.1f} MiB) in {len(self.commits)} commit(s), "
             f"{len(self.skipped)} already there, {len(self.deleted)} stale file(s) deleted"
         )
+
+
+_MAX_RUN_REPORT_BYTES = 64 * 1024 * 1024
+
+
+def _sha256_of(local: Path) -> str:
+    """Hash of a file checked not to be a link (so the upload can be compared with what was checked)."""
+    with open_regular(local, what="dataset file") as f:
+        return sha256_fileobj(f)
 
 
 @dataclass
@@ -147,7 +155,7 @@ def _human(n: float) -> str:
 def write_index(dataset: Any, out_dir: Path, *, max_file_bytes: int = DEFAULT_INDEX_FILE_BYTES) -> tuple[list[Path], int, int]:
     """Write the index rows of ``dataset`` as ``train-NNNNN-of-NNNNN.parquet`` files.
 
-    Rows are those of :data:`hs_dataset.builder.INDEX_FEATURES`, in manifest order;
+    Rows are those of :func:`hs_dataset.formats.index.index_rows` (``INDEX_FEATURES``), in manifest order;
     ``shard_file`` is the shard's path relative to the dataset directory (= to the
     uploaded ``hs_shards`` folder). Returns (files, arrow bytes, supervised tokens).
     The bytes are deterministic for the same data and pyarrow version.
@@ -155,7 +163,7 @@ def write_index(dataset: Any, out_dir: Path, *, max_file_bytes: int = DEFAULT_IN
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hs_dataset.builder import INDEX_FEATURES
+    from hs_dataset.formats.index import INDEX_FEATURES, index_rows
 
     schema = INDEX_FEATURES.arrow_schema
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -178,34 +186,23 @@ def write_index(dataset: Any, out_dir: Path, *, max_file_bytes: int = DEFAULT_IN
             values.clear()
         buffered = 0
 
-    for shard_index, record in enumerate(dataset.manifest.shards):
-        reader = dataset.shard(shard_index)
-        input_ids = reader.tensor("input_ids")
-        loss_mask = reader.tensor("loss_mask")
-        for i, sid in enumerate(reader.sample_ids):
-            begin, end = reader.token_range(i)
-            row_bytes = 8 * (end - begin) + 64 + len(sid) + len(record.file)
-            if writer is None or (written > 0 and written + row_bytes > max_file_bytes):
-                if writer is not None:
-                    flush()
-                    writer.close()
-                path = out_dir / f".part-{len(parts):05d}.parquet"
-                writer = pq.ParquetWriter(path, schema)
-                parts.append(path)
-                written = 0
-            supervised = int(loss_mask[begin:end].sum())
-            supervised_total += supervised
-            columns["sample_id"].append(sid)
-            columns["input_ids"].append(input_ids[begin:end].numpy())
-            columns["seq_len"].append(end - begin)
-            columns["num_supervised"].append(supervised)
-            columns["shard_file"].append(record.file)
-            columns["index_in_shard"].append(i)
-            columns["shard_sha256"].append(record.sha256)
-            written += row_bytes
-            buffered += row_bytes
-            if len(columns["sample_id"]) >= 4096 or buffered >= 64 * 1024**2:  # bounded row groups
+    for row in index_rows(dataset):
+        row_bytes = 8 * row["seq_len"] + 64 + len(row["sample_id"]) + len(row["shard_file"])
+        if writer is None or (written > 0 and written + row_bytes > max_file_bytes):
+            if writer is not None:
                 flush()
+                writer.close()
+            path = out_dir / f".part-{len(parts):05d}.parquet"
+            writer = pq.ParquetWriter(path, schema)
+            parts.append(path)
+            written = 0
+        supervised_total += row["num_supervised"]
+        for name, value in row.items():
+            columns[name].append(value)
+        written += row_bytes
+        buffered += row_bytes
+        if len(columns["sample_id"]) >= 4096 or buffered >= 64 * 1024**2:  # bounded row groups
+            flush()
     if writer is None:  # an empty dataset still gets one (empty) index file
         path = out_dir / ".part-00000.parquet"
         writer = pq.ParquetWriter(path, schema)
@@ -250,12 +247,14 @@ def _load_template(name: str):
 
 
 def _run_summary(root: Path) -> dict[str, Any] | None:
-    path = root / "run_report.json"
+    path = resolve_member(root, "run_report.json", what="run report")
     if not path.exists():
         return None
     try:
-        runs = json.loads(path.read_text()).get("runs") or []
-    except (ValueError, AttributeError):
+        with open_regular(path, what="run report") as f:
+            runs = json.loads(f.read(_MAX_RUN_REPORT_BYTES)).get("runs") or []
+        runs = [r for r in runs if isinstance(r, dict)]
+    except (ValueError, AttributeError, TypeError):
         return None
     if not runs:
         return None
@@ -314,7 +313,7 @@ def render_card(
     try:
         card = load_card(md.get("config_name") or config)
         description = card.description
-        card_meta = dict(card.raw.get("dataset_card") or {})
+        card_meta = card.dataset_card.front_matter()
     except (CardError, KeyError, TypeError, ValueError):
         description, card_meta = "", {}
     tokens = manifest.num_tokens
@@ -393,7 +392,7 @@ def _dataset_info_yaml(config: str, rows: int, num_bytes: int, download_bytes: i
     from datasets.info import DatasetInfo, DatasetInfosDict
     from huggingface_hub import DatasetCardData
 
-    from hs_dataset.builder import INDEX_FEATURES
+    from hs_dataset.formats.index import INDEX_FEATURES
 
     info = DatasetInfo(
         features=INDEX_FEATURES,
@@ -489,9 +488,9 @@ def push_to_hub(
     manifest = dataset.manifest
     config = config_name or manifest.metadata.get("config_name")
     if not config or not _CONFIG_RE.match(str(config)):
-        raise ValueError(f"config name {config!r} cannot name a repo folder; pass config_name= (letters, digits, '.', '_', '-')")
+        raise UsageError(f"config name {config!r} cannot name a repo folder; pass config_name= (letters, digits, '.', '_', '-')")
     if commit_bytes < 1 or commit_files < 1:
-        raise ValueError("commit_bytes and commit_files must be >= 1")
+        raise UsageError("commit_bytes and commit_files must be >= 1")
     api = api if api is not None else HfApi(token=token)
     branch = revision or "main"
     report = PushReport(repo_id=repo_id, config=config, revision=branch)
@@ -499,8 +498,8 @@ def push_to_hub(
     # ---- what we publish: the dataset directory's files, checked locally first (sizes)
     shards_prefix = f"{config}/{SHARDS_FOLDER}"
     data_files: list[_Local] = []
-    for record in manifest.shards:
-        local = root / record.file
+    for index, record in enumerate(manifest.shards):
+        local = resolve_member(root, record.file, what=f"shards[{index}].file")
         if not local.is_file():
             raise IntegrityError(f"{local}: shard listed in the manifest is missing")
         size = local.stat().st_size
@@ -509,10 +508,14 @@ def push_to_hub(
         data_files.append(_Local(local, f"{shards_prefix}/{record.file}", size, record.sha256))
     norm = manifest.metadata.get("final_norm") or {}
     if norm.get("weight_file"):
-        local = root / norm["weight_file"]
+        local = resolve_member(root, norm["weight_file"], what="metadata.final_norm.weight_file")
         if not local.is_file():
             raise IntegrityError(f"{local}: the final-norm weight named by the manifest is missing")
-        data_files.append(_Local(local, f"{shards_prefix}/{norm['weight_file']}", local.stat().st_size, norm.get("weight_sha256")))
+        # checked here (no link, a valid [H] weight, its recorded hash); the upload must hash the same
+        from hs_dataset.formats.reader import load_norm_weight
+
+        load_norm_weight(root, norm, where=str(root / "manifest.json"), hidden_size=manifest.hidden_size)
+        data_files.append(_Local(local, f"{shards_prefix}/{norm['weight_file']}", local.stat().st_size, norm.get("weight_sha256") or _sha256_of(local)))
 
     api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)
     if branch != "main":
@@ -555,7 +558,7 @@ def push_to_hub(
     try:
         meta_files: list[_Local] = []
         for name in ("manifest.json", "run_report.json"):
-            local = root / name
+            local = resolve_member(root, name, what="dataset file")
             if local.is_file():
                 meta_files.append(_Local(local, f"{shards_prefix}/{name}", local.stat().st_size))
         index_dir = work / "index"
@@ -671,7 +674,7 @@ def download_pushed(
 def _only_config(readme_text: str, where: str) -> str:
     names = _configs_of(readme_text)
     if len(names) != 1:
-        raise ValueError(f"{where} has configs {names}; pass config=")
+        raise UsageError(f"{where} has configs {names}; pass config=")
     return names[0]
 
 
@@ -690,11 +693,11 @@ def open_pushed(
     Downloads and verifies (:func:`download_pushed`), loads the index with
     ``datasets.load_dataset(<local copy>, config, split="train")`` (the card's
     ``configs:``), checks it against the manifest, and sets
-    :class:`hs_dataset.builder.ShardTransform` on it.
+    :class:`hs_dataset.formats.index.ShardTransform` on it.
     """
     import datasets
 
-    from hs_dataset.builder import ShardTransform
+    from hs_dataset.formats.index import ShardTransform
     from hs_dataset.errors import IntegrityError
     from hs_dataset.formats.manifest import Manifest
 
@@ -710,32 +713,3 @@ def open_pushed(
         raise IntegrityError(f"{root}/{config}: index rows point to shards the manifest does not list: {sorted(seen - known)[:3]}")
     index.set_transform(ShardTransform(str(shards_dir)))
     return index
-
-
-# ------------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="dataset directory (holds manifest.json)")
-    parser.add_argument("repo_id", help="dataset repository, e.g. user/kimi-k25-eagle3")
-    parser.add_argument("--config", dest="config_name", help="config (repo folder and datasets config); default: the manifest's config_name")
-    parser.add_argument("--revision", help="branch to push to (created from main if missing)")
-    parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
-    parser.add_argument("--token", help="Hub token (default: the saved login / HF_TOKEN)")
-    parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or huggingface.co)")
-    parser.add_argument("--commit-bytes", type=int, default=DEFAULT_COMMIT_BYTES, help="max shard bytes per commit")
-    parser.add_argument("--commit-files", type=int, default=DEFAULT_COMMIT_FILES, help="max files per commit")
-    parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip the statistics pass and the figures")
-    parser.add_argument("--stats-samples", type=int, help="compute the figures' statistics over the first N samples only")
-
-
-def run(args: argparse.Namespace) -> int:
-    from huggingface_hub import HfApi
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    api = HfApi(endpoint=args.endpoint, token=args.token)
-    report = push_to_hub(
-        args.path, args.repo_id, api=api, token=args.token, private=args.private, config_name=args.config_name,
-        revision=args.revision, commit_bytes=args.commit_bytes, commit_files=args.commit_files, plots=args.plots,
-        stats_samples=args.stats_samples,
-    )
-    print(report.summary())
-    return 0

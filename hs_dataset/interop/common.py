@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,10 +55,9 @@ __all__ = [
 EXPORT_RECORD_NAME = "hs_dataset_export.json"
 EXPORT_RECORD_FORMAT = "hs_dataset.export"
 EXPORT_RECORD_VERSION = 1
+_MAX_RECORD_BYTES = 64 * 1024 * 1024
 # Export temp files: hidden, and never ending in a name a reader globs for
 # (SpecForge lists every *.ckpt under its root; speculators looks up hs_{i}.safetensors).
-_TEMP_PREFIX = ".hs-tmp-"
-_TEMP_SUFFIX = ".part"
 
 
 class ExportError(HsDatasetError):
@@ -107,7 +105,12 @@ class ExportReport:
 
 # ---------------------------------------------------------------------------- files
 def temp_path(final: Path) -> Path:
-    return final.parent / f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{final.name}{_TEMP_SUFFIX}"
+    """The writer's temp name (formats.atomic: one prefix marks every unfinished file), plus
+    ``.part`` so that no trainer's glob for ``*.ckpt`` / ``*.safetensors`` picks it up."""
+    from hs_dataset.formats.atomic import temp_path_for
+
+    temp = temp_path_for(final)
+    return temp.with_name(temp.name + ".part")
 
 
 def write_file_atomic(final: Path, chunks: Sequence[memoryview | bytes]) -> int:
@@ -125,14 +128,16 @@ def remove_temp_files(root: Path) -> int:
     """Remove export temp files and temp directories (staged Arrow indexes) a crash left under ``root``."""
     import shutil
 
+    from hs_dataset.formats.atomic import is_temp_name
+
     removed = 0
     for dirpath, dirs, names in os.walk(root):
-        for name in [d for d in dirs if d.startswith(_TEMP_PREFIX)]:
+        for name in [d for d in dirs if is_temp_name(d)]:
             shutil.rmtree(os.path.join(dirpath, name), ignore_errors=True)
             dirs.remove(name)
             removed += 1
         for name in names:
-            if name.startswith(_TEMP_PREFIX):
+            if is_temp_name(name):
                 try:
                     os.unlink(os.path.join(dirpath, name))
                     removed += 1
@@ -212,12 +217,14 @@ def num_hidden_layers(ds: "HiddenStateDataset", override: int | None, target: st
 
 # ---------------------------------------------------------------------------- destination + record
 def read_export_record(dest: str | os.PathLike) -> dict[str, Any] | None:
-    path = Path(dest) / EXPORT_RECORD_NAME
-    if not path.exists():
+    from hs_dataset.formats.paths import open_member
+
+    if not (Path(dest) / EXPORT_RECORD_NAME).exists():
         return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # the record of a directory we are handed is untrusted: no links, bounded size
+        with open_member(dest, EXPORT_RECORD_NAME, what="export record") as f:
+            record = json.loads(f.read(_MAX_RECORD_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or record.get("format") != EXPORT_RECORD_FORMAT:
         return None
@@ -236,6 +243,14 @@ def _is_within(child: Path, parent: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def refuse_to_wipe_dataset(dest: Path) -> None:
+    """``--overwrite`` (export or import) never deletes an hs_dataset dataset: captures cost GPU-days."""
+    from hs_dataset.formats.manifest import is_dataset_dir
+
+    if is_dataset_dir(dest):
+        raise ExportError(f"{dest} is an hs_dataset dataset directory; --overwrite will not delete it (remove it yourself)")
 
 
 def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[str, Any], overwrite: bool) -> bool:
@@ -269,13 +284,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         problem = f"{dest} is not empty ({len(entries)} entries, e.g. {entries[:3]}) and holds no hs_dataset export"
     if not overwrite:
         raise ExportError(f"{problem}; pass --overwrite to replace its contents, or choose another destination")
-    if (dest / "manifest.json").exists():
-        try:
-            is_dataset = json.loads((dest / "manifest.json").read_text()).get("format") == "hs_dataset"
-        except (OSError, ValueError, AttributeError):
-            is_dataset = False
-        if is_dataset:
-            raise ExportError(f"{dest} is an hs_dataset dataset directory; --overwrite will not delete it (remove it yourself)")
+    refuse_to_wipe_dataset(dest)
     for name in entries:
         path = dest / name
         if path.is_dir() and not path.is_symlink():

@@ -18,14 +18,14 @@ card named by ``config`` (if it is a card); speculators'/SpecForge's default fro
 
 Inconsistent files are refused by name: missing keys, shape mismatches between
 tensors or with the first file, token_ids != input_ids, mixed dtypes. ``.ckpt`` files
-are read with ``torch.load(..., weights_only=True)`` only: never an arbitrary unpickle.
+are read with ``torch.load(..., weights_only=True)`` only: never an arbitrary unpickle;
+``.ckpt.gz`` files are expanded with a size cap (:mod:`hs_dataset.interop.bounded_gzip`),
+so a gzip bomb is refused with its name instead of filling memory.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -36,13 +36,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.atomic import is_temp_name
+from hs_dataset.formats.paths import resolve_member
+from hs_dataset.interop.bounded_gzip import CompressedInputError, gunzip_to_temp
 
 __all__ = ["ImportError_", "ImportReport", "import_speculators", "import_specforge", "IMPORT_FORMATS"]
 
 IMPORT_FORMATS = ("speculators", "specforge")
-_STATE_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-_TEMP_PREFIX = ".hs-tmp-"
 
 
 class ImportError_(HsDatasetError, ValueError):
@@ -136,7 +138,7 @@ def _settings(
     if recorded_ids is not None:
         sources.append((f"{src}/hs_dataset_export.json", [int(i) for i in recorded_ids]))
     if card is not None:
-        sources.append((f"config {card.name}", list(card.aux_layer_ids)))
+        sources.append((f"config {card.name}", list(card.layers.aux)))
     # The explicit value and the export record describe the files; they must agree.
     hard = [s for s in sources if not s[0].startswith("config ")]
     if len({tuple(ids) for _, ids in hard}) > 1:
@@ -144,20 +146,18 @@ def _settings(
     norm_weight = norm_eps = None
     model: dict[str, Any] = {"path": None, "id": model_id, "revision": None, "fingerprint": None}
     if card is not None:
-        model.update(path=card.model.get("path"), id=model_id or card.model.get("id"), revision=card.model.get("revision"))
+        model.update(path=card.model.path, id=model_id or card.model.id, revision=card.model.revision)
     source_model = ((record or {}).get("source") or {}).get("model")
     if isinstance(source_model, dict) and model_path is None:
         model.update({k: source_model.get(k) for k in ("path", "id", "revision", "fingerprint")})
     if model_path is not None:
-        from hs_dataset.capture.model_info import model_fingerprint, read_final_norm, resolve_model_path
+        from hs_dataset.capture.model_info import load_text_config, model_fingerprint, read_final_norm, resolve_model_path
 
         local = resolve_model_path(model_path)
         model.update(path=str(local), fingerprint=model_fingerprint(local))
         weight, eps = read_final_norm(local)
         norm_weight, norm_eps = weight, float(eps)  # type: ignore[assignment]
-        config_json = json.loads((local / "config.json").read_text())
-        text = config_json.get("text_config") or config_json
-        model_layers = text.get("num_hidden_layers")
+        model_layers = load_text_config(local).get("num_hidden_layers")
         if num_hidden_layers is not None and model_layers is not None and int(model_layers) != int(num_hidden_layers):
             raise ImportError_(f"--num-hidden-layers {num_hidden_layers} contradicts {local}/config.json ({model_layers})")
         num_hidden_layers = num_hidden_layers or model_layers
@@ -167,12 +167,8 @@ def _settings(
     num_hidden_layers = num_hidden_layers if num_hidden_layers is not None else recorded_layers
     if norm_weight is None and fmt == "speculators":
         norm = (record or {}).get("final_norm")
-        if isinstance(norm, dict) and (src / norm.get("weight_file", "")).is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(src / norm["weight_file"]), framework="pt") as f:
-                norm_weight = f.get_tensor(norm.get("weight_key", "weight"))
-            norm_eps = float(norm["eps"])
+        if isinstance(norm, dict) and "weight_file" in norm:
+            norm_weight, norm_eps = _recorded_norm(src, norm)
     ids = sources[0][1] if sources else (_default_ids(int(num_hidden_layers)) if num_hidden_layers else None)
     if card is not None:
         fingerprint = card.fingerprint
@@ -192,6 +188,21 @@ def _settings(
     )
 
 
+def _recorded_norm(src: Path, norm: dict[str, Any]) -> tuple[torch.Tensor | None, float | None]:
+    """The final norm an export record names (through the one norm reader: no links, inside ``src``)."""
+    from hs_dataset.formats.reader import load_norm_weight
+
+    where = str(src / "hs_dataset_export.json")
+    try:
+        weight = load_norm_weight(src, norm, where=where)
+    except FileNotFoundError:
+        return None, None
+    eps = norm.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+        raise ImportError_(f"{where}: final_norm.eps must be a small non-negative number, got {str(eps)[:40]}")
+    return weight, float(eps)
+
+
 def _metadata(settings: _Settings, fmt: str, src: Path, *, k: int, hidden: int, dtype: torch.dtype, where: str) -> dict[str, Any]:
     ids = settings.aux_layer_ids
     if ids is None:
@@ -205,11 +216,13 @@ def _metadata(settings: _Settings, fmt: str, src: Path, *, k: int, hidden: int, 
         raise ImportError_(f"aux layer ids {ids} must be ascending, distinct, non-negative HF hidden_states indexes")
     if settings.num_hidden_layers is not None and max(ids) >= settings.num_hidden_layers:
         raise ImportError_(f"aux layer ids {ids} reach past the {settings.num_hidden_layers} decoder layers (id L is the final state)")
-    if dtype not in _STATE_DTYPES:
-        raise ImportError_(f"{where}: states are {dtype}; only bfloat16, float16 and float32 can be stored")
-    if settings.card_dtype is not None and settings.card_dtype != _STATE_DTYPES[dtype]:
+    try:
+        dtype_name = state_dtype_name(dtype)
+    except ValueError:
+        raise ImportError_(f"{where}: states are {dtype}; only bfloat16, float16 and float32 can be stored") from None
+    if settings.card_dtype is not None and settings.card_dtype != dtype_name:
         raise ImportError_(
-            f"{where}: states are {_STATE_DTYPES[dtype]} but config {settings.config_name!r} captures {settings.card_dtype}; "
+            f"{where}: states are {dtype_name} but config {settings.config_name!r} captures {settings.card_dtype}; "
             "name another config (or a free-form name with --aux-layer-ids)"
         )
     if settings.norm_weight is not None and tuple(settings.norm_weight.shape) != (hidden,):
@@ -221,7 +234,7 @@ def _metadata(settings: _Settings, fmt: str, src: Path, *, k: int, hidden: int, 
         "aux_layer_ids": ids,
         "layer_convention": "hf_hidden_states_index",
         "final_state": "pre_norm" if fmt == "speculators" else "post_norm",
-        "dtype": _STATE_DTYPES[dtype],
+        "dtype": dtype_name,
         "hidden_size": hidden,
         "num_hidden_layers": settings.num_hidden_layers,
         "backend": {"name": "import", "format": {"speculators": "speculators 0.9.0", "specforge": "specforge 0.2.0"}[fmt], "source": str(src)},
@@ -237,6 +250,9 @@ def _prepare_dest(src: Path, dest: Path, overwrite: bool) -> None:
         if a == b or b in a.parents:
             raise ImportError_(f"destination {dest} overlaps the source {src}; import into a separate directory")
     if overwrite and dest.exists() and any(dest.iterdir()):
+        from hs_dataset.interop.common import refuse_to_wipe_dataset
+
+        refuse_to_wipe_dataset(dest)
         for entry in dest.iterdir():
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
@@ -334,7 +350,8 @@ def import_speculators(
     src, dest = Path(src), Path(dest)
     if not (src / "state.json").is_file():
         raise ImportError_(f"{src}: no Arrow dataset (state.json missing); expected a `speculators prepare-data` output directory")
-    hs_dir = Path(hidden_states_path) if hidden_states_path else src / "hidden_states"
+    # file names are ours, but the directory is untrusted: no links out of it (the one resolver)
+    hs_root, hs_prefix = (Path(hidden_states_path), "") if hidden_states_path else (src, "hidden_states/")
     settings = _settings(src, "speculators", config=config, aux_layer_ids=aux_layer_ids, num_hidden_layers=num_hidden_layers, model_path=model_path, model_id=model_id)
     _prepare_dest(src, dest, overwrite)
     data = datasets.load_from_disk(str(src))
@@ -348,7 +365,7 @@ def import_speculators(
 
     def items() -> Iterator[tuple[str, str, Callable[[], Any]]]:
         for idx in range(len(data)):
-            path = hs_dir / f"hs_{idx}.safetensors"
+            path = resolve_member(hs_root, f"{hs_prefix}hs_{idx}.safetensors", what="hidden states file", where=str(hs_root))
             sid = sample_ids[idx] if sample_ids is not None else f"speculators-{idx:08d}"
             if not path.is_file():
                 if skip_missing:
@@ -394,8 +411,10 @@ def _specforge_files(src: Path) -> list[tuple[int | None, Path]]:
     files = [
         p
         for p in src.rglob("*")
-        if p.is_file() and (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not p.name.startswith(_TEMP_PREFIX)
+        if p.is_file() and (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not is_temp_name(p.name)
     ]
+    for p in files:  # a link among the files could lead the import outside the source
+        resolve_member(src, p.relative_to(src).as_posix(), what="SpecForge file", where=str(src))
     indexed = [(int(m.group(1)) if (m := _DATA_RE.match(p.name)) else None, p) for p in files]
     if indexed and all(i is not None for i, _ in indexed):
         seen: dict[int, Path] = {}
@@ -407,13 +426,19 @@ def _specforge_files(src: Path) -> list[tuple[int | None, Path]]:
     return sorted(indexed, key=lambda x: str(x[1]))
 
 
+def _torch_load(path: Path) -> Any:
+    """``torch.load`` of a plain or gzipped ckpt, memory-mapped; a .gz is expanded with a cap (bounded_gzip)."""
+    if not path.name.endswith(".gz"):
+        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    with gunzip_to_temp(path) as plain:  # the mapping outlives the (unlinked) temporary file
+        return torch.load(plain.name, weights_only=True, mmap=True, map_location="cpu")
+
+
 def _load_ckpt(path: Path) -> dict[str, Any]:
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                raw = torch.load(io.BytesIO(f.read()), weights_only=True, map_location="cpu")
-        else:
-            raw = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        raw = _torch_load(path)
+    except CompressedInputError as exc:
+        raise ImportError_(str(exc)) from None
     except Exception as exc:  # truncated zip, or a pickle weights_only refuses
         raise ImportError_(f"{path}: cannot be read with torch.load(weights_only=True) ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, dict):

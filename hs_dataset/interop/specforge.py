@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hs_dataset.errors import FormatError
+from hs_dataset.errors import FormatError, UsageError
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
@@ -115,7 +115,7 @@ def export_specforge(
     from hs_dataset.formats.reader import open_dataset
 
     if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
+        raise UsageError(f"group_size must be >= 1, got {group_size}")
     src, dest = Path(src), Path(dest)
     ds = open_dataset(src, verify_hashes=verify_hashes)
     check_layer_convention(ds, "SpecForge")

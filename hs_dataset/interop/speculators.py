@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hs_dataset.errors import FormatError
+from hs_dataset.errors import FormatError, IntegrityError
 from hs_dataset.formats.encoding import tensor_bytes
 from hs_dataset.interop.common import (
     ExportMismatchError,
@@ -171,6 +171,8 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
 
     try:
         weight, eps = ds.final_norm()
+    except IntegrityError:
+        raise  # a corrupted or linked-out norm file is an error, not "no norm recorded"
     except (FormatError, KeyError, ValueError, TypeError):
         return None
     from hs_dataset.formats.encoding import safetensors_dtype

@@ -11,7 +11,8 @@ Card keys read (``sglang:`` section unless noted; all optional except where said
 ``tp``                tensor-parallel size (default 1)
 ``host`` / ``port``   listen address (default 127.0.0.1:30000)
 ``module_path``       decoder-stack module (default ``model.text_module`` or ``model``)
-``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks``
+``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks`` (refused where the installed
+                      decoder layer's ``forward`` does not return the residual: read from its source)
 ``radix_cache``       keep SGLang's prefix cache on (default false: ``--disable-radix-cache``)
 ``chunked_prefill_size``  passed through when set (chunks are assembled into one dump)
 ``startup_timeout_s`` seconds to wait for ``/health`` (default 900)
@@ -24,21 +25,20 @@ top level: ``model.path`` (or ``model.id``), ``layers.aux``, ``dtype``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from hs_dataset.config import Card, card_from_dict
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.server_patch import protocol
 
@@ -51,8 +51,6 @@ __all__ = [
     "launch",
     "default_server_python",
     "resolve_server_model_path",
-    "add_arguments",
-    "run",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,22 +88,22 @@ def _model_config(model_path: str) -> dict:
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
         return {}
+    from hs_dataset.capture.model_info import text_config
+
     cfg = json.loads(cfg_path.read_text())
-    text = cfg.get("text_config")
-    if isinstance(text, dict):  # multimodal wrappers (Kimi-K2.5): layers live in the text config
-        merged = dict(text)
-        merged["architectures"] = cfg.get("architectures") or text.get("architectures")
-        return merged
-    return cfg
+    text = dict(text_config(cfg))  # multimodal wrappers (Kimi-K2.5): layers live in the text config
+    text["architectures"] = cfg.get("architectures") or text.get("architectures")  # the served class is the wrapper's
+    return text
 
 
 def _probe_server_env(python: str) -> dict:
     code = (
-        "import importlib.metadata as m, importlib.util as u, json\n"
+        "import importlib.metadata as m, importlib.util as u, json, os\n"
         "out = {'sglang': None}\n"
         "try:\n    out['sglang'] = m.version('sglang')\nexcept m.PackageNotFoundError:\n    pass\n"
         "out['hs_dataset'] = u.find_spec('hs_dataset') is not None\n"
         "s = u.find_spec('sgl_kernel')\nout['sgl_kernel'] = s.origin if s else None\n"
+        "s = u.find_spec('sglang')\nout['sglang_dir'] = os.path.dirname(s.origin) if s and s.origin else None\n"
         "print(json.dumps(out))\n"
     )
     if not os.path.exists(python):
@@ -120,6 +118,28 @@ def _probe_server_env(python: str) -> dict:
     if not info.get("sglang"):
         raise ServeError(f"sglang is not installed in {python}: run `make sglang-env`")
     return info
+
+
+def _installed_source(sglang_dir: str | None) -> Callable[[str, str], str | None]:
+    """``read_source`` for :func:`protocol.layer_hooks_problem`: a module's file in the server env, unimported."""
+
+    def read(module: str, class_name: str) -> str | None:
+        if not sglang_dir or not module.startswith("sglang."):
+            return None
+        path = Path(sglang_dir, *module.split(".")[1:]).with_suffix(".py")
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    return read
+
+
+def _refuse_wrong_layer_outputs(architectures: Sequence[str], info: dict, version: str) -> None:
+    """Refuse ``layer_hooks`` where the installed decoder layers do not return the residual (read from source)."""
+    problem = protocol.layer_hooks_problem(architectures, _installed_source(info.get("sglang_dir")))
+    if problem:
+        raise ServeError(f"mechanism 'layer_hooks' on SGLang {version}: {problem}")
 
 
 def default_staging_dir(host: str, port: int) -> str:
@@ -170,7 +190,7 @@ class ServerPlan:
 
 
 def plan_server(
-    card: Any,
+    card: Card | Mapping[str, Any],
     *,
     port: int | None = None,
     host: str | None = None,
@@ -180,7 +200,10 @@ def plan_server(
     extra_args: Sequence[str] = (),
     sglang_overrides: Mapping[str, Any] | None = None,
 ) -> ServerPlan:
-    """Build the server command for a card (a :class:`hs_dataset.config.Card` or its raw dict)."""
+    """Build the server command for a card (a :class:`hs_dataset.config.Card` or a mapping validated as one).
+
+    ``sglang_overrides`` are merged into the card's ``sglang`` section (and validated with it).
+    """
     from hs_dataset.server_patch.protocol import (
         LayerIdError,
         layer_hook_targets,
@@ -189,25 +212,25 @@ def plan_server(
         validate_hf_ids,
     )
 
-    raw = card.raw if hasattr(card, "raw") else dict(card)
-    sg = dict(raw.get("sglang") or {})
-    sg.update(sglang_overrides or {})
-    model = dict(raw.get("model") or {})
-    aux = list((raw.get("layers") or {}).get("aux") or [])
-    dtype = raw.get("dtype", "bfloat16")
-    host = host or sg.get("host", "127.0.0.1")
-    port = int(port or sg.get("port", 30000))
-    python = python or sg.get("python") or default_server_python()
+    card = card if isinstance(card, Card) else card_from_dict(card)
+    if sglang_overrides:
+        card = card.with_overrides(sglang=dict(sglang_overrides))
+    sg, model = card.sglang, card.model
+    aux = list(card.layers.aux)
+    dtype = card.dtype
+    host = host or sg.host
+    port = int(port or sg.port)
+    python = python or sg.python or default_server_python()
     if not os.path.isabs(python) and os.sep in python:
         python = str(REPO_ROOT / python)
-    device = sg.get("device", "cuda")
-    module_path = sg.get("module_path") or model.get("text_module") or "model"
+    device = sg.device
+    module_path = sg.module_path or model.text_module or "model"
 
-    mpath = model_path or os.environ.get("HS_DATASET_MODEL_PATH") or model.get("path") or model.get("id")
+    mpath = model_path or os.environ.get("HS_DATASET_MODEL_PATH") or model.path or model.id
     mpath = resolve_server_model_path(mpath)
     mcfg = _model_config(mpath)
-    architectures = mcfg.get("architectures") or sg.get("architectures") or []
-    num_layers = mcfg.get("num_hidden_layers") or sg.get("num_hidden_layers")
+    architectures = mcfg.get("architectures") or sg.architectures or []
+    num_layers = mcfg.get("num_hidden_layers") or sg.num_hidden_layers
     if not num_layers:
         raise ServeError(
             f"cannot read num_hidden_layers for {mpath}: point model.path at a local snapshot with config.json "
@@ -218,13 +241,15 @@ def plan_server(
     info = _probe_server_env(python)
     version = info["sglang"]
     mechanism, status = support_for(version)
-    if sg.get("mechanism", "auto") not in ("auto", mechanism):
-        requested = sg["mechanism"]
+    if sg.mechanism not in ("auto", mechanism):
+        requested = sg.mechanism
         if requested == "layer_hooks" and mechanism == "aux_return":
             mechanism = "layer_hooks"
             notes.append("mechanism forced to layer_hooks by the card")
         else:
             raise ServeError(f"mechanism {requested!r} is not available on SGLang {version} (use {mechanism!r})")
+    if mechanism == "layer_hooks":
+        _refuse_wrong_layer_outputs(architectures, info, version)
     if model_family(architectures) != "deepseek" and mechanism == "layer_hooks":
         notes.append("layer_hooks on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
 
@@ -234,8 +259,8 @@ def plan_server(
     except LayerIdError as exc:
         raise ServeError(str(exc)) from None
 
-    staging = dict(sg.get("staging") or {})
-    staging_dir = os.path.abspath(staging_dir or staging.get("dir") or default_staging_dir(host, port))
+    staging = sg.staging
+    staging_dir = os.path.abspath(staging_dir or staging.dir or default_staging_dir(host, port))
     hook_config: dict[str, Any] = {
         "staging_dir": staging_dir,
         "hf_aux_layer_ids": hf_ids,
@@ -255,12 +280,8 @@ def plan_server(
         ("orphan_ttl_s", "orphan_ttl_s"),
         ("rid_prefix", "rid_prefix"),
     ):
-        if staging.get(key) is not None:
-            hook_config[cfg_key] = staging[key]
-    # Validate the config now (same class the server uses), so mistakes surface before a 1-minute start.
-    from hs_dataset.server_patch.capture import CaptureConfig
-
-    CaptureConfig.from_sources(hook_config, environ={})
+        if getattr(staging, key) is not None:
+            hook_config[cfg_key] = getattr(staging, key)
 
     specs: list[dict] = []
     if device == "cpu" and model_family(architectures) == "deepseek":
@@ -282,8 +303,8 @@ def plan_server(
 
     argv = ["-m", "sglang.launch_server", "--model-path", mpath, "--host", host, "--port", str(port)]
     argv += ["--dtype", dtype, "--skip-tokenizer-init"]
-    if int(sg.get("tp", 1)) != 1:
-        argv += ["--tp-size", str(int(sg["tp"]))]
+    if sg.tp != 1:
+        argv += ["--tp-size", str(sg.tp)]
     if device == "cpu":
         argv += ["--device", "cpu", "--disable-cuda-graph"]
     if mechanism == "aux_return":
@@ -293,17 +314,17 @@ def plan_server(
 
     if parse_version(version) >= (0, 5, 15):
         argv += ["--disable-prefill-cuda-graph"]  # the final-norm hook must run at prefill
-    if not sg.get("radix_cache", False):
+    if not sg.radix_cache:
         argv += ["--disable-radix-cache"]
     else:
         notes.append("radix cache ON: prompts that hit the prefix cache are refused unless the client forces a full prefill")
-    if sg.get("chunked_prefill_size") is not None:
-        argv += ["--chunked-prefill-size", str(int(sg["chunked_prefill_size"]))]
-    argv += [str(a) for a in (sg.get("args") or [])]
+    if sg.chunked_prefill_size is not None:
+        argv += ["--chunked-prefill-size", str(sg.chunked_prefill_size)]
+    argv += list(sg.args)
     argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
     argv += [str(a) for a in extra_args]
 
-    env = {str(k): str(v) for k, v in (sg.get("env") or {}).items()}
+    env = dict(sg.env)
     pypath: list[str] = []
     if not info.get("hs_dataset"):
         if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "hs_dataset").is_dir():
@@ -333,7 +354,7 @@ def plan_server(
         hf_aux_layer_ids=hf_ids,
         sglang_aux_layer_ids=sglang_ids,
         hook_config=hook_config,
-        startup_timeout_s=float(sg.get("startup_timeout_s", 900)),
+        startup_timeout_s=sg.startup_timeout_s,
         notes=notes,
     )
 
@@ -434,63 +455,3 @@ def launch(plan: ServerPlan, *, log_path: str | None = None, timeout: float | No
         f"the SGLang server did not become healthy within {deadline - start:.0f} s"
         + (f"; last log lines:\n{server.log_tail()}" if log_path else "")
     )
-
-
-# ---------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="card name (cards/NAME.yaml) or path to a card")
-    parser.add_argument("--port", type=int, default=None, help="listen port (default: the card's sglang.port or 30000)")
-    parser.add_argument("--host", default=None, help="listen address (default: the card's sglang.host or 127.0.0.1)")
-    parser.add_argument("--model-path", default=None, help="local model snapshot (overrides the card's model.path)")
-    parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")
-    parser.add_argument("--python", default=None, help="Python of the server environment (default .sglang-venv)")
-    parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
-    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra arguments passed to SGLang")
-
-
-def run(args: argparse.Namespace) -> int:
-    from hs_dataset.config import CardError, load_card
-
-    extra = list(args.extra or [])
-    if extra and extra[0] == "--":
-        extra = extra[1:]
-    try:
-        card = load_card(args.config)
-        plan = plan_server(
-            card,
-            port=args.port,
-            host=args.host,
-            staging_dir=args.staging_dir,
-            model_path=args.model_path,
-            python=args.python,
-            extra_args=extra,
-        )
-    except (CardError, ServeError, ValueError) as exc:
-        print(f"hs-dataset serve: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        print(plan.describe())
-        return 0
-    print(plan.describe(), file=sys.stderr)
-    try:
-        server = launch(plan, log_path=args.log)
-    except ServeError as exc:
-        print(f"hs-dataset serve: {exc}", file=sys.stderr)
-        return 1
-    print(f"SGLang capture server ready at {server.url} after {server.started_in_s:.0f} s (staging {plan.staging_dir})", flush=True)
-
-    def _terminate(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return int(server.proc.wait() or 0)
-    except KeyboardInterrupt:
-        print("hs-dataset serve: stopping the server", file=sys.stderr, flush=True)
-        server.stop()
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)

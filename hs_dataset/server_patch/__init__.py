@@ -1,7 +1,8 @@
 """Server-side code: runs INSIDE SGLang scheduler processes.
 
 Modules here may import only the standard library, torch, sglang and safetensors
-(never transformers, datasets or the rest of hs_dataset), because the server runs in
+(never transformers, datasets or the rest of hs_dataset, except the stdlib-only leaf
+``hs_dataset.errors`` for the shared error base class), because the server runs in
 its own environment (``make sglang-env``). The package ``__init__`` imports nothing.
 
 * :mod:`.dump_format` -- the dump contract shared with the client (rids, file names);

@@ -163,7 +163,15 @@ _STMT_CAPTURE = (
 _STMT_EMIT = "if _hs_ids: _hs_dataset_emit(forward_batch, _hs_ids, _hs_aux, hidden_states, residual)"
 
 
-class LegacyPatchError(Exception):
+try:
+    from hs_dataset.errors import HsDatasetError
+except ImportError:  # copied alone into the server environment: no hs_dataset to derive from
+
+    class HsDatasetError(Exception):  # type: ignore[no-redef]
+        """Stand-in for hs_dataset.errors.HsDatasetError when this file runs without hs_dataset."""
+
+
+class LegacyPatchError(HsDatasetError):
     """The patch cannot be checked, applied or reverted; the message says why and what to do."""
 
 
@@ -710,32 +718,34 @@ def _print_status(status: PatchStatus, args: argparse.Namespace, version: Option
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        path = Path(args.file) if args.file else locate_deepseek_v2(args.sglang_root, args.python)
-        version = None if args.file else sglang_version(path)
-        if args.action == "check":
-            status = check(path)
-            _print_status(status, args, version)
-            return {PatchState.PATCHED: 0, PatchState.UNPATCHED: 1}.get(status.state, 2)
-        if args.action == "apply" and args.dry_run:
-            text = _read(path)
-            sys.stdout.writelines(difflib.unified_diff(
-                _split_lines(text), _split_lines(patch_text(text)), str(path), f"{path} (patched)"))
-            return 0
-        status = apply(path) if args.action == "apply" else revert(path, force=args.force)
+    """Carry out the parsed action; refusals raise :class:`LegacyPatchError` (the caller reports them)."""
+    path = Path(args.file) if args.file else locate_deepseek_v2(args.sglang_root, args.python)
+    version = None if args.file else sglang_version(path)
+    if args.action == "check":
+        status = check(path)
         _print_status(status, args, version)
+        return {PatchState.PATCHED: 0, PatchState.UNPATCHED: 1}.get(status.state, 2)
+    if args.action == "apply" and args.dry_run:
+        text = _read(path)
+        sys.stdout.writelines(difflib.unified_diff(
+            _split_lines(text), _split_lines(patch_text(text)), str(path), f"{path} (patched)"))
         return 0
-    except LegacyPatchError as exc:
-        print(f"hs-dataset patch: error: {exc}", file=sys.stderr)
-        return 2
+    status = apply(path) if args.action == "apply" else revert(path, force=args.force)
+    _print_status(status, args, version)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Script entry point (``python legacy_patch.py``), for servers without hs_dataset installed."""
     parser = argparse.ArgumentParser(
         prog="legacy_patch.py", description="Check / apply / revert the hs_dataset capture patch (SGLang <= 0.5.5)."
     )
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except (LegacyPatchError, OSError) as exc:
+        print(f"legacy_patch.py: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ import stat
 import struct
 from typing import Iterable, Sequence
 
+from hs_dataset.errors import HsDatasetError
+from hs_dataset.server_patch.layer_outputs import decoder_layer_for, layer_hooks_problem  # re-exported: the client's door
+
 __all__ = [
     "DUMP_FORMAT",
     "DUMP_VERSION",
@@ -53,6 +56,8 @@ __all__ = [
     "sglang_eagle3_ids",
     "captured_hf_ids",
     "layer_hook_targets",
+    "decoder_layer_for",
+    "layer_hooks_problem",
 ]
 
 DUMP_FORMAT = "hs_dataset.dump"
@@ -127,7 +132,7 @@ SUPPORTED: list[tuple[tuple[int, int, int], tuple[int, int, int], str, str]] = [
 ]
 
 
-class UnsupportedVersionError(ValueError):
+class UnsupportedVersionError(HsDatasetError, ValueError):
     """This SGLang version cannot be captured from (the message names the fix)."""
 
 
@@ -147,7 +152,7 @@ def support_for(version: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------- the staging directory
-class StagingError(RuntimeError):
+class StagingError(HsDatasetError, RuntimeError):
     """The staging directory is unsafe or unusable."""
 
 
@@ -209,7 +214,7 @@ _DEEPSEEK_ARCHS = {
 _SHIFT_ALWAYS_ARCHS_PREFIXES = ("Llama", "Qwen2", "Qwen3", "Mistral")
 
 
-class LayerIdError(ValueError):
+class LayerIdError(HsDatasetError, ValueError):
     """An aux layer id cannot be captured on this model / SGLang version."""
 
 

@@ -23,7 +23,9 @@ Mechanisms (``CFG["mechanism"]``):
 ``layer_hooks`` (SGLang 0.5.9 - 0.5.19)
     hooks on ``embed_tokens`` / ``layers.{i-1}`` (one spec per aux id, with
     ``CFG["hook_hf_id"]``) record ``hidden + residual`` of each decoder layer output;
-    valid only where layer outputs are complete sums (checked at start-up).
+    valid only where layer outputs are complete sums and the layer still returns its
+    residual: the first ``layer_hook`` reads the loaded decoder class's ``forward``
+    (``layer_outputs.layer_hooks_problem``) and refuses to start otherwise (0.5.23).
 
 The ``model`` hook receives the ForwardBatch, so it is where a pass is split into
 requests and handed to the core; the norm/layer hooks only park tensors for it.
@@ -31,13 +33,17 @@ requests and handed to the core; the norm/layer hooks only park tensors for it.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import threading
 from typing import Any, Mapping
 
 import torch
 
+from hs_dataset.errors import HsDatasetError
 from hs_dataset.server_patch.capture import BatchView, CaptureConfig, CaptureCore
+from hs_dataset.server_patch.layer_outputs import layer_hooks_problem
 
 __all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]
 
@@ -47,7 +53,7 @@ _RUNTIME: "_Runtime | None" = None
 _RUNTIME_LOCK = threading.Lock()
 
 
-class SetupError(RuntimeError):
+class SetupError(HsDatasetError, RuntimeError):
     """The server is configured in a way capture cannot be correct for; raised at start-up."""
 
 
@@ -279,6 +285,21 @@ def norm_hook(config: Mapping[str, Any]):
     return hs_capture_norm_hook
 
 
+def _loaded_source(module: str, class_name: str) -> str | None:
+    """Source of the decoder class this server actually imports (``None`` if it cannot be found)."""
+    try:
+        return inspect.getsource(getattr(importlib.import_module(module), class_name))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+
+
+def check_layer_outputs(architectures: Any) -> None:
+    """:class:`SetupError` unless the loaded decoder layers return ``(hidden, residual)`` (``layer_hooks``' premise)."""
+    problem = layer_hooks_problem(architectures, _loaded_source)
+    if problem:
+        raise SetupError(f"hs_dataset capture cannot use mechanism 'layer_hooks' on SGLang {sglang_version()}: {problem}")
+
+
 def layer_hook(config: Mapping[str, Any]):
     """Factory for one aux layer (``layer_hooks`` mechanism); ``config["hook_hf_id"]`` names the HF index."""
     if "hook_hf_id" not in (config or {}):
@@ -287,6 +308,7 @@ def layer_hook(config: Mapping[str, Any]):
     rt = get_runtime(config)
     if rt.config.mechanism != "layer_hooks":
         raise SetupError("hs_dataset layer_hook is only used with mechanism 'layer_hooks'")
+    check_layer_outputs(rt.config.architectures)
 
     def hs_capture_layer_hook(module, inputs, output):
         rt.guard(rt.on_layer, hf_id, output)

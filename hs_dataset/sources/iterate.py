@@ -1,8 +1,9 @@
 """``iter_samples``: rows in, :class:`TokenizedSample` s out, every other outcome counted.
 
 This is the one place where the per-row policies meet: sample ids and duplicates,
-resume skipping, chat vs. pre-tokenized rows, ``max_length`` overflow, rows with
-nothing to learn, and strict vs. lenient handling of bad rows.
+resume skipping, chat vs. pre-tokenized rows, ``max_length`` overflow, the line and
+character caps that keep memory bounded by ``max_length`` (docs/SOURCES.md, "Size
+limits"), rows with nothing to learn, and strict vs. lenient handling of bad rows.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import torch
 
 from hs_dataset.errors import SourceError
 from hs_dataset.sample import TokenizedSample
+from hs_dataset.sources.char_cap import conversation_chars, encode_capped, row_char_cap
 from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
-from hs_dataset.sources.report import IssueKind, MalformedRowError, RowIssue, SourceReport
-from hs_dataset.sources.rows import BadRow, Source, open_source
+from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
+from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
 
-__all__ = ["Overflow", "iter_samples", "load_samples"]
+__all__ = ["BYTES_PER_CHAR", "Overflow", "iter_samples", "line_byte_cap", "load_samples"]
+
+BYTES_PER_CHAR = 64  # a JSONL line may hold this many bytes per capped character (escapes, markup)
+MIN_LINE_BYTES = 16 << 20
 
 Overflow = Literal["truncate", "drop"]
 _DEFAULT_MASK_NOTE = (
@@ -44,18 +49,24 @@ def _load_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
+def line_byte_cap(max_length: int) -> int:
+    """Bytes a JSONL line may have before it is skipped unread: ``max(16 MiB, 64 * row_char_cap(max_length))``."""
+    return max(MIN_LINE_BYTES, BYTES_PER_CHAR * row_char_cap(max_length))
+
+
 class _Run:
     """State of one pass: options, the lazily built chat encoder, seen ids and the report."""
 
-    def __init__(self, tokenizer: Any, report: SourceReport, opts: dict[str, Any]) -> None:
+    def __init__(self, tokenizer: Any, report: SourceReport, opts: dict[str, Any], rows: RowSource) -> None:
         self.tokenizer = tokenizer
         self.report = report
         self.opts = opts
+        self.rows = rows
         self.seen: dict[str, int] = {}
         self._chat: ChatTokenizer | None = None
 
     def issue(self, row_index: int, kind: IssueKind, reason: str, sample_id: str | None) -> _Skip:
-        issue = RowIssue(row_index, kind, reason, sample_id)
+        issue = RowIssue(row_index, kind, reason, sample_id, file=self.rows.file, line=self.rows.line)
         self.report.add_issue(issue)
         if self.opts["strict"] and kind != "dropped_too_long":
             raise SourceError(issue.describe(self.report.source_name) + " (strict mode; set strict=False to skip and report such rows)")
@@ -86,14 +97,20 @@ class _Run:
         if has_chat(row):
             conv = normalize_conversation(row)
             chat = self.chat()
-            ids, mask = chat.encode(conv)
-            return ids, mask, {"format": "chat", "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
+            meta = {"format": "chat", "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
+            limit = row_char_cap(self.opts["max_length"])
+            if conversation_chars(conv) <= limit:
+                ids, mask = chat.encode(conv)
+                return ids, mask, meta
+            ids, mask = encode_capped(chat.encode, conv, limit, self.opts["max_length"])
+            self.report.char_capped += 1
+            return ids, mask, {**meta, "char_capped": limit}
         raise MalformedRowError("row has neither 'messages' (or 'conversations') nor 'input_ids'")
 
     def sample(self, row_index: int, row: Mapping[str, Any] | BadRow) -> TokenizedSample | None:
         name = self.report.source_name
         if isinstance(row, BadRow):
-            raise self.issue(row_index, "malformed", row.reason, sample_id_for(None, row_index, name))
+            raise self.issue(row_index, row.kind, row.reason, sample_id_for(None, row_index, name))  # type: ignore[arg-type]
         try:
             sid = sample_id_for(row, row_index, name, self.opts["id_policy"])
         except MalformedRowError as exc:
@@ -107,6 +124,9 @@ class _Run:
             return None
         try:
             ids, mask, meta = self.encode(row)
+            self.check_vocab(ids)
+        except OversizedRowError as exc:
+            raise self.issue(row_index, "oversized", str(exc), sid) from None
         except MalformedRowError as exc:
             raise self.issue(row_index, "malformed", str(exc), sid) from None
         if not any(mask):
@@ -115,6 +135,17 @@ class _Run:
                 why = "conversation has no assistant message"
             raise self.issue(row_index, "no_supervised_token", why, sid)
         return self.fit(row_index, sid, ids, mask, meta)
+
+    def check_vocab(self, ids: list[int]) -> None:
+        """Rendered ids must fit the model too: a tokenizer may know more tokens than the model embeds."""
+        vocab = self.opts["vocab_size"]
+        window = ids[: self.opts["max_length"]]
+        if vocab is not None and window and max(window) >= vocab:
+            pos = next(i for i, t in enumerate(window) if t >= vocab)
+            raise MalformedRowError(
+                f"token id {window[pos]} at position {pos} is outside the model's vocabulary [0, {vocab}) "
+                "(the tokenizer has more tokens than the model embeds; use the model's own tokenizer)"
+            )
 
     def fit(self, row_index: int, sid: str, ids: list[int], mask: list[bool], meta: dict[str, Any]) -> TokenizedSample:
         """Apply the ``max_length`` overflow policy."""
@@ -174,7 +205,7 @@ def iter_samples(
         raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
     if missing_loss_mask not in ("all", "reject"):
         raise ValueError(f"missing_loss_mask must be 'all' or 'reject', got {missing_loss_mask!r}")
-    rows = open_source(source, source_name)
+    rows = open_source(source, source_name, max_line_bytes=line_byte_cap(max_length))
     report = report if report is not None else SourceReport()
     report.source_name = rows.name
     opts = dict(
@@ -182,7 +213,7 @@ def iter_samples(
         chat_template=chat_template, template_kwargs=template_kwargs, missing_loss_mask=missing_loss_mask,
         vocab_size=vocab_size, skip_ids=skip_ids,
     )
-    run = _Run(_load_tokenizer(tokenizer), report, opts)
+    run = _Run(_load_tokenizer(tokenizer), report, opts, rows)
     for row_index, row in rows:
         report.rows_read += 1
         try:

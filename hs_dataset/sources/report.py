@@ -2,7 +2,9 @@
 
 A row that yields no sample must never vanish silently: it is either a sample, an
 id skipped because it is already stored, a too-long row dropped by policy, or an
-issue with its row index and a reason a person can act on.
+issue with its row index (and, for files, the file and line) and a reason a person
+can act on. Bad rows are counted, never fatal (unless ``strict``): a resume reads
+past them again and stops nowhere.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from typing import Literal
 
 from hs_dataset.errors import SourceError
 
-__all__ = ["IssueKind", "MalformedRowError", "RowIssue", "SourceReport"]
+__all__ = ["IssueKind", "MalformedRowError", "OversizedRowError", "RowIssue", "SourceReport"]
 
-IssueKind = Literal["malformed", "no_supervised_token", "dropped_too_long"]
+IssueKind = Literal["malformed", "oversized", "no_supervised_token", "dropped_too_long"]
 
 
 class MalformedRowError(SourceError):
     """One row is unusable; ``iter_samples`` records it (or re-raises it in strict mode)."""
+
+
+class OversizedRowError(MalformedRowError):
+    """One row is over the line or character cap and cannot be cut exactly; reported as ``oversized``."""
 
 
 @dataclass(frozen=True)
@@ -29,10 +35,13 @@ class RowIssue:
     kind: IssueKind
     reason: str
     sample_id: str | None = None
+    file: str | None = None
+    line: int | None = None
 
     def describe(self, source_name: str) -> str:
         who = f" ({self.sample_id})" if self.sample_id else ""
-        return f"{source_name}: row {self.row_index}{who}: {self.kind}: {self.reason}"
+        where = f" [{self.file}:{self.line}]" if self.file and self.line else (f" [{self.file}]" if self.file else "")
+        return f"{source_name}: row {self.row_index}{who}{where}: {self.kind}: {self.reason}"
 
 
 @dataclass
@@ -45,6 +54,7 @@ class SourceReport:
     truncated: int = 0
     skipped_existing: int = 0
     pretokenized_default_mask: int = 0
+    char_capped: int = 0
     issues: list[RowIssue] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -64,6 +74,11 @@ class SourceReport:
         return self._of("malformed")
 
     @property
+    def oversized(self) -> dict[int, str]:
+        """Row index -> reason, for rows over the line or character caps that could not be cut exactly."""
+        return self._of("oversized")
+
+    @property
     def no_supervised_token(self) -> dict[int, str]:
         """Row index -> reason, for rows whose loss mask is all False."""
         return self._of("no_supervised_token")
@@ -81,8 +96,10 @@ class SourceReport:
             "dropped_too_long": len(self.dropped_too_long),
             "no_supervised_token": len(self.no_supervised_token),
             "malformed": len(self.malformed),
+            "oversized": len(self.oversized),
             "skipped_existing": self.skipped_existing,
             "pretokenized_default_mask": self.pretokenized_default_mask,
+            "char_capped": self.char_capped,
         }
 
     def to_dict(self) -> dict:

@@ -4,8 +4,10 @@ Each row comes with its 0-based index in the source; that index (with the source
 name) is what default sample ids and every report entry refer to, so it must not
 depend on how the rows were loaded. For JSONL, blank lines are not rows, which
 keeps the index equal to the row index of ``datasets.load_dataset("json", ...)``.
-A line that is not a JSON object is still a row: it is passed on as a
-:class:`BadRow` so the caller can report it instead of losing it.
+A line that is not a JSON object (or not UTF-8, or longer than the line cap) is
+still a row: it is passed on as a :class:`BadRow` so the caller can report it, with
+its file and line, instead of losing it or stopping. JSONL lines are read with a
+byte cap (:mod:`hs_dataset.sources.lines`), so a huge line costs bounded memory.
 """
 
 from __future__ import annotations
@@ -18,42 +20,68 @@ from pathlib import Path
 from typing import Any, Union
 
 from hs_dataset.errors import SourceError
+from hs_dataset.sources.lines import read_lines
 
-__all__ = ["BadRow", "RowSource", "Source", "open_source"]
+__all__ = ["BadRow", "DEFAULT_MAX_LINE_BYTES", "RowSource", "Source", "open_source"]
+
+DEFAULT_MAX_LINE_BYTES = 16 << 20  # iter_samples passes its own (docs/SOURCES.md, "Size limits")
 
 Source = Union[str, PathLike, Iterable[Mapping[str, Any]]]  # a datasets.Dataset is an Iterable of rows
 
 
 @dataclass(frozen=True)
 class BadRow:
-    """A row that could not even be parsed into a mapping."""
+    """A row that could not even be parsed into a mapping (``kind``: ``malformed`` or ``oversized``)."""
 
     reason: str
+    kind: str = "malformed"
 
 
 @dataclass
 class RowSource:
-    """A named, re-readable stream of ``(row_index, row)`` pairs."""
+    """A named, re-readable stream of ``(row_index, row)`` pairs.
+
+    ``file`` is the path rows come from (``None`` for in-memory rows) and ``line`` the
+    1-based line of the row last yielded (JSONL only), so issues can say where to look.
+    """
 
     name: str
     open_rows: Callable[[], Iterator[tuple[int, Mapping[str, Any] | BadRow]]]
+    file: str | None = None
+    line: int | None = None
 
     def __iter__(self) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
         return self.open_rows()
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
+def _parse_line(data: bytes, number: int) -> Mapping[str, Any] | BadRow:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRow(f"line {number} is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})")
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return BadRow(f"line {number} is not valid JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return BadRow(f"line {number} is nested too deeply to parse")
+    return row if isinstance(row, dict) else BadRow(f"line {number} is a JSON {type(row).__name__}, not an object")
+
+
+def _iter_jsonl(path: Path, source: RowSource, max_bytes: int) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
     index = 0
-    with path.open("r", encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
+    with path.open("rb") as handle:
+        for line in read_lines(handle, max_bytes):
+            if line.data is not None and not line.data.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield index, BadRow(f"line {line_no} is not valid JSON ({exc.msg} at column {exc.colno})")
+            source.line = line.number
+            if line.data is None:
+                yield index, BadRow(
+                    f"line {line.number} is {line.size} bytes, over the {max_bytes}-byte line cap "
+                    "(raise max_length, or split the row)", kind="oversized",
+                )
             else:
-                yield index, row if isinstance(row, dict) else BadRow(f"line {line_no} is a JSON {type(row).__name__}, not an object")
+                yield index, _parse_line(line.data, line.number)
             index += 1
 
 
@@ -82,7 +110,7 @@ def _one_split(data: Any, where: str) -> Any:
     return data
 
 
-def _path_source(path: Path, name: str | None) -> RowSource:
+def _path_source(path: Path, name: str | None, max_line_bytes: int) -> RowSource:
     if path.is_dir():  # a datasets.save_to_disk directory
         import datasets
 
@@ -95,22 +123,27 @@ def _path_source(path: Path, name: str | None) -> RowSource:
 
         data = datasets.Dataset.from_parquet(str(path))
         return RowSource(name or path.stem, lambda: _iter_items(data))
-    reader = _iter_json_list if path.suffix == ".json" else _iter_jsonl
-    return RowSource(name or path.name.split(".")[0], lambda: reader(path))
+    source = RowSource(name or path.name.split(".")[0], lambda: iter(()), file=str(path))
+    if path.suffix == ".json":
+        source.open_rows = lambda: _iter_json_list(path)
+    else:
+        source.open_rows = lambda: _iter_jsonl(path, source, max_line_bytes)
+    return source
 
 
-def open_source(source: Source, name: str | None = None) -> RowSource:
+def open_source(source: Source, name: str | None = None, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> RowSource:
     """Wrap ``source`` as a :class:`RowSource`.
 
     ``source``: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory, a
     ``datasets.Dataset``/``IterableDataset`` (or a ``DatasetDict`` with one split),
     or a list of dicts. ``name`` defaults to the file's stem (directory name), the
-    dataset's ``info.dataset_name``, or ``"rows"``.
+    dataset's ``info.dataset_name``, or ``"rows"``. JSONL lines longer than
+    ``max_line_bytes`` are skipped unread and yielded as ``oversized`` :class:`BadRow` s.
     """
     if isinstance(source, RowSource):
         return source
     if isinstance(source, (str, PathLike)):
-        return _path_source(Path(source), name)
+        return _path_source(Path(source), name, max_line_bytes)
     if isinstance(source, Mapping):
         source = _one_split(source, f"the {type(source).__name__}")
     if not isinstance(source, Iterable):

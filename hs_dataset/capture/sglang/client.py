@@ -35,6 +35,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
+from hs_dataset.capture.model_info import load_text_config
+from hs_dataset.config import Card, SGLangBackendSection
+from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.protocol import (
@@ -50,7 +53,6 @@ __all__ = ["SGLangBackend", "Endpoint"]
 logger = logging.getLogger("hs_dataset.capture.sglang.client")
 
 HOOKS_MODULE = "hs_dataset.server_patch.sglang_hooks"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Refusals worth another try (the condition may clear); the rest are final.
 _RETRYABLE_REFUSALS = ("staging full", "no pinned host memory", "server could not write")
 
@@ -78,20 +80,19 @@ class Endpoint:
 
 
 def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """Read a dump without following symlinks; returns (metadata, tensors)."""
+    """Read a dump without following symlinks; returns (metadata, tensors).
+
+    The header goes through the one safetensors header parser (bounds, offsets,
+    metadata types), then safetensors itself decodes the tensors.
+    """
     from safetensors.torch import load
 
+    from hs_dataset.formats.safetensors_layout import parse_header
+
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
-    except BaseException:
-        raise
-    if len(data) < 8:
-        raise ValueError("truncated dump")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + header_len])
-    metadata = header.get("__metadata__") or {}
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    _, metadata, _ = parse_header(data, len(data), path)
     return metadata, load(data)
 
 
@@ -181,7 +182,7 @@ class SGLangBackend(CaptureBackend):
         self.model_path = str(model_path)
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
         if isinstance(dtype, str):
-            dtype = _DTYPES[dtype]
+            dtype = state_dtype(dtype)
         self.dtype: torch.dtype | None = dtype
         self.concurrency = int(concurrency)
         self.request_timeout_s = float(request_timeout_s)
@@ -211,51 +212,40 @@ class SGLangBackend(CaptureBackend):
     @classmethod
     def from_card(
         cls,
-        card: Any,
+        card: Card,
         *,
         model_path: str | None = None,
         servers: Sequence[str] | None = None,
         **overrides: Any,
     ) -> "SGLangBackend":
-        """Build from a card: ``backend`` keys ``urls``, ``concurrency``, ``request_timeout_s``,
-        ``dump_timeout_s``, ``retries``, ``backoff_s``, ``max_new_tokens``, ``allow_radix_cache``,
-        ``force_full_prefill``, ``staging_dir``; URL default from ``sglang.host``/``sglang.port``."""
+        """Build from a card's ``backend`` section (see docs/CARDS.md); the URL defaults to ``sglang.host``/``sglang.port``."""
         from hs_dataset.capture.model_info import resolve_model_path
 
-        raw = card.raw if hasattr(card, "raw") else dict(card)
-        backend = dict(raw.get("backend") or {})
-        sg = dict(raw.get("sglang") or {})
-        model = dict(raw.get("model") or {})
-        urls = list(servers or backend.get("urls") or [])
-        if not urls:
-            urls = [f"http://{sg.get('host', '127.0.0.1')}:{sg.get('port', 30000)}"]
-        path = model_path or model.get("path") or os.environ.get("HS_DATASET_MODEL_PATH")
+        backend, sg = card.backend, card.sglang
+        if not isinstance(backend, SGLangBackendSection):
+            raise ValueError(f"config {card.name!r} uses backend {backend.name!r}; SGLangBackend needs `backend: {{name: sglang}}`")
+        urls = list(servers or backend.urls) or [f"http://{sg.host}:{sg.port}"]
+        path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
         if not path:
-            raise ValueError(f"config {raw.get('name')!r} needs a local model directory (--model-path)")
+            raise ValueError(f"config {card.name!r} needs a local model directory (--model-path)")
+        staging_dir = backend.staging_dir or (sg.staging.dir if len(urls) == 1 else None)
         kwargs: dict[str, Any] = {
             "model_path": str(resolve_model_path(str(path))),
-            "aux_layer_ids": list(raw["layers"]["aux"]),
-            "dtype": raw.get("dtype"),
-            "model_revision": model.get("revision"),
-            "text_module": model.get("text_module"),
+            "aux_layer_ids": list(card.layers.aux),
+            "dtype": card.dtype,
+            "model_revision": card.model.revision,
+            "text_module": card.model.text_module,
+            "concurrency": backend.concurrency,
+            "request_timeout_s": backend.request_timeout_s,
+            "dump_timeout_s": backend.dump_timeout_s,
+            "retries": backend.retries,
+            "backoff_s": backend.backoff_s,
+            "max_new_tokens": backend.max_new_tokens,
+            "allow_radix_cache": backend.allow_radix_cache,
+            "force_full_prefill": backend.force_full_prefill,
+            "staging_dir": staging_dir,
+            "endpoint_cooldown_s": backend.endpoint_cooldown_s,
         }
-        for key in (
-            "concurrency",
-            "request_timeout_s",
-            "dump_timeout_s",
-            "retries",
-            "backoff_s",
-            "max_new_tokens",
-            "allow_radix_cache",
-            "force_full_prefill",
-            "staging_dir",
-            "endpoint_cooldown_s",
-        ):
-            if backend.get(key) is not None:
-                kwargs[key] = backend[key]
-        staging = (sg.get("staging") or {}).get("dir")
-        if staging and "staging_dir" not in kwargs and len(urls) == 1:
-            kwargs["staging_dir"] = staging
         if "batch_size" in overrides:  # the pipeline's --batch-size means requests in flight here
             bs = overrides.pop("batch_size")
             if bs:
@@ -326,11 +316,9 @@ class SGLangBackend(CaptureBackend):
         self._validated = True
 
     def _local_model_config(self) -> dict:
-        path = Path(self.model_path) / "config.json"
-        if not path.is_file():
+        if not (Path(self.model_path) / "config.json").is_file():
             return {}
-        cfg = json.loads(path.read_text())
-        return cfg.get("text_config") or cfg
+        return load_text_config(self.model_path)
 
     async def _validate_endpoint(self, ep: Endpoint) -> None:
         import aiohttp

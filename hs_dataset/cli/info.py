@@ -5,21 +5,31 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hs_dataset.formats.manifest import Manifest
+if TYPE_CHECKING:
+    from hs_dataset.formats.manifest import Manifest
 
-__all__ = ["describe", "add_arguments", "run"]
+__all__ = ["HELP", "EXAMPLES", "add_arguments", "run", "describe", "human_bytes"]
+
+HELP = "print a dataset's metadata and sizes (optionally plots)"
+EXAMPLES = """
+  hs-dataset info out/tiny
+  hs-dataset info out/tiny --json              # the whole manifest
+  hs-dataset info out/tiny --plots out/plots   # lengths.png, layer_stats.png
+"""
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``: sizes people can compare at a glance."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
 
 
-def describe(manifest: Manifest) -> str:
+def describe(manifest: "Manifest") -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
     model = md.get("model") or {}
@@ -37,7 +47,7 @@ def describe(manifest: Manifest) -> str:
         f"samples          {manifest.num_samples}",
         f"tokens           {manifest.num_tokens}",
         f"shards           {len(manifest.shards)}",
-        f"bytes            {_human(manifest.num_bytes)} ({bytes_per_token:.0f} B/token incl. ids and mask)",
+        f"bytes            {human_bytes(manifest.num_bytes)} ({bytes_per_token:.0f} B/token incl. ids and mask)",
         f"quarantined      {len(manifest.quarantine)}",
     ]
     return "\n".join(lines)
@@ -50,11 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.manifest import Manifest
+
     manifest = Manifest.load(Path(args.path))
-    if args.json:
-        print(json.dumps(manifest.to_json(), indent=1))
-    else:
-        print(describe(manifest))
+    print(json.dumps(manifest.to_json(), indent=1) if args.json else describe(manifest))
     if args.plots:
         from hs_dataset.formats.stats import write_plots
 

@@ -1,0 +1,38 @@
+"""``hs-dataset merge PART... OUT``: per-rank datasets into one, then verified."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["HELP", "DESCRIPTION", "EXAMPLES", "add_arguments", "run"]
+
+HELP = "merge per-rank datasets into one verified dataset"
+DESCRIPTION = (
+    HELP + ".\n\nShards are hard-linked (copied where links are impossible), never rewritten.\n"
+    "exit status: 0 merged and verified; 1 merged but verification found problems (listed on stderr); 2 error."
+)
+EXAMPLES = """
+  hs-dataset merge out/rank0 out/rank1 out/merged
+  hs-dataset merge out/rank* out/merged        # the shell expands the parts
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("parts", nargs="+", metavar="PART", help="dataset directories to merge (e.g. one per rank)")
+    parser.add_argument("out", metavar="OUT", help="directory of the merged dataset")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_dataset.cli.verify import EXIT_PROBLEMS
+    from hs_dataset.formats.merge import merge_datasets
+    from hs_dataset.formats.verify import verify_dataset
+
+    merge_datasets(args.parts, args.out)
+    result = verify_dataset(args.out)
+    if not result.ok:
+        for problem in result.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    print(f"merged {len(args.parts)} parts: {result.summary()}")
+    return 0

@@ -1,0 +1,71 @@
+"""``hs-dataset push DIR REPO_ID``: upload a dataset (index, shards, manifest, card) to the Hub."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+
+HELP = "upload a dataset (index, shards, manifest, card) to the Hub"
+EXAMPLES = """
+  hs-dataset push out/kimi user/kimi-k25-eagle3
+  hs-dataset push out/kimi user/kimi-k25-eagle3 --revision v2 --private --no-plots
+  HF_TOKEN=... hs-dataset push out/kimi user/kimi-k25-eagle3 --endpoint https://hub.example.org
+"""
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="dataset directory (holds manifest.json)")
+    parser.add_argument("repo_id", help="dataset repository, e.g. user/kimi-k25-eagle3")
+    parser.add_argument("--config", dest="config_name", help="config (repo folder and datasets config); default: the manifest's config_name")
+    parser.add_argument("--revision", help="branch to push to (created from main if missing)")
+    parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
+    parser.add_argument("--token", help="Hub token (default: the saved login / HF_TOKEN)")
+    parser.add_argument("--endpoint", help="Hub endpoint URL (default: HF_ENDPOINT or huggingface.co)")
+    parser.add_argument("--commit-bytes", type=_positive_int, help="max shard bytes per commit (default: 16 GiB)")
+    parser.add_argument("--commit-files", type=_positive_int, help="max files per commit (default: 50)")
+    parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip the statistics pass and the figures")
+    parser.add_argument("--stats-samples", type=int, help="compute the figures' statistics over the first N samples only")
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Network failures of the HTTP clients huggingface_hub may use; unlike its own errors they are no OSError."""
+    found = []
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def run(args: argparse.Namespace) -> int:
+    from huggingface_hub import HfApi
+
+    from hs_dataset.errors import HubError
+    from hs_dataset.hub.push import push_to_hub
+    from hs_dataset.hub.timeouts import limit_hub_timeouts
+
+    timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this
+    api = HfApi(endpoint=args.endpoint, token=args.token)
+    limits = {k: v for k, v in (("commit_bytes", args.commit_bytes), ("commit_files", args.commit_files)) if v is not None}
+    try:
+        report = push_to_hub(
+            args.path, args.repo_id, api=api, token=args.token, private=args.private, config_name=args.config_name,
+            revision=args.revision, plots=args.plots, stats_samples=args.stats_samples, **limits,
+        )
+    except _transport_errors() as exc:
+        where = args.endpoint or "the Hub"
+        raise HubError(
+            f"cannot reach {where} ({type(exc).__name__}: {exc or f'no answer within {timeout:g} s'}); "
+            "check the network, --endpoint or HF_ENDPOINT (HS_DATASET_HUB_TIMEOUT_S sets the wait)"
+        ) from exc
+    print(report.summary())
+    return 0

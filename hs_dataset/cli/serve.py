@@ -1,0 +1,69 @@
+"""``hs-dataset serve``: start an SGLang server with the capture hooks, or ``--check`` what would run."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+
+HELP = "start a SGLang server with everything capture needs"
+EXAMPLES = """
+  hs-dataset serve --config kimi-k25-sglang --model-path /models/Kimi-K2.5
+  hs-dataset serve --config tiny-deepseek-sglang --check        # print the plan, start nothing
+  hs-dataset serve --config kimi-k25-sglang --port 31000 -- --log-level warning
+"""
+
+EXIT_INTERRUPTED = 130  # the server was stopped by Ctrl-C / SIGTERM, as shells report it
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="card name (cards/NAME.yaml) or path to a card")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default: the card's sglang.port or 30000)")
+    parser.add_argument("--host", default=None, help="listen address (default: the card's sglang.host or 127.0.0.1)")
+    parser.add_argument("--model-path", default=None, help="local model snapshot (overrides the card's model.path)")
+    parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")
+    parser.add_argument("--python", default=None, help="Python of the server environment (default: .sglang-venv)")
+    parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
+    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra arguments passed to SGLang")
+
+
+def _extra_args(args: argparse.Namespace) -> list[str]:
+    extra = list(args.extra or [])
+    return extra[1:] if extra and extra[0] == "--" else extra
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_dataset.config import load_card
+    from hs_dataset.serve.plan import launch, plan_server
+
+    plan = plan_server(
+        load_card(args.config),
+        port=args.port,
+        host=args.host,
+        staging_dir=args.staging_dir,
+        model_path=args.model_path,
+        python=args.python,
+        extra_args=_extra_args(args),
+    )
+    if args.check:
+        print(plan.describe())
+        return 0
+    print(plan.describe(), file=sys.stderr)
+    server = launch(plan, log_path=args.log)
+    print(f"SGLang capture server ready at {server.url} after {server.started_in_s:.0f} s (staging {plan.staging_dir})", flush=True)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return int(server.proc.wait() or 0)
+    except KeyboardInterrupt:  # not an error: how a foreground server is meant to stop
+        print("hs-dataset serve: stopping the server", file=sys.stderr, flush=True)
+        server.stop()
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,118 @@
+"""The one door from a name written in a dataset (or export record) to a path on disk.
+
+A dataset directory is untrusted input: its manifest (and an export's record) names
+files, and a hostile or damaged one could name ``../../.ssh/id_rsa``, an absolute
+path, or a symlink that leads out of the directory. Every such name goes through
+:func:`resolve_member` (or :func:`open_member`), which accepts only a plain relative
+name of safe characters, refuses a symlink at any component and anything whose
+real path leaves the root; files are opened with ``O_NOFOLLOW`` and must be regular
+files (a FIFO would hang a reader, a device would feed it endless bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from hs_dataset.errors import FormatError, UnsafePathError
+
+__all__ = ["MAX_NAME_CHARS", "MAX_NAME_DEPTH", "check_member_name", "resolve_member", "open_regular", "open_member"]
+
+MAX_NAME_CHARS = 1024  # a whole relative name
+MAX_NAME_DEPTH = 8  # components ("part-00001/shard-000000.safetensors" has 2)
+# One component: starts with a letter, digit or '_' (no hidden files, no '-option'), 255 chars at most.
+_COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
+_FIX = "a dataset may only name plain files inside its own directory; restore the original manifest entry (or file)"
+
+
+def check_member_name(name: object, *, what: str, where: str) -> str:
+    """Return ``name`` if it is a plain relative name (``a/b.safetensors``), else raise FormatError.
+
+    ``what`` is the field that holds it (``shards[3].file``), ``where`` the file that
+    holds the field (the manifest path), so the message says where to look.
+    """
+    if not isinstance(name, str):
+        raise FormatError(f"{where}: {what} must be a string file name, got {type(name).__name__}; {_FIX}")
+    problem = _name_problem(name)
+    if problem:
+        raise FormatError(f"{where}: {what} {name[:200]!r} {problem}; {_FIX}")
+    return name
+
+
+def _name_problem(name: str) -> str | None:
+    if not name or len(name) > MAX_NAME_CHARS:
+        return f"is empty or longer than {MAX_NAME_CHARS} characters"
+    if name.startswith("/") or "\\" in name or "\x00" in name:
+        return "is absolute or holds a backslash or NUL (only relative names with '/' are allowed)"
+    parts = name.split("/")
+    if len(parts) > MAX_NAME_DEPTH:
+        return f"is nested deeper than {MAX_NAME_DEPTH} directories"
+    for part in parts:
+        if part in ("", ".", ".."):
+            return "holds an empty, '.' or '..' component (it would leave the dataset directory)"
+        if not _COMPONENT_RE.match(part):
+            return f"has component {part[:80]!r} outside [A-Za-z0-9_.-] (or starting with '.' or '-')"
+    return None
+
+
+def resolve_member(root: str | os.PathLike, name: object, *, what: str, where: str | None = None) -> Path:
+    """``root/name`` after checking the name, that no existing component is a symlink, and that it stays in ``root``.
+
+    The path may not exist yet (a writer's destination, a missing shard: callers say
+    "missing" in their own words); what exists of it must be real directories and,
+    last, any non-symlink entry.
+    """
+    root = Path(root)
+    where = where or str(root / "manifest.json")
+    check_member_name(name, what=what, where=where)
+    path = root
+    for part in str(name).split("/"):
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise UnsafePathError(f"{path}: {what} {name!r} cannot be inspected ({exc.strerror}); {_FIX}") from None
+        if stat.S_ISLNK(mode):
+            raise UnsafePathError(
+                f"{path}: {what} {name!r} is a symbolic link ({where}); links could lead outside the dataset, so they are "
+                "refused: replace the link with a copy of the file it points to"
+            )
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(root / str(name))
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise UnsafePathError(f"{root / str(name)}: {what} {name!r} resolves to {real}, outside {real_root} ({where}); {_FIX}")
+    return root / str(name)
+
+
+def open_regular(path: str | os.PathLike, *, what: str) -> BinaryIO:
+    """Open ``path`` for reading without following a final symlink, and only if it is a regular file.
+
+    ``O_NONBLOCK`` keeps a FIFO from blocking the open; it does not affect reads of
+    regular files. Raises FileNotFoundError when missing (callers name it).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # ELOOP: the last component became a symlink after it was checked
+        raise UnsafePathError(f"{path}: {what} cannot be opened safely ({exc.strerror}); {_FIX}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{path}: {what} is not a regular file (a directory, FIFO, socket or device); {_FIX}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_member(root: str | os.PathLike, name: object, *, what: str, where: str | None = None) -> BinaryIO:
+    """:func:`resolve_member` then :func:`open_regular`: the way to read a file a dataset names."""
+    return open_regular(resolve_member(root, name, what=what, where=where), what=what)
