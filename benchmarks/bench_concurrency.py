@@ -176,7 +176,7 @@ def main() -> int:
 
     from hs_dataset.capture.sglang.client import SGLangBackend
     from hs_dataset.config import load_card
-    from hs_dataset.serve.plan import launch, plan_server
+    from hs_dataset.serve import launch, plan_server
     from hs_dataset.sources import iter_samples
 
     # SIGTERM -> SystemExit, so the finally below still stops the server

@@ -395,7 +395,7 @@ def main() -> int:
 
     from hs_dataset.capture.sglang.client import SGLangBackend
     from hs_dataset.config import card_from_dict
-    from hs_dataset.serve.plan import launch, plan_server
+    from hs_dataset.serve import launch, plan_server
 
     # SIGTERM -> SystemExit, so the finally below still stops the server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

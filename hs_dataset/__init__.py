@@ -1,8 +1,9 @@
 """hs_dataset: EAGLE-3 drafter training data from a served LLM's hidden states.
 
-Reading: ``hs_dataset.open_dataset(path)``. Building: ``hs-dataset build``, or
-``datasets.load_dataset("hs_dataset", config=...)`` after ``import hs_dataset``
-(which teaches ``datasets`` the name), or ``hs_dataset.load_dataset(...)``.
+Reading: ``hs_dataset.open_dataset(path)``. Building: ``hs-dataset build``,
+``datasets.load_dataset("hs_dataset", config=...)`` (the name is taught to
+``datasets`` at interpreter start by a ``.pth`` hook the package installs; see
+docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
 
 Attributes are imported lazily, so the SGLang server can import
 ``hs_dataset.server_patch`` with nothing but torch installed.

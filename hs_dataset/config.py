@@ -35,6 +35,7 @@ __all__ = [
     "ModelSection",
     "LayersSection",
     "SourceSection",
+    "RegenerateSection",
     "HFBackendSection",
     "SGLangBackendSection",
     "BackendSection",
@@ -97,6 +98,17 @@ class ModelSection(_Section):
         description="Dotted path of the decoder stack (the module with `embed_tokens`, `layers`, `norm`), e.g. "
         "`language_model.model` for Kimi-K2.5. Default null: auto-detected (hf) or `model` (serve).",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the Python code a snapshot ships (`auto_map`: Kimi-K2.5's tiktoken tokenizer, its processor) when "
+        "loading its tokenizer, config or model, and pass `--trust-remote-code` to SGLang. Only for snapshots you trust. "
+        "`--trust-remote-code` overrides it. Default false: a snapshot that needs remote code is refused by name.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja file rendering the conversations instead of the tokenizer's own chat template "
+        "(`--chat-template FILE` overrides it). Default null: the tokenizer's own template.",
+    )
 
 
 class LayersSection(_Section):
@@ -143,6 +155,48 @@ class SourceSection(_Section):
         description="A JSONL file, a saved `datasets` directory, or `builtin:conversations` (the bundled 42 "
         "conversations). null: pass `--source PATH`.",
     )
+    subset: str | None = Field(
+        None, description="`hf:` sources: the dataset's config (subset) name (`--subset`). Default null: the dataset's default."
+    )
+    split: str | None = Field(
+        None, description="`hf:` sources (and saved `DatasetDict`s): the split to read (`--split`, e.g. `train_sft`). Default null: `train`."
+    )
+    revision: str | None = Field(None, description="`hf:` sources: branch, tag or commit of the dataset repo (`--revision`). Default null: main.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Our field name -> the source's column name, for sources that name them differently "
+        "(`--columns messages=dialog`). Fields: `messages`, `conversations`, `prompt`, `response`, `system`, `tools`, "
+        "`id`, `input_ids`, `loss_mask`. Default none.",
+    )
+    streaming: bool = Field(
+        True,
+        description="`hf:` sources: stream rows instead of downloading the whole split first (the local cache is used "
+        "when offline). Default true.",
+    )
+
+
+class RegenerateSection(_Section):
+    """Regenerate every assistant turn with the target model before capture (`--regenerate`); see docs/SOURCES.md."""
+
+    enabled: bool = Field(False, description="Regenerate assistant turns before capture (`--regenerate` sets it). Default false.")
+    max_new_tokens: int = Field(512, gt=0, description="Most tokens the model may write per assistant turn. Default 512.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy. Default 0.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (with temperature > 0). Default 1.")
+    seed: int = Field(0, ge=0, description="Sampling seed (with temperature > 0), so a rerun writes the same turns. Default 0.")
+    thinking: Literal["on", "off"] | None = Field(
+        None,
+        description="For templates with a thinking switch (`thinking` template variable): `on` or `off`. "
+        "Default null: the template's default.",
+    )
+    turns: int | None = Field(
+        None, ge=1, description="Regenerate at most this many assistant turns per conversation; the conversation ends after the last one. Default null: all."
+    )
+    policy: Literal["keep", "drop"] = Field(
+        "keep",
+        description="A turn that hit `max_new_tokens`, came back empty or failed: `keep` the conversation up to "
+        "and including it (failed turns end it before), or `drop` the whole conversation. Counted either way. Default `keep`.",
+    )
+    concurrency: int = Field(16, ge=1, description="Conversations regenerated together (SGLang: requests in flight; HF: batch rows). Default 16.")
 
 
 class HFBackendSection(_Section):
@@ -307,6 +361,9 @@ class Card(_Section):
         "truncate", description="What happens to a sample longer than `max_length`: cut to it, or left out (and reported). Default `truncate`."
     )
     source: SourceSection = Field(default_factory=SourceSection, description="The source rows (section below).")
+    regenerate: RegenerateSection = Field(
+        default_factory=RegenerateSection, description="Regenerating assistant turns with the target before capture (section below)."
+    )
     backend: BackendSection = Field(description="The capture backend, chosen by `name`: `hf` or `sglang` (sections below). Required.")
     shards: ShardsSection = Field(default_factory=ShardsSection, description="Shard size and storage encoding (section below).")
     dataset_card: DatasetCardSection = Field(default_factory=DatasetCardSection, description="Hub dataset-card metadata (section below).")

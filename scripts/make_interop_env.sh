@@ -46,6 +46,7 @@ for name, version in want.items():
         sys.exit(1)
 try:
     import openai  # noqa: F401
+    import pydantic_settings, httpx, loguru  # noqa: F401,E401  (speculators.train.cli)
 except ImportError:
     sys.exit(1)
 sys.exit(0)
@@ -65,6 +66,8 @@ echo "make_interop_env: installing $SPECULATORS $HS_CONNECTORS $SPECFORGE (--no-
 echo "  pip's resolver will list their unmet declared requirements (vLLM/SGLang/CUDA stack): expected, not needed by the readers"
 "$PY" -m pip install -q --no-deps "$SPECULATORS" "$HS_CONNECTORS" "$SPECFORGE"
 "$PY" -m pip install -q -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "$OPENAI"
+# speculators' trainer (speculators.train.cli, used by `hs-dataset train speculators` and its test) also imports these
+"$PY" -m pip install -q -c "$CONSTRAINTS" "torch==$TORCH_VERSION" pydantic-settings httpx loguru
 
 if ! check; then
     echo "make_interop_env: install finished but the pinned versions are not importable" >&2

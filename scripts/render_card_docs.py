@@ -31,6 +31,7 @@ from hs_dataset.config import (
     SGLangBackendSection,
     SGLangServerSection,
     ShardsSection,
+    RegenerateSection,
     SourceSection,
     StagingSection,
 )
@@ -43,6 +44,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("model", ModelSection),
     ("layers", LayersSection),
     ("source", SourceSection),
+    ("regenerate", RegenerateSection),
     ("backend (name: hf)", HFBackendSection),
     ("backend (name: sglang)", SGLangBackendSection),
     ("shards", ShardsSection),

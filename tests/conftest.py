@@ -89,6 +89,16 @@ def hf_backend(tiny_model_dir):
     backend.close()
 
 
+@pytest.fixture(scope="session")
+def tiny_default_dataset(tmp_path_factory, tiny_card, hf_backend) -> Path:
+    """The embedded default (tiny-deepseek-hf, all bundled conversations), built once per session (~2 s). Read-only."""
+    from hs_dataset.pipeline import build_dataset
+
+    out = tmp_path_factory.mktemp("tiny-default") / "tiny-deepseek-hf"
+    build_dataset(tiny_card, out, backend=hf_backend)
+    return out
+
+
 # ---------------------------------------------------------------------------- bad-input tally
 # Every test of the bad-input tables is one case. A failing case is classified by its
 # assertion tag (ESCAPE:, SILENT:, LOST:) or, when an exception other than an assertion

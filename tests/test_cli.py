@@ -71,11 +71,15 @@ BAD_INPUTS = [
     ("patch-sglang-root-without-sglang", lambda p: ["patch", "check", "--sglang-root", str(p["empty"])], "deepseek_v2.py"),
     ("export-unknown-target", lambda p: ["export", "megatron", str(p["empty"]), str(p["out"])], "invalid choice"),
     ("export-not-a-dataset", lambda p: ["export", "speculators", str(p["empty"]), str(p["out"])], "not an hs_dataset dataset"),
+    ("train-unknown-trainer", lambda p: ["train", "megatron", str(p["empty"])], "invalid choice"),
+    ("train-not-a-dataset", lambda p: ["train", "speculators", str(p["empty"]), "--", "--epochs", "1"], "not an hs_dataset dataset"),
     ("import-missing-source", lambda p: ["import", "speculators", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"], str(Path("missing"))),
     ("import-specforge-missing-source", lambda p: ["import", "specforge", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"], "missing"),
     ("push-not-a-dataset", lambda p: ["push", str(p["empty"]), "me/x", "--token", "hf_fake", "--no-plots"], "not an hs_dataset dataset"),
     ("push-file", lambda p: ["push", str(p["file"]), "me/x", "--token", "hf_fake", "--no-plots"], "manifest"),
     ("push-bad-commit-files", lambda p: ["push", str(p["empty"]), "me/x", "--commit-files", "0"], "must be >= 1"),
+    ("card-init-missing-model", lambda p: ["card", "init", "--model", str(p["missing"])], "no config.json"),
+    ("build-bad-columns", lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--columns", "dialog"], "OURS=THEIRS"),
     ("build-report-json-is-gone", lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--report-json"], "--report-json"),
 ]
 

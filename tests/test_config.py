@@ -66,7 +66,12 @@ def test_shipped_cards_read_as_typed_values():
     assert kimi.layers.aux == [2, 30, 58] and kimi.dtype == "bfloat16" and kimi.backend.name == "sglang"
     assert kimi.backend.concurrency == 64 and kimi.backend.request_timeout_s == 600.0 and kimi.backend.retries == 2
     assert kimi.sglang.tp == 8 and kimi.sglang.staging.max_bytes == 32 * 2**30 and kimi.sglang.args[-1] == "0.85"
-    assert kimi.dataset_card.front_matter() == {"license": "other", "pretty_name": "Kimi-K2.5 EAGLE-3 hidden states"}
+    assert kimi.dataset_card.front_matter() == {
+        "license": "other",
+        "license_name": "modified-mit",
+        "license_link": "https://huggingface.co/moonshotai/Kimi-K2.5/blob/main/LICENSE",
+        "pretty_name": "Kimi-K2.5 EAGLE-3 hidden states",
+    }
     tiny = load_card("tiny-deepseek-hf")
     assert tiny.backend.name == "hf" and tiny.backend.batch_size == 4 and tiny.sglang.port == 30000
     with pytest.raises(Exception):

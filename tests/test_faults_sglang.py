@@ -93,7 +93,7 @@ def _plan(card, port: int, staging: Path):
 
 
 def _launch(card, port: int, root: Path, name: str):
-    from hs_dataset.serve.plan import launch
+    from hs_dataset.serve import launch
 
     t0 = time.monotonic()
     server = launch(_plan(card, port, root / "stage"), log_path=str(root / f"{name}.log"), timeout=300)

@@ -155,7 +155,7 @@ def test_card_states_the_facts_and_embeds_the_figures(built, standin, api):
     manifest = open_dataset(built).manifest
     md = manifest.metadata
     facts = [
-        md["model"]["path"], md["model"]["fingerprint"],                        # model
+        "`builtin:tiny-deepseek-v3`", md["model"]["fingerprint"],               # model: id + fingerprint, never a local path
         "`[2, 3, 4]`", "output_hidden_states", "`hidden_states[0]` is the embedding output",  # layers + convention
         "`hidden_states[2]` = output of decoder layer 1",
         "**pre_norm**", str(md["final_norm"]["eps"]), md["final_norm"]["weight_sha256"],  # norm position + weight
@@ -171,6 +171,46 @@ def test_card_states_the_facts_and_embeds_the_figures(built, standin, api):
     assert not missing, missing
     for name in ("lengths.png", "layer_stats.png"):
         assert standin.read("me/tiny", f"{CONFIG}/figures/{name}")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert md["model"]["path"] not in text and "/root/" not in text
+    assert meta["task_categories"] == ["text-generation"] and meta["size_categories"] == ["n<1K"]
+    assert meta["source_datasets"] == ["original"]
+
+
+def test_repo_rows_are_speculators_rows_and_no_local_path_leaves(tmp_path, standin, api):
+    """The index parquet carries speculators' prepare-data columns; card and pushed manifest name the model, not a path."""
+    import datasets
+
+    from hs_dataset.config import load_card
+
+    root = tmp_path / "kimi-k25-sglang"
+    local_model = "/root/.cache/huggingface/hub/models--moonshotai--Kimi-K2.5/snapshots/abc"
+    md = make_metadata(config_name="kimi-k25-sglang")
+    md["model"] = {"path": local_model, "id": None, "revision": None, "fingerprint": "f" * 64}
+    md["tokenizer"] = {"path": local_model, "fingerprint": "t" * 64}
+    md["backend"] = {"name": "sglang", "server_args": ["--model-path", local_model]}
+    with ShardWriter(root, md, final_norm_weight=torch.ones(16), shard_bytes=1_500) as writer:
+        writer.add_many([make_sample(f"k-{i}", 5 + i) for i in range(3)])
+    push_to_hub(root, "me/kimi", api=api, plots=False)
+
+    index = datasets.load_dataset("me/kimi", "kimi-k25-sglang", split="train", cache_dir=str(tmp_path / "c"))
+    assert {"input_ids", "loss_mask", "seq_len"} <= set(index.column_names)
+    assert index.features["loss_mask"].feature.dtype == "int64"
+    for row, item in zip(index, open_dataset(root)):
+        assert row["loss_mask"] == item["loss_mask"].long().tolist() and row["seq_len"] == len(row["input_ids"])
+
+    card_id = load_card("kimi-k25-sglang").model.id
+    text = standin.read("me/kimi", "README.md").decode()
+    pushed = json.loads(standin.read("me/kimi", "kimi-k25-sglang/hs_shards/manifest.json"))
+    for where, blob in (("card", text), ("pushed manifest", json.dumps(pushed))):
+        assert "/root/" not in blob and local_model not in blob, where
+    assert pushed["metadata"]["model"] == {"id": card_id, "revision": None, "fingerprint": "f" * 64}
+    assert pushed["metadata"]["backend"]["server_args"] == ["--model-path", card_id]
+    assert pushed["identity"] == open_dataset(root).manifest.identity
+    assert json.loads((root / "manifest.json").read_text())["metadata"]["model"]["path"] == local_model  # local copy keeps it
+    meta = _front_matter(text)
+    assert meta["base_model"] == card_id and meta["task_categories"] == ["text-generation"]
+    assert meta["size_categories"] == ["n<1K"] and meta["source_datasets"]
+    assert meta["license"] == "other" and meta["license_name"] == "modified-mit"
 
 
 def test_second_push_uploads_nothing(built, standin, api):

@@ -474,6 +474,36 @@ def test_layer_hooks_mechanism(monkeypatch, tmp_path):
     core.close()
 
 
+class OwedOutput:
+    """Stands for SGLang 0.5.23's handle to a rank's un-reduced partial sum (what a layer returns under TP)."""
+
+
+def test_a_layer_output_that_is_no_tensor_is_refused_with_the_true_reason(monkeypatch, tmp_path):
+    hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism="layer_hooks", architectures=["DeepseekV3ForCausalLM"])
+    monkeypatch.setattr(hooks, "_loaded_source", lambda module, cls: OLD_LAYER_SOURCE)
+    layer_fns = {i: hooks.layer_hook({**config, "hook_hf_id": i}) for i in IDS}
+    norm, model = hooks.norm_hook(config), hooks.model_hook(config)
+    fb = fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])
+    for i in IDS:
+        layer_fns[i](None, (), (OwedOutput(), None))
+    norm(None, (torch.randn(3, H),), torch.randn(3, H))
+    model(None, (fb.input_ids, None, fb, None), torch.randn(3, H))
+    core = hooks._RUNTIME.core
+    core.flush()
+    reason = (tmp_path / "stage" / "hs-r1-1-3.refused.json").read_text()
+    assert "is of type OwedOutput, not a complete tensor" in reason and "'aux_return'" in reason and "CUDA graph" not in reason
+    assert hooks._RUNTIME._errors == 0  # refused by name, not by a failing hook
+    core.close()
+
+
+def test_dp_attention_as_resolved_by_sglang_0523_is_refused_for_layer_hooks():
+    from hs_dataset.server_patch import sglang_hooks
+
+    args = SimpleNamespace(enable_dp_attention=False, attn_dp_size=2)  # --dp 2 --enable-dp-attention after 0.5.23 resolves it
+    assert any("DP attention" in p for p in sglang_hooks.check_server_args(args, "layer_hooks"))
+    assert sglang_hooks.check_server_args(args, "aux_return") == []
+
+
 def test_hook_configs_must_agree_and_unsafe_setups_are_refused(monkeypatch, tmp_path):
     hooks, config = _fresh_runtime(monkeypatch, tmp_path)
     hooks.model_hook(config)

@@ -88,3 +88,108 @@ def test_serve_check_cli(fake_env, capsys):
     assert main(["serve", "--config", "tiny-deepseek-sglang", "--check", "--port", "31998", "--", "--log-level", "warning"]) == 0
     out = capsys.readouterr().out
     assert "mechanism: aux_return" in out and "--log-level warning" in out and "--port 31998" in out
+
+
+# ---------------------------------------------------------------------------- CPU ranks: one core range each
+
+
+@pytest.mark.parametrize(
+    "cores, ranks, expected",
+    [
+        ([0, 1], 2, "0|1"),
+        ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0-3|4-7"),
+        ([0, 1, 2, 3, 4, 5, 6], 3, "0-2|3-4|5-6"),  # sizes differ by at most one, every core used once
+        ([2, 3, 8, 9, 10], 2, "2-3,8|9-10"),  # a narrowed affinity mask (taskset, containers)
+        ([5, 1, 1, 3], 1, "1,3,5"),
+    ],
+)
+def test_core_split_is_disjoint_and_covers_the_usable_cores(cores, ranks, expected):
+    from hs_dataset.serve import cpu_ranks
+
+    groups = cpu_ranks.split_cores(cores, ranks)
+    assert cpu_ranks.format_bind(groups) == expected
+    assert sorted(c for g in groups for c in g) == sorted(set(cores)) and all(groups)
+
+
+def test_core_split_refuses_more_ranks_than_cores():
+    from hs_dataset.serve import cpu_ranks
+
+    with pytest.raises(ValueError, match="3 cores cannot give 4 ranks"):
+        cpu_ranks.split_cores([0, 1, 2], 4)
+
+
+@pytest.mark.parametrize(
+    "argv, ranks",
+    [
+        (["--tp-size", "2"], 2),
+        (["--tp-size", "2", "--dp-size", "2"], 4),  # two replicas of two TP ranks
+        (["--tp-size", "2", "--dp", "2", "--enable-dp-attention"], 2),  # DP groups partition the TP ranks
+        (["--tp=4", "--pp-size", "2"], 8),
+        (["--tp-size", "1", "--tensor-parallel-size", "2"], 2),  # the last one wins, as in argparse
+        (["--model-path", "m", "--forward-hooks", "[]"], 1),
+    ],
+)
+def test_cpu_rank_count_reads_sglang_flags(argv, ranks):
+    from hs_dataset.serve import cpu_ranks
+
+    assert cpu_ranks.cpu_rank_count(argv) == ranks
+
+
+def _tiny_card(**sglang):
+    from hs_dataset.config import load_card
+
+    return load_card("tiny-deepseek-sglang").with_overrides(sglang=sglang) if sglang else load_card("tiny-deepseek-sglang")
+
+
+def test_multi_rank_cpu_plan_binds_one_core_range_per_rank(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.serve import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1, 2, 3])
+    assert cpu_ranks.OMP_BIND_ENV not in serve.plan_server(_tiny_card(), staging_dir=str(tmp_path / "st")).env  # one rank
+    plan = serve.plan_server(_tiny_card(tp=2), staging_dir=str(tmp_path / "st"))
+    assert plan.env[cpu_ranks.OMP_BIND_ENV] == "0-1|2-3" and "--tp-size 2" in " ".join(plan.argv)
+    dp = _tiny_card(tp=2, args=["--dp-size", "2", "--enable-dp-attention"])
+    assert serve.plan_server(dp, staging_dir=str(tmp_path / "st")).env[cpu_ranks.OMP_BIND_ENV] == "0-1|2-3"
+    replicas = _tiny_card(tp=2, args=["--dp-size", "2"])
+    assert serve.plan_server(replicas, staging_dir=str(tmp_path / "st")).env[cpu_ranks.OMP_BIND_ENV] == "0|1|2|3"
+
+
+def test_a_bind_from_the_card_or_the_environment_is_kept(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.serve import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    card = _tiny_card(tp=2, env={cpu_ranks.OMP_BIND_ENV: "0-7|8-15"})
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    assert plan.env[cpu_ranks.OMP_BIND_ENV] == "0-7|8-15" and any("kept from the card" in n for n in plan.notes)
+    monkeypatch.setenv(cpu_ranks.OMP_BIND_ENV, "1|0")
+    plan = serve.plan_server(_tiny_card(tp=2), staging_dir=str(tmp_path / "st"))
+    assert cpu_ranks.OMP_BIND_ENV not in plan.env and any("kept from the environment" in n for n in plan.notes)
+
+
+def test_fewer_usable_cores_than_ranks_is_refused(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.serve import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1])
+    card = _tiny_card(tp=2, args=["--pp-size", "2"])
+    with pytest.raises(serve.ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+
+
+NEW_LAYER_TP = (
+    "from sglang.srt.layers.layer_boundary import LayerBoundary\n"
+    "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch):\n"
+    "        return (hidden_states, topk_indices)\n"
+)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_layer_hooks_under_tp_names_the_partial_sum_and_aux_return(fake_env, tmp_path, tp):
+    """0.5.23's layers defer the TP all-reduce (an OwedOutput): the refusal says so under TP, never 'CUDA graph'."""
+    fake_env.update(sglang_dir=fake_sglang(tmp_path / "new", NEW_LAYER_TP))
+    with pytest.raises(serve.ServeError) as err:
+        serve.plan_server(_tiny_card(tp=tp, mechanism="layer_hooks"), staging_dir=str(tmp_path / "st"))
+    msg = str(err.value)
+    assert "returns `(hidden_states, topk_indices)`" in msg and "'aux_return'" in msg and "CUDA graph" not in msg
+    assert ("tp 2" in msg and "OwedOutput" in msg and "un-reduced partial sum" in msg) == (tp == 2), msg

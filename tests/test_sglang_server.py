@@ -71,7 +71,7 @@ def _free_port() -> int:
 
 
 def _start(card, tmp_root: Path, name: str, **overrides):
-    from hs_dataset.serve.plan import launch, plan_server
+    from hs_dataset.serve import launch, plan_server
 
     extra = overrides.pop("extra_args", ())
     plan = plan_server(
@@ -337,7 +337,7 @@ def test_serve_check_prints_the_plan(capture_server):
 
 def test_plain_server_without_hooks_is_refused(card, hs_tmp):
     """A server started without hs_dataset's capture hooks: the client says capture is not enabled."""
-    from hs_dataset.serve.plan import launch, plan_server
+    from hs_dataset.serve import launch, plan_server
 
     _require_env()
     plan = plan_server(card, port=_free_port(), staging_dir=str(hs_tmp / "plain-stage"), python=str(SERVER_PYTHON))
@@ -395,3 +395,56 @@ def test_radix_cache_partial_prompts_are_refused_or_recomputed(card, hs_tmp, hf_
         assert staged(server) == []
     finally:
         server.stop(timeout=5)
+
+
+# ---------------------------------------------------------------------------- regeneration through the same server
+
+REGEN_CHATS = [
+    {"id": "g1", "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]},
+    {"id": "g2", "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Again?"}, {"role": "assistant", "content": "Hello again."},
+    ]},
+    {"id": "g3", "conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]},
+]
+
+
+def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, capture_server, hf_model, tmp_path):
+    """--regenerate on SGLang: turns equal plain /generate requests, no dump is staged for them, states equal transformers."""
+    import hs_dataset
+    from hs_dataset.capture.generate import GenerationParams
+    from hs_dataset.capture.sglang.generate import SGLangGenerator, parse_output
+    from hs_dataset.formats.regenerated import RegeneratedStore
+    from hs_dataset.pipeline import build_dataset
+
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in REGEN_CHATS))
+    regen_card = card.with_overrides(regenerate={"enabled": True, "max_new_tokens": 6, "thinking": "off", "concurrency": 4})
+    be = backend(regen_card, capture_server)
+    try:
+        report = build_dataset(regen_card, tmp_path / "ds", source=str(src), backend=be)
+    finally:
+        be.close()
+    assert report.samples_written == 3 and report.regeneration["turns"] == 4 and report.regeneration["failed"] == 0
+    assert staged(capture_server) == []
+    meta = json.loads((tmp_path / "ds" / "manifest.json").read_text())["metadata"]["regeneration"]
+    assert meta["generator"]["engine"] == "sglang" and meta["generator"]["version"] and meta["generator"]["model_fingerprint"]
+    params = GenerationParams(6, stop_token_ids=tuple(meta["stop_token_ids"]))
+    plain = SGLangGenerator([capture_server.url])
+    data = hs_dataset.open_dataset(tmp_path / "ds")
+    rows = {data[i]["sample_id"]: data[i] for i in range(len(data))}
+    worst = 0.0
+    try:
+        for sid, rec in RegeneratedStore(tmp_path / "ds").records.items():
+            for turn in rec["turns"]:  # one request at a time, nothing else in flight
+                out = post(capture_server.url, plain.body(rec["input_ids"][: turn["prompt_tokens"]], params))
+                assert parse_output(out, params).token_ids == turn["token_ids"], sid
+            row = rows[sid]
+            assert row["input_ids"].tolist() == rec["input_ids"]
+            assert [t for t, m in zip(rec["input_ids"], row["loss_mask"].tolist()) if m] == [t for tr in rec["turns"] for t in tr["token_ids"]]
+            aux, final = hf_reference(hf_model, row["input_ids"])
+            worst = max(worst, rel(row["aux_hidden_states"], aux), rel(row["final_hidden_state"], final))
+    finally:
+        plain.close()
+    print(f"SGLang regeneration: states vs transformers, worst relative error {worst:.2e}")
+    assert worst < 1e-6

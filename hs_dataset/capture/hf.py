@@ -24,6 +24,7 @@ import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
 from hs_dataset.capture.model_info import model_fingerprint, resolve_model_path, text_config
+from hs_dataset.capture.text_model import load_causal_lm, loaded_module_path
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
@@ -68,15 +69,14 @@ class HFBackend(CaptureBackend):
         device: str = "auto",
         text_module: str | None = None,
         model_revision: str | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.model_path = resolve_model_path(str(model_path))
         self.device = pick_device(device)
         self.dtype = state_dtype(dtype)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype, local_files_only=True)
+        model = load_causal_lm(self.model_path, dtype=self.dtype, trust_remote_code=trust_remote_code)
         self.model = model.to(self.device).eval()
-        self.decoder = find_decoder(self.model, text_module)
+        self.decoder = find_decoder(self.model, loaded_module_path(self.model_path, text_module))
         self.num_layers = len(self.decoder.layers)
         self.aux_layer_ids = list(aux_layer_ids)
         bad = [i for i in self.aux_layer_ids if not 0 <= i < self.num_layers]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -18,6 +19,7 @@ __all__ = [
     "ModelPathError",
     "builtin_models",
     "resolve_model_path",
+    "download_command",
     "text_config",
     "load_text_config",
     "model_fingerprint",
@@ -42,11 +44,12 @@ def builtin_models() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=BUILTIN_GROUP)}
 
 
-def resolve_model_path(path: str | None) -> Path:
+def resolve_model_path(path: str | None, *, revision: str | None = None) -> Path:
     """The one model resolver: a card's model path -> a local directory holding config.json.
 
-    ``builtin:NAME`` models are built (and cached) on first use. Anything else must
-    already be on disk: hs_dataset never downloads weights at run time.
+    ``builtin:NAME`` models are built (and cached) on first use. A Hub id
+    (``org/name``) resolves to its snapshot in the local Hugging Face cache, offline.
+    Anything else must already be on disk: hs_dataset never downloads weights at run time.
     """
     if not path:
         raise ModelPathError("no model path: set model.path in the card or pass --model-path (or HS_DATASET_MODEL_PATH)")
@@ -57,12 +60,40 @@ def resolve_model_path(path: str | None) -> Path:
             raise ModelPathError(f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(known)) or 'none (reinstall hs_dataset)'}")
         return Path(known[name].load()()).resolve()
     local = Path(path).expanduser()
-    if not (local / "config.json").is_file():
+    if (local / "config.json").is_file():
+        return local.resolve()
+    if not local.exists() and _REPO_ID.fullmatch(path):
+        return _cached_snapshot(path, revision)
+    raise ModelPathError(
+        f"model directory {path!r} has no config.json; hs_dataset never downloads weights at run time: "
+        f"download the snapshot first ({download_command(path, revision)}) and pass its local path or its Hub id"
+    )
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def download_command(repo_id: str, revision: str | None = None) -> str:
+    """The command of the installed huggingface_hub that fetches ``repo_id`` into the local cache."""
+    shown = repo_id if _REPO_ID.fullmatch(repo_id) else "ORG/NAME"
+    return f"hf download {shown}" + (f" --revision {revision}" if revision else "")
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
+    """``org/name`` -> its snapshot in the local Hugging Face cache (no network), or how to download it."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        found = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        found = None
+    if found is None or not (found / "config.json").is_file():
         raise ModelPathError(
-            f"model directory {path!r} has no config.json; hs_dataset never downloads weights at run time: "
-            "download the snapshot first (huggingface-cli download ...) and pass its local path"
+            f"model {repo_id!r} is not a local directory and not in the local Hugging Face cache; hs_dataset never "
+            f"downloads weights at run time: run `{download_command(repo_id, revision)}` first"
         )
-    return local.resolve()
+    return found.resolve()
 
 
 def text_config(config: Any) -> Any:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
+
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 
 HELP = "capture hidden states for a config and write a dataset"
@@ -14,14 +16,30 @@ EXAMPLES = """
   hs-dataset build --config kimi-k25-sglang --model-path /models/Kimi-K2.5 \\
       --source chats.jsonl --out /data/kimi --server http://127.0.0.1:30000
   hs-dataset build --config tiny-deepseek-hf --out out/tiny --json   # the run report as JSON
+  hs-dataset build --model /models/my-model --out out/mine           # no card: derived from the model
+  hs-dataset build --model moonshotai/Kimi-K2.5 --trust-remote-code --server http://127.0.0.1:30000 --out out/kimi
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="card name (e.g. tiny-deepseek-hf, kimi-k25-sglang) or path to a .yaml card")
+    add_card_arguments(parser)
+    add_override_arguments(parser)
     parser.add_argument("--out", required=True, help="dataset directory; an existing one is resumed")
     parser.add_argument("--num-samples", type=int, default=None, help="capture only the first N samples of the source")
-    parser.add_argument("--source", default=None, help="JSONL file or saved datasets directory (default: the card's source)")
+    parser.add_argument(
+        "--source", default=None,
+        help="hf:ORG/NAME (a Hub dataset), a .jsonl/.json/.parquet/.arrow file or a saved datasets directory (default: the card's source)",
+    )
+    parser.add_argument("--subset", default=None, help="hf: sources: the dataset's config (subset)")
+    parser.add_argument("--split", default=None, help="hf: sources and saved DatasetDicts: the split (default train), e.g. train_sft")
+    parser.add_argument("--revision", default=None, help="hf: sources: branch, tag or commit of the dataset")
+    parser.add_argument(
+        "--columns", action="append", default=None, metavar="OURS=THEIRS",
+        help="map a source column to our field, e.g. --columns messages=dialog (repeatable, or comma-separated)",
+    )
+    parser.add_argument("--regenerate", action="store_true", help="the target rewrites every assistant turn before capture (card section regenerate)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="with --regenerate: most tokens per turn (default: the card's)")
+    parser.add_argument("--thinking", choices=["on", "off"], default=None, help="with --regenerate: the template's thinking switch")
     parser.add_argument("--batch-size", type=int, default=None, help="samples per forward (hf) or requests in flight (sglang)")
     parser.add_argument("--model-path", default=None, help="local model directory (overrides the card)")
     parser.add_argument("--device", default=None, help="hf backend: auto, cpu, cuda, cuda:1 ...")
@@ -36,13 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.config import load_card
     from hs_dataset.distributed import rank_and_world_size
     from hs_dataset.pipeline import build_dataset
 
     rank, world = rank_and_world_size(args.rank, args.world_size)
     report = build_dataset(
-        load_card(args.config),
+        _source_and_regeneration(card_from_args(args), args),
         args.out,
         num_samples=args.num_samples,
         source=args.source,
@@ -59,3 +76,32 @@ def run(args: argparse.Namespace) -> int:
     )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0
+
+
+def _columns(values: list[str] | None) -> dict[str, str]:
+    """``--columns messages=dialog`` (repeatable, or comma-separated) -> ``{"messages": "dialog"}``."""
+    from hs_dataset.errors import UsageError
+    from hs_dataset.sources.shapes import FIELDS
+
+    out: dict[str, str] = {}
+    for item in ",".join(values or []).split(","):
+        if not item.strip():
+            continue
+        ours, sep, theirs = item.partition("=")
+        if not sep or ours.strip() not in FIELDS or not theirs.strip():
+            raise UsageError(f"--columns {item!r}: write OURS=THEIRS with OURS one of {', '.join(FIELDS)} (e.g. messages=dialog)")
+        out[ours.strip()] = theirs.strip()
+    return out
+
+
+def _source_and_regeneration(card, args: argparse.Namespace):
+    """The card with the source flags (--subset/--split/--revision/--columns) and --regenerate applied."""
+    source = {k: getattr(args, k) for k in ("subset", "split", "revision") if getattr(args, k) is not None}
+    if args.columns:
+        source["columns"] = _columns(args.columns)
+    regenerate = {"enabled": True} if args.regenerate else {}
+    for key in ("max_new_tokens", "thinking"):
+        if getattr(args, key) is not None:
+            regenerate[key] = getattr(args, key)
+    overrides = {k: v for k, v in (("source", source), ("regenerate", regenerate)) if v}
+    return card.with_overrides(**overrides) if overrides else card

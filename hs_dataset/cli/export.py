@@ -55,10 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="SpecForge 0.2.0: rows_{g}-{g+2000}/data_{idx}.ckpt with a post-norm hidden_state",
         description="rows_{g}-{g+N}/data_{idx}.ckpt (torch.save) with input_ids, loss_mask, aux_hidden_state [1, T, 3H] "
         "and hidden_state [1, T, H] after the final norm (derived from the stored pre-norm state), as SpecForge's "
-        "OfflineManifestReader reads them.",
+        "OfflineManifestReader reads them; in bfloat16 unless --keep-dtype.",
     )
     _common(forge)
     forge.add_argument("--group-size", type=int, default=2000, help="files per rows_{g}-{g+N} directory")
+    forge.add_argument(
+        "--keep-dtype",
+        action="store_true",
+        help="keep the stored dtype instead of bfloat16 (SpecForge 0.2.0 trains only on bfloat16: its target head is bf16)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             aux_layers=args.aux_layer_ids,
             group_size=args.group_size,
             verify_hashes=args.verify_hashes,
+            keep_dtype=args.keep_dtype,
         )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0

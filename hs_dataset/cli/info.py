@@ -29,6 +29,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def trainer_layer_flags(md: dict) -> str:
+    """What each trainer must be told about the stored aux layers (docs/TRAINING.md)."""
+    aux = [int(i) for i in md.get("aux_layer_ids") or []]
+    if md.get("layer_convention", "hf_hidden_states_index") != "hf_hidden_states_index":
+        return "n/a (not hf_hidden_states_index)"
+    forge = f"SpecForge aux_hidden_state_layer_ids {[i - 1 for i in aux]}" if aux and min(aux) >= 1 else "SpecForge: n/a (layer 0)"
+    return f"speculators --target-layer-ids {' '.join(map(str, aux))}; {forge}"
+
+
 def describe(manifest: "Manifest") -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
@@ -41,6 +50,7 @@ def describe(manifest: "Manifest") -> str:
         f"config           {md.get('config_name')} (fingerprint {str(md.get('config_fingerprint'))[:16]})",
         f"model            {model.get('path') or model.get('id')} (revision/fingerprint {model.get('revision') or str(model.get('fingerprint'))[:16]})",
         f"aux layers       {md.get('aux_layer_ids')} ({md.get('layer_convention', 'hf_hidden_states_index')})",
+        f"trainer layers   {trainer_layer_flags(md)}",
         f"final state      {md.get('final_state')} (norm eps {norm.get('eps')}, weight in {norm.get('weight_file')})",
         f"dtype / hidden   {md.get('dtype')} / {md.get('hidden_size')}; stored as {manifest.tensors.get('aux_hidden_states', {}).get('encoding')}",
         f"tokenizer        {md.get('tokenizer')}",

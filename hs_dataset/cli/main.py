@@ -37,7 +37,9 @@ COMMANDS: dict[str, str] = {
     "patch": "hs_dataset.cli.patch",
     "export": "hs_dataset.cli.export",
     "import": "hs_dataset.cli.import_",
+    "train": "hs_dataset.cli.train",
     "push": "hs_dataset.cli.push",
+    "card": "hs_dataset.cli.card",
 }
 
 EXIT_ERROR = 2  # a known error: bad input, missing file, refused operation, Ctrl-C

@@ -6,6 +6,8 @@ import argparse
 import signal
 import sys
 
+from hs_dataset.cli.card_args import add_card_arguments, card_from_args
+
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 
 HELP = "start a SGLang server with everything capture needs"
@@ -13,13 +15,14 @@ EXAMPLES = """
   hs-dataset serve --config kimi-k25-sglang --model-path /models/Kimi-K2.5
   hs-dataset serve --config tiny-deepseek-sglang --check        # print the plan, start nothing
   hs-dataset serve --config kimi-k25-sglang --port 31000 -- --log-level warning
+  hs-dataset serve --model /models/Kimi-K2.5 --trust-remote-code --check   # no card: derived from the model
 """
 
 EXIT_INTERRUPTED = 130  # the server was stopped by Ctrl-C / SIGTERM, as shells report it
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="card name (cards/NAME.yaml) or path to a card")
+    add_card_arguments(parser, backend=False)
     parser.add_argument("--port", type=int, default=None, help="listen port (default: the card's sglang.port or 30000)")
     parser.add_argument("--host", default=None, help="listen address (default: the card's sglang.host or 127.0.0.1)")
     parser.add_argument("--model-path", default=None, help="local model snapshot (overrides the card's model.path)")
@@ -40,11 +43,12 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.config import load_card
-    from hs_dataset.serve.plan import launch, plan_server
+    from hs_dataset.capture.remote_code import check_processor_files
+    from hs_dataset.serve import launch, plan_server
 
+    card = card_from_args(args, default_backend="sglang")
     plan = plan_server(
-        load_card(args.config),
+        card,
         port=args.port,
         host=args.host,
         staging_dir=args.staging_dir,
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         python=args.python,
         extra_args=_extra_args(args),
     )
+    check_processor_files(plan.model_path, card.model.trust_remote_code)
     if args.check:
         print(plan.describe())
         return 0

@@ -1,5 +1,9 @@
 """The one Arrow index of a dataset directory: one light row per sample, tensors stay in the shards.
 
+Its ``input_ids``, ``loss_mask`` (int64) and ``seq_len`` are the columns speculators'
+``prepare-data`` writes, so an index is also speculators' Arrow dataset (the
+hs_dataset backend for speculators trains from it; the Hub's viewer shows them).
+
 The Hub layout (hs_dataset.hub.push) publishes these rows as parquet next to the
 shards; :class:`ShardTransform` turns index rows back into rows that carry zero-copy
 state tensors, read with the one shard reader. Imported on demand only: it needs
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import datasets
+import torch
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats.reader import HiddenStateDataset, open_dataset
@@ -21,6 +26,7 @@ INDEX_FEATURES = datasets.Features(
     {
         "sample_id": datasets.Value("string"),
         "input_ids": datasets.Sequence(datasets.Value("int64")),
+        "loss_mask": datasets.Sequence(datasets.Value("int64")),  # int64 0/1, as speculators' prepare-data writes it
         "seq_len": datasets.Value("int64"),
         "num_supervised": datasets.Value("int64"),
         "shard_file": datasets.Value("string"),
@@ -41,6 +47,7 @@ def index_rows(dataset: HiddenStateDataset) -> Iterator[dict[str, Any]]:
             yield {
                 "sample_id": sid,
                 "input_ids": input_ids[begin:end].numpy(),
+                "loss_mask": loss_mask[begin:end].to(torch.int64).numpy(),
                 "seq_len": end - begin,
                 "num_supervised": int(loss_mask[begin:end].sum()),
                 "shard_file": record.file,

@@ -51,6 +51,16 @@ from hs_dataset.errors import UsageError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
 from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.hub.public import (
+    bigger_size_category,
+    hub_model_id,
+    model_id,
+    public_manifest,
+    public_metadata,
+    public_model,
+    size_category,
+    source_datasets,
+)
 
 __all__ = [
     "push_to_hub",
@@ -246,6 +256,12 @@ def _load_template(name: str):
     return env.from_string(text)
 
 
+def _regenerated_files(metadata: dict[str, Any]) -> list[str]:
+    """Names of the regenerated-conversations files the manifest lists (``metadata.regeneration.files``)."""
+    files = (metadata.get("regeneration") or {}).get("files") or {}
+    return sorted(files) if isinstance(files, dict) else []
+
+
 def _run_summary(root: Path) -> dict[str, Any] | None:
     path = resolve_member(root, "run_report.json", what="run report")
     if not path.exists():
@@ -312,16 +328,17 @@ def render_card(
     root = Path(dataset.root)
     try:
         card = load_card(md.get("config_name") or config)
-        description = card.description
-        card_meta = card.dataset_card.front_matter()
-    except (CardError, KeyError, TypeError, ValueError):
-        description, card_meta = "", {}
+        description, card_meta = card.description, card.dataset_card.front_matter()
+        card_model, card_source = card.model.id or card.model.path, card.source.path
+    except (CardError, KeyError, TypeError, ValueError, AttributeError):
+        description, card_meta, card_model, card_source = "", {}, None, None
+    public = public_metadata(md, card_model)  # no local model/tokenizer directory reaches the card
     tokens = manifest.num_tokens
     context = {
         "config": config,
         "repo_id": repo_id,
         "description": description or f"hs_dataset config `{md.get('config_name')}`.",
-        "model": md.get("model") or {},
+        "model": public_model(md, card_model),
         "aux_layer_ids": list(md.get("aux_layer_ids") or []),
         "layer_convention": md.get("layer_convention", "hf_hidden_states_index"),
         "num_hidden_layers": md.get("num_hidden_layers"),
@@ -332,10 +349,11 @@ def render_card(
         "encoding": (manifest.tensors.get("aux_hidden_states") or {}).get("encoding"),
         "hidden_size": md.get("hidden_size"),
         "vocab_size": md.get("vocab_size"),
-        "tokenizer": md.get("tokenizer") or {},
+        "tokenizer": public.get("tokenizer") or {},
         "max_length": md.get("max_length"),
         "overflow": md.get("overflow"),
-        "backend": md.get("backend") or {},
+        "backend": public.get("backend") or {},
+        "regeneration": md.get("regeneration") or {},
         "config_fingerprint": md.get("config_fingerprint"),
         "dataset_id": manifest.dataset_id,
         "created_by": manifest.created_by,
@@ -365,6 +383,7 @@ def render_card(
     for key, value in card_meta.items():  # license, license_name, pretty_name, language, ... from the config card
         if value is not None and key not in meta:
             meta[key] = value
+    meta.update(_ecosystem_front_matter(meta, card_meta, md, card_model, [card_source, (_run_summary(root) or {}).get("source")], manifest.num_samples))
     tags = list(meta.get("tags") or [])
     for tag in ("eagle3", "speculative-decoding", "hidden-states", "hs_dataset"):
         if tag not in tags:
@@ -384,6 +403,32 @@ def render_card(
         config_names=names, sections=[sections[n] for n in names],
     )
     return re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n"
+
+
+def _ecosystem_front_matter(
+    meta: dict[str, Any], card_meta: dict[str, Any], md: dict[str, Any], card_model: str | None, sources: list[Any], samples: int
+) -> dict[str, Any]:
+    """The keys the Hub and its dataset viewer index datasets by: task, size, sources, base model, license name.
+
+    The config card's values win; ``size_categories`` states the largest config in the repo.
+    """
+    out: dict[str, Any] = {}
+    out["task_categories"] = card_meta.get("task_categories") or meta.get("task_categories") or ["text-generation"]
+    previous = (meta.get("size_categories") or [None])[0]
+    out["size_categories"] = card_meta.get("size_categories") or [bigger_size_category(previous, size_category(samples))]
+    out["source_datasets"] = sorted(set(meta.get("source_datasets") or []) | set(source_datasets(*sources)))
+    if len(out["source_datasets"]) > 1 and "original" in out["source_datasets"]:
+        out["source_datasets"].remove("original")
+    base = hub_model_id(model_id(md, card_model))
+    if base:
+        out["base_model"] = base
+    license_id = meta.get("license") or card_meta.get("license")
+    if license_id == "other" and not (meta.get("license_name") or card_meta.get("license_name")):
+        raise UsageError(
+            f"config card {md.get('config_name')!r}: dataset_card.license is 'other' but dataset_card.license_name is "
+            "missing; the Hub requires a license_name (and a license_link) with license: other; set them in cards/NAME.yaml"
+        )
+    return out
 
 
 def _dataset_info_yaml(config: str, rows: int, num_bytes: int, download_bytes: int) -> dict[str, Any]:
@@ -454,6 +499,22 @@ def _batches(files: list[_Local], max_bytes: int, max_files: int) -> Iterable[li
 
 
 # ------------------------------------------------------------------------------- push
+def _public_manifest_file(root: Path, work: Path, shards_prefix: str) -> _Local:
+    """The manifest the repo gets: a copy without local paths (hub/public.py); the local one is untouched."""
+    from hs_dataset.config import CardError, load_card
+
+    with open_regular(resolve_member(root, "manifest.json", what="manifest"), what="manifest") as f:
+        raw = json.loads(f.read())
+    try:
+        card = load_card((raw.get("metadata") or {}).get("config_name") or "")
+        card_model = card.model.id or card.model.path
+    except (CardError, KeyError, TypeError, ValueError, AttributeError):
+        card_model = None
+    out = work / "manifest.json"
+    out.write_bytes(public_manifest(raw, card_model))
+    return _Local(out, f"{shards_prefix}/manifest.json", out.stat().st_size)
+
+
 def push_to_hub(
     path: str | os.PathLike,
     repo_id: str,
@@ -557,10 +618,11 @@ def push_to_hub(
         work.mkdir(parents=True, exist_ok=True)
     try:
         meta_files: list[_Local] = []
-        for name in ("manifest.json", "run_report.json"):
+        for name in ("run_report.json", *_regenerated_files(dataset.manifest.metadata)):
             local = resolve_member(root, name, what="dataset file")
             if local.is_file():
                 meta_files.append(_Local(local, f"{shards_prefix}/{name}", local.stat().st_size))
+        meta_files.append(_public_manifest_file(root, work, shards_prefix))
         index_dir = work / "index"
         if index_dir.exists():
             shutil.rmtree(index_dir)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,10 +43,20 @@ from hs_dataset.interop.common import (
     write_file_atomic,
 )
 
-__all__ = ["export_specforge", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX"]
+__all__ = ["export_specforge", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE"]
 
 DEFAULT_GROUP_SIZE = 2000
 SPECFORGE_NUM_AUX = 3  # specforge.algorithms.model_providers.resolve_eagle_capture_layers: exactly three
+SPECFORGE_TRAIN_DTYPE = torch.bfloat16  # specforge/modeling/target/target_head.py: the target head is always bf16
+
+
+def _dtype_warning(dtype: torch.dtype) -> str:
+    """The note a kept non-bfloat16 dtype gets: the files load, but SpecForge 0.2.0 cannot train on them."""
+    name = str(dtype).replace("torch.", "")
+    return (
+        f"warning: states kept in {name}; SpecForge 0.2.0 cannot train on them (its TargetHead runs in bfloat16 and "
+        f"its first step fails with 'expected m1 and m2 to have the same dtype'); export without --keep-dtype to train"
+    )
 
 
 def ckpt_path(dest: Path, idx: int, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
@@ -109,8 +120,15 @@ def export_specforge(
     aux_layers: Sequence[int] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
     verify_hashes: bool = False,
+    keep_dtype: bool = False,
 ) -> ExportReport:
-    """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout."""
+    """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout.
+
+    States are written in bfloat16 by default: SpecForge 0.2.0's ``TargetHead`` always
+    runs in bfloat16 (``modeling/target/target_head.py``) and nothing autocasts, so any
+    other dtype fails its first step. ``keep_dtype=True`` keeps the stored dtype (with
+    a warning in the report) for readers other than SpecForge's trainer.
+    """
     from hs_dataset.formats.encoding import get_encoding
     from hs_dataset.formats.reader import open_dataset
 
@@ -133,13 +151,15 @@ def export_specforge(
     weight, eps = _final_norm(ds)
     hidden = int(ds.manifest.hidden_size)
     num_layers = ds.manifest.metadata.get("num_hidden_layers")
-    out_dtype = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"]).decoded_dtype
+    stored_dtype = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"]).decoded_dtype
+    out_dtype = stored_dtype if keep_dtype else SPECFORGE_TRAIN_DTYPE
     specforge_ids = [i - 1 for i in layer_ids]
     resume_key = {
         "target": "specforge",
         "source_dataset_id": ds.manifest.dataset_id,
         "aux_layer_ids": layer_ids,
         "group_size": group_size,
+        "dtype": str(out_dtype).replace("torch.", ""),
     }
     resumed = prepare_destination(src, dest, target="specforge", resume_key=resume_key, overwrite=overwrite)
     report = ExportReport(target="specforge", source=str(src), dest=str(dest), resumed=resumed)
@@ -159,6 +179,9 @@ def export_specforge(
         "SpecForge aux_hidden_state_layer_ids (output of layer i)": specforge_ids,
         "hidden_state": layers["hidden_state"],
     }
+    if out_dtype != SPECFORGE_TRAIN_DTYPE:
+        report.notes.append(_dtype_warning(out_dtype))
+        warnings.warn(_dtype_warning(out_dtype), UserWarning, stacklevel=2)
     if num_layers is not None:
         default = [1, int(num_layers) // 2 - 1, int(num_layers) - 4]
         if specforge_ids != default:

@@ -50,7 +50,16 @@ from hs_dataset.interop.common import (
     write_file_atomic,
 )
 
-__all__ = ["export_speculators", "speculators_default_layer_ids", "HIDDEN_STATES_DIR", "hs_file_name"]
+__all__ = [
+    "export_speculators",
+    "speculators_default_layer_ids",
+    "HIDDEN_STATES_DIR",
+    "hs_file_name",
+    "check_final_state",
+    "token_frequencies",
+    "write_token_freq",
+    "write_arrow_index",
+]
 
 HIDDEN_STATES_DIR = "hidden_states"
 _ARROW_INDEX_FILES = ("state.json", "dataset_info.json")
@@ -67,7 +76,7 @@ def speculators_default_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def _check_final_state(ds: Any) -> None:
+def check_final_state(ds: Any) -> None:
     kind = ds.manifest.metadata.get("final_state")
     if kind != "pre_norm":
         raise ExportMismatchError(
@@ -75,6 +84,25 @@ def _check_final_state(ds: Any) -> None:
             "(hidden_states[:, -1] goes through its own verifier_norm before lm_head); a post-norm state cannot be "
             "turned back into the pre-norm one. Recapture with layers.final: pre_norm"
         )
+
+
+def token_frequencies(input_ids: Sequence[torch.Tensor], loss_masks: Sequence[torch.Tensor]) -> dict[int, int]:
+    """{token id: count over loss-masked tokens}, sorted by id: what speculators' ``prepare-data`` writes to token_freq.pt."""
+    freq: dict[int, int] = {}
+    for ids, mask in zip(input_ids, loss_masks):
+        uniq, counts = ids[mask.bool()].unique(return_counts=True)
+        for tok, n in zip(uniq.tolist(), counts.tolist()):
+            freq[tok] = freq.get(tok, 0) + n
+    return dict(sorted(freq.items()))
+
+
+def write_token_freq(dest: Path, freq: dict[int, int]) -> None:
+    """``dest/token_freq.pt`` in speculators' own format (``torch.load(weights_only=True)`` of {int: int}), atomically."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(dict(sorted(freq.items())), buf)
+    write_file_atomic(dest / "token_freq.pt", [buf.getbuffer()])
 
 
 def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
@@ -112,7 +140,7 @@ def _valid_hs_file(path: Path, *, sample_id: str, input_ids: torch.Tensor, shape
         return False
 
 
-def _write_arrow_index(dest: Path, input_ids: list[torch.Tensor], loss_masks: list[torch.Tensor], sample_ids: list[str]) -> None:
+def write_arrow_index(dest: Path, input_ids: list[torch.Tensor], loss_masks: list[torch.Tensor], sample_ids: list[str]) -> None:
     """``save_to_disk`` into a temp dir, then move the files in; ``state.json`` (what ``load_from_disk`` opens) last."""
     import datasets
     import numpy as np
@@ -200,7 +228,7 @@ def export_speculators(
     src, dest = Path(src), Path(dest)
     ds = open_dataset(src, verify_hashes=verify_hashes)
     check_layer_convention(ds, "speculators")
-    _check_final_state(ds)
+    check_final_state(ds)
     positions, layer_ids = select_aux_layers(ds, aux_layers, "speculators")
     num_layers = num_hidden_layers(ds, num_hidden_layers_override, "speculators")
     bad = [i for i in layer_ids if not 0 <= i < num_layers]
@@ -251,7 +279,6 @@ def export_speculators(
     all_ids: list[torch.Tensor] = []
     all_masks: list[torch.Tensor] = []
     sample_ids: list[str] = []
-    freq: dict[int, int] = {}
     for idx, sample in enumerate(ds):
         ids = sample["input_ids"].clone()
         mask = sample["loss_mask"].to(torch.int64)
@@ -261,10 +288,6 @@ def export_speculators(
         sample_ids.append(sample["sample_id"])
         report.samples += 1
         report.tokens += t
-        if token_freq:
-            uniq, counts = ids[mask.bool()].unique(return_counts=True)
-            for tok, n in zip(uniq.tolist(), counts.tolist()):
-                freq[tok] = freq.get(tok, 0) + n
         path = hs_dir / hs_file_name(idx)
         shape = (t, len(layer_ids) + 1, hidden)
         if path.exists():
@@ -283,12 +306,8 @@ def export_speculators(
             stale.unlink()
     record["final_norm"] = _copy_final_norm(ds, dest)
     if token_freq:
-        import io
-
-        buf = io.BytesIO()
-        torch.save(dict(sorted(freq.items())), buf)  # speculators' own format: torch.load(weights_only=True) of {int: int}
-        write_file_atomic(dest / "token_freq.pt", [buf.getbuffer()])
-    _write_arrow_index(dest, all_ids, all_masks, sample_ids)
+        write_token_freq(dest, token_frequencies(all_ids, all_masks))
+    write_arrow_index(dest, all_ids, all_masks, sample_ids)
     record.update(status="complete", samples=report.samples, tokens=report.tokens)
     write_export_record(dest, record)
     return report

@@ -1,14 +1,16 @@
-"""``hs-dataset serve``: start an SGLang server with everything capture needs.
+"""The launch plan of an SGLang server with everything capture needs.
 
 The server runs in its own environment (``make sglang-env`` -> ``.sglang-venv``);
-this module only builds its command line from a card, checks the installed SGLang
-against :data:`SUPPORTED`, starts it, waits for health and prints the URL.
+this module builds its command line and environment from a card and checks the
+installed SGLang against :data:`SUPPORTED`; :mod:`hs_dataset.serve.process` starts
+it and waits for health.
 
 Card keys read (``sglang:`` section unless noted; all optional except where said):
 
 ``python``            server interpreter (default ``$HS_SGLANG_PYTHON`` or ``<repo>/.sglang-venv/bin/python``)
 ``device``            ``cuda`` (default) or ``cpu`` (CPU test servers: adds the CPU support files)
-``tp``                tensor-parallel size (default 1)
+``tp``                tensor-parallel size (default 1); a CPU server of several ranks gets one core range per
+                      rank in ``SGLANG_CPU_OMP_THREADS_BIND`` unless ``env`` sets it (:mod:`.cpu_ranks`)
 ``host`` / ``port``   listen address (default 127.0.0.1:30000)
 ``module_path``       decoder-stack module (default ``model.text_module`` or ``model``)
 ``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks`` (refused where the installed
@@ -28,27 +30,22 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from hs_dataset.config import Card, card_from_dict
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.serve import cpu_ranks
 from hs_dataset.server_patch import protocol
 
 __all__ = [
     "SUPPORTED",
     "ServerPlan",
-    "ServerProcess",
     "support_for",
     "plan_server",
-    "launch",
     "default_server_python",
     "resolve_server_model_path",
 ]
@@ -135,11 +132,35 @@ def _installed_source(sglang_dir: str | None) -> Callable[[str, str], str | None
     return read
 
 
-def _refuse_wrong_layer_outputs(architectures: Sequence[str], info: dict, version: str) -> None:
+def _refuse_wrong_layer_outputs(architectures: Sequence[str], info: dict, version: str, tp_size: int = 1) -> None:
     """Refuse ``layer_hooks`` where the installed decoder layers do not return the residual (read from source)."""
-    problem = protocol.layer_hooks_problem(architectures, _installed_source(info.get("sglang_dir")))
+    problem = protocol.layer_hooks_problem(architectures, _installed_source(info.get("sglang_dir")), tp_size)
     if problem:
         raise ServeError(f"mechanism 'layer_hooks' on SGLang {version}: {problem}")
+
+
+def _bind_cpu_ranks(card: Card, argv: Sequence[str], env: dict[str, str], notes: list[str]) -> None:
+    """Give every rank of a multi-rank CPU server its own cores (SGLang refuses to start otherwise).
+
+    A value in the card's ``sglang.env`` or in this process's environment is kept as is.
+    """
+    ranks = cpu_ranks.cpu_rank_count(argv)
+    key = cpu_ranks.OMP_BIND_ENV
+    if ranks <= 1:
+        return
+    if key in env or key in os.environ:
+        notes.append(f"{key}={env.get(key, os.environ.get(key))} kept from the {'card' if key in env else 'environment'}")
+        return
+    cores = cpu_ranks.usable_cores()
+    if len(cores) < ranks:
+        raise ServeError(
+            f"{card.source_path}: sglang: this CPU server runs {ranks} ranks (tp x pp x DP replicas, from sglang.tp and "
+            f"sglang.args) but this process may use only {len(cores)} core(s) {cores} (os.sched_getaffinity), and "
+            f"each rank needs its own: lower sglang.tp / --dp-size / --pp-size, run on more cores, or set "
+            f"sglang.env.{key} yourself (one '|'-separated core list per rank)"
+        )
+    env[key] = cpu_ranks.format_bind(cpu_ranks.split_cores(cores, ranks))
+    notes.append(f"{key}={env[key]}: one core range per rank ({ranks} ranks, cores {cores})")
 
 
 def default_staging_dir(host: str, port: int) -> str:
@@ -249,7 +270,8 @@ def plan_server(
         else:
             raise ServeError(f"mechanism {requested!r} is not available on SGLang {version} (use {mechanism!r})")
     if mechanism == "layer_hooks":
-        _refuse_wrong_layer_outputs(architectures, info, version)
+        tp_size = cpu_ranks.parallel_sizes(["--tp-size", str(sg.tp), *sg.args, *extra_args])[0]["tp"]
+        _refuse_wrong_layer_outputs(architectures, info, version, tp_size)
     if model_family(architectures) != "deepseek" and mechanism == "layer_hooks":
         notes.append("layer_hooks on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
 
@@ -321,6 +343,8 @@ def plan_server(
     if sg.chunked_prefill_size is not None:
         argv += ["--chunked-prefill-size", str(sg.chunked_prefill_size)]
     argv += list(sg.args)
+    if model.trust_remote_code and "--trust-remote-code" not in argv:
+        argv += ["--trust-remote-code"]  # the card allows the snapshot's own code (tokenizer, processor)
     argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
     argv += [str(a) for a in extra_args]
 
@@ -337,6 +361,7 @@ def plan_server(
         env.setdefault("TORCHDYNAMO_DISABLE", "1")
         if not info.get("sgl_kernel"):
             pypath.append(str(CPU_SUPPORT_DIR))
+        _bind_cpu_ranks(card, argv, env, notes)
     if pypath:
         env["PYTHONPATH"] = os.pathsep.join(pypath + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return ServerPlan(
@@ -356,102 +381,4 @@ def plan_server(
         hook_config=hook_config,
         startup_timeout_s=sg.startup_timeout_s,
         notes=notes,
-    )
-
-
-class ServerProcess:
-    """A started server (its own process group); :meth:`stop` ends the group."""
-
-    def __init__(self, plan: ServerPlan, proc: subprocess.Popen, log_path: str | None) -> None:
-        self.plan = plan
-        self.proc = proc
-        self.log_path = log_path
-        self.url = plan.url
-        self.staging_dir = plan.staging_dir
-        self.started_in_s: float | None = None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, chars: int = 4000) -> str:
-        if not self.log_path or not os.path.exists(self.log_path):
-            return ""
-        with open(self.log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                # children of the group may outlive the leader briefly
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def launch(plan: ServerPlan, *, log_path: str | None = None, timeout: float | None = None) -> ServerProcess:
-    """Start the server, wait for ``/health``; raise :class:`ServeError` with the log tail if it dies."""
-    from hs_dataset.server_patch.protocol import ensure_private_dir
-
-    ensure_private_dir(plan.staging_dir)
-    if _http_ok(plan.url + "/health", timeout=1.0):
-        raise ServeError(f"something already answers at {plan.url}; choose another --port")
-    env = dict(os.environ)
-    env.update(plan.env)
-    out = open(log_path, "ab") if log_path else None
-    try:
-        proc = subprocess.Popen(
-            [plan.python, *plan.argv],
-            env=env,
-            stdout=out if out else None,
-            stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    finally:
-        if out:
-            out.close()
-    server = ServerProcess(plan, proc, log_path)
-    start = time.monotonic()
-    deadline = start + (timeout if timeout is not None else plan.startup_timeout_s)
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServeError(
-                f"the SGLang server exited with code {proc.returncode} before becoming healthy"
-                + (f"; last log lines:\n{server.log_tail()}" if log_path else "")
-            )
-        if _http_ok(plan.url + "/health"):
-            server.started_in_s = time.monotonic() - start
-            return server
-        time.sleep(0.5)
-    server.stop()
-    raise ServeError(
-        f"the SGLang server did not become healthy within {deadline - start:.0f} s"
-        + (f"; last log lines:\n{server.log_tail()}" if log_path else "")
     )

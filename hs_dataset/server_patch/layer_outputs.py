@@ -80,11 +80,30 @@ def _carries_residual(expression: str) -> bool:
     return "residual" in name
 
 
-def layer_hooks_problem(architectures: Sequence[str] | str | None, read_source: Callable[[str, str], str | None]) -> str | None:
+def _tp_reason(source: str, tp_size: int) -> str:
+    """Under TP, 0.5.23's layer boundaries (``sglang.srt.layers.layer_boundary``) defer the all-reduce.
+
+    The layer then hands its hooks an ``OwedOutput`` -- this rank's un-reduced partial
+    sum, completed only at the next layer's boundary -- so no hook on a decoder layer
+    can see a complete state, residual or not.
+    """
+    if tp_size <= 1 or "layer_boundary" not in source:
+        return ""
+    return (
+        f"; and with tensor parallelism (tp {tp_size}) its output is an OwedOutput: this rank's un-reduced partial "
+        "sum, all-reduced only at the next layer's boundary (sglang.srt.layers.layer_boundary), so no hook on a "
+        "decoder layer sees a complete state ('aux_return' receives the states after SGLang completes them)"
+    )
+
+
+def layer_hooks_problem(
+    architectures: Sequence[str] | str | None, read_source: Callable[[str, str], str | None], tp_size: int = 1
+) -> str | None:
     """Why ``layer_hooks`` would store wrong states on this SGLang (``None``: its layers return the residual).
 
     ``read_source(module, class_name)`` returns the source holding the class (a file's or
-    ``inspect.getsource``'s text), or ``None`` when it cannot be found.
+    ``inspect.getsource``'s text), or ``None`` when it cannot be found. ``tp_size`` > 1
+    adds the tensor-parallel reason where the source shows deferred all-reduces.
     """
     target = decoder_layer_for(architectures)
     if target is None:
@@ -98,6 +117,6 @@ def layer_hooks_problem(architectures: Sequence[str] | str | None, read_source: 
     if wrong:
         return (
             f"{module}.{cls}.forward returns `{wrong[0]}`, not (hidden, residual): a 'layer_hooks' capture would "
-            f"store the MLP output without the residual stream; {_FIX}"
+            f"store the MLP output without the residual stream{_tp_reason(source, tp_size)}; {_FIX}"
         )
     return None

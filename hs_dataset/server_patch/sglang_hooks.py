@@ -133,7 +133,7 @@ def check_server_args(args: Any, mechanism: str) -> list[str]:
         a2a = get("moe_a2a_backend", None)
         if a2a not in (None, "none"):
             problems.append(f"--moe-a2a-backend {a2a} scatters tokens across ranks between layers")
-        if get("enable_dp_attention", False):
+        if get("enable_dp_attention", False) or int(get("attn_dp_size", 1) or 1) > 1:  # 0.5.23 resolves the flag
             problems.append("DP attention scatters tokens between layers (use SGLang 0.5.23's aux_return mechanism)")
     return problems
 
@@ -156,6 +156,7 @@ class _Runtime:
         self.core: CaptureCore | None = None
         self.pending_final: torch.Tensor | None = None
         self.pending_layers: dict[int, torch.Tensor] = {}
+        self.layer_problem: str | None = None
         self._errors = 0
         logger.info(
             "hs_dataset capture: hooks loaded (sglang %s, mechanism %s, HF aux ids %s, staging %s)",
@@ -195,17 +196,21 @@ class _Runtime:
             self.pending_final = None
 
     def on_layer(self, hf_id: int, output) -> None:
-        if isinstance(output, (tuple, list)):
-            hidden = output[0]
-            residual = output[1] if len(output) > 1 and isinstance(output[1], torch.Tensor) else None
-            state = hidden + residual if residual is not None else hidden.clone()
-        else:
-            state = output.clone()
-        self.pending_layers[hf_id] = state
+        hidden = output[0] if isinstance(output, (tuple, list)) else output
+        if not isinstance(hidden, torch.Tensor):
+            # 0.5.23 under TP: an OwedOutput, the rank's partial sum reduced only at the next layer
+            self.layer_problem = (
+                f"decoder layer output for HF hidden_states {hf_id} is of type {type(hidden).__name__}, not a complete "
+                "tensor (under tensor parallelism: an un-reduced partial sum); use mechanism 'aux_return'"
+            )
+            return
+        residual = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        self.pending_layers[hf_id] = hidden + residual if isinstance(residual, torch.Tensor) else hidden.clone()
 
     def on_model(self, inputs, output) -> None:
         final, self.pending_final = self.pending_final, None
         layers, self.pending_layers = self.pending_layers, {}
+        layer_problem, self.layer_problem = self.layer_problem, None
         fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
         if fb is None:
             return
@@ -228,9 +233,10 @@ class _Runtime:
             want = list(self.config.hf_aux_layer_ids)
             lost = [i for i in want if i not in layers]
             if lost:
-                missing = (
-                    f"the layer hooks for HF hidden_states {lost} did not fire in this pass (a prefill CUDA graph "
-                    "replays layers without running hooks: pass --disable-prefill-cuda-graph / --disable-cuda-graph)"
+                missing = layer_problem or (
+                    f"the layer hooks for HF hidden_states {lost} recorded nothing in this pass: either they failed "
+                    "(see 'hook failed' in the server log) or a prefill CUDA graph replayed the layers without running "
+                    "hooks (pass --disable-prefill-cuda-graph / --disable-cuda-graph)"
                 )
             else:
                 aux = [layers[i] for i in want]
@@ -293,9 +299,14 @@ def _loaded_source(module: str, class_name: str) -> str | None:
         return None
 
 
+def _tp_size() -> int:
+    args = _server_args()
+    return int(getattr(args, "tp_size", 1) or 1) if args is not None else 1
+
+
 def check_layer_outputs(architectures: Any) -> None:
     """:class:`SetupError` unless the loaded decoder layers return ``(hidden, residual)`` (``layer_hooks``' premise)."""
-    problem = layer_hooks_problem(architectures, _loaded_source)
+    problem = layer_hooks_problem(architectures, _loaded_source, _tp_size())
     if problem:
         raise SetupError(f"hs_dataset capture cannot use mechanism 'layer_hooks' on SGLang {sglang_version()}: {problem}")
 

@@ -24,6 +24,7 @@ from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, 
 from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
+from hs_dataset.sources.shapes import apply_columns, detect_shape, to_chat_row
 
 __all__ = ["BYTES_PER_CHAR", "Overflow", "iter_samples", "line_byte_cap", "load_samples"]
 
@@ -88,6 +89,10 @@ class _Run:
         return len(self.tokenizer)
 
     def encode(self, row: Mapping[str, Any]) -> tuple[list[int], list[bool], dict[str, Any]]:
+        shape = detect_shape(row)
+        self.report.count_shape(shape, list(row) if shape == "unknown" else None)
+        if shape not in ("pretokenized", "unknown"):
+            row = to_chat_row(row, shape)
         if is_pretokenized(row):
             ids, mask, given = read_pretokenized(row, vocab_size=self.vocab_size(), missing_mask=self.opts["missing_loss_mask"])
             if not given:
@@ -97,7 +102,9 @@ class _Run:
         if has_chat(row):
             conv = normalize_conversation(row)
             chat = self.chat()
-            meta = {"format": "chat", "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
+            meta = {"format": "chat", "shape": shape, "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
+            if self.opts["keep_conversation"]:
+                meta["conversation"] = conv  # the regeneration stage re-renders it turn by turn
             limit = row_char_cap(self.opts["max_length"])
             if conversation_chars(conv) <= limit:
                 ids, mask = chat.encode(conv)
@@ -105,10 +112,15 @@ class _Run:
             ids, mask = encode_capped(chat.encode, conv, limit, self.opts["max_length"])
             self.report.char_capped += 1
             return ids, mask, {**meta, "char_capped": limit}
-        raise MalformedRowError("row has neither 'messages' (or 'conversations') nor 'input_ids'")
+        raise MalformedRowError(
+            f"row has neither 'messages' (or 'conversations') nor 'input_ids': unknown shape, keys {sorted(row)[:20]} "
+            "(map the source's column names with --columns, e.g. --columns messages=dialog)"
+        )
 
     def sample(self, row_index: int, row: Mapping[str, Any] | BadRow) -> TokenizedSample | None:
         name = self.report.source_name
+        if not isinstance(row, BadRow):
+            row = apply_columns(row, self.opts["columns"])
         if isinstance(row, BadRow):
             raise self.issue(row_index, row.kind, row.reason, sample_id_for(None, row_index, name))  # type: ignore[arg-type]
         try:
@@ -186,6 +198,8 @@ def iter_samples(
     missing_loss_mask: MissingMaskPolicy = "all",
     vocab_size: int | None = None,
     skip_ids: Container[str] | None = None,
+    columns: Mapping[str, str] | None = None,
+    keep_conversation: bool = False,
 ) -> Iterator[TokenizedSample]:
     """Yield one :class:`TokenizedSample` per usable row of ``source``, in source order.
 
@@ -198,6 +212,9 @@ def iter_samples(
     recorded in ``report`` (pass your own :class:`SourceReport` to read it) and
     skipped; with ``strict=True`` the first one raises :class:`SourceError`. Ids in
     ``skip_ids`` (already stored, when resuming) are counted and not tokenized.
+    ``columns`` maps our field names to the source's (``{"messages": "dialog"}``); each
+    row's shape is counted in ``report.shapes`` (docs/SOURCES.md). ``keep_conversation``
+    puts the normalized conversation in ``meta["conversation"]`` (for regeneration).
     """
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
@@ -208,10 +225,11 @@ def iter_samples(
     rows = open_source(source, source_name, max_line_bytes=line_byte_cap(max_length))
     report = report if report is not None else SourceReport()
     report.source_name = rows.name
+    report.total_rows = rows.total
     opts = dict(
         max_length=max_length, overflow=overflow, strict=strict, id_policy=id_policy, mask=mask,
         chat_template=chat_template, template_kwargs=template_kwargs, missing_loss_mask=missing_loss_mask,
-        vocab_size=vocab_size, skip_ids=skip_ids,
+        vocab_size=vocab_size, skip_ids=skip_ids, columns=dict(columns or {}), keep_conversation=keep_conversation,
     )
     run = _Run(_load_tokenizer(tokenizer), report, opts, rows)
     for row_index, row in rows:

@@ -55,11 +55,21 @@ class SourceReport:
     skipped_existing: int = 0
     pretokenized_default_mask: int = 0
     char_capped: int = 0
+    shapes: dict[str, int] = field(default_factory=dict)  # conversation shape -> rows (docs/SOURCES.md)
+    unknown_keys: dict[str, int] = field(default_factory=dict)  # sorted keys of unknown-shape rows -> rows
+    total_rows: int | None = None  # rows the source holds, when it knows (progress bars)
     issues: list[RowIssue] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def add_issue(self, issue: RowIssue) -> None:
         self.issues.append(issue)
+
+    def count_shape(self, shape: str, keys: list[str] | None = None) -> None:
+        """Count one row's shape; an unknown row also counts its key set, so the fix (``--columns``) is visible."""
+        self.shapes[shape] = self.shapes.get(shape, 0) + 1
+        if keys is not None:
+            name = ",".join(sorted(keys)[:20])
+            self.unknown_keys[name] = self.unknown_keys.get(name, 0) + 1
 
     def add_note(self, note: str) -> None:
         if note not in self.notes:
@@ -107,6 +117,8 @@ class SourceReport:
         return {
             "source_name": self.source_name,
             **self.counts(),
+            "shapes": dict(self.shapes),
+            "unknown_keys": dict(self.unknown_keys),
             "issues": [asdict(i) for i in self.issues],
             "notes": list(self.notes),
         }

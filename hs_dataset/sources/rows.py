@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from hs_dataset.errors import SourceError
+from hs_dataset.sources.hub import HF_PREFIX, load_hub_rows
 from hs_dataset.sources.lines import read_lines
 
 __all__ = ["BadRow", "DEFAULT_MAX_LINE_BYTES", "RowSource", "Source", "open_source"]
@@ -49,6 +50,7 @@ class RowSource:
     open_rows: Callable[[], Iterator[tuple[int, Mapping[str, Any] | BadRow]]]
     file: str | None = None
     line: int | None = None
+    total: int | None = None  # rows the source holds, when it knows (progress bars)
 
     def __iter__(self) -> Iterator[tuple[int, Mapping[str, Any] | BadRow]]:
         return self.open_rows()
@@ -100,29 +102,53 @@ def _iter_items(rows: Iterable[Any]) -> Iterator[tuple[int, Mapping[str, Any] | 
         yield index, row if isinstance(row, Mapping) else BadRow(f"row is a {type(row).__name__}, not a mapping")
 
 
-def _one_split(data: Any, where: str) -> Any:
+def _one_split(data: Any, where: str, split: str | None = None) -> Any:
     if isinstance(data, Mapping):
-        if not data or not all(hasattr(split, "column_names") for split in data.values()):
+        if not data or not all(hasattr(part, "column_names") for part in data.values()):
             raise SourceError(f"{where} is a single mapping, not a collection of rows; pass a list of row dicts")
+        if split is not None:
+            if split not in data:
+                raise SourceError(f"{where} has no split {split!r}; it holds {sorted(data)} (pass --split NAME)")
+            return data[split]
         if len(data) != 1:  # DatasetDict
-            raise SourceError(f"{where} holds splits {sorted(data)}; pass one of them, e.g. load_from_disk(path)['train']")
+            raise SourceError(f"{where} holds splits {sorted(data)}; pass one of them (--split NAME), e.g. load_from_disk(path)['train']")
         data = next(iter(data.values()))
     return data
 
 
-def _path_source(path: Path, name: str | None, max_line_bytes: int) -> RowSource:
+def _known_length(data: Any) -> int | None:
+    """Rows of a ``datasets`` object when it knows them without reading (a streamed split reads its info)."""
+    try:
+        return len(data)
+    except TypeError:
+        pass
+    info = getattr(data, "info", None)
+    splits = getattr(info, "splits", None) or {}
+    split = str(getattr(data, "split", "") or "")
+    entry = splits.get(split) if split else None
+    return int(entry.num_examples) if entry is not None and entry.num_examples else None
+
+
+def _dataset_source(data: Any, name: str, file: str | None = None) -> RowSource:
+    return RowSource(name, lambda: _iter_items(data), file=file, total=_known_length(data))
+
+
+def _path_source(path: Path, name: str | None, max_line_bytes: int, split: str | None = None) -> RowSource:
     if path.is_dir():  # a datasets.save_to_disk directory
         import datasets
 
-        data = _one_split(datasets.load_from_disk(str(path)), str(path))
-        return RowSource(name or path.name, lambda: _iter_items(data))
+        data = _one_split(datasets.load_from_disk(str(path)), str(path), split)
+        return _dataset_source(data, name or path.name, str(path))
     if not path.is_file():
-        raise SourceError(f"{path}: no such file; pass a .jsonl/.json file, a saved datasets directory, a datasets.Dataset or a list of dicts")
-    if path.suffix == ".parquet":
+        raise SourceError(
+            f"{path}: no such file; pass a .jsonl/.json/.parquet/.arrow file, a saved datasets directory, "
+            "hf:ORG/NAME, a datasets.Dataset or a list of dicts"
+        )
+    if path.suffix in (".parquet", ".arrow"):
         import datasets
 
-        data = datasets.Dataset.from_parquet(str(path))
-        return RowSource(name or path.stem, lambda: _iter_items(data))
+        load = datasets.Dataset.from_parquet if path.suffix == ".parquet" else datasets.Dataset.from_file
+        return _dataset_source(load(str(path)), name or path.stem, str(path))
     source = RowSource(name or path.name.split(".")[0], lambda: iter(()), file=str(path))
     if path.suffix == ".json":
         source.open_rows = lambda: _iter_json_list(path)
@@ -131,7 +157,9 @@ def _path_source(path: Path, name: str | None, max_line_bytes: int) -> RowSource
     return source
 
 
-def open_source(source: Source, name: str | None = None, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> RowSource:
+def open_source(
+    source: Source, name: str | None = None, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, hub: Mapping[str, Any] | None = None,
+) -> RowSource:
     """Wrap ``source`` as a :class:`RowSource`.
 
     ``source``: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory, a
@@ -139,16 +167,22 @@ def open_source(source: Source, name: str | None = None, *, max_line_bytes: int 
     or a list of dicts. ``name`` defaults to the file's stem (directory name), the
     dataset's ``info.dataset_name``, or ``"rows"``. JSONL lines longer than
     ``max_line_bytes`` are skipped unread and yielded as ``oversized`` :class:`BadRow` s.
+    ``hf:ORG/NAME`` loads a Hub dataset (:mod:`hs_dataset.sources.hub`); ``hub`` holds its
+    ``subset``/``split``/``revision``/``streaming`` (``split`` also picks a saved ``DatasetDict``'s split).
     """
+    hub = dict(hub or {})
     if isinstance(source, RowSource):
         return source
+    if isinstance(source, str) and source.startswith(HF_PREFIX):
+        data = load_hub_rows(source[len(HF_PREFIX):], **hub)
+        return _dataset_source(data, name or source[len(HF_PREFIX):].replace("/", "__"))
     if isinstance(source, (str, PathLike)):
-        return _path_source(Path(source), name, max_line_bytes)
+        return _path_source(Path(source), name, max_line_bytes, hub.get("split"))
     if isinstance(source, Mapping):
-        source = _one_split(source, f"the {type(source).__name__}")
+        source = _one_split(source, f"the {type(source).__name__}", hub.get("split"))
     if not isinstance(source, Iterable):
         raise SourceError(f"cannot read rows from a {type(source).__name__}; pass a path, a datasets.Dataset or a list of dicts")
     if name is None:
         info = getattr(source, "info", None)
         name = getattr(info, "dataset_name", None) or "rows"
-    return RowSource(name, lambda: _iter_items(source))
+    return RowSource(name, lambda: _iter_items(source), total=_known_length(source))

@@ -1,0 +1,117 @@
+"""Generation by the target model: the interface, and the in-process transformers implementation.
+
+The regeneration stage (``hs_dataset/regenerate.py``) asks a :class:`Generator` to
+continue many prompts (token ids) at once; each answer is the token ids the model
+wrote, including the end-of-turn token when it stopped on one, and why it stopped.
+Two implementations: :class:`HFGenerator` here (``model.generate``, left-padded
+batches) and ``capture/sglang/generate.py`` (the capture server's own ``/generate``).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+
+__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator"]
+
+Finish = Literal["stop", "length", "failed"]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling settings shared by every request of a run (recorded in the manifest)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "seed": self.seed, "stop_token_ids": list(self.stop_token_ids),
+        }
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What the model wrote for one prompt: ids (the stop token included), and ``stop``/``length``/``failed``."""
+
+    token_ids: list[int]
+    finish: Finish
+    error: str = ""
+
+
+class Generator(abc.ABC):
+    """Continues prompts with the target model; results come back in request order."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[list[int]], params: GenerationParams) -> list[GenerationResult]:
+        """Generate for every prompt (concurrently or batched); one result per prompt, in order."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Which engine and model generated (recorded in the manifest next to the parameters)."""
+
+
+def finish_of(ids: list[int], params: GenerationParams) -> Finish:
+    """``stop`` when the last id is a stop token, else ``length``."""
+    return "stop" if ids and ids[-1] in params.stop_token_ids else "length"
+
+
+class HFGenerator(Generator):
+    """``model.generate`` on left-padded batches of an already loaded transformers model."""
+
+    def __init__(self, model: Any, *, pad_token_id: int = 0, model_fingerprint: str = "") -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.model_fingerprint = model_fingerprint
+
+    def describe(self) -> dict[str, Any]:
+        import transformers
+
+        return {
+            "engine": "transformers", "version": transformers.__version__, "model_class": type(self.model).__name__,
+            "model_fingerprint": self.model_fingerprint, "batching": "left-padded batches of model.generate",
+        }
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[list[int]], params: GenerationParams) -> list[GenerationResult]:
+        if not prompts:
+            return []
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.int64)
+        mask = torch.zeros((len(prompts), width), dtype=torch.int64)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.int64)
+            mask[row, width - len(prompt):] = 1
+        torch.manual_seed(params.seed)
+        out = self.model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), **hf_generate_kwargs(params, self.pad_token_id),
+        )
+        return [self._result(row.tolist()[width:], params) for row in out.cpu()]
+
+    def _result(self, new: list[int], params: GenerationParams) -> GenerationResult:
+        for k, token in enumerate(new):  # generate pads rows that stopped early: cut after the first stop
+            if token in params.stop_token_ids:
+                return GenerationResult(new[: k + 1], "stop")
+        return GenerationResult(new, finish_of(new, params))
+
+
+def hf_generate_kwargs(params: GenerationParams, pad_token_id: int) -> dict[str, Any]:
+    """``model.generate`` keyword arguments for ``params`` (also what a plain reference call uses)."""
+    sampling = params.temperature > 0
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens, "do_sample": sampling, "eos_token_id": list(params.stop_token_ids) or None,
+        "pad_token_id": pad_token_id,
+    }
+    if sampling:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    return kwargs

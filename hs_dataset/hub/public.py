@@ -1,0 +1,120 @@
+"""What of a dataset's records may leave the machine, and the Hub metadata derived from them.
+
+The local manifest keeps the model and tokenizer directories the capture read (so the
+states can be recomputed here); on the Hub those paths mean nothing and leak the
+machine's layout (``/root/.cache/...``). A pushed repo names the model by its id and
+its weights fingerprint instead: :func:`public_manifest` rewrites a copy, and the card
+is rendered from :func:`public_model`. The dataset identity does not change: it hashes
+the model's id and fingerprint, never its path (``formats/manifest.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from typing import Any
+
+__all__ = [
+    "is_local_path",
+    "model_id",
+    "public_model",
+    "public_metadata",
+    "public_manifest",
+    "hub_model_id",
+    "size_category",
+    "bigger_size_category",
+    "source_datasets",
+]
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# huggingface.co's size_categories, smallest first (the dataset card's YAML validator knows these)
+_SIZE_CATEGORIES = (
+    (1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B"),
+)
+
+
+def is_local_path(value: Any) -> bool:
+    """A string that names a place on this machine (absolute, home- or dot-relative), not an id."""
+    return isinstance(value, str) and (os.path.isabs(value) or value.startswith(("~", "./", "../", "file:")))
+
+
+def model_id(metadata: dict[str, Any], card_model_path: str | None = None) -> str | None:
+    """The model's public name: the manifest's ``model.id``, else the config card's model path when it is an id."""
+    model = metadata.get("model") or {}
+    if model.get("id"):
+        return str(model["id"])
+    path = model.get("path") if not is_local_path(model.get("path")) else card_model_path
+    return str(path) if path and not is_local_path(path) else None
+
+
+def hub_model_id(name: str | None) -> str | None:
+    """``name`` when it is a Hub repo id (``owner/name``), the only kind the card's ``base_model`` accepts."""
+    return name if name and _HUB_ID_RE.match(name) else None
+
+
+def public_model(metadata: dict[str, Any], card_model_path: str | None = None) -> dict[str, Any]:
+    """``metadata.model`` without its local path; ``id`` filled in where the config card names it."""
+    model = {k: v for k, v in (metadata.get("model") or {}).items() if not (k == "path" and is_local_path(v))}
+    model["id"] = model_id(metadata, card_model_path)
+    return model
+
+
+def _replace_paths(value: Any, local: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _replace_paths(v, local) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_paths(v, local) for v in value]
+    if isinstance(value, str):
+        for path, name in local.items():
+            value = value.replace(path, name)
+    return value
+
+
+def public_metadata(metadata: dict[str, Any], card_model_path: str | None = None) -> dict[str, Any]:
+    """A copy of ``metadata`` with no local model or tokenizer directory in it.
+
+    ``model.path`` and ``tokenizer.path`` are dropped (``model.id`` is set where known);
+    the same paths anywhere else (backend settings, server flags) become the model's
+    id, or ``model:<fingerprint prefix>`` when it has none.
+    """
+    out = copy.deepcopy(metadata)
+    model = out.get("model") or {}
+    name = model_id(metadata, card_model_path) or f"model:{str(model.get('fingerprint') or 'unknown')[:16]}"
+    local = {}
+    for section in ("model", "tokenizer"):
+        record = out.get(section)
+        if isinstance(record, dict) and is_local_path(record.get("path")):
+            local[os.path.normpath(record["path"])] = name
+            local[record["path"]] = name
+            del record["path"]
+    if isinstance(out.get("model"), dict) and (local or "id" in out["model"]):  # unchanged when nothing was local
+        out["model"]["id"] = model_id(metadata, card_model_path)
+    ordered = dict(sorted(local.items(), key=lambda kv: -len(kv[0])))  # longest first: no half-replaced paths
+    return _replace_paths(out, ordered)
+
+
+def public_manifest(raw: dict[str, Any], card_model_path: str | None = None) -> bytes:
+    """The manifest JSON a push uploads: ``raw`` with :func:`public_metadata`; every other field unchanged."""
+    out = dict(raw)
+    out["metadata"] = public_metadata(raw.get("metadata") or {}, card_model_path)
+    return (json.dumps(out, indent=1, sort_keys=True) + "\n").encode()
+
+
+def size_category(samples: int) -> str:
+    """The Hub ``size_categories`` value for a number of rows."""
+    return next((name for bound, name in _SIZE_CATEGORIES if samples < bound), "n>1B")
+
+
+def bigger_size_category(a: str | None, b: str) -> str:
+    """The larger of two size categories (a repo holds several configs: the card states the largest)."""
+    order = [name for _, name in _SIZE_CATEGORIES] + ["n>1B"]
+    return b if a not in order or order.index(b) >= order.index(a) else a
+
+
+def source_datasets(*sources: str | None) -> list[str]:
+    """Hub ``source_datasets``: ``hf:owner/name`` sources by id; local or bundled conversations are ``original``."""
+    ids = sorted({s[len("hf:"):].split(":")[0] for s in sources if isinstance(s, str) and s.startswith("hf:")})
+    return ids or ["original"]
