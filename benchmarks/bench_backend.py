@@ -5,9 +5,12 @@ then trains the same 1-layer EAGLE-3 drafter (same seed, same packed batches) tw
 from the export (`file` backend) and through `hs-dataset train speculators` (our
 backend). Prints steps/s of each, their ratio (target >= 0.9) and the bytes each route
 wrote to disk before training (export: state files + rows; backend: rows only). CPU
-shims as in the tests (tests/speculators_cpu.py).
+shims as in the tests (tests/speculators_cpu.py). Both routes run warm (their files were
+just written, so both are in the page cache), alternating in one process, with the same
+torch thread count (--threads, default 1: with an OpenMP pool as large as a shared
+machine's cores, the training steps' speed swings several-fold with other load).
 
-    python benchmarks/bench_backend.py [--epochs 3] [--repeats 2]
+    python benchmarks/bench_backend.py [--epochs 3] [--repeats 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per route; the best is kept")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, both routes (0: torch's default)")
     opts = parser.parse_args()
+    import torch
+
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
 
     from hs_dataset.capture.hf import HFBackend
     from hs_dataset.config import load_card
@@ -73,7 +81,7 @@ def main() -> None:
                 rate = len(losses) / (time.perf_counter() - t0)
             best[name], steps[name] = max(best.get(name, 0.0), rate), len(losses)
     written = {"file backend (export)": _bytes(export), "hs_dataset backend": _bytes(rows)}
-    print(f"dataset: {_bytes(data):,} bytes in {data}")
+    print(f"dataset: {_bytes(data):,} bytes in {data}; torch threads {torch.get_num_threads()}, both routes warm (page cache)")
     for name in routes:
         print(f"{name:24s} {best[name]:6.2f} steps/s ({steps[name]} steps, best of {opts.repeats}); wrote {written[name]:,} bytes before training")
     ratio = best["hs_dataset backend"] / best["file backend (export)"]

@@ -3,6 +3,10 @@
 Shards are hard-linked (copied where links are impossible), never rewritten, so a
 merge of terabytes is instant and their hashes stay valid. Each merged shard
 records the ``dataset_id`` of the part it came from, which its header carries.
+Regenerated-conversations files (``--regenerate``) are copied, not linked (a resumed
+part appends to its own in place), under ``part-NNNNN/<name>`` with the part's
+``run_report.json`` beside them; the merged manifest lists each with the part's
+recorded sha256, so ``verify`` proves they are the files the parts' builds wrote.
 ``hs-dataset merge PART... OUT`` verifies the result.
 """
 
@@ -13,6 +17,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
@@ -22,12 +27,16 @@ from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader
 
 _PART_RE = re.compile(r"^part-\d{5}/")
+_RUN_REPORT = "run_report.json"
+# Regeneration metadata that may differ between parts of one build: file names, and where each node's servers were.
+_PER_PART_KEYS = ("file", "files")
+_PER_PART_GENERATOR_KEYS = ("servers", "served_model")
 
 __all__ = ["merge_datasets"]
 
 
-def _publish_link(src: Path, dst: Path) -> None:
-    """Hard-link (or copy) ``src`` to a temp name beside ``dst``, then rename it over ``dst``.
+def _publish_link(src: Path, dst: Path, *, link: bool = True) -> None:
+    """Hard-link (or copy; always with ``link=False``) ``src`` to a temp name beside ``dst``, then rename it over ``dst``.
 
     Never unlinks first and never writes through ``dst`` (rename replaces a planted
     link itself, not its target); a ``dst`` that already is ``src`` is kept.
@@ -42,9 +51,11 @@ def _publish_link(src: Path, dst: Path) -> None:
         pass
     temp = temp_path_for(dst)
     try:
+        if not link:
+            raise OSError("copy requested")
         os.link(src, temp)
     except OSError:
-        with open_regular(src, what="shard") as f_in, open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f_out:
+        with open_regular(src, what="file") as f_in, open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f_out:
             shutil.copyfileobj(f_in, f_out, 8 * 1024 * 1024)
             f_out.flush()
             os.fsync(f_out.fileno())
@@ -82,6 +93,35 @@ def _check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
             )
         if manifest.metadata.get("final_norm") != first.metadata.get("final_norm"):
             raise ForeignDatasetError(f"{path} and {first_path} record different final norms (metadata.final_norm); only parts of one build can be merged")
+        _check_same_regeneration(path, manifest, first_path, first)
+
+
+def _regeneration_params(manifest: Manifest) -> dict[str, Any] | None:
+    """``metadata.regeneration`` without what may differ per part (file names, server addresses)."""
+    entry = manifest.metadata.get("regeneration")
+    if not isinstance(entry, dict):
+        return entry
+    params = {k: v for k, v in entry.items() if k not in _PER_PART_KEYS}
+    if isinstance(params.get("generator"), dict):
+        params["generator"] = {k: v for k, v in params["generator"].items() if k not in _PER_PART_GENERATOR_KEYS}
+    return params
+
+
+def _check_same_regeneration(path: Path, manifest: Manifest, first_path: Path, first: Manifest) -> None:
+    """Parts whose turns were written differently (or not at all) are not one dataset; name the first field that differs."""
+    mine, theirs = _regeneration_params(manifest), _regeneration_params(first)
+    if mine == theirs:
+        return
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        raise ForeignDatasetError(
+            f"{path} and {first_path} differ in metadata.regeneration (one was built with --regenerate, the other not); "
+            "merge only parts of one build"
+        )
+    field = next(k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k))
+    raise ForeignDatasetError(
+        f"{path} and {first_path} regenerated with different metadata.regeneration.{field} ({mine.get(field)!r} vs "
+        f"{theirs.get(field)!r}); merge only parts built with the same regenerate settings and model"
+    )
 
 
 def _encodings(manifest: Manifest) -> dict[str, str]:
@@ -133,6 +173,7 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
 def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool) -> Manifest:
     shards: list[ShardRecord] = []
     quarantine: list[dict[str, str]] = []
+    regenerated: dict[str, Any] = {}
     seen: dict[str, str] = {}
     for index, (path, manifest) in enumerate(loaded):
         for number, record in enumerate(manifest.shards):
@@ -146,8 +187,12 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
             _publish_link(src, resolve_member(out, name, what="merged shard"))
             shards.append(ShardRecord(name, record.samples, record.tokens, record.bytes, record.sha256, dataset_id=manifest.dataset_id))
         quarantine.extend(manifest.quarantine)
+        regenerated.update(_copy_regenerated(path, manifest, out, f"part-{index:05d}"))
     first_path, first = loaded[0]
     metadata = dict(first.metadata)
+    if isinstance(metadata.get("regeneration"), dict):
+        entry = {k: v for k, v in metadata["regeneration"].items() if k != "file"}  # many files now; ``files`` lists them
+        metadata["regeneration"] = {**entry, "files": regenerated}
     norm = metadata.get("final_norm") or {}
     if "weight_file" in norm:
         what = "metadata.final_norm.weight_file"
@@ -162,4 +207,30 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
         identity=first.identity,
     )
     merged.save(out)
+    return merged
+
+
+def _copy_regenerated(part: Path, manifest: Manifest, out: Path, prefix: str) -> dict[str, Any]:
+    """Copy the part's regenerated files (and its run report, which accounts for capture failures) under ``prefix/``.
+
+    Returns the merged ``files`` entries: the part's recorded sha256 and record count,
+    not re-hashed here, so ``verify`` of the merge compares the copy with what the build wrote.
+    """
+    entry = manifest.metadata.get("regeneration")
+    files = entry.get("files") if isinstance(entry, dict) else None
+    if entry is None:
+        return {}
+    if not isinstance(files, dict) or not files:
+        raise IntegrityError(f"{part / MANIFEST_NAME}: metadata.regeneration.files is missing; finish the part's build (resume it) before merging")
+    merged: dict[str, Any] = {}
+    for name, info in files.items():
+        what = f"metadata.regeneration.files[{name!r}]"
+        src = resolve_member(part, name, what=what)
+        _publish_link(src, resolve_member(out, f"{prefix}/{name}", what=what), link=False)
+        merged[f"{prefix}/{name}"] = info
+    for parent in sorted({n.rpartition("/")[0] for n in files}):
+        report = f"{parent}/{_RUN_REPORT}" if parent else _RUN_REPORT
+        src = resolve_member(part, report, what="run report")
+        if src.is_file():
+            _publish_link(src, resolve_member(out, f"{prefix}/{report}", what="run report"), link=False)
     return merged

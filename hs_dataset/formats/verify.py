@@ -5,14 +5,20 @@ every listed shard exists with the recorded size and sha256; no unlisted shard o
 temp file lies beside them; each header parses, belongs to this dataset and has the
 recorded dtypes and shapes; offsets span the tokens; loss masks match token counts;
 no state holds NaN/inf; no sample id appears twice; the final-norm weight matches
-its hash. The first failure names the shard (and sample where there is one).
+its hash; each regenerated-conversations file the manifest lists is a plain file of
+the recorded sha256 and record count, of valid records, whose kept conversations are
+stored (or quarantined, cut by max_length, or a capture failure of its run report)
+and whose dropped ones are not. The first failure names the shard (and sample where
+there is one), or the file and the field.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,13 +26,16 @@ from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import resolve_member
+from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
+from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 
 __all__ = ["VerifyResult", "verify_dataset"]
 
 _STATE_CHUNK_TOKENS = 4096
+_RUN_REPORT = "run_report.json"  # written by the pipeline beside the regenerated file (merge keeps them together)
+_MAX_RUN_REPORT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -71,6 +80,8 @@ def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_
         result.tokens += record.tokens
         result.bytes += record.bytes
     _check_norm_weight(root, manifest, result)
+    complete = result.shards == len(manifest.shards)  # membership is only judged against every shard's ids
+    _check_regenerated(root, manifest, result, set(seen) if complete else None)
     return result
 
 
@@ -121,3 +132,88 @@ def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> 
         result.problems.append(f"{root / str(info['weight_file'])}: final-norm weight listed in the manifest is missing")
     except (HsDatasetError, OSError) as exc:
         result.problems.append(str(exc))
+
+
+def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, stored: set[str] | None) -> None:
+    """Every file in ``metadata.regeneration.files``: safe path, sha256, record count, record shape, and what was stored."""
+    where = str(root / MANIFEST_NAME)
+    entry = manifest.metadata.get("regeneration")
+    if entry is None:
+        return
+    files = entry.get("files") if isinstance(entry, dict) else None
+    if not isinstance(files, dict) or not files:
+        result.problems.append(
+            f"{where}: metadata.regeneration.files is missing or empty: the build stopped before it hashed its regenerated "
+            "conversations; resume the build (same command) to finish it"
+        )
+        return
+    if "file" in entry and entry["file"] not in files:
+        result.problems.append(f"{where}: metadata.regeneration.file {entry['file']!r} is not listed in metadata.regeneration.files; restore the original manifest")
+    owner: dict[str, str] = {}
+    for name, info in files.items():
+        field = f"metadata.regeneration.files[{name!r}]"
+        try:
+            path, records = _read_listed(root, name, info, field, where)
+        except (HsDatasetError, OSError) as exc:
+            result.problems.append(str(exc))
+            continue
+        twice = sorted(set(records) & set(owner))
+        if twice:
+            result.problems.append(f"{path}: {field} stores sample {twice[0]!r} that {owner[twice[0]]} also stores; each conversation is regenerated once")
+        owner.update(dict.fromkeys(records, name))
+        if stored is not None:
+            _check_stored(root, manifest, name, path, records, stored, result)
+
+
+def _read_listed(root: Path, name: str, info: Any, field: str, where: str) -> tuple[Path, dict[str, dict]]:
+    """The file's records after checking its path, sha256 and record count against the manifest."""
+    path = resolve_member(root, name, what=field, where=where)
+    info = info if isinstance(info, dict) else {}
+    try:
+        records = read_regenerated(path, what=field, sha256=info.get("sha256"))
+    except FileNotFoundError:
+        raise IntegrityError(f"{path}: {field} names a file that is missing; restore it (its sha256 is in {where}) or rebuild with --regenerate") from None
+    count = info.get("records")
+    if count != len(records):
+        raise IntegrityError(f"{path}: holds {len(records)} records but {field}.records is {count!r}; restore the file or the manifest")
+    return path, records
+
+
+def _check_stored(root: Path, manifest: Manifest, name: str, path: Path, records: dict[str, dict], stored: set[str], result: VerifyResult) -> None:
+    """Kept conversations are stored (or accounted for); dropped ones are not (what the regeneration stage guarantees)."""
+    accounted = {q.get("sample_id") for q in manifest.quarantine if isinstance(q, dict)} | _capture_failures(root, name)
+    max_length = manifest.metadata.get("max_length")
+    lost, leaked = [], []
+    for sid, record in records.items():
+        dropped = record["dropped"]
+        if dropped is not None and not dropped.startswith("not regenerable"):
+            leaked += [sid] if sid in stored else []
+        elif sid not in stored and sid not in accounted and not _cut_by_max_length(record, max_length):
+            lost.append(sid)
+    if lost:
+        result.problems.append(
+            f"{path}: {len(lost)} kept conversation(s) of metadata.regeneration.files[{name!r}] are not in any shard, the "
+            f"quarantine or the run report's capture_failures (first {lost[0]!r}); resume the build to capture them"
+        )
+    if leaked:
+        result.problems.append(f"{path}: sample {leaked[0]!r} is stored although metadata.regeneration.files[{name!r}] records it as dropped; rebuild the dataset")
+
+
+def _cut_by_max_length(record: dict, max_length: object) -> bool:
+    """True when no supervised token survives the length cut (the stage then stores nothing)."""
+    limit = max_length if type(max_length) is int else float("inf")
+    return record["input_ids"] is not None and not any(start < limit for start, _ in record["loss_spans"])
+
+
+def _capture_failures(root: Path, name: str) -> set[str]:
+    """Sample ids the run report beside ``name`` lists as capture failures (none when it is absent or unreadable)."""
+    parent = name.rpartition("/")[0]
+    try:
+        path = resolve_member(root, f"{parent}/{_RUN_REPORT}" if parent else _RUN_REPORT, what="run report")
+        with open_regular(path, what="run report") as f:
+            runs = json.loads(f.read(_MAX_RUN_REPORT_BYTES)).get("runs")
+    except (HsDatasetError, OSError, ValueError, AttributeError):
+        return set()
+    lists = [run.get("capture_failures") for run in runs if isinstance(run, dict)] if isinstance(runs, list) else []
+    failures = [f for failed in lists if isinstance(failed, list) for f in failed if isinstance(f, dict)]
+    return {f.get("sample_id") for f in failures if isinstance(f.get("sample_id"), str)}
