@@ -15,10 +15,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from hs_dataset.testing.cached_build import build_once
 
 from hs_dataset.testing.tiny_model import TINY_DEEPSEEK_CONFIG, TINY_SEED, default_cache_dir, write_random_deepseek
 from hs_dataset.testing.tiny_tokenizer import KIMI_CHAT_TOKENS, kimi_k25_chat_template
@@ -115,21 +116,11 @@ def _write_processor(directory: Path) -> None:
 
 def build_kimi_like_snapshot(cache_dir: Path | None = None) -> Path:
     """The snapshot directory, built on first use (into a temporary sibling, then renamed)."""
-    target = kimi_like_snapshot_dir(cache_dir)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        text = {**TINY_DEEPSEEK_CONFIG, "vocab_size": KIMI_LIKE_VOCAB}
-        _write_tokenizer(tmp)
-        _write_weights(tmp, text)
-        _write_processor(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(kimi_like_snapshot_dir(cache_dir), "config.json", _write_snapshot)
+
+
+def _write_snapshot(directory: Path) -> None:
+    text = {**TINY_DEEPSEEK_CONFIG, "vocab_size": KIMI_LIKE_VOCAB}
+    _write_tokenizer(directory)
+    _write_weights(directory, text)
+    _write_processor(directory)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from hs_dataset.testing.cached_build import build_once
 
 __all__ = ["TINY_DEEPSEEK_CONFIG", "TINY_SEED", "tiny_model_dir", "build_tiny_deepseek", "default_cache_dir", "write_random_deepseek"]
 
@@ -102,21 +102,7 @@ def build_tiny_deepseek(cache_dir: Path | None = None) -> Path:
     The build goes to a temporary sibling and is renamed into place, so concurrent
     callers (``num_proc``, parallel tests) never see a half-written model.
     """
-    target = tiny_model_dir(cache_dir)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        _write_model(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():  # lost a race only if the winner finished
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(tiny_model_dir(cache_dir), "config.json", _write_model)
 
 
 def _write_model(directory: Path) -> None:

@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import struct
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
 from hs_dataset.capture.model_info import load_text_config
+from hs_dataset.capture.sglang.http import LoopThread, new_session
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
@@ -100,28 +100,6 @@ def _content_key(ids: torch.Tensor) -> str:
     from hs_dataset.server_patch.protocol import content_key
 
     return content_key(ids)
-
-
-class _LoopThread:
-    """An asyncio loop on a daemon thread, for driving aiohttp from synchronous code."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="hs-sglang-client", daemon=True)
-        self._thread.start()
-
-    def submit(self, coro) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro, timeout: float | None = None):
-        return self.submit(coro).result(timeout)
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self.loop.is_running():
-            self.loop.close()
 
 
 class SGLangBackend(CaptureBackend):
@@ -201,7 +179,7 @@ class SGLangBackend(CaptureBackend):
         self._validated = False
         self._hidden_size: int | None = None
         self._info: CaptureInfo | None = None
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._session = None
         self._rr = itertools.count()
         self._abandoned: list[tuple[Endpoint, str]] = []
@@ -255,19 +233,14 @@ class SGLangBackend(CaptureBackend):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _ensure_loop(self) -> _LoopThread:
+    def _ensure_loop(self) -> LoopThread:
         if self._loop is None:
-            self._loop = _LoopThread()
+            self._loop = LoopThread()
         return self._loop
 
     async def _get_session(self):
-        import aiohttp
-
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=max(8, self.concurrency * 2)),
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
-            )
+            self._session = new_session(self.concurrency, self.request_timeout_s)
         return self._session
 
     async def _get_json(self, ep: Endpoint, path: str, timeout: float = 10.0):

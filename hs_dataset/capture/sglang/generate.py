@@ -17,7 +17,7 @@ import secrets
 from typing import Any, Sequence
 
 from hs_dataset.capture.generate import GenerationParams, GenerationResult, Generator, finish_of
-from hs_dataset.capture.sglang.client import _LoopThread
+from hs_dataset.capture.sglang.http import LoopThread, new_session
 
 __all__ = ["GEN_RID_PREFIX", "SGLangGenerator"]
 
@@ -40,7 +40,7 @@ class SGLangGenerator(Generator):
         self.model_fingerprint = model_fingerprint
         self.run_id = run_id or secrets.token_hex(6)
         self._seq = itertools.count(1)
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._session = None
         self._server_info: dict[str, Any] = {}
 
@@ -96,17 +96,12 @@ class SGLangGenerator(Generator):
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Any) -> Any:
         if self._loop is None:
-            self._loop = _LoopThread()
+            self._loop = LoopThread()
         return self._loop.run(coro)
 
     async def _get_session(self):
-        import aiohttp
-
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=max(8, self.concurrency * 2)),
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
-            )
+            self._session = new_session(self.concurrency, self.request_timeout_s)
         return self._session
 
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
