@@ -70,3 +70,15 @@ def stop_and_clean(server, shm_seen: set[str]) -> None:
     leaked = server_shm_files(server.proc.pid) | shm_seen
     server.stop(timeout=10)
     remove_files(leaked)
+
+
+def finish_run(server, shm_seen: set[str], tmp: str, shm: str, closers=()) -> None:
+    """A benchmark's ``finally``: close its clients, stop the server, remove its files."""
+    import shutil
+
+    for closer in closers:
+        closer.close()
+    stop_and_clean(server, shm_seen)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if shm != tmp:
+        shutil.rmtree(shm, ignore_errors=True)

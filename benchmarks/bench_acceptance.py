@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=192, help="training prompts")
     parser.add_argument("--heldout", type=int, default=24)
     parser.add_argument("-k", type=int, default=4, help="draft depth")
-    parser.add_argument("--max-new", type=int, default=40)
+    parser.add_argument("--max-new", type=int, default=32)
     opts = parser.parse_args()
 
     import torch
@@ -42,7 +42,7 @@ def main() -> None:
     from hs_dataset.capture.model_info import resolve_model_path
     from hs_dataset.testing.tiny_verifier import VERIFIER_AUX_LAYERS
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # small ops: OpenMP threads on a shared 2-core VM mostly wait on each other
     started = time.perf_counter()
     verifier_dir = resolve_model_path("builtin:tiny-verifier")
     print(f"verifier {verifier_dir.name}: {(verifier_dir / 'training.json').read_text()}")

@@ -53,7 +53,7 @@ CARD = "tiny-deepseek-sglang"
 _PREFILL_RE = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: (\d+)")
 
 
-from _sglang_bench_util import free_port, server_shm_files, stop_and_clean  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import free_port, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def tiny_model(tmp: Path) -> Path:
@@ -281,12 +281,7 @@ def main() -> int:
             print("server log tail:\n" + server.log_tail(3000), file=sys.stderr)
         raise
     finally:
-        for b in backends:
-            b.close()
-        stop_and_clean(server, shm_seen)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if shm != tmp:
-            shutil.rmtree(shm, ignore_errors=True)
+        finish_run(server, shm_seen, tmp, shm, backends)
 
 
 if __name__ == "__main__":

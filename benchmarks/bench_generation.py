@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sglang_bench_util import free_port, server_shm_files, stop_and_clean  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import free_port, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
@@ -126,12 +125,7 @@ def main() -> int:
             print("server log tail:\n" + server.log_tail(3000), file=sys.stderr)
         raise
     finally:
-        for g in gens:
-            g.close()
-        stop_and_clean(server, shm_seen)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if shm != tmp:
-            shutil.rmtree(shm, ignore_errors=True)
+        finish_run(server, shm_seen, tmp, shm, gens)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def build_wide_deepseek(directory: Path) -> Path:
     return write_random_deepseek(directory, WIDE_DEEPSEEK_CONFIG, seed=SEED, dtype=DTYPE)
 
 
-from _sglang_bench_util import free_port, group_pids, server_shm_files, stop_and_clean  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import free_port, group_pids, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def make_card(model_dir: Path, staging: Path, port: int, server_env: dict | None = None) -> dict:
@@ -487,12 +487,7 @@ def main() -> int:
             print("server log tail:\n" + server.log_tail(3000), file=sys.stderr)
         raise
     finally:
-        if backend is not None:
-            backend.close()
-        stop_and_clean(server, shm_seen)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if shm != tmp:
-            shutil.rmtree(shm, ignore_errors=True)
+        finish_run(server, shm_seen, tmp, shm, [backend] if backend is not None else [])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-K, MAX_NEW, EPOCHS = 3, 32, 4
+K, MAX_NEW, EPOCHS, SAMPLES = 3, 32, 10, 96
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_our_data_beats_zeroed_aux_and_decoding_is_exact(lib, ci_verifier: Path,
 
     stats = json.loads((ci_verifier / "training.json").read_text())
     print(f"\nverifier: loss {stats['final_train_loss']}, held-out answer accuracy {stats['heldout_answer_next_token_accuracy']}")
-    ours = lib.build_ours(ci_verifier, tmp_path / "ours", 64, seed=7)
+    ours = lib.build_ours(ci_verifier, tmp_path / "ours", SAMPLES, seed=7)
     zeroed = lib.write_broken(ours, tmp_path / "zero_aux", "zero_aux")
     verifier = lib.Verifier(ci_verifier, VERIFIER_AUX_LAYERS)
     prompts = lib.heldout_prompts(8, seed=99)
