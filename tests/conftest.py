@@ -138,3 +138,16 @@ def pytest_terminal_summary(terminalreporter):
             f"bad-input cases: {t['tried']} tried, {t['passed']} passed; escapes {t['escapes']}, tracebacks {t['tracebacks']}, "
             f"silent wrong data {t['silent wrong data']}, samples lost {t['samples lost']}, other failures {t['other failures']}"
         )
+
+
+def require_interop(module: str):
+    """Import a trainer module installed by ``make interop-env``; missing fails under CI, skips elsewhere."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        message = f"{module} is not importable ({exc}); run: bash scripts/make_interop_env.sh .venv"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)

@@ -8,23 +8,17 @@ once and cached). The full measurement, with shifted and post-norm states, is
 
 from __future__ import annotations
 
-import importlib
-import os
 from pathlib import Path
 
 import pytest
+from conftest import require_interop
 
 K, MAX_NEW, EPOCHS, SAMPLES = 3, 32, 10, 96
 
 
 @pytest.fixture(scope="module")
 def lib():
-    try:
-        importlib.import_module("speculators.train.trainer")
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"speculators' trainer is not importable ({exc}); run: bash scripts/make_interop_env.sh .venv")
-        pytest.skip(f"speculators' trainer is not importable ({exc})")
+    require_interop("speculators.train.trainer")
     import acceptance_lib
 
     return acceptance_lib

@@ -7,9 +7,7 @@ reader tests skip, unless CI is set: then they fail.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PYTHON, make_metadata, make_sample
+from conftest import PYTHON, make_metadata, make_sample, require_interop
 from hs_dataset.interop.common import (
     EXPORT_RECORD_NAME,
     ExportError,
@@ -34,16 +32,6 @@ from hs_dataset.formats.writer import ShardWriter
 
 H, K, L = 16, 3, 6
 LENGTHS = (7, 12, 5, 9, 11)
-
-
-def _require(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        message = f"{module} is not installed ({exc}); run: bash scripts/make_interop_env.sh .venv"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def _write(root: Path, *, k: int = K, dtype: str = "bfloat16", storage: str = "native", norm: bool = True, lengths=LENGTHS, **extra) -> Path:
@@ -94,7 +82,7 @@ def test_speculators_layout_and_values(src: Path, tmp_path: Path) -> None:
 
 
 def test_speculators_loads_with_speculators_own_dataset_and_collate(src: Path, tmp_path: Path) -> None:
-    data_mod = _require("speculators.train.data")
+    data_mod = require_interop("speculators.train.data")
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
 
@@ -168,7 +156,7 @@ def test_specforge_layout_and_post_norm(src: Path, tmp_path: Path) -> None:
 
 
 def test_specforge_loads_with_specforge_offline_reader(src: Path, tmp_path: Path) -> None:
-    reader_mod = _require("specforge.runtime.data_plane.offline_reader")
+    reader_mod = require_interop("specforge.runtime.data_plane.offline_reader")
     from specforge.algorithms.eagle3.data import build_offline_collator, build_offline_normalizer
     from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
     from specforge.runtime.data_plane.feature_store import LocalFeatureStore, load_feature_file

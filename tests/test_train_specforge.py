@@ -9,13 +9,12 @@ bfloat16, which is what the target head needs; ``keep_dtype`` keeps float32 and 
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_interop
 
 from hs_dataset.interop.specforge import export_specforge
 
@@ -25,12 +24,7 @@ TTT_LENGTH = 2
 
 @pytest.fixture(scope="module")
 def specforge():
-    try:
-        importlib.import_module("specforge.algorithms.eagle3.data")
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"specforge is not installed ({exc}); run: bash scripts/make_interop_env.sh .venv")
-        pytest.skip(f"specforge is not installed ({exc})")
+    require_interop("specforge.algorithms.eagle3.data")
     import specforge_cpu
 
     specforge_cpu.install()

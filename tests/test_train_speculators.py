@@ -9,11 +9,10 @@ shims: ``tests/speculators_cpu.py``.
 
 from __future__ import annotations
 
-import importlib
-import os
 from pathlib import Path
 
 import pytest
+from conftest import require_interop
 
 from hs_dataset.interop.speculators import export_speculators
 
@@ -22,12 +21,7 @@ STEPS_ARGS = ["--epochs", "2", "--total-seq-len", "512", "--seed", "0", "--log-f
 
 @pytest.fixture(scope="module")
 def trainer():
-    try:
-        importlib.import_module("speculators.train.trainer")
-    except ImportError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"speculators' trainer is not importable ({exc}); run: bash scripts/make_interop_env.sh .venv")
-        pytest.skip(f"speculators' trainer is not importable ({exc})")
+    require_interop("speculators.train.trainer")
     import speculators_cpu
 
     return speculators_cpu
