@@ -18,7 +18,8 @@ load hits both:
 Each figure is the median of ``--rounds`` runs. Serial = ``concurrency=1`` (one request in flight); concurrent = ``--concurrency`` (16)
 requests in flight. Whether prefills really batched is read from the server's log
 ("Prefill batch, #new-seq: N" lines written during each run): the batch sizes seen are
-printed. Last line: ``concurrency_speedup=X`` (stream samples/s, concurrent / serial).
+printed. Last line: ``concurrency_speedup=X build_vs_stream=Y`` (stream samples/s, concurrent /
+serial; ``build_dataset`` samples/s against the capture stream's, concurrent).
 
 The server gets ``OMP_WAIT_POLICY=PASSIVE`` (``--server-env``): on 2 cores shared with
 other processes, OpenMP's spin-waiting made its forward swing 10-30x between identical
@@ -274,7 +275,10 @@ def main() -> int:
             print(f"  {name:10s} {describe(seen[name])}")
         batched = max((n for n, _ in seen["concurrent"]), default=0) > 1
         print(f"prefills batched under concurrency: {'yes' if batched else 'NO'}; total run {time.perf_counter() - started:.0f} s")
-        print(f"concurrency_speedup={rate[('stream', 'concurrent')] / rate[('stream', 'serial')]:.2f}")
+        build_vs = {name: rate[("build", name)] / rate[("stream", name)] for name in modes}
+        print(f"build_dataset vs capture stream: serial {build_vs['serial']:.2f}, concurrent {build_vs['concurrent']:.2f}")
+        print(f"concurrency_speedup={rate[('stream', 'concurrent')] / rate[('stream', 'serial')]:.2f} "
+              f"build_vs_stream={build_vs['concurrent']:.2f}")
         return 0
     except Exception:
         if server is not None:

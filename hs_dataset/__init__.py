@@ -1,6 +1,8 @@
 """hs_dataset: EAGLE-3 drafter training data from a served LLM's hidden states.
 
-Reading: ``hs_dataset.open_dataset(path)``. Building: ``hs-dataset build``,
+Reading: ``hs_dataset.open_dataset(path)``. Online from a live SGLang server into
+training, with a bounded cache: ``hs_dataset.stream(card, source, server=URL, cache_dir=DIR,
+max_cache_bytes=N)``. Building: ``hs-dataset build``,
 ``datasets.load_dataset("hs_dataset", config=...)`` (the name is taught to
 ``datasets`` at interpreter start by a ``.pth`` hook the package installs; see
 docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
@@ -16,7 +18,7 @@ from typing import Any
 
 from hs_dataset.version import __version__
 
-__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "build_dataset", "push_to_hub"]
+__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "build_dataset", "push_to_hub", "stream"]
 
 _LAZY = {
     "open_dataset": "hs_dataset.formats.reader",
@@ -24,6 +26,7 @@ _LAZY = {
     "load_dataset": "hs_dataset.builder",
     "build_dataset": "hs_dataset.pipeline",
     "push_to_hub": "hs_dataset.hub.push",
+    "stream": "hs_dataset.streaming",
 }
 
 

@@ -105,10 +105,10 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
 def _source_identity(card: Card, source: Any) -> Any:
     """What the source's rows depend on: path, size and mtime_ns of every file (or a datasets fingerprint)."""
-    from hs_dataset.pipeline import _resolve_source
+    from hs_dataset.pipeline import resolve_source
 
     try:
-        resolved = _resolve_source(card, source)
+        resolved = resolve_source(card, source)
     except ValueError:
         return None
     if not isinstance(resolved, (str, os.PathLike)):

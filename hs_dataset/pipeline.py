@@ -26,10 +26,15 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.writer import ShardWriter, WriterReport
 from hs_dataset.sample import TokenizedSample
+from hs_dataset.sources.read_ahead import read_ahead
 
-__all__ = ["RunReport", "build_dataset", "dataset_metadata", "make_backend", "RUN_REPORT_NAME", "partition"]
+__all__ = [
+    "RunReport", "build_dataset", "dataset_metadata", "make_backend", "RUN_REPORT_NAME", "partition",
+    "limit_samples", "load_card_tokenizer", "open_rows", "resolve_source", "tokenizer_info",
+]
 
 RUN_REPORT_NAME = "run_report.json"
+READ_AHEAD_WINDOWS = 2  # capture windows tokenized ahead of the backend
 
 
 @dataclass
@@ -134,10 +139,33 @@ def make_backend(card: Card, *, model_path: str | None = None, device: str | Non
     return SGLangBackend.from_card(card, model_path=path, servers=servers, **extra)
 
 
-def _load_tokenizer(card: Card, directory: Path) -> Any:
-    """The snapshot's tokenizer (remote code only if the card allows it), with the card's chat template if it names one."""
+_TOKENIZERS: dict[tuple, Any] = {}
+
+
+def _files_signature(directory: Path) -> tuple:
+    """Names, sizes and mtimes of a snapshot's top-level files: a changed tokenizer file is a new key."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file())
+    except OSError:
+        return ()
+
+
+def load_card_tokenizer(card: Card, directory: Path) -> Any:
+    """The snapshot's tokenizer (remote code only if the card allows it), with the card's chat template if it names one.
+
+    Loading a large vocabulary takes ~0.4 s; builds in one process (datasets parts,
+    streams, benchmarks) share one tokenizer per unchanged snapshot. One with a
+    card template override is loaded fresh, since the override changes the object.
+    """
     from hs_dataset.capture.remote_code import load_tokenizer
 
+    if not card.model.chat_template:
+        key = (str(directory), card.model.trust_remote_code, _files_signature(directory))
+        if key not in _TOKENIZERS:
+            _TOKENIZERS.clear()  # one snapshot at a time: no unbounded growth
+            _TOKENIZERS[key] = load_tokenizer(directory, trust_remote_code=card.model.trust_remote_code)
+        return _TOKENIZERS[key]
     tokenizer = load_tokenizer(directory, trust_remote_code=card.model.trust_remote_code)
     if card.model.chat_template:
         template = Path(card.model.chat_template).expanduser()
@@ -147,7 +175,7 @@ def _load_tokenizer(card: Card, directory: Path) -> Any:
     return tokenizer
 
 
-def _tokenizer_info(tokenizer: Any, path: Path) -> dict[str, Any]:
+def tokenizer_info(tokenizer: Any, path: Path) -> dict[str, Any]:
     template = getattr(tokenizer, "chat_template", None) or ""
     tok_file = next((path / name for name in ("tokenizer.json", "tiktoken.model") if (path / name).exists()), path / "tokenizer.json")
     return {
@@ -192,7 +220,7 @@ def partition(samples: Iterable[TokenizedSample], rank: int, world_size: int) ->
             yield sample
 
 
-def _limit(samples: Iterable[TokenizedSample], n: int | None) -> Iterator[TokenizedSample]:
+def limit_samples(samples: Iterable[TokenizedSample], n: int | None) -> Iterator[TokenizedSample]:
     for k, sample in enumerate(samples):
         if n is not None and k >= n:
             return
@@ -210,7 +238,7 @@ def _batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[Tok
         yield batch
 
 
-def _resolve_source(card: Card, source: Any) -> Any:
+def resolve_source(card: Card, source: Any) -> Any:
     if source is not None:
         return source
     path = card.source.path
@@ -256,23 +284,24 @@ def build_dataset(
     try:
         info = backend.info()
         tokenizer_dir = Path(info.model_path)
-        tokenizer = _load_tokenizer(card, tokenizer_dir)
-        metadata = dataset_metadata(card, info, _tokenizer_info(tokenizer, tokenizer_dir))
+        tokenizer = load_card_tokenizer(card, tokenizer_dir)
+        metadata = dataset_metadata(card, info, tokenizer_info(tokenizer, tokenizer_dir))
         report = RunReport(config=card.name, out_dir=str(out_dir), rank=rank, world_size=world_size)
         source_report = SourceReport()
-        resolved_source = _resolve_source(card, source)
-        rows = _open_rows(card, resolved_source)
+        resolved_source = resolve_source(card, source)
+        rows = open_rows(card, resolved_source)
         samples = iter_samples(
             rows, tokenizer, max_length=card.max_length, overflow=card.overflow,
             strict=strict, report=source_report, vocab_size=info.vocab_size,
             columns=card.source.columns, keep_conversation=card.regenerate.enabled,
         )
-        samples = partition(_limit(samples, num_samples), rank, world_size)
+        batch_size = batch_size or card.backend.batch_size
+        # tokenization runs a few windows ahead of capture, on its own thread
+        samples = read_ahead(partition(limit_samples(samples, num_samples), rank, world_size), depth=READ_AHEAD_WINDOWS * batch_size)
         if card.regenerate.enabled:
             name = f"rank{rank:05d}-regenerated.jsonl" if world_size > 1 else "regenerated.jsonl"
             regen = _open_regeneration(card, make_generator(card, backend, info, tokenizer), tokenizer, out_dir, name)
             metadata["regeneration"] = regeneration_metadata(regen)
-        batch_size = batch_size or card.backend.batch_size
         with ShardWriter(
             out_dir,
             metadata,
@@ -637,7 +666,7 @@ def _sample_from_record(sample: TokenizedSample, record: dict[str, Any], regen: 
     )
 
 
-def _open_rows(card: Card, source: Any) -> Any:
+def open_rows(card: Card, source: Any) -> Any:
     """The source as rows: ``hf:`` names and saved splits take the card's subset/split/revision/streaming."""
     from hs_dataset.sources import open_source
     from hs_dataset.sources.iterate import line_byte_cap

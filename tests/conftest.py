@@ -104,6 +104,9 @@ def tiny_default_dataset(tmp_path_factory, tiny_card, hf_backend) -> Path:
 # assertion tag (ESCAPE:, SILENT:, LOST:) or, when an exception other than an assertion
 # escaped, as a traceback. The totals line is what the README cites:
 #   pytest tests/test_bad_inputs.py tests/test_untrusted.py
+# the real-SGLang-server session fixtures, registered here once so every module shares one server
+from sglang_server_util import capture_server, card, hf_model, hs_tmp, tiny_model  # noqa: E402,F401
+
 _TALLY_FILES = ("test_bad_inputs.py", "test_untrusted.py")
 _TALLY = {"tried": 0, "passed": 0, "escapes": 0, "tracebacks": 0, "silent wrong data": 0, "samples lost": 0, "other failures": 0}
 _TAGS = {"ESCAPE:": "escapes", "SILENT:": "silent wrong data", "LOST:": "samples lost"}

@@ -44,6 +44,7 @@ RANKS = {
     "distributed": 4,
     "builder": 5,
     "hub": 5,
+    "streaming": 5,
     "cli": 6,
     "_datasets_hook": 6,
     "__init__": 7,

@@ -121,7 +121,7 @@ def test_remote_code_off_is_one_line_naming_the_flag(kimi_dir, tmp_path, capsys)
     assert "tokenizer_config.json" in err[0] and "--trust-remote-code" in err[0] and "model.trust_remote_code" in err[0]
 
 
-def _independent_forward(kimi_dir: Path, tmp: Path):
+def independent_text_forward(kimi_dir: Path, tmp: Path):
     """transformers' DeepseekV3 from text_config, weights re-saved without the wrapper prefix: no hs_dataset loader."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -143,7 +143,7 @@ def test_remote_code_snapshot_tokens_masks_and_states(kimi_dir, kimi_build, tmp_
     end = tok.convert_tokens_to_ids(["<|im_end|>"])[0]
     meta = kimi_build.manifest.metadata
     assert meta["aux_layer_ids"] == [2, 3, 4] and meta["tokenizer"]["class"] == "TikTokenTokenizer"
-    model = _independent_forward(kimi_dir, tmp_path)
+    model = independent_text_forward(kimi_dir, tmp_path)
     norm_in = {}
     model.model.norm.register_forward_pre_hook(lambda _m, args: norm_in.__setitem__("x", args[0]))
     worst = 0.0
@@ -180,3 +180,50 @@ def test_serve_check_names_missing_processor_files(kimi_dir, tmp_path):
     (copy / "preprocessor_config.json").unlink()
     with pytest.raises(ProcessorFilesError, match="preprocessor_config.json"):
         check_processor_files(copy, trust_remote_code=True)
+
+
+def _snapshot_copy(kimi_dir: Path, where: Path) -> Path:
+    """The snapshot without its weights (the processor check reads configs and code only)."""
+    shutil.copytree(kimi_dir, where, ignore=shutil.ignore_patterns("*.safetensors"))
+    return where
+
+
+def test_processor_that_does_not_load_is_named_in_one_line(kimi_dir, tmp_path):
+    """What SGLang would hit minutes into its start-up: shipped processor code that does not load, or lacks what SGLang reads."""
+    check_processor_files(_snapshot_copy(kimi_dir, tmp_path / "kimi-intact"), trust_remote_code=True)
+    cases = {
+        "syntax": ("class KimiLikeProcessor(ProcessorMixin):", "class KimiLikeProcessor(ProcessorMixin)\n", "does not load: SyntaxError"),
+        "missing-package": ("from transformers import ProcessorMixin", "import moonshot_media_utils_not_installed\nfrom transformers import ProcessorMixin",
+                            "moonshot_media_utils_not_installed"),
+        "init-raises": ("        self.media_processor = image_processor", "        raise RuntimeError('broken on purpose')\n        self.media_processor = image_processor",
+                        "AutoProcessor.from_pretrained"),
+        "no-media-processor": ("        self.media_processor = image_processor", "        pass", "has no 'media_processor.media_proc_cfg'"),
+    }
+    for name, (old, new, expected) in cases.items():
+        copy = _snapshot_copy(kimi_dir, tmp_path / f"kimi-{name}")
+        code = (copy / "processing_kimi.py").read_text()
+        assert old in code, name
+        (copy / "processing_kimi.py").write_text(code.replace(old, new))
+        with pytest.raises(ProcessorFilesError) as info:
+            check_processor_files(copy, trust_remote_code=True)
+        message = str(info.value)
+        assert "\n" not in message and str(copy / "processing_kimi.py") in message and expected in message, (name, message)
+
+
+def test_sources_load_a_tokenizer_by_path_through_the_one_loader(kimi_dir):
+    """``iter_samples(source, PATH)``: remote code runs only when the card allows it; otherwise one line naming the flag."""
+    from hs_dataset.sources import load_samples
+    from hs_dataset.sources.remote_code import RemoteCodeError as SourcesRemoteCodeError
+
+    assert SourcesRemoteCodeError is RemoteCodeError  # one class, re-exported by capture
+    rows = [{"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]}]
+    samples, report = load_samples(rows, str(kimi_dir), max_length=256, trust_remote_code=True)
+    assert report.samples_out == 1 and samples[0].loss_mask.any()
+    from hs_dataset.capture.remote_code import load_tokenizer
+
+    assert samples[0].input_ids.tolist() == load_tokenizer(kimi_dir, trust_remote_code=True).apply_chat_template(
+        rows[0]["messages"], tokenize=True, return_dict=False)
+    with pytest.raises(RemoteCodeError) as info:
+        load_samples(rows, str(kimi_dir), max_length=256)
+    message = str(info.value)
+    assert "\n" not in message and "--trust-remote-code" in message and str(kimi_dir / "tokenizer_config.json") in message

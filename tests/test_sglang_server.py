@@ -34,95 +34,15 @@ from hs_dataset.sample import CapturedSample, TokenizedSample
 
 pytestmark = pytest.mark.sglang
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
-AUX = [2, 3, 4]
-CHUNK = 64
-
-
-def _require_env() -> None:
-    if not SERVER_PYTHON.exists():
-        msg = f"{SERVER_PYTHON} not found: run `make sglang-env` to create the SGLang server environment"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-@pytest.fixture(scope="session")
-def card():
-    from hs_dataset.config import load_card
-
-    return load_card("tiny-deepseek-sglang")
-
-
-@pytest.fixture(scope="session")
-def tiny_model():
-    from hs_dataset.testing.tiny_model import build_tiny_deepseek
-
-    return str(build_tiny_deepseek())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(card, tmp_root: Path, name: str, **overrides):
-    from hs_dataset.serve import launch, plan_server
-
-    extra = overrides.pop("extra_args", ())
-    plan = plan_server(
-        card,
-        port=_free_port(),
-        staging_dir=str(tmp_root / f"{name}-stage"),
-        python=str(SERVER_PYTHON),
-        sglang_overrides=overrides,
-        extra_args=extra,
-    )
-    t0 = time.monotonic()
-    server = launch(plan, log_path=str(tmp_root / f"{name}.log"), timeout=300)
-    print(f"[{name}] healthy after {time.monotonic() - t0:.1f} s at {server.url}")
-    return server
-
-
-@pytest.fixture(scope="session")
-def hs_tmp(tmp_path_factory):
-    return tmp_path_factory.mktemp("sglang")
-
-
-@pytest.fixture(scope="session")
-def capture_server(card, tiny_model, hs_tmp):
-    _require_env()
-    server = _start(card, hs_tmp, "capture", chunked_prefill_size=CHUNK)
-    yield server
-    server.stop(timeout=5)
-
-
-@pytest.fixture(scope="session")
-def hf_model(tiny_model):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, local_files_only=True).eval()
-
-
-def hf_reference(model, ids: torch.Tensor):
-    """aux = hidden_states[i] for i in AUX; final = the input of the final norm (pre-norm)."""
-    seen = {}
-    handle = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("pre", args[0]))
-    try:
-        with torch.no_grad():
-            out = model.model(ids[None], output_hidden_states=True)
-    finally:
-        handle.remove()
-    aux = torch.stack([out.hidden_states[i][0] for i in AUX], dim=1)
-    return aux, seen["pre"][0]
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+from sglang_server_util import (  # noqa: F401  (helpers shared with other real-server tests)
+    AUX,
+    SERVER_PYTHON,
+    free_port as _free_port,
+    hf_reference,
+    rel,
+    require_sglang_env as _require_env,
+    start_server as _start,
+)
 
 
 def make_samples(n: int, lengths, seed: int = 0, vocab: int = 129000):

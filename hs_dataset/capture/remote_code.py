@@ -1,14 +1,13 @@
-"""Remote code, on purpose only: which snapshot files ship Python, and the loaders that honour the choice.
+"""Remote code, on purpose only: the model and processor side of it.
 
-Some snapshots (Kimi-K2.5) cannot be used without running Python code they ship: an
-``auto_map`` in ``tokenizer_config.json`` (a tiktoken tokenizer class), in
-``config.json`` (model classes) or in the processor configs (the multimodal
-processor SGLang loads). transformers would refuse them with a long message, or
-(worse) the code would run without anyone asking. Here the choice is one card
-field, ``model.trust_remote_code`` (``--trust-remote-code``), and a snapshot that
-needs it while it is off is refused by :class:`RemoteCodeError`, naming the file and
-the flag. Every ``from_pretrained`` of the package goes through :func:`load_tokenizer`
-or :func:`from_pretrained_kwargs`.
+Which snapshot files ship Python, :class:`RemoteCodeError` and the one tokenizer
+loader live in :mod:`hs_dataset.sources.remote_code` (sources load tokenizers by path
+too) and are re-exported here. This module adds what only capture and serving need:
+the keyword arguments of every model/config ``from_pretrained``
+(:func:`from_pretrained_kwargs`) and, for multimodal wrappers, the check that the
+processor SGLang loads before serving is there, imports, loads and carries what
+SGLang reads (:func:`check_processor_files`). Every ``from_pretrained`` of the
+package goes through :func:`load_tokenizer` or :func:`from_pretrained_kwargs`.
 """
 
 from __future__ import annotations
@@ -20,6 +19,15 @@ from typing import Any
 
 from hs_dataset.capture.model_info import text_config
 from hs_dataset.errors import CaptureError
+from hs_dataset.sources.remote_code import (
+    PROCESSOR_CONFIGS,
+    REMOTE_CODE_CONFIGS,
+    RemoteCodeError,
+    auto_map,
+    check_remote_code,
+    load_tokenizer,
+    remote_code_users,
+)
 
 __all__ = [
     "RemoteCodeError",
@@ -33,46 +41,6 @@ __all__ = [
     "check_processor_files",
 ]
 
-# Files whose ``auto_map`` names Python classes shipped with the snapshot.
-PROCESSOR_CONFIGS = ("processor_config.json", "preprocessor_config.json")
-REMOTE_CODE_CONFIGS = ("config.json", "tokenizer_config.json", *PROCESSOR_CONFIGS)
-
-
-class RemoteCodeError(CaptureError, PermissionError):
-    """The snapshot needs its own Python code (``auto_map``) but remote code was not allowed."""
-
-
-def _auto_map(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    auto_map = raw.get("auto_map") if isinstance(raw, dict) else None
-    return auto_map if isinstance(auto_map, dict) else {}
-
-
-def remote_code_users(directory: str | os.PathLike, files: tuple[str, ...] = REMOTE_CODE_CONFIGS) -> dict[str, list[str]]:
-    """``{config file: [Auto class, ...]}`` for every file of ``directory`` whose ``auto_map`` names shipped code."""
-    found: dict[str, list[str]] = {}
-    for name in files:
-        auto_map = _auto_map(Path(directory) / name)
-        if auto_map:
-            found[name] = sorted(auto_map)
-    return found
-
-
-def check_remote_code(directory: str | os.PathLike, trust_remote_code: bool, files: tuple[str, ...] = REMOTE_CODE_CONFIGS) -> None:
-    """Refuse, in one line, a snapshot whose ``files`` need remote code while it is not allowed."""
-    if trust_remote_code:
-        return
-    users = remote_code_users(directory, files)
-    if users:
-        where = "; ".join(f"{Path(directory) / name} (auto_map: {', '.join(classes)})" for name, classes in users.items())
-        raise RemoteCodeError(
-            f"the model snapshot ships Python code that must run to load it: {where}; if you trust this snapshot, "
-            "pass --trust-remote-code (or set model.trust_remote_code: true in the card)"
-        )
-
 
 def from_pretrained_kwargs(directory: str | os.PathLike, trust_remote_code: bool, files: tuple[str, ...] = ("config.json",)) -> dict[str, Any]:
     """The keyword arguments of a model/config ``from_pretrained``: local files only, remote code as chosen (checked)."""
@@ -80,31 +48,37 @@ def from_pretrained_kwargs(directory: str | os.PathLike, trust_remote_code: bool
     return {"local_files_only": True, "trust_remote_code": trust_remote_code}
 
 
-def load_tokenizer(directory: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
-    """``AutoTokenizer`` for a local snapshot, refusing remote code that was not asked for."""
-    from transformers import AutoTokenizer
-
-    check_remote_code(directory, trust_remote_code, ("tokenizer_config.json",))
-    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
-
-
 class ProcessorFilesError(CaptureError, FileNotFoundError):
     """A multimodal snapshot lacks (or cannot load) the processor files SGLang loads before serving."""
 
 
-def _class_refs(auto_map: dict[str, Any]) -> list[str]:
+# What SGLang 0.5.23 reads of a wrapper's processor while it starts (before any request), by the wrapper's
+# model_type: Kimi-K2.5, multimodal/processors/kimi_k25.py (KimiK2_5VLImageProcessor and KimiGPUProcessorWrapper).
+_SGLANG_READS: dict[str, tuple[str, ...]] = {"kimi_k25": ("tokenizer", "image_processor", "media_processor.media_proc_cfg")}
+_KIMI_MEDIA_KEYS = ("patch_size", "merge_kernel_size", "in_patch_limit", "patch_limit_on_one_side", "image_mean", "image_std")
+
+
+def _class_refs(mapping: dict[str, Any]) -> list[str]:
     refs: list[str] = []
-    for value in auto_map.values():
+    for value in mapping.values():
         refs.extend(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
     return refs
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 def check_processor_files(directory: str | os.PathLike, trust_remote_code: bool) -> None:
-    """For a multimodal wrapper: the processor config exists and its shipped classes import, before SGLang starts.
+    """For a multimodal wrapper: the processor SGLang loads is there, imports, loads and has what SGLang reads.
 
     SGLang loads the multimodal processor (Kimi-K2.5: Moonshot's remote-code
     processor) even when only token ids are sent, and fails deep in its start-up
-    when a file is missing; this names the file up front. Plain text models pass.
+    (after minutes of imports on a large model) when a file is missing, its code
+    does not load, or it lacks an attribute SGLang reads. This does the same load
+    first (``AutoProcessor.from_pretrained``, the snapshot's own code) and names the
+    file in one line. Plain text models pass.
     """
     directory = Path(directory)
     try:
@@ -113,26 +87,72 @@ def check_processor_files(directory: str | os.PathLike, trust_remote_code: bool)
         return
     if text_config(config) is config:
         return
+    architecture = (config.get("architectures") or ["this multimodal model"])[0]
     present = [name for name in PROCESSOR_CONFIGS if (directory / name).is_file()]
     if not present:
         raise ProcessorFilesError(
-            f"{directory}: {config.get('architectures', ['this multimodal model'])[0]} needs its processor config "
+            f"{directory}: {architecture} needs its processor config "
             f"({' or '.join(PROCESSOR_CONFIGS)}), which SGLang loads even for token ids; copy it (and the processing_*.py "
             "files it names) from the model's snapshot"
         )
     check_remote_code(directory, trust_remote_code, ("tokenizer_config.json", *present))
     for name in ("tokenizer_config.json", *present):
-        for ref in _class_refs(_auto_map(directory / name)):
+        for ref in _class_refs(auto_map(directory / name)):
             _load_shipped_class(directory, name, ref)
+    processor, source = _load_processor(directory, present, trust_remote_code)
+    _check_sglang_reads(processor, source, architecture, str(config.get("model_type", "")))
+
+
+def _module_file(directory: Path, ref: str) -> Path:
+    return directory / (ref.split("--")[-1].rpartition(".")[0] + ".py")
 
 
 def _load_shipped_class(directory: Path, config_name: str, ref: str) -> None:
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    module = ref.split("--")[-1].rpartition(".")[0]
-    if not (directory / f"{module}.py").is_file():
-        raise ProcessorFilesError(f"{directory / config_name}: auto_map names {ref!r} but {directory / (module + '.py')} is missing; copy it from the model's snapshot")
+    path = _module_file(directory, ref)
+    if not path.is_file():
+        raise ProcessorFilesError(f"{directory / config_name}: auto_map names {ref!r} but {path} is missing; copy it from the model's snapshot")
     try:
         get_class_from_dynamic_module(ref, str(directory), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 -- whatever the shipped code raises, named with its file
-        raise ProcessorFilesError(f"{directory / (module + '.py')} (from {config_name}) does not load: {type(exc).__name__}: {exc}") from exc
+        raise ProcessorFilesError(f"{path} (from {config_name}) does not load: {_first_line(exc)}") from exc
+
+
+def _load_processor(directory: Path, present: list[str], trust_remote_code: bool) -> tuple[Any, Path]:
+    """The processor as SGLang builds it (``AutoProcessor``), and the file to blame if it fails."""
+    from transformers import AutoProcessor
+
+    source = directory / present[0]
+    for name in present:
+        ref = auto_map(directory / name).get("AutoProcessor")
+        ref = ref[0] if isinstance(ref, list) and ref else ref
+        if isinstance(ref, str):
+            source = _module_file(directory, ref)
+            break
+    try:
+        processor = AutoProcessor.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 -- whatever the shipped code raises, named with its file
+        raise ProcessorFilesError(f"{source}: AutoProcessor.from_pretrained({str(directory)!r}) fails, as it would in SGLang: {_first_line(exc)}") from exc
+    return processor, source
+
+
+def _check_sglang_reads(processor: Any, source: Path, architecture: str, model_type: str) -> None:
+    """The attributes SGLang reads of this wrapper's processor when it starts (:data:`_SGLANG_READS`)."""
+    for dotted in _SGLANG_READS.get(model_type, ()):
+        value: Any = processor
+        for part in dotted.split("."):
+            value = getattr(value, part, None)
+        if value is None:
+            raise ProcessorFilesError(
+                f"{source}: the processor ({type(processor).__name__}) has no '{dotted}', which SGLang reads to start "
+                f"{architecture}; use the processor files of the model's own snapshot"
+            )
+    if model_type == "kimi_k25":
+        cfg = processor.media_processor.media_proc_cfg
+        missing = [key for key in _KIMI_MEDIA_KEYS if not isinstance(cfg, dict) or key not in cfg]
+        if missing:
+            raise ProcessorFilesError(
+                f"{source}: media_processor.media_proc_cfg lacks {missing}, which SGLang reads to start {architecture} "
+                "(preprocessor_config.json media_proc_cfg); use the processor files of the model's own snapshot"
+            )

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")
     parser.add_argument("--python", default=None, help="Python of the server environment (default: .sglang-venv)")
     parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
-    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit")
+    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit; a multimodal wrapper's processor is loaded and checked first")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra arguments passed to SGLang")
 
 

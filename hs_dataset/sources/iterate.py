@@ -21,6 +21,7 @@ from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
+from hs_dataset.sources.remote_code import load_tokenizer
 from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
@@ -42,11 +43,10 @@ class _Skip(Exception):
     """Internal: this row is accounted for in the report and yields nothing."""
 
 
-def _load_tokenizer(tokenizer: Any) -> Any:
+def _load_tokenizer(tokenizer: Any, trust_remote_code: bool) -> Any:
+    """A tokenizer object as is; a path through the one loader (remote code only when the caller allows it)."""
     if isinstance(tokenizer, (str, PathLike)):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(tokenizer))
+        return load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
     return tokenizer
 
 
@@ -200,6 +200,7 @@ def iter_samples(
     skip_ids: Container[str] | None = None,
     columns: Mapping[str, str] | None = None,
     keep_conversation: bool = False,
+    trust_remote_code: bool = False,
 ) -> Iterator[TokenizedSample]:
     """Yield one :class:`TokenizedSample` per usable row of ``source``, in source order.
 
@@ -215,6 +216,9 @@ def iter_samples(
     ``columns`` maps our field names to the source's (``{"messages": "dialog"}``); each
     row's shape is counted in ``report.shapes`` (docs/SOURCES.md). ``keep_conversation``
     puts the normalized conversation in ``meta["conversation"]`` (for regeneration).
+    ``trust_remote_code`` (the card's ``model.trust_remote_code``) lets a tokenizer given
+    by path run the Python its snapshot ships (Kimi-K2.5's tiktoken tokenizer); without
+    it such a snapshot is refused in one line naming ``--trust-remote-code``.
     """
     if not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
@@ -231,7 +235,7 @@ def iter_samples(
         chat_template=chat_template, template_kwargs=template_kwargs, missing_loss_mask=missing_loss_mask,
         vocab_size=vocab_size, skip_ids=skip_ids, columns=dict(columns or {}), keep_conversation=keep_conversation,
     )
-    run = _Run(_load_tokenizer(tokenizer), report, opts, rows)
+    run = _Run(_load_tokenizer(tokenizer, trust_remote_code), report, opts, rows)
     for row_index, row in rows:
         report.rows_read += 1
         try:

