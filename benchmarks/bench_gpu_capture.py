@@ -9,7 +9,8 @@ residual blocks of bf16 matmuls, random weights) runs 4096-token prefill steps o
 * prefill throughput with no capture (baseline);
 * prefill throughput with the server-side capture path of ``hs_dataset.server_patch``
   (the same :class:`CaptureCore` the SGLang hooks call: per-request split, device
-  snapshot, pinned buffer pool, side-stream copy, writer threads, bounded staging),
+  snapshot or fp8 quantization with ``--storage fp8``, pinned buffer pool, side-stream
+  copy, writer threads writing each dump with one ``os.writev``, bounded staging),
   aux states of HF hidden_states [2, 30, 58] plus the pre-norm final state, dumped
   to a staging directory (default /dev/shm);
 * the D2H copy rate the capture path reached (bytes / side-stream copy time, timed
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--staging", default="/dev/shm")
     parser.add_argument("--rounds", type=int, default=3, help="alternating baseline/capture rounds")
+    parser.add_argument("--storage", default="native", choices=["native", "fp8"], help="fp8: states quantized on the GPU before the copy")
     args = parser.parse_args()
     smoke = os.environ.get("HS_BENCH_SMOKE") == "1"
     if not torch.cuda.is_available() and not smoke:
@@ -125,7 +127,7 @@ def main() -> None:
     staging_root = tempfile.mkdtemp(prefix="hs-bench-", dir=args.staging)
     staging = os.path.join(staging_root, "staging")
     config = CaptureConfig(
-        staging_dir=staging, hf_aux_layer_ids=AUX, rid_prefix="hs-", writer_threads=args.writers,
+        staging_dir=staging, hf_aux_layer_ids=AUX, rid_prefix="hs-", writer_threads=args.writers, storage=args.storage,
         pinned_pool_bytes=8 * step_bytes, max_staging_bytes=64 * 2**30, max_staging_files=100_000, max_wait_s=30.0,
     )
     core = CaptureCore(config, sglang_version="bench")

@@ -8,8 +8,10 @@ Both sides move the same number of bytes into the same directory in one run:
       plain sequential readinto of the same files; warm (page cache filled and shards
       mapped by a first pass, as in every epoch after the first) and cold (fresh
       mapping, pages dropped with posix_fadvise(DONTNEED), where the kernel allows).
-Samples are Kimi-K2.5 shaped (hidden 7168, 3 aux + final, bf16). Last line:
+Samples are Kimi-K2.5 shaped (hidden 7168, 3 aux + final, bf16). First line: where
+it ran (directory, file system, cores, shard hash); last line:
 ``writer_vs_raw=X.XX reader_vs_raw=Y.YY`` (warm-cache reader ratio; cold printed above).
+Needs torch, numpy and blake3 (what hs_dataset's writer and reader import), nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from hs_dataset import open_dataset
 from hs_dataset.formats import ShardWriter
+from hs_dataset.formats.hashing import SHARD_HASH
 from hs_dataset.sample import CapturedSample
 
 H, K = 7168, 3
@@ -84,6 +87,21 @@ def bench_raw_write(root: Path, samples: list[CapturedSample], sizes: list[int])
         os.fsync(fd)
         os.close(fd)
     return time.perf_counter() - t0
+
+
+def file_system(path: Path) -> str:
+    """The mount type under ``path`` (tmpfs, ext4, xfs, ...), from /proc/mounts; '?' where there is none."""
+    best, kind = "", "?"
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                _dev, mount, fs_type = line.split()[:3]
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+                    best, kind = mount, fs_type
+    except OSError:
+        pass
+    return kind
 
 
 def drop_cache(paths: list[Path]) -> bool:
@@ -168,6 +186,11 @@ def main() -> None:
 
     samples = make_samples(args.mib * 1024 * 1024)
     base = Path(tempfile.mkdtemp(prefix="bench-shards-", dir=args.dir))
+    print(
+        f"dir {base.parent} ({file_system(base)}), {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
+        f"shard hash {SHARD_HASH}, writer threads {args.threads}, {args.repeats} repeats",
+        flush=True,
+    )
     w_ratios, r_warm, r_cold, r_views = [], [], [], []
     sizes: list[int] = []
     try:

@@ -46,6 +46,11 @@ class CapturedSample:
     loss_mask: torch.Tensor  # bool [T]
     aux_hidden_states: torch.Tensor  # [T, K, H]
     final_hidden_state: torch.Tensor  # [T, H]
+    # Set when the server already encoded the states as fp8_e4m3_per_token (float8 data
+    # above, one float32 scale per token and layer here), so the writer stores them as
+    # they are instead of decoding and quantizing twice.
+    aux_scale: torch.Tensor | None = None  # float32 [T, K]
+    final_scale: torch.Tensor | None = None  # float32 [T]
 
     @property
     def num_tokens(self) -> int:

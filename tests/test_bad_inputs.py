@@ -348,7 +348,7 @@ def _shard(root: Path, k: int = 0) -> Path:
 
 def _newer_version(root, other):
     raw = _manifest(root)
-    raw["format_version"] = 2
+    raw["format_version"] = 3
     (root / "manifest.json").write_text(json.dumps(raw))
     return root / "manifest.json"
 
@@ -393,15 +393,15 @@ class ReadCase:
     damage: Callable[[Path, Path], Path]  # returns the file the error must name
     error: type
     match: str
-    needs_hashes: bool = False  # only the sha256 check can see it (a plain open maps it happily)
+    needs_hashes: bool = False  # only the hash check can see it (a plain open maps it happily)
     verify_match: str | None = None  # regex for verify's problem line, when it differs (verify hashes first)
 
 
 READ_CASES: dict[str, ReadCase] = {
-    "manifest from a newer format version": ReadCase(_newer_version, UnsupportedFormatError, "format version 2 is newer"),
+    "manifest from a newer format version": ReadCase(_newer_version, UnsupportedFormatError, "format version 3 is newer"),
     "manifest truncated (not JSON)": ReadCase(_manifest_truncated, FormatError, "not valid JSON"),
-    "shard from another dataset": ReadCase(_foreign_shard, IntegrityError, "another dataset", verify_match="sha256 .* != manifest"),
-    "corrupted shard data (one bit)": ReadCase(_flipped_data_byte, IntegrityError, "sha256", needs_hashes=True),
+    "shard from another dataset": ReadCase(_foreign_shard, IntegrityError, "another dataset", verify_match="blake3 .* != manifest"),
+    "corrupted shard data (one bit)": ReadCase(_flipped_data_byte, IntegrityError, "blake3", needs_hashes=True),
     "corrupted shard header": ReadCase(_garbage_header, FormatError, "header"),
     "truncated shard": ReadCase(_truncated_shard, IntegrityError, "truncated"),
 }

@@ -23,7 +23,6 @@ writer alone (tests/test_format_crash.py) and of a short build (tests/test_pipel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -38,6 +37,7 @@ import torch
 from hs_dataset import open_dataset
 from hs_dataset.faults import CRASH_POINTS
 from hs_dataset.formats.atomic import TEMP_PREFIX
+from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
 
@@ -190,7 +190,8 @@ def crash_consistent(root: Path) -> int:
     for record in manifest.shards:
         path = root / record.file
         assert path.is_file() and path.stat().st_size == record.bytes, f"{record.file} listed but missing or partial"
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == record.sha256, f"{record.file} listed but corrupt"
+        with open(path, "rb") as f:
+            assert file_digests(f, (record.hash_algorithm,))[record.hash_algorithm] == record.digest, f"{record.file} listed but corrupt"
         from hs_dataset.formats.writer import _shard_sample_ids
 
         ids.extend(_shard_sample_ids(path))

@@ -390,19 +390,23 @@ def test_a_dump_larger_than_the_whole_budget_is_refused_without_waiting(tmp_path
 
 # ---------------------------------------------------------------------------- ENOSPC
 def _enospc_for(stage: str, names: tuple[str, ...], monkeypatch):
-    """os.write raises ENOSPC for files in ``stage`` whose name contains one of ``names``."""
-    real = os.write
+    """os.write and os.writev (dumps go out in one writev) raise ENOSPC for files in ``stage`` whose name contains one of ``names``."""
 
-    def write(fd, data):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            target = ""
-        if target.startswith(stage) and any(n in os.path.basename(target) for n in names):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data)
+    def failing(real):
+        def call(fd, data):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                target = ""
+            if target.startswith(stage) and any(n in os.path.basename(target) for n in names):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
 
-    monkeypatch.setattr(os, "write", write)
+        return call
+
+    monkeypatch.setattr(os, "write", failing(os.write))
+    if hasattr(os, "writev"):
+        monkeypatch.setattr(os, "writev", failing(os.writev))
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to map fds to paths")

@@ -22,7 +22,8 @@ from hs_dataset.errors import (
     SampleError,
     UnsupportedFormatError,
 )
-from hs_dataset.formats import ShardWriter
+from hs_dataset.formats import FORMAT_VERSION, ShardWriter
+from hs_dataset.formats.hashing import file_digests, sha256_file
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.sample import CapturedSample
 
@@ -54,8 +55,8 @@ def test_flipped_byte_is_caught(dataset, capsys):
     shard.write_bytes(bytes(data))
     assert cli_main(["verify", str(dataset)]) == 1
     err = capsys.readouterr().err
-    assert shard.name in err and "sha256" in err
-    with pytest.raises(IntegrityError, match="sha256"):
+    assert shard.name in err and "blake3" in err and "corrupted shard" in err
+    with pytest.raises(IntegrityError, match="blake3 .* != manifest"):
         ds = open_dataset(dataset, verify_hashes=True)
         for _ in ds:
             pass
@@ -90,7 +91,6 @@ def test_nan_written_behind_the_writers_back_is_caught(dataset):
     """verify scans values too: a NaN patched into a shard (with a matching hash) names its sample."""
     from hs_dataset.formats.reader import ShardReader
     from hs_dataset.formats.manifest import Manifest
-    import hashlib
 
     manifest = Manifest.load(dataset)
     record = manifest.shards[0]
@@ -104,7 +104,7 @@ def test_nan_written_behind_the_writers_back_is_caught(dataset):
     data[pos : pos + 2] = torch.tensor([float("nan")], dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()
     path.write_bytes(bytes(data))
     raw = json.loads((dataset / "manifest.json").read_text())
-    raw["shards"][0]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    raw["shards"][0]["blake3"] = _blake3(path)
     (dataset / "manifest.json").write_text(json.dumps(raw))
     result = verify_dataset(dataset)
     assert not result.ok and "NaN" in result.problems[0] and reader_sample_id(dataset, 0, 1) in result.problems[0]
@@ -112,6 +112,104 @@ def test_nan_written_behind_the_writers_back_is_caught(dataset):
 
 def reader_sample_id(root, shard, index):
     return open_dataset(root).shard(shard).sample_ids[index]
+
+
+def _blake3(path):
+    with open(path, "rb") as f:
+        return file_digests(f, ("blake3",))["blake3"]
+
+
+def _as_format_1(root):
+    """Rewrite a dataset's manifest as hs_dataset 0.1 wrote it: format_version 1, one sha256 per shard, no blake3."""
+    raw = json.loads((root / "manifest.json").read_text())
+    raw["format_version"] = 1
+    for record in raw["shards"]:
+        del record["blake3"]
+        record["sha256"] = sha256_file(root / record["file"])
+    (root / "manifest.json").write_text(json.dumps(raw, indent=1))
+    return raw
+
+
+def test_new_shards_are_recorded_with_blake3_in_format_2(dataset):
+    raw = json.loads((dataset / "manifest.json").read_text())
+    assert raw["format_version"] == FORMAT_VERSION == 2
+    for record in raw["shards"]:
+        assert "sha256" not in record and record["blake3"] == _blake3(dataset / record["file"])
+
+
+def test_format_1_dataset_reads_and_verifies(dataset, capsys):
+    _as_format_1(dataset)
+    assert verify_dataset(dataset).ok
+    assert len(list(open_dataset(dataset, verify_hashes=True))) == 12
+    assert cli_main(["verify", str(dataset)]) == 0
+    shard = dataset / _shards(dataset)[1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    problems = verify_dataset(dataset).problems
+    assert len(problems) == 1 and shard.name in problems[0] and "sha256" in problems[0]
+    with pytest.raises(IntegrityError, match="sha256 .* != manifest"):
+        list(open_dataset(dataset, verify_hashes=True))
+
+
+def test_format_1_dataset_resumes_into_format_2_keeping_its_sha256(dataset):
+    old = _as_format_1(dataset)["shards"]
+    with ShardWriter(dataset, make_metadata(), shard_bytes=4_000) as writer:
+        writer.add_many(make_sample(f"s{i:03d}", 10 + i) for i in range(20))
+    raw = json.loads((dataset / "manifest.json").read_text())
+    assert raw["format_version"] == 2 and raw["shards"][: len(old)] == old  # old records untouched
+    assert all("blake3" in r and "sha256" not in r for r in raw["shards"][len(old) :])
+    result = verify_dataset(dataset)
+    assert result.ok and result.samples == 20
+    assert [r.hash_algorithm for r in open_dataset(dataset).manifest.shards] == ["sha256"] * len(old) + ["blake3"] * (len(raw["shards"]) - len(old))
+
+
+def test_merge_carries_both_hash_kinds(dataset, tmp_path):
+    from hs_dataset.formats.merge import merge_datasets
+
+    other = tmp_path / "other"
+    with ShardWriter(other, make_metadata(), shard_bytes=4_000) as writer:
+        writer.add_many(make_sample(f"t{i:03d}", 5 + i) for i in range(6))
+    _as_format_1(dataset)
+    merged = merge_datasets([dataset, other], tmp_path / "merged")
+    assert merged.format_version == 2
+    assert {r.hash_algorithm for r in merged.shards} == {"sha256", "blake3"}
+    assert verify_dataset(tmp_path / "merged").ok
+
+
+def test_hashing_works_in_a_forked_child(dataset):
+    """DataLoader and datasets workers fork after the parent wrote and hashed shards: their hash checks must not hang."""
+    import multiprocessing
+
+    assert verify_dataset(dataset).ok  # the parent hashes first
+    child = multiprocessing.get_context("fork").Process(target=_verify_or_fail, args=(dataset,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("hashing deadlocked in a forked child")
+    assert child.exitcode == 0
+
+
+def _verify_or_fail(root):
+    os._exit(0 if verify_dataset(root).ok and len(list(open_dataset(root, verify_hashes=True))) == 12 else 1)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda raw: raw["shards"][0].pop("blake3"), r"shards\[0\] records no hash \(format 2 needs blake3 or sha256\)"),
+        (lambda raw: raw["shards"][0].update(blake3="../../etc"), r"shards\[0\]\.blake3 .* is not a blake3 hex digest"),
+        # format 1 knows only sha256: a blake3-only record there is a hash no format-1 reader would check
+        (lambda raw: raw.update(format_version=1), r"shards\[0\] records no hash \(format 1 needs sha256\)"),
+    ],
+)
+def test_manifest_hash_fields_are_checked(dataset, edit, match):
+    raw = json.loads((dataset / "manifest.json").read_text())
+    edit(raw)
+    (dataset / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(FormatError, match=match):
+        open_dataset(dataset)
 
 
 def test_shard_from_another_dataset_is_caught(dataset, tmp_path):

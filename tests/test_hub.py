@@ -18,6 +18,7 @@ import yaml
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats import ShardWriter
+from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.hub.push import download_pushed, open_pushed, push_to_hub
 
@@ -100,7 +101,7 @@ def test_push_then_load_with_datasets_and_with_our_reader(built, standin, api, t
     assert f"{CONFIG}/train-00000-of-00001.parquet" in files
     for record in manifest.shards:
         remote = files[f"{CONFIG}/hs_shards/{record.file}"]
-        assert remote["lfs"] and remote["sha256"] == record.sha256  # the LFS oid is the manifest's sha256
+        assert remote["lfs"] and remote["sha256"] == sha256_file(built / record.file)  # the LFS oid is the shard's sha256
     for name in ("manifest.json", "final_norm.safetensors", "run_report.json"):
         assert f"{CONFIG}/hs_shards/{name}" in files
     assert {f"{CONFIG}/figures/lengths.png", f"{CONFIG}/figures/layer_stats.png", "README.md"} <= set(files)
@@ -141,7 +142,7 @@ def test_push_then_load_with_datasets_and_with_our_reader(built, standin, api, t
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match="sha256"):
+    with pytest.raises(IntegrityError, match="blake3"):
         download_pushed(tmp_path / "download", CONFIG)
 
 
@@ -166,7 +167,7 @@ def test_card_states_the_facts_and_embeds_the_figures(built, standin, api):
         "hidden_states[4]", "final (pre_norm)",                                 # per-layer statistics table
     ]
     for record in manifest.shards:
-        facts.append(record.sha256)
+        facts.append(sha256_file(built / record.file))  # the LFS oid, though the manifest records BLAKE3
     missing = [f for f in facts if f not in text]
     assert not missing, missing
     for name in ("lengths.png", "layer_stats.png"):
@@ -262,7 +263,7 @@ def test_interrupted_push_resumes(tmp_path, standin, api, monkeypatch, where):
     assert first in report.skipped and first not in report.uploaded
     assert f"unit-test/hs_shards/{manifest.shards[1].file}" in report.uploaded
     # shard 1's bytes reached the Hub's LFS store before the interruption: not sent again
-    assert standin.lfs_uploads.count(manifest.shards[1].sha256) == 1
+    assert standin.lfs_uploads.count(sha256_file(root / manifest.shards[1].file)) == 1
     assert len(standin.lfs_uploads) == len(set(standin.lfs_uploads))
     assert set(uploaded_before) <= set(standin.lfs_uploads)
     ds = open_pushed("me/resume", api=api, local_dir=tmp_path / "dl", cache_dir=tmp_path / "c")

@@ -51,6 +51,19 @@ def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
     assert "PYTHONPATH" not in plan.env  # hs_dataset installed in the server env, real sgl_kernel on GPU
 
 
+@pytest.mark.parametrize("storage", ["native", "fp8"])
+def test_the_card_s_storage_reaches_the_server_hooks(fake_env, tmp_path, storage):
+    """fp8 storage is quantized on the device, so the server must be told, not only the writer."""
+    from hs_dataset.config import load_card
+
+    card = load_card("kimi-k25-sglang").with_overrides(shards={"storage": storage})
+    plan = serve.plan_server(card, model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    for spec in specs:
+        if spec["name"].startswith("hs_capture"):
+            assert spec["config"].get("storage", "native") == storage
+
+
 def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
     from hs_dataset.config import load_card
 

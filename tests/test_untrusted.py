@@ -31,6 +31,7 @@ import torch
 from conftest import make_metadata, make_sample
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UnsupportedFormatError
 from hs_dataset.formats import manifest as manifest_module
+from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.merge import merge_datasets
 from hs_dataset.formats.paths import check_member_name, resolve_member
 from hs_dataset.formats.reader import open_dataset
@@ -70,13 +71,15 @@ def edit_manifest(edit: Callable[[dict], None]) -> Callable:
 
 
 def rewrite_shard(root: Path, index: int, mutate: Callable[[bytes], bytes]) -> None:
-    """Change a shard's bytes and re-record its size and sha256, so only the damage itself is wrong."""
+    """Change a shard's bytes and re-record its size and hash, so only the damage itself is wrong."""
     raw = load_manifest(root)
     record = raw["shards"][index]
     path = root / record["file"]
     data = mutate(path.read_bytes())
     path.write_bytes(data)
-    record["bytes"], record["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    record["bytes"] = len(data)
+    with open(path, "rb") as f:
+        record.update(file_digests(f, [name for name in ("blake3", "sha256") if name in record]))
     save_manifest(root, raw)
 
 

@@ -52,7 +52,7 @@ def index_rows(dataset: HiddenStateDataset) -> Iterator[dict[str, Any]]:
                 "num_supervised": int(loss_mask[begin:end].sum()),
                 "shard_file": record.file,
                 "index_in_shard": i,
-                "shard_sha256": record.sha256,
+                "shard_sha256": record.content_hash,  # sha256 hex for format-1 shards, "blake3:<hex>" since format 2
             }
 
 
@@ -83,8 +83,8 @@ class ShardTransform:
     def _sample(self, file: str, index: int, sha: str, sid: str) -> dict[str, Any]:
         ds = self._open()
         shard_index = self._by_file.get(file)
-        if shard_index is None or ds.manifest.shards[shard_index].sha256 != sha:
-            raise IntegrityError(f"{self.root}: row {sid!r} points to shard {file!r} with sha256 {sha[:12]}..., which the manifest does not list")
+        if shard_index is None or ds.manifest.shards[shard_index].content_hash != sha:
+            raise IntegrityError(f"{self.root}: row {sid!r} points to shard {file!r} with hash {sha[:19]}..., which the manifest does not list")
         item = ds.shard(shard_index).sample(index)
         if item["sample_id"] != sid:
             raise IntegrityError(f"{self.root}/{file}: row {index} holds {item['sample_id']!r}, the index says {sid!r}")

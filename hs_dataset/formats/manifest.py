@@ -1,8 +1,9 @@
 """The dataset manifest (``manifest.json``): what the data means and which bytes are valid.
 
 A shard is part of the dataset only once the manifest lists it with its size and
-sha256. The manifest is rewritten atomically after every shard, so at any instant
-the files it names are complete. Readers refuse manifests of a newer format version.
+hash (BLAKE3 since format 2; format-1 manifests record sha256). The manifest is
+rewritten atomically after every shard, so at any instant the files it names are
+complete. Readers refuse manifests of a newer format version.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from hs_dataset.errors import FormatError, HsDatasetError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
+from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.paths import check_member_name, open_member
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY
 
@@ -35,8 +37,8 @@ __all__ = [
 
 FORMAT_NAME = "hs_dataset"
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # ~1M shard entries; bounds what a hostile manifest can make us parse
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-FORMAT_VERSION = 1
+_HEX256_RE = re.compile(r"^[0-9a-f]{64}$")  # both sha256 and BLAKE3 (default length) digests are 32 bytes
+FORMAT_VERSION = 2  # 2: shards hashed with BLAKE3 (``blake3``); 1: sha256 only (still read and verified)
 MANIFEST_NAME = "manifest.json"
 
 # Metadata keys that define *which* dataset this is. Reopening a directory with a
@@ -63,38 +65,71 @@ def identity_fingerprint(metadata: dict[str, Any]) -> str:
 
 @dataclass
 class ShardRecord:
-    """One published shard: name relative to the dataset root, counts, size and hash."""
+    """One published shard: name relative to the dataset root, counts, size and hash(es).
+
+    Shards written since format 2 carry ``blake3``; format-1 shards carry ``sha256``
+    (and keep it when a newer writer resumes their dataset). At least one is set;
+    checks use :attr:`hash_algorithm`, the best one recorded.
+    """
 
     file: str
     samples: int
     tokens: int
     bytes: int
-    sha256: str
+    sha256: str | None = None
     dataset_id: str | None = None  # set in merged datasets: the part this shard was written for
+    blake3: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sha256 is None and self.blake3 is None:
+            raise ValueError(f"shard {self.file!r} needs a hash (blake3 or sha256)")
+
+    @property
+    def hash_algorithm(self) -> str:
+        """The algorithm a check of this shard uses: the first of HASH_ALGORITHMS it records."""
+        return next(name for name in HASH_ALGORITHMS if getattr(self, name) is not None)
+
+    @property
+    def digest(self) -> str:
+        """The recorded hex digest of :attr:`hash_algorithm`."""
+        return str(getattr(self, self.hash_algorithm))
+
+    @property
+    def content_hash(self) -> str:
+        """One string naming these bytes (index rows carry it): sha256 hex as in format 1, else ``blake3:<hex>``."""
+        return self.digest if self.hash_algorithm == "sha256" else f"{self.hash_algorithm}:{self.digest}"
 
     def to_json(self) -> dict[str, Any]:
         raw = asdict(self)
-        if raw["dataset_id"] is None:
-            del raw["dataset_id"]
+        for optional in ("sha256", "dataset_id", "blake3"):
+            if raw[optional] is None:
+                del raw[optional]
         return raw
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any], where: str, index: int = 0) -> "ShardRecord":
+    def from_json(cls, raw: dict[str, Any], where: str, index: int = 0, *, version: int = FORMAT_VERSION) -> "ShardRecord":
         field_name = f"shards[{index}]"
         if not isinstance(raw, dict):
             raise FormatError(f"{where}: {field_name} is a {type(raw).__name__}, not an object; restore the manifest")
+        # format 1 knows only sha256: a blake3 there would be a hash no format-1 reader checks
+        algorithms = HASH_ALGORITHMS if version >= 2 else ("sha256",)
+        hashes = {name: raw.get(name) for name in algorithms}
+        if all(h is None for h in hashes.values()):
+            raise FormatError(
+                f"{where}: {field_name} records no hash (format {version} needs {' or '.join(algorithms)}); restore the manifest"
+            )
+        for name, value in hashes.items():
+            if value is not None and not (isinstance(value, str) and _HEX256_RE.match(value)):
+                raise FormatError(f"{where}: {field_name}.{name} {str(value)[:80]!r} is not a {name} hex digest; restore the manifest")
         try:
             dataset_id = raw.get("dataset_id")
-            record = cls(
+            return cls(
                 check_member_name(raw["file"], what=f"{field_name}.file", where=where),
-                _count(raw["samples"]), _count(raw["tokens"]), _count(raw["bytes"]), str(raw["sha256"]),
-                None if dataset_id is None else str(dataset_id),
+                _count(raw["samples"]), _count(raw["tokens"]), _count(raw["bytes"]), hashes.get("sha256"),
+                None if dataset_id is None else str(dataset_id), hashes.get("blake3"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: malformed {field_name} {str(raw)[:200]} ({exc}); restore the manifest") from None
-        if not _SHA256_RE.match(record.sha256):
-            raise FormatError(f"{where}: {field_name}.sha256 {record.sha256[:80]!r} is not a sha256 hex digest; restore the manifest")
-        return record
 
 
 def _count(value: Any) -> int:
@@ -145,6 +180,9 @@ class Manifest:
 
     # ---- serialisation -------------------------------------------------
     def to_json(self) -> dict[str, Any]:
+        # a format-1 dataset stays format 1 (old readers keep reading it) until it lists a BLAKE3-hashed shard
+        if any(s.blake3 is not None for s in self.shards):
+            self.format_version = max(self.format_version, 2)
         return {
             "format": self.format,
             "format_version": self.format_version,
@@ -180,7 +218,7 @@ class Manifest:
                 dataset_id=str(raw["dataset_id"]),
                 metadata=dict(raw["metadata"]),
                 tensors=dict(raw["tensors"]),
-                shards=[ShardRecord.from_json(s, where, i) for i, s in enumerate(raw["shards"])],
+                shards=[ShardRecord.from_json(s, where, i, version=version) for i, s in enumerate(raw["shards"])],
                 quarantine=list(raw.get("quarantine", [])),
                 created_by=str(raw.get("created_by", "")),
                 format_version=version,

@@ -1,7 +1,8 @@
 """Merge datasets of the same identity (per-rank or per-process parts) into one dataset.
 
 Shards are hard-linked (copied where links are impossible), never rewritten, so a
-merge of terabytes is instant and their hashes stay valid. Each merged shard
+merge of terabytes is instant and their recorded hashes (BLAKE3, or sha256 for
+format-1 parts) stay valid: they are carried over, never recomputed. Each merged shard
 records the ``dataset_id`` of the part it came from, which its header carries.
 Regenerated-conversations files (``--regenerate``) are copied, not linked (a resumed
 part appends to its own in place), under ``part-NNNNN/<name>`` with the part's
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +187,7 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
                         raise IntegrityError(f"sample {sid!r} is in both {seen[sid]} and {src}; parts must not overlap")
                     seen[sid] = str(src)
             _publish_link(src, resolve_member(out, name, what="merged shard"))
-            shards.append(ShardRecord(name, record.samples, record.tokens, record.bytes, record.sha256, dataset_id=manifest.dataset_id))
+            shards.append(replace(record, file=name, dataset_id=manifest.dataset_id))  # every recorded hash carries over
         quarantine.extend(manifest.quarantine)
         regenerated.update(_copy_regenerated(path, manifest, out, f"part-{index:05d}"))
     first_path, first = loaded[0]

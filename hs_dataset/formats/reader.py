@@ -8,13 +8,13 @@ is ever unpickled: headers are JSON, tensors are raw bytes.
 
 Cheap checks run when a shard is first opened (size against the manifest, header
 shapes and dtypes against the recorded encodings, offsets); ``verify_hashes=True``
-also checks each shard's sha256 on first use. ``hs-dataset verify`` checks everything.
+also checks each shard's hash (BLAKE3, or sha256 for format-1 shards) on first use.
+``hs-dataset verify`` checks everything.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import mmap
 import os
@@ -26,7 +26,7 @@ import torch
 
 from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.encoding import FP8_MAX, SAFETENSORS_DTYPES, SCALE_SUFFIX, check_tensor_table, decode_state, get_encoding
-from hs_dataset.formats.hashing import sha256_fileobj
+from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
 from hs_dataset.formats.safetensors_layout import TensorSpec, parse_header, read_header
@@ -62,9 +62,12 @@ class ShardReader:
                 raise IntegrityError(f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard)")
             specs, meta, data_start = read_header(f, where)
             if verify_hash and record is not None:
-                digest = sha256_fileobj(f)
-                if digest != record.sha256:
-                    raise IntegrityError(f"{where}: sha256 {digest} != manifest {record.sha256} (corrupted shard)")
+                algorithm = record.hash_algorithm
+                digest = file_digests(f, (algorithm,))[algorithm]
+                if digest != record.digest:
+                    raise IntegrityError(
+                        f"{where}: {algorithm} {digest} != manifest {record.digest} (corrupted shard: restore it from a copy or rebuild it)"
+                    )
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
         self._check_metadata(meta, (record.dataset_id if record else None) or manifest.dataset_id, where)
         self.sample_ids: list[str] = self._parse_ids(meta, where)
@@ -333,7 +336,7 @@ def load_norm_weight(root: str | os.PathLike, info: dict[str, Any], *, where: st
     if len(data) > MAX_NORM_WEIGHT_BYTES:
         raise FormatError(f"{shown}: larger than {MAX_NORM_WEIGHT_BYTES} bytes; not a norm weight (replaced file?)")
     expected = info.get("weight_sha256")
-    if expected and hashlib.sha256(data).hexdigest() != expected:
+    if expected and sha256_bytes(data) != expected:
         raise IntegrityError(f"{shown}: sha256 differs from the manifest (corrupted norm weight); restore it from the model")
     specs, _meta, _start = parse_header(data, len(data), str(shown))
     key = info.get("weight_key", NORM_WEIGHT_KEY)

@@ -1,7 +1,8 @@
 """``hs-dataset verify``: prove a dataset directory is complete and uncorrupted.
 
 Checks, in order: the manifest parses and is of a known version and encoding;
-every listed shard exists with the recorded size and sha256; no unlisted shard or
+every listed shard exists with the recorded size and hash (BLAKE3, or sha256 in
+format-1 manifests; hashing.py, through the reader's check); no unlisted shard or
 temp file lies beside them; each header parses, belongs to this dataset and has the
 recorded dtypes and shapes; offsets span the tokens; loss masks match token counts;
 no state holds NaN/inf; no sample id appears twice; the final-norm weight matches

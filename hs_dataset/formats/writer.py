@@ -3,8 +3,8 @@
 Guarantees (docs/FORMAT.md, "Writing"):
 
 * a shard becomes visible only complete: temp file, fsync, rename, directory fsync;
-* its sha256 is computed while the bytes are written (a second thread hashes the
-  same buffers), never by re-reading;
+* its BLAKE3 hash is computed while the bytes are written (a second thread hashes
+  the same buffers, straight from the caller's tensors), never by re-reading;
 * the manifest is rewritten atomically after every shard, so a crash loses at most
   the shards still being written;
 * reopening a directory resumes it: temp files are removed, complete shards that a
@@ -17,7 +17,6 @@ Guarantees (docs/FORMAT.md, "Writing"):
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import queue
@@ -44,7 +43,7 @@ from hs_dataset.errors import (
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.encoding import SCALE_SUFFIX, all_finite, encode_state, get_encoding, state_encoding_for, tensor_bytes
-from hs_dataset.formats.hashing import sha256_fileobj
+from hs_dataset.formats.hashing import SHARD_HASH, Hasher, file_digests, new_hasher, sha256_fileobj
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.safetensors_layout import build_header, read_header
@@ -272,9 +271,9 @@ class ShardWriter:
                 specs, meta, _ = read_header(f, str(path))
                 if meta.get("dataset_id") != manifest.dataset_id or meta.get("format") != SHARD_FORMAT:
                     raise FormatError(f"{path}: belongs to another dataset")
-                digest = sha256_fileobj(f)
+                digest = file_digests(f, (SHARD_HASH,))[SHARD_HASH]
             ids = json.loads(meta["sample_ids"])
-            record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, digest)
+            record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, blake3=digest)
         except (FormatError, KeyError, ValueError, OSError):
             os.replace(path, self.root / f"{name}.rejected")
             self.report.rejected_shards.append(name)
@@ -347,8 +346,9 @@ class ShardWriter:
             raise SampleError(f"{sid}: aux_hidden_states shape {tuple(aux.shape)} != expected {want_aux} [tokens, K, H]")
         if tuple(final.shape) != (t, self.hidden_size):
             raise SampleError(f"{sid}: final_hidden_state shape {tuple(final.shape)} != expected {(t, self.hidden_size)} [tokens, H]")
+        pre_encoded = s.aux_scale is not None or s.final_scale is not None  # fp8 from the server's GPU
         for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):
-            if state.dtype != self.state_dtype:
+            if state.dtype != self.state_dtype and not pre_encoded:
                 raise SampleError(f"{sid}: {name} dtype {state.dtype} != dataset dtype {self.state_dtype}; capture in one dtype")
         bad = _nonfinite_report(aux, final)
         if bad:
@@ -356,8 +356,17 @@ class ShardWriter:
                 raise NonFiniteStateError(f"{sid}: {bad}")
             self._quarantine(sid, bad)
             return None
-        aux_data, aux_scale = encode_state(aux.detach().to("cpu"), self.state_encoding)
-        final_data, final_scale = encode_state(final.detach().to("cpu"), self.state_encoding)
+        if pre_encoded:  # stored as the server encoded them (the same quantizer), after checks
+            from hs_dataset.formats.encoding import accept_encoded_state
+
+            try:
+                aux_data, aux_scale = accept_encoded_state(aux.detach().to("cpu"), s.aux_scale, self.state_encoding, f"{sid}: aux_hidden_states")
+                final_data, final_scale = accept_encoded_state(final.detach().to("cpu"), s.final_scale, self.state_encoding, f"{sid}: final_hidden_state")
+            except ValueError as exc:
+                raise SampleError(str(exc)) from None
+        else:
+            aux_data, aux_scale = encode_state(aux.detach().to("cpu"), self.state_encoding)
+            final_data, final_scale = encode_state(final.detach().to("cpu"), self.state_encoding)
         return _Encoded(
             sid,
             ids.detach().to("cpu", torch.int64).contiguous(),
@@ -464,7 +473,7 @@ def _nonfinite_report(aux: torch.Tensor, final: torch.Tensor) -> str:
     for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):
         if all_finite(state):
             continue
-        finite = torch.isfinite(state)
+        finite = torch.isfinite(state.float() if state.dtype == torch.float8_e4m3fn else state)
         bad_tokens = (~finite).flatten(1).any(dim=1).nonzero().flatten()
         problems.append(f"{name} has NaN/inf at {bad_tokens.numel()} token(s), first at token {int(bad_tokens[0])}")
     return "; ".join(problems)
@@ -492,11 +501,11 @@ def _shard_entries(batch: list[_Encoded]) -> list[tuple[str, str, tuple[int, ...
 
 
 class _Hasher(threading.Thread):
-    """Hashes the buffers the writer hands it, in parallel with the writes (hashlib releases the GIL)."""
+    """Hashes the buffers the writer hands it, in parallel with the writes (blake3 releases the GIL)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="hs-shard-hasher")
-        self.digest = hashlib.sha256()
+        self.digest: Hasher = new_hasher(SHARD_HASH)
         self.queue: queue.Queue[memoryview | None] = queue.Queue(maxsize=16)
 
     def run(self) -> None:
@@ -544,7 +553,7 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
     os.close(fd)
     publish(temp, final)
     crash_point("shard.after_publish")
-    return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, hasher.digest.hexdigest())
+    return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, blake3=hasher.digest.hexdigest())
 
 
 def _shard_sample_ids(path: Path) -> list[str]:

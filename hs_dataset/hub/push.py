@@ -16,12 +16,14 @@ so ``datasets.load_dataset(repo, config)`` loads the index and
 The push is resumable and bounded:
 
 * before uploading, the repo's file info under ``<config>/`` is listed once; every
-  file whose remote LFS sha256 already equals the local one (the manifest's hash for
-  shards) is skipped, so a second push uploads nothing;
+  file whose remote LFS sha256 already equals the local one is skipped, so a second
+  push uploads nothing. Format-2 manifests record BLAKE3, not sha256: the push
+  computes a shard's sha256 when it needs it, in the same read that checks the
+  shard's BLAKE3 against the manifest;
 * shards go up in several commits of at most ``commit_bytes`` / ``commit_files``;
   each batch is uploaded first (``preupload_lfs_files``), the sha256 the client
-  computed while uploading is compared with the manifest, and only then committed,
-  so a corrupted local shard is never published;
+  computed while uploading is compared with the one of the bytes checked against the
+  manifest, and only then committed, so a corrupted local shard is never published;
 * the manifest, index, figures and card go in one last commit, which also deletes
   files left under ``<config>/`` by an older push. Until that commit lands the repo
   shows the previous state: a manifest never lists a shard the repo lacks. An
@@ -47,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from hs_dataset.errors import UsageError
+from hs_dataset.errors import IntegrityError, UsageError
 from hs_dataset.faults import crash_point
-from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
+from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.hub.public import (
     bigger_size_category,
@@ -113,22 +115,24 @@ class PushReport:
 _MAX_RUN_REPORT_BYTES = 64 * 1024 * 1024
 
 
-def _sha256_of(local: Path) -> str:
-    """Hash of a file checked not to be a link (so the upload can be compared with what was checked)."""
-    with open_regular(local, what="dataset file") as f:
-        return sha256_fileobj(f)
-
-
 @dataclass
 class _Local:
     local: Path
     repo_path: str
     size: int
-    sha256: str | None = None  # known in advance for shards (manifest) and the norm weight
+    sha256: str | None = None  # known in advance for format-1 shards and the norm weight
+    blake3: str | None = None  # the manifest's hash of a format-2 shard, checked in the read that computes sha256
 
     def digest(self) -> str:
+        """sha256 (the LFS oid), computed on first use; a recorded BLAKE3 is checked in the same read."""
         if self.sha256 is None:
-            self.sha256 = sha256_file(self.local)
+            with open_regular(self.local, what="dataset file") as f:
+                digests = file_digests(f, ("sha256", "blake3") if self.blake3 else ("sha256",))
+            if self.blake3 and digests["blake3"] != self.blake3:
+                raise IntegrityError(
+                    f"{self.local}: blake3 {digests['blake3']} != manifest {self.blake3}; not published (corrupted shard: restore it or rebuild it)"
+                )
+            self.sha256 = digests["sha256"]
         return self.sha256
 
 
@@ -566,7 +570,7 @@ def push_to_hub(
         size = local.stat().st_size
         if size != record.bytes:
             raise IntegrityError(f"{local}: {size} bytes on disk but the manifest says {record.bytes}")
-        data_files.append(_Local(local, f"{shards_prefix}/{record.file}", size, record.sha256))
+        data_files.append(_Local(local, f"{shards_prefix}/{record.file}", size, record.sha256, record.blake3))
     norm = manifest.metadata.get("final_norm") or {}
     if norm.get("weight_file"):
         local = resolve_member(root, norm["weight_file"], what="metadata.final_norm.weight_file")
@@ -576,7 +580,7 @@ def push_to_hub(
         from hs_dataset.formats.reader import load_norm_weight
 
         load_norm_weight(root, norm, where=str(root / "manifest.json"), hidden_size=manifest.hidden_size)
-        data_files.append(_Local(local, f"{shards_prefix}/{norm['weight_file']}", local.stat().st_size, norm.get("weight_sha256") or _sha256_of(local)))
+        data_files.append(_Local(local, f"{shards_prefix}/{norm['weight_file']}", local.stat().st_size, norm.get("weight_sha256")))
 
     api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)
     if branch != "main":
@@ -596,8 +600,11 @@ def push_to_hub(
         api.preupload_lfs_files(repo_id, additions=ops, repo_type=REPO_TYPE, revision=revision)
         for f, op in zip(batch, ops):
             uploaded = op.upload_info.sha256.hex()
-            if f.sha256 is not None and uploaded != f.sha256:
-                raise IntegrityError(f"{f.local}: sha256 {uploaded} != manifest {f.sha256}; not published (corrupted shard)")
+            if uploaded != f.digest():
+                raise IntegrityError(
+                    f"{f.local}: sha256 {uploaded} of the uploaded bytes != {f.digest()} of the bytes checked against the manifest; "
+                    "not published (corrupted shard)"
+                )
         crash_point("push.before_commit")
         info = api.create_commit(
             repo_id, operations=ops, repo_type=REPO_TYPE, revision=revision,
@@ -607,6 +614,8 @@ def push_to_hub(
         report.uploaded.extend(f.repo_path for f in batch)
         report.bytes_uploaded += sum(f.size for f in batch)
         logger.info("committed %d file(s) of %s (%d/%d)", len(batch), config, number, len(batches))
+    for record, f in zip(manifest.shards, data_files):
+        record.sha256 = f.digest()  # in memory only: the card lists every shard's LFS oid, format 1 or 2
 
     # ---- 2. manifest, run report, index, figures, card: one last commit
     temp = None
@@ -769,7 +778,7 @@ def open_pushed(
     manifest = Manifest.load(shards_dir)
     if len(index) != manifest.num_samples:
         raise IntegrityError(f"{root}/{config}: the index has {len(index)} rows, the manifest {manifest.num_samples} samples")
-    known = {(r.file, r.sha256) for r in manifest.shards}
+    known = {(r.file, r.content_hash) for r in manifest.shards}
     seen = set(zip(index["shard_file"], index["shard_sha256"]))
     if not seen <= known:
         raise IntegrityError(f"{root}/{config}: index rows point to shards the manifest does not list: {sorted(seen - known)[:3]}")

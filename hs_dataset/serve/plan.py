@@ -304,6 +304,9 @@ def plan_server(
     ):
         if getattr(staging, key) is not None:
             hook_config[cfg_key] = getattr(staging, key)
+    if card.shards.storage != "native":
+        # quantized on the GPU before the copy: half the PCIe, staging and disk bytes
+        hook_config["storage"] = card.shards.storage
 
     specs: list[dict] = []
     if device == "cpu" and model_family(architectures) == "deepseek":

@@ -1,7 +1,7 @@
 """The capture core: per-request dumps from prefill forward passes.
 
-Runs inside SGLang scheduler processes; imports only stdlib, torch and safetensors
-(and the stdlib-only siblings in this package). The SGLang-facing glue lives in
+Runs inside SGLang scheduler processes; imports only stdlib and torch (and its
+siblings in this package). The SGLang-facing glue lives in
 :mod:`hs_dataset.server_patch.sglang_hooks` (0.5.9+) and
 :mod:`hs_dataset.server_patch.legacy_hook` (<= 0.5.5, called by the AST patch); both
 reduce a forward pass to a :class:`BatchView` plus tensors and call
@@ -23,16 +23,24 @@ What :meth:`CaptureCore.process` does, on the forward thread:
    forward pass in total), snapshots the rows to host memory (see :mod:`.copier`),
    and hands them to background writer threads that write
    ``{rid}.safetensors`` atomically. No room in time -> a refusal marker.
+
+With ``storage: fp8`` the states of the whole pass are quantized on the device
+(:func:`~hs_dataset.server_patch.protocol.quantize_fp8_per_token`, the dataset's own
+``fp8_e4m3_per_token`` encoding) before the copy: half the PCIe, pinned and staging
+bytes of bf16, and the client stores them as they are.
+
+A dump is written as the safetensors header (:func:`~hs_dataset.server_patch.protocol.dump_header`)
+followed by the tensors' bytes straight from the pinned host buffers, in one
+``os.writev``: no serialized copy of the file is built (``safetensors.torch.save``
+made one, which halved the rate a writer thread reached).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import queue
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,14 +48,19 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from hs_dataset.server_patch.copier import HostCopier, HostPiece
+from hs_dataset.server_patch.copier import HostCopier, HostPiece, host_bytes
 from hs_dataset.server_patch.protocol import (
     CONTENT_KEY_PREFIX,
     content_key,
     DUMP_FORMAT,
     DUMP_SUFFIX,
     DUMP_VERSION,
+    FP8_ENCODING,
     RID_RE,
+    SCALE_SUFFIX,
+    STATE_ENCODING_KEY,
+    dump_header,
+    quantize_fp8_per_token,
     rid_num_tokens,
 )
 from hs_dataset.server_patch.staging import StagingBudget, StagingDir
@@ -59,6 +72,16 @@ logger = logging.getLogger("hs_dataset.server_patch")
 ENV_PREFIX = "HS_CAPTURE_"
 
 _GiB = 1 << 30
+
+# torch dtype -> safetensors dtype code, for the dump header (server_patch cannot import hs_dataset.dtypes).
+_ST_CODES = {
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float8_e4m3fn: "F8_E4M3",
+}
 
 
 def _env(environ: Mapping[str, str], key: str):
@@ -75,7 +98,8 @@ class CaptureConfig:
     [HS_CAPTURE_MAX_BYTES], ``max_staging_files`` [HS_CAPTURE_MAX_FILES], ``max_wait_s``
     [HS_CAPTURE_MAX_WAIT_S], ``writer_threads`` [HS_CAPTURE_WRITERS], ``pinned_pool_bytes``
     [HS_CAPTURE_PINNED_BYTES], ``orphan_ttl_s`` [HS_CAPTURE_ORPHAN_TTL_S], ``assembly_ttl_s``
-    [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS]; plus
+    [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS], ``storage``
+    [HS_CAPTURE_STORAGE: ``native`` or ``fp8``, quantized on the device]; plus
     ``mechanism``, ``module_path``, ``sglang_aux_layer_ids``, ``architectures``,
     ``num_hidden_layers`` (written by ``hs-dataset serve``).
     """
@@ -91,14 +115,18 @@ class CaptureConfig:
     max_staging_bytes: int = 16 * _GiB
     max_staging_files: int = 4096
     max_wait_s: float = 2.0
-    writer_threads: int = 2
+    # dumps go out with one writev from pinned memory; 4 threads carry a 26k tok/s Kimi-K2.5
+    # prefill (1.5 GB/s) with room to spare, 8 reached 6 GB/s into tmpfs (bench_gpu_capture.py)
+    writer_threads: int = 4
     pinned_pool_bytes: int = 2 * _GiB
     orphan_ttl_s: float = 3600.0
     assembly_ttl_s: float = 600.0
     sweep_interval_s: float = 15.0
     content_keys: bool = True
+    storage: str = "native"
 
     MECHANISMS = ("aux_return", "layer_hooks", "legacy")
+    STORAGES = ("native", "fp8", FP8_ENCODING)
 
     def __post_init__(self) -> None:
         if not self.staging_dir:
@@ -117,6 +145,13 @@ class CaptureConfig:
                 raise ValueError(f"capture config: {name} must be >= 1")
         if self.max_wait_s < 0:
             raise ValueError("capture config: max_wait_s must be >= 0")
+        if self.storage not in self.STORAGES:
+            raise ValueError(f"capture config: storage must be one of {self.STORAGES}, got {self.storage!r}")
+
+    @property
+    def fp8(self) -> bool:
+        """States are quantized to ``fp8_e4m3_per_token`` on the device before the copy."""
+        return self.storage != "native"
 
     @classmethod
     def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "CaptureConfig":
@@ -155,6 +190,7 @@ class CaptureConfig:
             "assembly_ttl_s": pick("assembly_ttl_s", "ASSEMBLY_TTL_S", float),
             "content_keys": pick("content_keys", "CONTENT_KEYS", boolean),
             "sweep_interval_s": pick("sweep_interval_s", "SWEEP_INTERVAL_S", float),
+            "storage": pick("storage", "STORAGE", str),
         }
         for key in ("mechanism", "module_path", "num_hidden_layers"):
             if config.get(key) is not None:
@@ -214,6 +250,7 @@ class _Assembly:
     reserved: int = 0
     first_batch_size: int = 0
     updated: float = 0.0
+    state_dtype: str = ""
 
 
 @dataclass
@@ -223,6 +260,7 @@ class _Job:
     pieces: list[HostPiece]
     reserved: int
     meta: dict
+    state_dtype: str = ""
 
 
 class CaptureCore:
@@ -261,6 +299,7 @@ class CaptureCore:
         self._queue: "queue.Queue[_Job | None]" = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._stop = threading.Event()
         self._warned_invalid = 0
         self._pending = 0
         self._pending_cond = threading.Condition()
@@ -332,6 +371,17 @@ class CaptureCore:
                     self._refuse(key, str(exc))
             return
 
+        state_dtype = str(aux3.dtype).replace("torch.", "")
+        if self.config.fp8:
+            # One quantization for the whole pass, on the device: per-token scales make it
+            # row-wise, so each request's rows of the result are its own encoding.
+            aux_q, aux_s = quantize_fp8_per_token(aux3[:total_rows])
+            final_q, final_s = quantize_fp8_per_token(final[:total_rows])
+            states = {"aux": aux_q, "aux_scale": aux_s, "final": final_q, "final_scale": final_s}
+            owned: tuple[str, ...] = tuple(states)
+        else:
+            states = {"aux": aux3, "final": final}
+            owned = ()
         deadline = time.monotonic() + self.config.max_wait_s
         for _, key, off, length, pre in ours:
             rows = slice(off, off + length)
@@ -340,7 +390,8 @@ class CaptureCore:
                 total = length
             else:
                 total = rid_num_tokens(key)
-            self._handle_request(key, total, pre, length, batch.input_ids[rows], aux3[rows], final[rows], n, deadline)
+            tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
+            self._handle_request(key, total, pre, length, tensors, owned, state_dtype, n, deadline)
 
     def _normalize(self, aux, final, total_rows: int, missing_reason: str | None):
         cfg = self.config
@@ -392,8 +443,9 @@ class CaptureCore:
             )
         return aux, final
 
-    def _handle_request(self, rid, total, pre, length, ids, aux, final, batch_requests, deadline) -> None:
-        nbytes = length * (8 + aux.shape[1] * aux.shape[2] * aux.element_size() + final.shape[1] * aux.element_size())
+    def _handle_request(self, rid, total, pre, length, tensors, owned, state_dtype, batch_requests, deadline) -> None:
+        # staged bytes of these rows (ids counted as int64, as the dump stores them)
+        nbytes = length * 8 + sum(t.numel() * t.element_size() for name, t in tensors.items() if name != "input_ids")
         with self._lock:
             asm = self._assemblies.get(rid)
             if pre == 0:
@@ -432,7 +484,7 @@ class CaptureCore:
                     "the client is not draining dumps fast enough",
                 )
                 return
-            piece = self.copier.snapshot({"input_ids": ids, "aux": aux, "final": final}, left)
+            piece = self.copier.snapshot(tensors, left, owned=owned)
             if piece is None:
                 self.budget.release(nbytes, 1 if first else 0)
                 if asm is not None:
@@ -440,7 +492,7 @@ class CaptureCore:
                 self._refuse(rid, "no pinned host memory freed up in time (pinned_pool_bytes too small for the load)")
                 return
             if first:
-                asm = _Assembly(rid=rid, total=total, first_batch_size=batch_requests)
+                asm = _Assembly(rid=rid, total=total, first_batch_size=batch_requests, state_dtype=state_dtype)
             asm.pieces.append(piece)
             asm.length += length
             asm.reserved += nbytes
@@ -454,7 +506,7 @@ class CaptureCore:
         meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces))}
         with self._pending_cond:
             self._pending += 1
-        self._queue.put(_Job(rid=rid, total=total, pieces=asm.pieces, reserved=asm.reserved, meta=meta))
+        self._queue.put(_Job(rid=rid, total=total, pieces=asm.pieces, reserved=asm.reserved, meta=meta, state_dtype=asm.state_dtype))
 
     def _drop_assembly_locked(self, rid: str) -> None:
         asm = self._assemblies.pop(rid, None)
@@ -495,22 +547,36 @@ class CaptureCore:
                     self._pending_cond.notify_all()
 
     def _write(self, job: _Job) -> None:
-        from safetensors.torch import save
+        """Write one dump: its safetensors header, then each tensor's rows straight from host memory.
 
+        The file is exactly what ``safetensors.torch.save`` made of the same tensors and
+        metadata (tests/test_staging_writev.py), written with ``os.writev`` from the
+        pinned buffers of the request's pieces (one per prefill chunk) -- no
+        concatenation, no serialized copy.
+        """
         parts = [p.wait() for p in job.pieces]
-        if len(parts) == 1:
-            ids, aux, final = parts[0]["input_ids"], parts[0]["aux"], parts[0]["final"]
-        else:
-            ids = torch.cat([p["input_ids"] for p in parts])
-            aux = torch.cat([p["aux"] for p in parts])
-            final = torch.cat([p["final"] for p in parts])
-        if ids.shape[0] != job.total:
-            raise RuntimeError(f"assembled {ids.shape[0]} tokens, expected {job.total}")
-        tensors = {
-            "input_ids": ids.to(torch.int64).contiguous(),
-            "aux_hidden_states": aux.contiguous(),
-            "final_hidden_state": final.to(aux.dtype).contiguous(),
+        tokens = sum(int(p["input_ids"].shape[0]) for p in parts)
+        if tokens != job.total:
+            raise RuntimeError(f"assembled {tokens} tokens, expected {job.total}")
+        fp8 = "aux_scale" in parts[0]
+        aux0 = parts[0]["aux"]
+        k, h = int(aux0.shape[1]), int(aux0.shape[2])
+
+        def column(name: str, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+            # the rows of every piece, in order; a dtype change (rare: int32 ids) costs a host copy
+            return [p[name] if dtype is None or p[name].dtype == dtype else p[name].to(dtype) for p in parts]
+
+        columns: dict[str, list[torch.Tensor]] = {
+            "input_ids": column("input_ids", torch.int64),
+            "aux_hidden_states": column("aux"),
+            "final_hidden_state": column("final", None if fp8 else aux0.dtype),
         }
+        shapes: dict[str, tuple[int, ...]] = {"input_ids": (tokens,), "aux_hidden_states": (tokens, k, h), "final_hidden_state": (tokens, h)}
+        if fp8:
+            columns["aux_hidden_states" + SCALE_SUFFIX] = column("aux_scale")
+            columns["final_hidden_state" + SCALE_SUFFIX] = column("final_scale")
+            shapes["aux_hidden_states" + SCALE_SUFFIX] = (tokens, k)
+            shapes["final_hidden_state" + SCALE_SUFFIX] = (tokens,)
         metadata = {
             "format": DUMP_FORMAT,
             "version": DUMP_VERSION,
@@ -518,25 +584,31 @@ class CaptureCore:
             "hf_aux_layer_ids": json.dumps(list(self.config.hf_aux_layer_ids)),
             "final_state": "pre_norm",
             "sglang_version": self.sglang_version,
-            "dtype": str(aux.dtype).replace("torch.", ""),
+            "dtype": job.state_dtype or str(aux0.dtype).replace("torch.", ""),
             "mechanism": self.config.mechanism,
+            **({STATE_ENCODING_KEY: FP8_ENCODING} if fp8 else {}),
             **self.extra_metadata,
             **job.meta,
         }
-        data = save(tensors, metadata=metadata)
-        written = self.staging.write_atomic(job.rid + DUMP_SUFFIX, data)
+        entries = [
+            (name, _ST_CODES[ts[0].dtype], shapes[name], sum(t.numel() * t.element_size() for t in ts)) for name, ts in columns.items()
+        ]
+        header, order = dump_header(entries, metadata)
+        buffers = [header] + [host_bytes(t.contiguous()) for name in order for t in columns[name]]  # views keep their tensors alive
+        written = self.staging.write_atomic(job.rid + DUMP_SUFFIX, buffers)
         if written:
+            size = len(header) + sum(e[3] for e in entries)
             self.budget.committed(job.reserved, 1)
             self.stats["dumps_written"] += 1
-            self.stats["dump_bytes"] += len(data)
+            self.stats["dump_bytes"] += size
         else:  # a dump for this rid already exists (the request was prefilled twice): keep the first
             self.budget.release(job.reserved, 1)
 
     # ------------------------------------------------------------------ housekeeping
 
     def _sweeper_loop(self) -> None:
-        while not self._closed:
-            time.sleep(self.config.sweep_interval_s)
+        # an Event, not sleep: close() wakes it, so no sweep runs on a closed staging fd
+        while not self._stop.wait(self.config.sweep_interval_s):
             try:
                 self.sweep()
             except Exception:  # pragma: no cover
@@ -569,8 +641,12 @@ class CaptureCore:
             return
         self.flush(timeout)
         self._closed = True
+        self._stop.set()
         for _ in self._threads:
             self._queue.put(None)
+        for t in self._threads:
+            if t.name == "hs-dump-sweeper":
+                t.join(timeout=5)  # a sweep in progress finishes before its fd closes
         self.staging.close()
 
 

@@ -8,23 +8,47 @@
   snapshot alive until the side stream is done. Pinned memory comes from a bounded
   :class:`PinnedPool`; if no buffer frees up within the forward's wait budget the
   caller refuses the request instead of blocking.
+* Tensors the caller made for this copy (``owned``, e.g. the fp8 states the capture
+  core quantized on the device) skip the device snapshot: nothing else writes them.
+
+:func:`host_bytes` exposes a host tensor's memory as a memoryview without a copy, so
+the dump writer can hand the pinned buffer straight to ``os.writev``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
-from typing import Mapping
+from typing import Collection, Mapping
 
 import torch
 
-__all__ = ["HostPiece", "PinnedPool", "HostCopier"]
+__all__ = ["HostPiece", "PinnedPool", "HostCopier", "host_bytes"]
 
 _ALIGN = 256
 
 
 def _round(n: int, to: int) -> int:
     return (n + to - 1) // to * to
+
+
+def host_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous host tensor as a flat memoryview, without copying them.
+
+    Why not ``t.numpy()``: float8 and bfloat16 have no numpy dtype, and numpy is not
+    needed on the server otherwise. The view keeps the tensor alive (the ctypes array
+    it exports holds a reference), but a pooled pinned buffer may be reused once its
+    :class:`HostPiece` is released: use the view before that.
+    """
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"host_bytes needs a contiguous CPU tensor, got {t.device} contiguous={t.is_contiguous()}")
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    array = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
+    array._hs_owner = t  # the memory must outlive every view of it
+    return memoryview(array).cast("B")
 
 
 class PinnedPool:
@@ -103,8 +127,12 @@ class HostCopier:
             stream = self._side_streams[device] = torch.cuda.Stream(device=device)
         return stream
 
-    def snapshot(self, tensors: Mapping[str, torch.Tensor], timeout: float) -> HostPiece | None:
-        """Return a :class:`HostPiece`, or None when no pinned memory freed up within ``timeout``."""
+    def snapshot(self, tensors: Mapping[str, torch.Tensor], timeout: float, *, owned: Collection[str] = ()) -> HostPiece | None:
+        """Return a :class:`HostPiece`, or None when no pinned memory freed up within ``timeout``.
+
+        ``owned``: names of tensors that were made for this copy (no later kernel
+        writes them), copied without a device snapshot first.
+        """
         devices = {t.device for t in tensors.values()}
         if all(d.type == "cpu" for d in devices):
             return HostPiece({k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()})
@@ -125,7 +153,9 @@ class HostCopier:
             return None
         current = torch.cuda.current_stream(device)
         side = self._side_stream(device)
-        snapshots = {k: t.detach().contiguous().clone() for k, t in tensors.items()}  # on the current stream
+        snapshots = {  # on the current stream
+            k: t.detach().contiguous() if k in owned else t.detach().contiguous().clone() for k, t in tensors.items()
+        }
         side.wait_stream(current)
         host: dict[str, torch.Tensor] = {}
         with torch.cuda.stream(side):

@@ -6,6 +6,14 @@ Stdlib only, so both sides (scheduler processes and the builder) share one defin
   ``aux_hidden_states`` ``[T, K, H]`` (model dtype, K in ascending HF index order),
   ``final_hidden_state`` ``[T, H]`` (pre-norm); ``__metadata__`` with the keys of
   :data:`REQUIRED_METADATA`.
+* with fp8 staging (``state_encoding`` metadata ``fp8_e4m3_per_token``, see
+  :func:`quantize_fp8_per_token`): both states are float8 e4m3 and two more tensors
+  hold their float32 per-token scales, ``aux_hidden_states.scale`` ``[T, K]`` and
+  ``final_hidden_state.scale`` ``[T]``; ``dtype`` still names the model dtype the
+  states decode to. Without the key (or ``native``) the states are the model dtype.
+* the file is a standard safetensors file; :func:`dump_header` builds the exact
+  header ``safetensors.torch.save`` would, so the server can write the tensor bytes
+  straight from host memory behind it.
 * ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
   request but will not store it (partial prompt, staging full, wrong set-up...).
 * Names starting with ``.`` are in-progress temporary files; readers ignore them.
@@ -19,11 +27,15 @@ in a file name.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
 import struct
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with the stdlib alone
+    import torch
 
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.server_patch.layer_outputs import decoder_layer_for, layer_hooks_problem  # re-exported: the client's door
@@ -43,6 +55,13 @@ __all__ = [
     "refused_name",
     "CONTENT_KEY_PREFIX",
     "content_key",
+    "STATE_ENCODING_KEY",
+    "FP8_ENCODING",
+    "FP8_MAX",
+    "SCALE_SUFFIX",
+    "quantize_fp8_per_token",
+    "dequantize_fp8_per_token",
+    "dump_header",
     "parse_version",
     "SUPPORTED",
     "UnsupportedVersionError",
@@ -98,6 +117,66 @@ def dump_name(rid: str) -> str:
 
 def refused_name(rid: str) -> str:
     return validate_rid(rid) + REFUSED_SUFFIX
+
+
+# ---------------------------------------------------------------- fp8 states: the one quantizer
+STATE_ENCODING_KEY = "state_encoding"  # dump metadata key; absent or "native" = model dtype
+FP8_ENCODING = "fp8_e4m3_per_token"
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SCALE_SUFFIX = ".scale"
+
+
+def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
+    """``x [..., H]`` -> (float8_e4m3fn data ``[..., H]``, float32 scale ``[...]``), on x's device.
+
+    The one implementation of the ``fp8_e4m3_per_token`` encoding: the server runs it
+    on the GPU before the device-to-host copy (half the PCIe and staging bytes of
+    bf16) and ``formats.encoding.encode_state`` runs it on the host, so a dataset's
+    bytes do not depend on where the states were quantized (every step is IEEE
+    exact or correctly rounded on both). It lives here because ``server_patch`` may
+    import only itself, and the client side already imports this module.
+    """
+    import torch
+
+    as_float = x.float()
+    amax = as_float.abs().amax(dim=-1)
+    # amax / a tensor, not / a Python number: CUDA turns division by a scalar into a
+    # multiplication by its reciprocal, which differs in the last bit from the host's
+    # division; tensor / tensor is IEEE division on both.
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
+    data = (as_float / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return data.contiguous(), scale.contiguous()
+
+
+def dequantize_fp8_per_token(data: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+    """Inverse of :func:`quantize_fp8_per_token`, back to ``dtype``."""
+    return (data.float() * scale.unsqueeze(-1)).to(dtype)
+
+
+# safetensors dtype codes of the dump's tensors, ranked the way safetensors orders
+# tensors in a file (its Dtype enum, descending; ties by name) -- so that
+# :func:`dump_header` lays out the bytes exactly as ``safetensors.torch.save`` does.
+_DUMP_DTYPE_RANK = {"BOOL": 0, "U8": 4, "I8": 5, "F8_E5M2": 6, "F8_E4M3": 7, "I16": 9, "U16": 10, "F16": 11, "BF16": 12, "I32": 13, "U32": 14, "F32": 15, "F64": 17, "I64": 18, "U64": 19}
+
+
+def dump_header(tensors: Sequence[tuple[str, str, Sequence[int], int]], metadata: dict[str, str]) -> tuple[bytes, list[str]]:
+    """The safetensors prefix (length + JSON header + padding) for ``(name, dtype code, shape, nbytes)``.
+
+    Returns the prefix and the tensor names in the order their bytes must follow it
+    (safetensors' order: dtype rank descending, then name). The JSON is what
+    ``safetensors.torch.save`` writes for the same metadata (in the dict's order) and
+    tensors, byte for byte, so a dump written as prefix + raw tensor bytes needs no
+    serialization copy and is read by the same reader.
+    """
+    order = sorted(tensors, key=lambda t: (-_DUMP_DTYPE_RANK[t[1]], t[0]))
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, dtype, shape, nbytes in order:
+        header[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + int(nbytes)]}
+        offset += int(nbytes)
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body += b" " * (-len(body) % 8)
+    return struct.pack("<Q", len(body)) + body, [t[0] for t in order]
 
 
 # ---------------------------------------------------------------- keys without request ids
