@@ -29,7 +29,7 @@ EXAMPLES = """
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json)")
-    parser.add_argument("--no-hashes", action="store_true", help="skip sha256 checks (fast structural check only)")
+    parser.add_argument("--no-hashes", action="store_true", help="skip the shard hash checks (BLAKE3, or sha256 for format-1 shards): a fast structural check only")
     parser.add_argument("--no-values", action="store_true", help="skip the NaN/inf scan of every state")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -31,8 +31,8 @@ The push is resumable and bounded:
   uploaded by the interrupted run are not sent twice (the Hub deduplicates by oid).
 
 ``open_pushed(repo_or_dir, config)`` downloads ``<config>/`` (or reads an already
-downloaded copy), checks every shard's and the norm weight's sha256 against the
-manifest, loads the index with ``datasets.load_dataset(dir, config)`` and returns it
+downloaded copy), checks every shard's hash (BLAKE3, or sha256 for format 1) and the
+norm weight's sha256 against the manifest, loads the index with ``datasets.load_dataset(dir, config)`` and returns it
 with :class:`hs_dataset.formats.index.ShardTransform` set, so rows carry the tensors.
 """
 
@@ -709,7 +709,7 @@ def download_pushed(
     local_dir: str | os.PathLike | None = None,
 ) -> tuple[Path, str]:
     """Download ``README.md`` and ``<config>/`` (unless ``repo_or_dir`` is a local copy) and
-    verify every shard's and the norm weight's sha256 against the manifest.
+    verify every shard's hash and the norm weight's sha256 against the manifest.
 
     Returns (the local repo root, the config). Raises
     :class:`hs_dataset.errors.IntegrityError` on any mismatch.
@@ -736,7 +736,7 @@ def download_pushed(
     shards_dir = root / config / SHARDS_FOLDER
     data = open_dataset(shards_dir, verify_hashes=True)
     for i in range(len(data.manifest.shards)):
-        data.shard(i)  # size, header, structure and sha256 against the manifest
+        data.shard(i)  # size, header, structure and hash against the manifest
     if (data.manifest.metadata.get("final_norm") or {}).get("weight_file"):
         data.final_norm()  # sha256 of the weight file against the manifest
     return root, config

@@ -162,7 +162,7 @@ class HsDatasetTransfer:
 
 
 def _verified_positions(root: str, target_layer_ids: Sequence[int] | None) -> list[int]:
-    """Check every shard's sha256 once; the positions of the aux layers speculators will train on."""
+    """Check every shard's hash once (BLAKE3; sha256 for format-1 shards); the positions of the aux layers speculators will train on."""
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.interop.common import check_layer_convention, select_aux_layers
     from hs_dataset.interop.speculators import check_final_state
