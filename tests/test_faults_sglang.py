@@ -45,18 +45,7 @@ ORPHAN_TTL_S = 12.0  # the restarted server sweeps staging files older than this
 CLIENT = dict(concurrency=4, request_timeout_s=5.0, dump_timeout_s=10.0, retries=6, backoff_s=0.5, endpoint_cooldown_s=0.5)
 
 
-@pytest.fixture(scope="module")
-def card():
-    from hs_dataset.config import load_card
-
-    return load_card("tiny-deepseek-sglang")
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    from hs_dataset.testing.tiny_model import build_tiny_deepseek
-
-    return str(build_tiny_deepseek())
+# `card` and `tiny_model` are the session fixtures of tests/sglang_server_util.py (via conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ except under CI (env ``CI`` set), where that is a failure.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -44,26 +43,12 @@ from hs_dataset.formats.reader import open_dataset
 pytestmark = pytest.mark.sglang
 pytest.importorskip("tiktoken")
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
+from sglang_server_util import SERVER_PYTHON  # noqa: E402
+from sglang_server_util import free_port as _free_port  # noqa: E402
+from sglang_server_util import require_sglang_env as _require_env  # noqa: E402
+
 LIMIT = 1e-6
 HF_SAMPLES = 12  # the HF backend on all 42 samples is test_model_cards' job; here it is the twin of the SGLang build
-
-
-def _require_env() -> None:
-    if not SERVER_PYTHON.exists():
-        msg = f"{SERVER_PYTHON} not found: run `make sglang-env` to create the SGLang server environment"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _healthy(url: str) -> bool:
