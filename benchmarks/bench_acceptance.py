@@ -7,7 +7,13 @@ EAGLE-3 drafter on each (same seed, same steps); on held-out prompts we measure
 per-depth top-1 agreement and tau of a greedy draft-and-verify loop (checked equal to
 plain greedy). Repeated for each drafter seed; the last line is the mean over seeds.
 
-    python benchmarks/bench_acceptance.py [--seeds 0 1] [--epochs 8] [--samples 192]
+    python benchmarks/bench_acceptance.py [--seeds 0 1] [--epochs 8] [--samples 192] [--sglang]
+
+``--sglang`` also runs SGLang 0.5.23's own EAGLE-3 speculative decoding (real CPU server,
+``.sglang-venv``, chain of ``k`` drafts) with a drafter trained on our data, and prints the
+accept length SGLang reports next to our loop's tau for the same drafter and prompts.
+SGLang's draft layer has no ``norm_before_residual`` (speculators' default), so that
+drafter is trained with ``--no-norm-before-residual`` (see ``acceptance_lib.sglang_draft_dir``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,20 @@ def _table(name: str, score) -> str:
     return f"{name:12s} agreement@1..k {depths}   tau {score.tau:.2f}   greedy-exact {score.exact}"
 
 
+def _sglang(A, verifier_dir, verifier, ours, work, opts, prompts) -> None:
+    """Per seed: a drafter SGLang can run (no norm_before_residual), our loop's tau, SGLang's reported accept length."""
+    for seed in opts.seeds:
+        checkpoint = A.train_drafter(verifier_dir, ours, work / f"train-sglang-{seed}", seed=seed, epochs=opts.epochs, extra=("--no-norm-before-residual",))
+        score = A.evaluate(verifier, A.load_drafter(checkpoint), prompts, opts.k, opts.max_new)
+        print(_table("ours/no-nbr", score) + f"   (drafter seed {seed}, --no-norm-before-residual, our loop)", flush=True)
+        draft = A.sglang_draft_dir(checkpoint, verifier_dir, work / f"sglang-draft-{seed}")
+        with A.SGLangEagle3Server(verifier_dir, draft, opts.k, work / f"sglang-eagle3-{seed}.log") as server:
+            got = A.sglang_evaluate(server, verifier, prompts, opts.max_new)
+        print(f"SGLang EAGLE3 spec_accept_length {got.accept_length:.2f} (completion tokens / verify passes, prefill token included; "
+              f"per request {min(got.per_request):.2f}..{max(got.per_request):.2f}); same count as our tau {got.tau:.2f}; "
+              f"{got.correct_drafts} drafts accepted in {got.verify_ct} verify passes; output identical to plain greedy: {got.exact}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -34,6 +54,8 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=24)
     parser.add_argument("-k", type=int, default=4, help="draft depth")
     parser.add_argument("--max-new", type=int, default=32)
+    parser.add_argument("--variants", nargs="+", default=None, help="subset of: ours shift_aux shift_final postnorm")
+    parser.add_argument("--sglang", action="store_true", help="also run SGLang's own EAGLE-3 with a drafter trained on our data")
     opts = parser.parse_args()
 
     import torch
@@ -48,14 +70,21 @@ def main() -> None:
     print(f"verifier {verifier_dir.name}: {(verifier_dir / 'training.json').read_text()}")
     work = A.scratch("bench-acceptance-")
     datasets = {"ours": A.build_ours(verifier_dir, work / "ours", opts.samples, seed=7)}
-    for kind in A.VARIANTS[1:]:
+    variants = [kind for kind in A.VARIANTS if opts.variants is None or kind in opts.variants]
+    for kind in variants[1:] if variants[0] == "ours" else variants:
         datasets[kind] = A.write_broken(datasets["ours"], work / kind, kind)
+    norm = A.Verifier(verifier_dir, VERIFIER_AUX_LAYERS).model.model.norm.weight.detach()
+    print(f"verifier final-norm weight: |w| {norm.abs().min():.2f}..{norm.abs().max():.2f}, mean {norm.mean():.2f} +- {norm.std():.2f}, {int((norm < 0).sum())}/{norm.numel()} negative")
+    for kind in [k for k in datasets if k != "ours"]:
+        print(f"{kind:12s} training targets (trainer's verifier_lm_head(verifier_norm(final))) equal to ours' on {A.target_agreement(verifier_dir, datasets['ours'], datasets[kind]):.3f} of loss-masked positions")
+    print(f"work dir (datasets, drafter checkpoints): {work}")
     verifier = A.Verifier(verifier_dir, VERIFIER_AUX_LAYERS)
     prompts = A.heldout_prompts(opts.heldout, seed=99)
-    taus: dict[str, list[float]] = {kind: [] for kind in A.VARIANTS}
+    taus: dict[str, list[float]] = {kind: [] for kind in variants}
     for seed in opts.seeds:
         print(f"--- drafter seed {seed}: {opts.epochs} epochs, k={opts.k}, {len(prompts)} held-out prompts")
-        for kind, data in datasets.items():
+        for kind in variants:
+            data = datasets[kind]
             checkpoint = A.train_drafter(verifier_dir, data, work / f"train-{kind}-{seed}", seed=seed, epochs=opts.epochs)
             score = A.evaluate(verifier, A.load_drafter(checkpoint), prompts, opts.k, opts.max_new)
             taus[kind].append(score.tau)
@@ -63,6 +92,8 @@ def main() -> None:
     for kind, values in taus.items():
         spread = max(values) - min(values)
         print(f"{kind:12s} tau mean {statistics.mean(values):.2f} over seeds {opts.seeds} (spread {spread:.2f}): {' '.join(f'{v:.2f}' for v in values)}")
+    if opts.sglang:
+        _sglang(A, verifier_dir, verifier, datasets["ours"], work, opts, prompts)
     print(f"run time {time.perf_counter() - started:.0f} s")
     names = {"ours": "tau_ours", "shift_aux": "tau_shift_aux", "shift_final": "tau_shift_final", "postnorm": "tau_postnorm"}
     print(" ".join(f"{names[kind]}={statistics.mean(values):.2f}" for kind, values in taus.items()))

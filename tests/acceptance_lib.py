@@ -92,8 +92,38 @@ def write_broken(src: Path, dest: Path, kind: str) -> Path:
     return dest
 
 
+@torch.no_grad()
+def target_agreement(verifier: Path, ours: Path, other: Path) -> float:
+    """Fraction of loss-masked positions where ``other``'s training target equals ours (argmax).
+
+    The targets as speculators' trainer computes them (``eagle3/core.py``):
+    ``verifier_lm_head(verifier_norm(final_hidden_state))``, with the verifier's own
+    final-norm weight and lm_head, on the stored final states of the same samples.
+    """
+    from safetensors.torch import load_file
+
+    from hs_dataset.formats.reader import open_dataset
+
+    config = json.loads((verifier / "config.json").read_text())
+    weights = load_file(str(verifier / "model.safetensors"))
+    norm, head, eps = weights["model.norm.weight"].float(), weights["lm_head.weight"].float(), config["rms_norm_eps"]
+
+    def targets(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return (norm * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) @ head.T).argmax(-1)
+
+    a, b = open_dataset(ours), open_dataset(other)
+    same = total = 0
+    for i in range(len(a)):
+        sa, sb = a[i], b[i]
+        mask = sa["loss_mask"].bool()
+        same += int((targets(sa["final_hidden_state"]) == targets(sb["final_hidden_state"]))[mask].sum())
+        total += int(mask.sum())
+    return same / max(1, total)
+
+
 # ---------------------------------------------------------------------------- training
-def train_drafter(verifier: Path, data: Path, work: Path, *, seed: int, epochs: int, lr: float = 3e-3) -> Path:
+def train_drafter(verifier: Path, data: Path, work: Path, *, seed: int, epochs: int, lr: float = 3e-3, extra: tuple[str, ...] = ()) -> Path:
     """speculators' own trainer (hs_dataset backend, CPU shims), 1 EAGLE-3 layer; returns the last checkpoint dir.
 
     Epochs, not ``--max-steps``: speculators 0.9.0 stops each epoch at ``max_steps`` but still
@@ -112,7 +142,7 @@ def train_drafter(verifier: Path, data: Path, work: Path, *, seed: int, epochs: 
         "--no-resume-from-checkpoint", "--save-path", str(save), "--on-missing", "raise", "--epochs", str(epochs),
         "--total-seq-len", "1024", "--seed", str(seed), "--lr", str(lr), "--log-freq", "50",
         "--data-path", str(rows), "--hidden-states-backend", "hs_dataset", "--hs-dataset-path", str(data),
-        "--target-layer-ids", *map(str, VERIFIER_AUX_LAYERS), *speculators_cpu.CPU_FLAGS,
+        "--target-layer-ids", *map(str, VERIFIER_AUX_LAYERS), *speculators_cpu.CPU_FLAGS, *extra,
     ]
     with speculators_cpu.cpu_trainer():
         trainer_entry()(argv)
@@ -123,11 +153,22 @@ def load_drafter(checkpoint: Path):
     """speculators' Eagle3DraftModel from a checkpoint, with SDPA attention and the verifier's embeddings/head."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    from safetensors.torch import load_file
+
     config = Eagle3SpeculatorConfig.from_pretrained(checkpoint)
     config.transformer_layer_config._attn_implementation = "sdpa"
     model = Eagle3DraftModel.from_pretrained(checkpoint, config=config)
     model.load_verifier_weights()
-    return model.float().eval()
+    model = model.float().eval()
+    # The frozen embeddings and lm_head are the verifier's: the checkpoint holds them rounded to
+    # bfloat16 (speculators saves bf16), training used them in float32, and so does SGLang (it
+    # shares the target's embeddings with the draft model).
+    verifier = load_file(str(Path(config.speculators_config.verifier.name_or_path) / "model.safetensors"))
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(verifier["model.embed_tokens.weight"].float())
+        if not model.use_draft_vocab:
+            model.lm_head.weight.copy_(verifier["lm_head.weight"].float())
+    return model
 
 
 # ---------------------------------------------------------------------------- drafting
@@ -136,8 +177,9 @@ def draft(model, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tenso
     """Draft ``k`` tokens after every position: row j-1 holds depth-j drafts, ``[k, T]``.
 
     ``aux`` is the verifier's ``[T, K*H]`` aux states of tokens 0..T-1 and ``tokens`` the
-    ids 1..T (the token each position's state led to). Same unroll, masks and position
-    ids as speculators' training forward, with the drafter's own argmax as next input.
+    ids 1..T (the token each position's state led to). Same pre-fc norms, unroll, masks and
+    position ids as speculators' training forward (``eagle3/core.py``), with the drafter's
+    own argmax as next input.
     """
     from speculators.models.eagle3.attention import extend_dense_mask_for_draft_tokens
     from transformers import DynamicCache
@@ -145,7 +187,12 @@ def draft(model, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tenso
     length = aux.shape[0]
     mask = model._build_attn_mask(torch.zeros(length, dtype=torch.long), length, aux.device)
     position_ids = torch.arange(1, length + 1).unsqueeze(0)
-    hidden, ids, cache, out = model.fc(aux.unsqueeze(0)), tokens.unsqueeze(0), DynamicCache(), []
+    features = aux.unsqueeze(0)
+    if model.input_norm is not None:  # norm_before_fc (speculators' eagle3 default)
+        features = model.input_norm(features)
+    if model.fc_norm is not None:
+        features = torch.cat([norm(chunk) for norm, chunk in zip(model.fc_norm, features.chunk(len(model.fc_norm), dim=-1))], dim=-1)
+    hidden, ids, cache, out = model.fc(features), tokens.unsqueeze(0), DynamicCache(), []
     for step in range(k):
         hidden = torch.cat([model.embed_tokens(ids), hidden], dim=-1)
         rope = model.rotary_emb(hidden, position_ids)
@@ -274,3 +321,149 @@ def heldout_prompts(n: int, seed: int) -> list[str]:
 
 def scratch(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+# ---------------------------------------------------------------------------- SGLang's own EAGLE-3
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
+EAGLE3_SHIM = Path(__file__).resolve().parent / "sglang_eagle3_shim"
+
+
+def sglang_draft_dir(checkpoint: Path, verifier: Path, out: Path) -> Path:
+    """speculators' checkpoint -> the directory SGLang 0.5.23's ``LlamaForCausalLMEagle3`` loads.
+
+    SGLang does not read speculators' config (architecture ``Eagle3DraftModel``): it
+    needs a Llama config with ``architectures: [LlamaForCausalLMEagle3]``, the aux
+    layer ids in ``eagle_config`` (SGLang adds 1 to each on Llama, so HF
+    ``hidden_states`` indexes minus one), ``norm_before_fc`` and ``norm_output``. The
+    weight names are the same (``fc``, ``input_norm``, ``layers.0.*``, ``norm``,
+    ``lm_head``); the frozen embeddings and lm_head are the verifier's float32 ones. SGLang has no
+    ``norm_before_residual``: its draft layer always keeps the un-normed residual
+    (``llama_eagle3.py``, ``LlamaDecoderLayer.forward``), so drafters for it are
+    trained with ``--no-norm-before-residual``; the conversion refuses others.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from hs_dataset.testing.tiny_verifier import VERIFIER_AUX_LAYERS
+
+    spec = json.loads((checkpoint / "config.json").read_text())
+    if spec.get("norm_before_residual"):
+        raise ValueError(f"{checkpoint}: norm_before_residual=true; SGLang 0.5.23's EAGLE-3 draft layer has no such option")
+    layer = spec["transformer_layer_config"]
+    weights = {k: v.float().contiguous() for k, v in load_file(str(checkpoint / "model.safetensors")).items() if not k.startswith(("verifier_", "t2d"))}
+    target = load_file(str(verifier / "model.safetensors"))
+    weights["embed_tokens.weight"] = target["model.embed_tokens.weight"].float().contiguous()  # SGLang uses the target's anyway
+    if spec["draft_vocab_size"] == layer["vocab_size"]:
+        weights["lm_head.weight"] = target["lm_head.weight"].float().contiguous()  # frozen copy of the verifier's (float32, as trained)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "torch_dtype": "float32",
+        **{k: layer[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                  "rms_norm_eps", "max_position_embeddings", "vocab_size", "hidden_act")},
+        "rope_theta": layer["rope_parameters"]["rope_theta"], "num_hidden_layers": spec["transformer_layer_config"]["num_hidden_layers"],
+        "draft_vocab_size": spec["draft_vocab_size"], "tie_word_embeddings": False, "norm_output": bool(spec.get("norm_output")),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in VERIFIER_AUX_LAYERS], "norm_before_fc": bool(spec.get("norm_before_fc"))},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+class SGLangEagle3Server:
+    """A real SGLang 0.5.23 CPU server with ``--speculative-algorithm EAGLE3`` (chain: top-k 1), float32.
+
+    The EAGLE path needs sgl-kernel CPU ops the CPU stand-in lacks and a ``torch_native``
+    draft backend SGLang does not register: ``tests/sglang_eagle3_shim`` adds both
+    (first on the server's ``PYTHONPATH``; nothing installed is edited).
+    """
+
+    def __init__(self, verifier: Path, draft: Path, steps: int, log: Path) -> None:
+        self.verifier, self.draft, self.steps, self.log = verifier, draft, steps, log
+        self.proc = None
+
+    def __enter__(self) -> "SGLangEagle3Server":
+        import os
+        import socket
+        import subprocess
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+               "PYTHONPATH": os.pathsep.join([str(EAGLE3_SHIM), str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+        cmd = [str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(self.verifier), "--device", "cpu",
+               "--attention-backend", "torch_native", "--skip-tokenizer-init", "--disable-cuda-graph", "--host", "127.0.0.1",
+               "--port", str(self.port), "--mem-fraction-static", "0.1", "--max-total-tokens", "4096", "--sampling-backend", "pytorch",
+               "--grammar-backend", "none", "--dtype", "float32", "--disable-radix-cache", "--sleep-on-idle",
+               "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(self.draft),
+               "--speculative-num-steps", str(self.steps), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(self.steps + 1)]
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SGLang EAGLE-3 server exited ({self.proc.returncode}); log: {self.log}\n" + self.log.read_text()[-3000:])
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return self
+            except OSError:
+                time.sleep(1)
+        self.__exit__(None, None, None)
+        raise TimeoutError(f"SGLang EAGLE-3 server not healthy in 240 s; log: {self.log}")
+
+    def __exit__(self, *exc) -> None:
+        import os
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+    def generate(self, ids: list[int], max_new: int, stop: int) -> tuple[list[int], dict]:
+        import urllib.request
+
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "stop_token_ids": [stop]}}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        out = json.loads(urllib.request.urlopen(req, timeout=300).read())
+        return out["output_ids"], out["meta_info"]
+
+
+@dataclass
+class SGLangScore:
+    """SGLang's own EAGLE-3 on the held-out prompts: its reported accept lengths, and exactness vs plain greedy."""
+
+    completion_tokens: int = 0
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    exact: bool = True
+    per_request: list[float] = field(default_factory=list)
+
+    @property
+    def accept_length(self) -> float:
+        """SGLang's ``spec_accept_length`` over all requests: completion tokens / verify passes (the prefill's token included)."""
+        return self.completion_tokens / max(1, self.verify_ct)
+
+    @property
+    def tau(self) -> float:
+        """Our tau's definition: tokens per verify pass, not counting the token of the prefill."""
+        return (self.correct_drafts + self.verify_ct) / max(1, self.verify_ct)
+
+
+def sglang_evaluate(server: SGLangEagle3Server, verifier: Verifier, prompts: list[str], max_new: int) -> SGLangScore:
+    score = SGLangScore()
+    for text in prompts:
+        ids = verifier.prompt_ids(text)
+        tokens, meta = server.generate(ids, max_new, verifier.stop)
+        score.exact &= tokens == verifier.greedy(ids, max_new)
+        score.completion_tokens += meta["completion_tokens"]
+        score.verify_ct += meta["spec_verify_ct"]
+        score.correct_drafts += meta["spec_num_correct_drafts"]
+        score.per_request.append(meta["spec_accept_length"])
+    return score

@@ -224,6 +224,11 @@ class _Runtime:
         if self.config.mechanism == "aux_return":
             if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], torch.Tensor):
                 aux = output[1]
+            elif (  # Llama on SGLang 0.5.23: one tensor per captured layer (AuxHiddenStateList)
+                isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], (tuple, list))
+                and output[1] and all(isinstance(a, torch.Tensor) for a in output[1])
+            ):
+                aux = list(output[1])
             else:
                 missing = (
                     "the model returned no aux hidden states: start the server with --enable-return-aux-hidden-states "

@@ -11,6 +11,15 @@ vocabulary is 128 rows and training is cheap. Llama-shaped because speculators' 
 drafter copies the verifier's layer config and knows Llama and Qwen3 only. Nothing is
 downloaded; the build is cached under a recipe fingerprint like ``tiny_model.py`` and
 writes ``training.json`` (final loss, next-token accuracy on held-out answers).
+
+After training the final norm is reparameterised (:func:`reparameterise_final_norm`):
+its weight is multiplied by a fixed, strongly non-uniform per-channel factor and the
+lm_head's input columns are divided by the same factor, which leaves the function the
+model computes unchanged (``lm_head(w * x) == (lm_head / s)((w * s) * x)``). Trained, the
+weight is nearly uniform (about 1.16 +- 0.02), and RMSNorm with a uniform weight applied
+to an already-normalised state returns the same direction: post-norm states in place of
+pre-norm ones would then give the same targets and go undetected. With the factor they
+do not.
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ from hs_dataset.testing.tiny_model import default_cache_dir
 __all__ = [
     "VERIFIER_CONFIG", "VERIFIER_AUX_LAYERS", "TrainRecipe", "DEFAULT_RECIPE", "CI_RECIPE",
     "build_tiny_verifier", "tiny_verifier_dir", "task_prompt", "task_prompts",
+    "final_norm_factor", "reparameterise_final_norm",
 ]
 
-_BUILD_REVISION = 1
+_BUILD_REVISION = 2  # 2: final norm reparameterised (non-uniform weight), same function
 VERIFIER_AUX_LAYERS = [1, 2, 3]  # HF hidden_states indexes: low, middle, high of the 4 layers
 _SPECIALS = ("<unk>", "<s>", "</s>")
 _CHAT_TOKENS = ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>", "<think>", "</think>")
@@ -195,8 +205,23 @@ def _train(directory: Path, recipe: TrainRecipe) -> dict:
             optimizer.step()
             losses.append(loss.item())
         model.eval()
+        batch = _batch(eval_ids, eval_starts, VERIFIER_CONFIG["pad_token_id"])
         with torch.no_grad():
-            eval_loss, accuracy = _loss_and_accuracy(model, *_batch(eval_ids, eval_starts, VERIFIER_CONFIG["pad_token_id"]))
+            before = model(input_ids=batch[0], attention_mask=batch[1]).logits
+            reparameterise_final_norm(model)
+            after = model(input_ids=batch[0], attention_mask=batch[1]).logits
+            eval_loss, accuracy = _loss_and_accuracy(model, *batch)
+        real, weight = batch[1], model.model.norm.weight.detach()
+        reparam = {
+            "factor": f"sign * log-uniform [1/{NORM_FACTOR_RANGE:g}, {NORM_FACTOR_RANGE:g}], seed {NORM_FACTOR_SEED}",
+            "max_abs_logit_change": float((after - before)[real].abs().max()),
+            "argmax_unchanged": bool(torch.equal(after.argmax(-1)[real], before.argmax(-1)[real])),
+            "norm_weight_abs_min": round(float(weight.abs().min()), 4),
+            "norm_weight_abs_max": round(float(weight.abs().max()), 4),
+            "norm_weight_negative": int((weight < 0).sum()),
+        }
+        if not reparam["argmax_unchanged"] or reparam["max_abs_logit_change"] > 1e-3:
+            raise AssertionError(f"final-norm reparameterisation changed the model: {reparam}")
     finally:
         torch.random.set_rng_state(saved_rng)
         torch.set_num_threads(threads)
@@ -205,7 +230,42 @@ def _train(directory: Path, recipe: TrainRecipe) -> dict:
         "recipe": dict(recipe), "train_seconds": round(time.perf_counter() - started, 1),
         "final_train_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4), "first_train_loss": round(losses[0], 4),
         "heldout_loss": round(eval_loss.item(), 4), "heldout_answer_next_token_accuracy": round(accuracy, 4),
+        "final_norm_reparameterisation": reparam,
     }
+
+
+# ---------------------------------------------------------------------------- reparameterisation
+NORM_FACTOR_SEED = 20261130
+NORM_FACTOR_RANGE = 4.0
+
+
+def final_norm_factor(hidden_size: int = VERIFIER_CONFIG["hidden_size"]):
+    """The fixed per-channel factor ``s``: a random sign times log-uniform magnitude in [1/4, 4], from a fixed seed.
+
+    Magnitudes alone (positive ``s``) leave the argmax of post-norm targets equal to the
+    true one on ~85% of answer tokens (simulated on the earlier build); with the sign,
+    which RMSNorm's ``w * w`` in the doubled norm loses, on ~4%. Both keep the function.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(NORM_FACTOR_SEED)
+    magnitude = torch.exp((2 * torch.rand(hidden_size, generator=gen, dtype=torch.float64) - 1) * math.log(NORM_FACTOR_RANGE))
+    sign = torch.where(torch.rand(hidden_size, generator=gen) < 0.5, -1.0, 1.0).double()
+    return (sign * magnitude).float()
+
+
+def reparameterise_final_norm(model, factor=None) -> None:
+    """In place: final norm weight ``* s``, lm_head input columns ``/ s`` (untied from the embeddings first)."""
+    import torch
+
+    s = final_norm_factor(model.config.hidden_size) if factor is None else factor
+    head, norm = model.get_output_embeddings(), model.model.norm
+    with torch.no_grad():
+        if head.weight is model.get_input_embeddings().weight or getattr(model.config, "tie_word_embeddings", False):
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())
+            model.config.tie_word_embeddings = False
+        norm.weight.mul_(s.to(norm.weight.dtype))
+        head.weight.div_(s.to(head.weight.dtype))
 
 
 # ---------------------------------------------------------------------------- cache

@@ -15,14 +15,14 @@ site-packages is edited.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
 
 _TARGET = "sglang.srt.layers.attention.torch_native_backend"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "sglang_shim_lib"))
+
+from hs_test_shim_hooks import patch_on_import, run_next_sitecustomize  # noqa: E402
 
 
 def _seq_len_fill_value(self) -> int:
@@ -30,44 +30,12 @@ def _seq_len_fill_value(self) -> int:
     return 1
 
 
-class _AddFillValue(importlib.abc.Loader):
-    """Runs the real module, then adds the missing method (if SGLang still lacks it)."""
-
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.inner.exec_module(module)
-        cls = getattr(module, "TorchNativeAttnBackend", None)
-        if cls is not None and not hasattr(cls, "get_cpu_graph_seq_len_fill_value"):
-            cls.get_cpu_graph_seq_len_fill_value = _seq_len_fill_value
+def _add_fill_value(module) -> None:
+    """Add the missing method to the real backend class (if SGLang still lacks it)."""
+    cls = getattr(module, "TorchNativeAttnBackend", None)
+    if cls is not None and not hasattr(cls, "get_cpu_graph_seq_len_fill_value"):
+        cls.get_cpu_graph_seq_len_fill_value = _seq_len_fill_value
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _AddFillValue(spec.loader)
-        return spec
-
-
-def _run_next_sitecustomize() -> None:
-    """Python imports only the first ``sitecustomize``: run the one this file shadows."""
-    for entry in sys.path:
-        candidate = os.path.join(entry or os.getcwd(), "sitecustomize.py")
-        if os.path.abspath(entry or os.getcwd()) != _HERE and os.path.isfile(candidate):
-            spec = importlib.util.spec_from_file_location("_hs_shadowed_sitecustomize", candidate)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            return
-
-
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
-_run_next_sitecustomize()
+patch_on_import([_TARGET], _add_fill_value)
+run_next_sitecustomize(_HERE)
