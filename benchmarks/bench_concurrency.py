@@ -212,6 +212,9 @@ def main() -> int:
         rows = conversation_rows(args.samples)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         samples = list(iter_samples(rows, tokenizer, max_length=card.max_length, overflow=card.overflow))
+        t_tok = time.process_time()
+        list(iter_samples(rows, tokenizer, max_length=card.max_length, overflow=card.overflow))
+        tokenize_cpu_s = time.process_time() - t_tok  # what build_dataset adds per run, on cores the server also needs
         assert len(samples) == args.samples, len(samples)
         tokens = sum(s.num_tokens for s in samples)
         lens = sorted(s.num_tokens for s in samples)
@@ -277,6 +280,10 @@ def main() -> int:
         print(f"prefills batched under concurrency: {'yes' if batched else 'NO'}; total run {time.perf_counter() - started:.0f} s")
         build_vs = {name: rate[("build", name)] / rate[("stream", name)] for name in modes}
         print(f"build_dataset vs capture stream: serial {build_vs['serial']:.2f}, concurrent {build_vs['concurrent']:.2f}")
+        gap = {name: len(samples) / rate[("build", name)] - len(samples) / rate[("stream", name)] for name in modes}
+        print(f"  per run, build_dataset takes {gap['serial']:.2f} s (serial) / {gap['concurrent']:.2f} s (concurrent) longer; "
+              f"tokenizing the {len(samples)} samples alone costs {tokenize_cpu_s:.2f} s of CPU "
+              f"({tokenize_cpu_s / len(samples) * 1e3:.1f} ms/sample), on {os.cpu_count()} cores the server's forward also uses")
         print(f"concurrency_speedup={rate[('stream', 'concurrent')] / rate[('stream', 'serial')]:.2f} "
               f"build_vs_stream={build_vs['concurrent']:.2f}")
         return 0
