@@ -23,8 +23,6 @@ except under CI (env ``CI`` set), where that is a failure.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from pathlib import Path
 
@@ -34,27 +32,11 @@ from conftest import require_interop
 
 pytestmark = pytest.mark.sglang
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
+from sglang_server_util import SERVER_PYTHON, rel  # noqa: E402,F401
+from sglang_server_util import free_port as _free_port  # noqa: E402
+from sglang_server_util import require_sglang_env as _require_env  # noqa: E402
+
 SAMPLES, EPOCHS, K, MAX_NEW, PROMPTS = 64, 8, 3, 32, 6
-
-
-def _require_env() -> None:
-    if not SERVER_PYTHON.exists():
-        msg = f"{SERVER_PYTHON} not found: run `make sglang-env` to create the SGLang server environment"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.fixture(scope="module")
