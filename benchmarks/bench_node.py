@@ -371,7 +371,9 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     device = model.w1[0].device
     tokens, requests = args.tokens, args.requests
     per = tokens // requests
-    step_bytes = tokens * (K + 1) * H * 2
+    # every phase writes about --phase-gb to disk: fp8 (1 byte a value) captures twice the passes of bf16,
+    # so both rates are measured over the same volume and the same fixed latencies (first fill, last fsync)
+    step_bytes = tokens * (K + 1) * H * (2 if storage == "native" else 1)
     steps = max(4, math.ceil(args.phase_gb * 1e9 / step_bytes))
     g = torch.Generator(device=device).manual_seed(rate)
     ids = torch.randint(1, 160_000, (tokens,), device=device, generator=g)
@@ -476,7 +478,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--rates", default="26000,108000", help=f"target prefill tokens/s, from {sorted(RATES)}")
     parser.add_argument("--storages", default="native,fp8")
-    parser.add_argument("--phase-gb", type=float, default=10.0, help="bf16 state bytes captured per phase (sets the passes)")
+    parser.add_argument("--phase-gb", type=float, default=10.0, help="bytes each phase writes to disk (sets the passes; fp8 phases run twice the tokens of bf16)")
     parser.add_argument("--dump-writers", "--writers", dest="dump_writers", type=int, default=8, help="server dump writer threads")
     parser.add_argument("--loaders", type=int, default=8, help="client dump-consumer threads (the client's concurrency)")
     parser.add_argument("--writer-threads", type=int, default=8, help="shard writer threads in the client (also the raw-write baseline's)")
