@@ -204,7 +204,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
             raise UsageError(f"shard_bytes={options.shard_bytes} must be at most half of max_cache_bytes={options.max_cache_bytes}, or no shard could ever be evicted for the next")
         self._source = resolve_source(card, source)
         self._lock_fd: int | None = None
-        self._shards: dict[str, tuple[str, ShardReader]] = {}  # file -> (sha256, reader)
+        self._shards: dict[str, tuple[str, ShardReader]] = {}  # file -> (its recorded hash, reader)
         self._own_backend = backend is None
         self.backend = backend or make_backend(card, model_path=options.model_path, servers=options.servers, batch_size=options.batch_size)
         try:
@@ -287,9 +287,11 @@ class StreamDataset(torch.utils.data.IterableDataset):
         live: dict[str, tuple[str, ShardReader]] = {}
         for record in manifest.shards:
             known = self._shards.get(record.file)
-            if known is None or known[0] != record.sha256:  # a name can come back with other bytes after an eviction
+            # a name comes back with other bytes when the newest shard was evicted: compare the recorded hash
+            # (format-2 records hold BLAKE3 only, so sha256 would be None on both sides)
+            if known is None or known[0] != record.content_hash:
                 path = resolve_member(self.root, record.file, what="shards[].file")
-                known = (record.sha256, ShardReader(path, manifest=manifest, record=record))
+                known = (record.content_hash, ShardReader(path, manifest=manifest, record=record))
             live[record.file] = known
             for i, sid in enumerate(known[1].sample_ids):
                 index[sid] = (record.file, i)

@@ -125,6 +125,40 @@ def test_stream_capture_failure_is_one_error_and_the_cache_resumes(tiny_model_di
     assert not verify_dataset(cache).problems
 
 
+class _RecapturingBackend(_FakeBackend):
+    """Other (still deterministic) states each time a sample is captured again, as a server after an update gives."""
+
+    def capture_batch(self, samples):
+        out = super().capture_batch(samples)
+        again = sum(1 for sid in self.captured_ids[:-len(out) or None] if sid in {s.sample_id for s in samples})
+        return [
+            CapturedSample(r.sample_id, r.input_ids, r.loss_mask, r.aux_hidden_states + again, r.final_hidden_state + again)
+            for r in out
+        ]
+
+
+def test_a_shard_name_reused_after_evicting_the_newest_is_read_anew(tiny_model_dir, tiny_card, tmp_path):
+    """Evicting the newest shard frees its name for the next write; later epochs read the new shard's states."""
+    from hs_dataset import stream
+
+    cache = tmp_path / "cache"
+    backend = _RecapturingBackend(tiny_model_dir)
+    ds = stream(tiny_card, cache_dir=cache, max_cache_bytes=50_000_000, backend=backend, num_samples=4, shard_bytes=1)
+    first = {item["sample_id"]: item for item in ds}
+    newest = max(Manifest.load(cache).shards, key=lambda r: r.file)
+    (last,) = open_dataset(cache).shard(Manifest.load(cache).shards.index(newest)).sample_ids
+    evict_shards(cache, [newest.file])  # its name is the next one a writer takes
+
+    second = {item["sample_id"]: item for item in ds}  # epoch 2 captures `last` again, with other states, into a shard of that name
+    assert ds.stats.captured == 1 and ds.stats.hits == 3
+    assert Manifest.load(cache).shards[-1].file == newest.file and Manifest.load(cache).shards[-1].blake3 != newest.blake3
+    third = {item["sample_id"]: item for item in ds}  # epoch 3: every sample from the cache
+    assert ds.stats.hits == 4
+    assert not torch.equal(second[last]["aux_hidden_states"], first[last]["aux_hidden_states"])
+    for key, value in second[last].items():  # what the re-created shard holds, not the evicted one
+        assert torch.equal(third[last][key], value) if isinstance(value, torch.Tensor) else third[last][key] == value, key
+
+
 # ---------------------------------------------------------------------------- the real server
 from sglang_server_util import hf_reference, rel  # noqa: E402  (the server fixtures come from conftest.py)
 
