@@ -1,11 +1,40 @@
-"""Helpers the SGLang benchmarks share: a free port, and cleanup of the /dev/shm files SGLang leaves."""
+"""Helpers the SGLang benchmarks share: the server env, their work dirs, a free port, and cleanup."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+import tempfile
+from pathlib import Path
 
-__all__ = ["group_pids", "server_shm_files", "remove_files", "free_port", "stop_and_clean"]
+__all__ = [
+    "SERVER_PYTHON", "server_python_missing", "start_run",
+    "group_pids", "server_shm_files", "remove_files", "free_port", "stop_and_clean", "finish_run",
+]
+
+SERVER_PYTHON = Path(__file__).resolve().parents[1] / ".sglang-venv" / "bin" / "python"
+
+
+def server_python_missing() -> bool:
+    """True (after saying so on stderr) when the CPU SGLang env is not there."""
+    if SERVER_PYTHON.exists():
+        return False
+    print(f"{SERVER_PYTHON} not found: run `make sglang-env` first", file=sys.stderr)
+    return True
+
+
+def start_run(name: str) -> tuple[Path, Path]:
+    """A benchmark's work dirs (a temp dir, and one under /dev/shm for staging when writable).
+
+    Also turns SIGTERM into SystemExit, so the benchmark's ``finally`` (:func:`finish_run`)
+    still stops its server.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tmp = Path(tempfile.mkdtemp(prefix=f"hs-bench-{name}-"))
+    shm = Path(tempfile.mkdtemp(prefix=f"hs-bench-{name}-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) else tmp
+    return tmp, shm
 
 # SGLang leaves its load-snapshot slot file (/dev/shm/sglang_loads_*.shm) and multiprocessing
 # semaphores (/dev/shm/sem.mp-*) behind when it is stopped with signals; collect the ones

@@ -39,22 +39,18 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
 CARD = "tiny-deepseek-sglang"
 _PREFILL_RE = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: (\d+)")
 
 
-from _sglang_bench_util import free_port, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def tiny_model(tmp: Path) -> Path:
@@ -169,8 +165,7 @@ def main() -> int:
     ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="extra KEY=VALUE for the server")
     args = ap.parse_args()
 
-    if not SERVER_PYTHON.exists():
-        print(f"{SERVER_PYTHON} not found: run `make sglang-env` first", file=sys.stderr)
+    if server_python_missing():
         return 2
 
     from transformers import AutoTokenizer
@@ -180,11 +175,8 @@ def main() -> int:
     from hs_dataset.serve import launch, plan_server
     from hs_dataset.sources import iter_samples
 
-    # SIGTERM -> SystemExit, so the finally below still stops the server
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
-    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-concurrency-"))
-    shm = Path(tempfile.mkdtemp(prefix="hs-bench-concurrency-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) else tmp
+    tmp, shm = start_run("concurrency")  # SIGTERM -> SystemExit, so the finally below still stops the server
     server = None
     shm_seen: set[str] = set()
     backends = []

@@ -19,18 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sglang_bench_util import free_port, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run  # noqa: E402 (benchmarks/ is on sys.path)
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
 CARD = "tiny-deepseek-sglang"
 
 
@@ -62,8 +58,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="extra KEY=VALUE for the server")
     args = ap.parse_args()
-    if not SERVER_PYTHON.exists():
-        print(f"{SERVER_PYTHON} not found: run `make sglang-env` first", file=sys.stderr)
+    if server_python_missing():
         return 2
 
     from transformers import AutoTokenizer
@@ -74,9 +69,7 @@ def main() -> int:
     from hs_dataset.serve import launch, plan_server
     from hs_dataset.testing.tiny_model import build_tiny_deepseek
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-generation-"))
-    shm = Path(tempfile.mkdtemp(prefix="hs-bench-generation-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) else tmp
+    tmp, shm = start_run("generation")  # SIGTERM -> SystemExit, so the finally below still stops the server
     server, shm_seen, gens = None, set(), []
     try:
         model_dir = build_tiny_deepseek()

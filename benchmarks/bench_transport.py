@@ -54,9 +54,7 @@ import json
 import os
 import resource
 import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -66,8 +64,6 @@ import torch
 
 from hs_dataset.testing.tiny_model import TINY_DEEPSEEK_CONFIG, write_random_deepseek
 
-REPO = Path(__file__).resolve().parents[1]
-SERVER_PYTHON = REPO / ".sglang-venv" / "bin" / "python"
 
 
 HIDDEN = 7168
@@ -94,7 +90,7 @@ def build_wide_deepseek(directory: Path) -> Path:
     return write_random_deepseek(directory, WIDE_DEEPSEEK_CONFIG, seed=SEED, dtype=DTYPE)
 
 
-from _sglang_bench_util import free_port, group_pids, server_shm_files, finish_run  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, group_pids, server_python_missing, server_shm_files, start_run  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def make_card(model_dir: Path, staging: Path, port: int, server_env: dict | None = None) -> dict:
@@ -389,19 +385,15 @@ def main() -> int:
     lengths = [int(x) for x in args.lengths.split(",") if x]
     per_len = {int(k): int(v) for k, v in (p.split(":") for p in args.prompts.split(","))}
 
-    if not SERVER_PYTHON.exists():
-        print(f"{SERVER_PYTHON} not found: run `make sglang-env` first", file=sys.stderr)
+    if server_python_missing():
         return 2
 
     from hs_dataset.capture.sglang.client import SGLangBackend
     from hs_dataset.config import card_from_dict
     from hs_dataset.serve import launch, plan_server
 
-    # SIGTERM -> SystemExit, so the finally below still stops the server
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-transport-"))
-    shm = Path(tempfile.mkdtemp(prefix="hs-bench-transport-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) else tmp
+    tmp, shm = start_run("transport")  # SIGTERM -> SystemExit, so the finally below still stops the server
     server = None
     shm_seen: set[str] = set()
     backend = None
