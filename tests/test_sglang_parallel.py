@@ -32,6 +32,7 @@ from safetensors import safe_open
 
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample
+from sglang_server_util import remove_dumps
 from test_sglang_server import AUX, SERVER_PYTHON, _free_port, _require_env, backend, hf_reference, make_samples, post, rel, staged
 
 pytestmark = pytest.mark.sglang
@@ -173,11 +174,7 @@ def test_one_dump_per_request_from_uneven_batches(parallel_server, hf_model):
         print(f"[{name}] one batched call, dumps per DP rank {sorted(ranks)}; worst aux {worst[0]:.2g}, final {worst[1]:.2g}")
         assert set(ranks) == ({"0"} if name == "tp2" else {"0", "1"}), ranks
     finally:
-        for rid in rids:
-            try:
-                os.unlink(os.path.join(server.staging_dir, rid + ".safetensors"))
-            except FileNotFoundError:
-                pass
+        remove_dumps(server.staging_dir, rids)
 
 
 def test_layer_hooks_under_tp_are_refused_before_start(tmp_path):

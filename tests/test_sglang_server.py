@@ -40,6 +40,7 @@ from sglang_server_util import (  # noqa: F401  (helpers shared with other real-
     free_port as _free_port,
     hf_reference,
     rel,
+    remove_dumps,
     require_sglang_env as _require_env,
     start_server as _start,
 )
@@ -151,11 +152,7 @@ def test_batched_prefill_dumps_carry_the_contract(capture_server, hf_model):
         assert int(metas[0]["prefill_batch_requests"]) > 1  # the three were prefilled together
         assert metas[2]["num_chunks"] == "2"  # 80 tokens in chunks of 64, assembled
     finally:
-        for rid in rids:
-            try:
-                os.unlink(os.path.join(capture_server.staging_dir, rid + ".safetensors"))
-            except FileNotFoundError:
-                pass
+        remove_dumps(capture_server.staging_dir, rids)
 
 
 def test_path_traversal_rid_writes_nothing(capture_server, hs_tmp):

@@ -42,7 +42,15 @@ from hs_dataset.errors import (
 )
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
-from hs_dataset.formats.encoding import SCALE_SUFFIX, all_finite, encode_state, get_encoding, state_encoding_for, tensor_bytes
+from hs_dataset.formats.encoding import (
+    SCALE_SUFFIX,
+    accept_encoded_state,
+    all_finite,
+    encode_state,
+    get_encoding,
+    state_encoding_for,
+    tensor_bytes,
+)
 from hs_dataset.formats.hashing import SHARD_HASH, Hasher, file_digests, new_hasher, sha256_fileobj
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
@@ -357,8 +365,6 @@ class ShardWriter:
             self._quarantine(sid, bad)
             return None
         if pre_encoded:  # stored as the server encoded them (the same quantizer), after checks
-            from hs_dataset.formats.encoding import accept_encoded_state
-
             try:
                 aux_data, aux_scale = accept_encoded_state(aux.detach().to("cpu"), s.aux_scale, self.state_encoding, f"{sid}: aux_hidden_states")
                 final_data, final_scale = accept_encoded_state(final.detach().to("cpu"), s.final_scale, self.state_encoding, f"{sid}: final_hidden_state")

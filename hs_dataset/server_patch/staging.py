@@ -25,10 +25,10 @@ import threading
 import time
 from typing import Callable, Sequence, Union
 
+from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
+
 Buffer = Union[bytes, bytearray, memoryview]
 _IOV_MAX = 512  # under every platform's IOV_MAX (Linux: 1024)
-
-from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
 
 __all__ = [
     "StagingError",
