@@ -7,11 +7,16 @@ Python. For marker rules we ask transformers to encode control tokens that occur
 installed transformers has it); otherwise a user message containing the literal
 string ``<|im_end|>`` would become the real control token and corrupt both the
 prompt and the mask. Where it is unavailable, such rows are rejected instead.
+
+Sanitizing costs transformers two rebuilds of ``added_tokens_decoder`` per call, and
+it changes nothing for a row whose strings hold no control token and no marker
+character, so such rows skip it (``_control_text_pattern``, ``_needs_sanitize``).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,6 +35,46 @@ def _supports_sanitize(cls: type) -> bool:
         return "sanitize_control_tokens" in inspect.signature(cls.apply_chat_template).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _control_text_pattern(tokenizer: Any, templates: list[Any]) -> re.Pattern[str] | None:
+    """A regex for every string that may make ``sanitize_control_tokens`` change a row; None: always sanitize.
+
+    transformers' control tokens (``_get_control_tokens``) are the special added tokens plus non-special added tokens
+    that the template contains (non-whitespace) or ``chat_control_tokens`` lists; we take a superset of them, computed
+    once, plus the private marker characters, which ``mark_control_tokens`` strips from user strings. A template or
+    token holding a marker character would be split by ``encode_marked_chat`` even in a clean row: no fast path then.
+    """
+    try:
+        from transformers.utils.chat_template_utils import _CONTROL_TOKEN_END, _CONTROL_TOKEN_START
+    except ImportError:  # a transformers whose sanitizing we have not checked
+        return None
+    markers = (_CONTROL_TOKEN_START, _CONTROL_TOKEN_END)
+    listed = set(getattr(tokenizer, "chat_control_tokens", None) or ())
+    tokens = {
+        t.content
+        for t in tokenizer.added_tokens_decoder.values()
+        if t.special or not t.content.isspace() or t.content in listed
+    }
+    texts = [*tokens, *(v for t in templates for v in (t.values() if isinstance(t, Mapping) else [t]) if isinstance(v, str))]
+    if any(m in text for text in texts for m in markers):
+        return None
+    return re.compile("|".join(map(re.escape, [*sorted(tokens, key=len, reverse=True), *markers])))
+
+
+def _needs_sanitize(value: Any, pattern: re.Pattern[str]) -> bool:
+    """Whether ``mark_control_tokens`` could change ``value``: a matching string, or a type it would rebuild.
+
+    Tuples become lists there (and render differently); anything but plain JSON values is walked by transformers in
+    ways we do not mirror, so it takes the sanitize path too.
+    """
+    if isinstance(value, str):
+        return pattern.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(_needs_sanitize(v, pattern) for v in value.values())
+    if isinstance(value, list):
+        return any(_needs_sanitize(v, pattern) for v in value)
+    return not (value is None or isinstance(value, (bool, int, float)))
 
 
 def _strings(value: Any):
@@ -57,6 +102,13 @@ class ChatTokenizer:
         if isinstance(self.rule, MarkerSpanRule):
             self._compiled = self.rule.compile(self.tokenizer)
         self._sanitize = self._compiled is not None and _supports_sanitize(type(self.tokenizer))
+        # Rows matching nothing here render and encode identically without sanitizing (see _control_text_pattern).
+        self._control_text: re.Pattern[str] | None = None
+        if self._sanitize:
+            templates = [self.chat_template, getattr(self.tokenizer, "chat_template", None)]
+            pattern = _control_text_pattern(self.tokenizer, templates)
+            if pattern is not None and not _needs_sanitize(dict(self.template_kwargs or {}), pattern):
+                self._control_text = pattern
 
     @property
     def rule_name(self) -> str:
@@ -97,7 +149,11 @@ class ChatTokenizer:
             ids = list(out["input_ids"])
             return ids, [bool(x) for x in out["assistant_masks"]]
         if self._sanitize:
-            out = self._apply(conv, sanitize_control_tokens=True)
+            pattern = self._control_text
+            if pattern is None or _needs_sanitize(conv.messages, pattern) or _needs_sanitize(conv.tools, pattern):
+                out = self._apply(conv, sanitize_control_tokens=True)
+            else:
+                out = self._apply(conv)
         else:
             self._reject_control_text(conv)
             out = self._apply(conv)
