@@ -15,8 +15,8 @@ build``) is a separate process from the SGLang server:
 * the client process (this file again, started with multiprocessing's ``spawn``: it
   never touches the GPU): the client's dump consumer, ``SGLangBackend._load_and_check``
   (read, validate, turn into a sample), in a pool of threads as the client runs it,
-  polling the staging dir for each request's dump and deleting it after use as the
-  client does; the shard writer (:class:`~hs_dataset.formats.writer.ShardWriter`:
+  polling the staging dir for each request's dump and handing it back after use (the
+  server writes a later dump over it) as the client does; the shard writer (:class:`~hs_dataset.formats.writer.ShardWriter`:
   validation, NaN scan, hashing, fsync, atomic publish; ``--writer-threads`` threads,
   ``--shard-mib`` shards) writing to disk, and ``verify_dataset`` over the result.
   The server process tells it only which requests a phase will send (their ids and
@@ -205,6 +205,8 @@ class Consumer:
         self.adder.start()
 
     def _load_loop(self) -> None:
+        from hs_dataset.server_patch.protocol import hand_back_dump
+
         while (item := self.expected.get()) is not None:
             rid, sample = item
             dump = os.path.join(self.staging, rid + self.dump_suffix)
@@ -224,7 +226,7 @@ class Consumer:
             else:
                 t0 = time.perf_counter()
                 result = self.backend._load_and_check(dump, refused, rid, sample)
-                os.unlink(dump)
+                hand_back_dump(dump)  # as the client does: the server writes a later dump over it
                 with self._lock:
                     self.stats["load_busy_s"] += time.perf_counter() - t0
                 self.results.put(result)

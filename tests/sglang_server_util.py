@@ -112,3 +112,10 @@ def remove_dumps(staging_dir: str, rids) -> None:
             os.unlink(os.path.join(staging_dir, rid + ".safetensors"))
         except FileNotFoundError:
             pass
+
+
+def staged_files(staging_dir: str) -> list[str]:
+    """What a staging dir holds besides spares (read dumps handed back for reuse: memory, not leftovers)."""
+    from hs_dataset.server_patch.protocol import SPARE_PREFIX
+
+    return sorted(n for n in os.listdir(staging_dir) if not n.startswith(SPARE_PREFIX))

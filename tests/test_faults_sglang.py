@@ -36,6 +36,7 @@ from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.pipeline import build_dataset
 
+from sglang_server_util import staged_files
 from test_sglang_server import AUX, SERVER_PYTHON, _free_port, _require_env, hf_reference, rel
 
 pytestmark = pytest.mark.sglang
@@ -236,9 +237,9 @@ def test_server_frozen_killed_and_restarted_mid_build(card, box, source_samples,
     assert worst <= TOL, worst
 
     deadline = time.monotonic() + 3 * ORPHAN_TTL_S
-    while os.listdir(staging) and time.monotonic() < deadline:
+    while staged_files(staging) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert os.listdir(staging) == [], f"staging leftovers never cleaned: {sorted(os.listdir(staging))}"
+    assert staged_files(staging) == [], f"staging leftovers never cleaned: {staged_files(staging)}"
     assert "swept" in Path(server.log_path).read_text()
 
 
@@ -335,9 +336,9 @@ def test_hanging_endpoint_mid_run_the_healthy_one_finishes(card, box, source_sam
     assert verify_dataset(out).ok
     assert _check_against_source_and_hf(out, source_samples, hf_model) <= TOL
     deadline = time.monotonic() + 5
-    while os.listdir(server.staging_dir) and time.monotonic() < deadline:
+    while staged_files(server.staging_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert os.listdir(server.staging_dir) == []  # nothing of this run left behind
+    assert staged_files(server.staging_dir) == []  # nothing of this run left behind (spares are reusable memory)
 
 
 def test_endpoint_hanging_from_the_start_is_refused_by_name_in_bounded_time(card, box, tmp_path):

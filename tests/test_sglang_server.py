@@ -42,6 +42,7 @@ from sglang_server_util import (  # noqa: F401  (helpers shared with other real-
     rel,
     remove_dumps,
     require_sglang_env as _require_env,
+    staged_files,
     start_server as _start,
 )
 
@@ -70,7 +71,7 @@ def post(url, body, timeout=60):
 
 
 def staged(server):
-    return sorted(os.listdir(server.staging_dir))
+    return staged_files(server.staging_dir)
 
 
 # ---------------------------------------------------------------------------- the main path

@@ -623,7 +623,7 @@ class CaptureCore:
                 asm = self._assemblies[rid]
                 self._drop_assembly_locked(rid)
                 self._refuse(rid, f"incomplete chunked prefill: {asm.length} of {asm.total} tokens arrived, then nothing for {self.config.assembly_ttl_s} s")
-        self.staging.sweep(self.config.orphan_ttl_s)
+        self.staging.sweep(self.config.orphan_ttl_s, spare_max_age_s=self.config.sweep_interval_s)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued dump is written (tests, shutdown)."""

@@ -17,6 +17,13 @@ Stdlib only, so both sides (scheduler processes and the builder) share one defin
 * ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
   request but will not store it (partial prompt, staging full, wrong set-up...).
 * Names starting with ``.`` are in-progress temporary files; readers ignore them.
+* ``{staging}/.spare-<hex>``: a dump the client has read, handed back with
+  :func:`hand_back_dump` instead of being deleted. The server claims one (rename),
+  truncates it to the next dump's size and writes over its pages: a dump's round trip
+  through pages tmpfs already holds costs 0.4 of one through fresh pages, allocated,
+  zeroed and later freed (benchmarks/bench_staging_pool.py). The pool is capped by
+  :data:`SPARE_MAX_FILES` / :data:`SPARE_MAX_BYTES` and the server's sweeper deletes
+  spares nobody claimed within a sweep interval.
 
 Request ids are ``hs-<run>-<seq>-<T>``: ``<run>`` 1-32 of ``[a-z0-9]``, ``<seq>`` a
 request counter, ``<T>`` the prompt's token count (the server needs it to know when a
@@ -32,6 +39,7 @@ import os
 import re
 import stat
 import struct
+import uuid
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with the stdlib alone
@@ -46,6 +54,10 @@ __all__ = [
     "DUMP_SUFFIX",
     "REFUSED_SUFFIX",
     "TMP_PREFIX",
+    "SPARE_PREFIX",
+    "SPARE_MAX_FILES",
+    "SPARE_MAX_BYTES",
+    "hand_back_dump",
     "RID_RE",
     "REQUIRED_METADATA",
     "validate_rid",
@@ -84,6 +96,9 @@ DUMP_VERSION = "1"
 DUMP_SUFFIX = ".safetensors"
 REFUSED_SUFFIX = ".refused.json"
 TMP_PREFIX = ".tmp-"
+SPARE_PREFIX = ".spare-"
+SPARE_MAX_FILES = 32  # spare dumps a client leaves for the server to write over (per staging dir)
+SPARE_MAX_BYTES = 1 << 30  # ... and their bytes: memory tmpfs keeps holding for the next dumps
 REQUIRED_METADATA = ("format", "version", "rid", "hf_aux_layer_ids", "final_state", "sglang_version", "dtype")
 
 RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<tokens>[1-9][0-9]{0,8})\Z")
@@ -117,6 +132,39 @@ def dump_name(rid: str) -> str:
 
 def refused_name(rid: str) -> str:
     return validate_rid(rid) + REFUSED_SUFFIX
+
+
+def hand_back_dump(path: str) -> None:
+    """The client is done with a dump: rename it into the spare pool, or delete it if the pool is full.
+
+    The caller has copied what it needs (the client reads each dump into its own
+    memory), so the server may overwrite the file from now on. A missing file is fine
+    (swept, or never written).
+    """
+    directory = os.path.dirname(path) or "."
+    try:
+        size = os.stat(path, follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return
+    files = held = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith(SPARE_PREFIX):
+                    files += 1
+                    held += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        files = SPARE_MAX_FILES  # cannot count: do not grow the pool
+    if files < SPARE_MAX_FILES and held + size <= SPARE_MAX_BYTES:
+        try:
+            os.rename(path, os.path.join(directory, SPARE_PREFIX + uuid.uuid4().hex))
+            return
+        except OSError:
+            pass
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 # ---------------------------------------------------------------- fp8 states: the one quantizer

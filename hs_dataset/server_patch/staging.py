@@ -10,6 +10,10 @@ Safety rules (docs/SGLANG.md, "Staging"):
   ``O_CREAT | O_EXCL | O_NOFOLLOW`` under a ``.tmp-`` name, then hard-linked to its
   final name (which fails instead of overwriting) and the temporary name unlinked, so
   a reader never sees a partial file and nothing outside the directory is touched;
+* a dump is written over a spare (a dump the client has handed back, see
+  ``protocol.hand_back_dump``) when one is there: claimed by a rename to the
+  temporary name, opened ``O_NOFOLLOW``, used only if it is a regular file of ours
+  with no other link, truncated to the new size;
 * a :class:`StagingBudget` bounds the bytes and files waiting for the client.
 """
 
@@ -25,10 +29,11 @@ import threading
 import time
 from typing import Callable, Sequence, Union
 
-from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, SPARE_PREFIX, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
 
 Buffer = Union[bytes, bytearray, memoryview]
 _IOV_MAX = 512  # under every platform's IOV_MAX (Linux: 1024)
+_SPARE_MIN_BYTES = 1 << 16  # refusal markers and tiny dumps are cheaper to create than a spare is to find
 
 __all__ = [
     "StagingError",
@@ -75,11 +80,15 @@ class StagingDir:
         """
         if "/" in name or name.startswith(".") or name in ("", "..") or "\0" in name:
             raise StagingError(f"refusing unsafe staging file name {name!r}")
+        buffers = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         tmp = self._tmp_name(name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
+        size = sum(memoryview(b).nbytes for b in buffers)
+        fd = self._claim_spare(tmp, size) if size >= _SPARE_MIN_BYTES else None
+        if fd is None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
         try:
             try:
-                _write_buffers(fd, [data] if isinstance(data, (bytes, bytearray, memoryview)) else data)
+                _write_buffers(fd, buffers)
             finally:
                 os.close(fd)
             try:
@@ -102,6 +111,43 @@ class StagingDir:
                     os.unlink(tmp, dir_fd=self.fd)
                 except FileNotFoundError:
                     pass
+
+    def _claim_spare(self, tmp: str, size: int) -> int | None:
+        """Take a spare for a ``size``-byte file under the name ``tmp``; its open fd, or None.
+
+        The spare closest in size wins (the fewest pages to allocate or free). A claimed
+        file that is not a plain private file of ours with one link is deleted unused.
+        """
+        try:
+            with os.scandir(self.fd) as it:
+                spares = [
+                    (e.name, e.stat(follow_symlinks=False).st_size)
+                    for e in it
+                    if e.name.startswith(SPARE_PREFIX) and e.is_file(follow_symlinks=False)
+                ]
+        except OSError:
+            return None
+        for spare, _ in sorted(spares, key=lambda s: abs(s[1] - size)):
+            try:
+                os.rename(spare, tmp, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            except OSError:  # claimed by another writer (or swept) meanwhile
+                continue
+            fd = -1
+            try:
+                fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                    os.ftruncate(fd, size)
+                    return fd
+            except OSError:
+                pass
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:  # swapped for a directory meanwhile: the sweeper ignores it, nothing writes to it
+                pass
+        return None
 
     def write_refusal(self, rid: str, reason: str) -> bool:
         body = json.dumps({"rid": rid, "reason": reason}).encode()
@@ -128,14 +174,22 @@ class StagingDir:
                     files += 1
         return total, files
 
-    def sweep(self, max_age_s: float, now: float | None = None) -> int:
-        """Delete dumps, refusal markers and temporaries older than ``max_age_s``; return how many."""
+    def sweep(self, max_age_s: float, now: float | None = None, *, spare_max_age_s: float | None = None) -> int:
+        """Delete dumps, refusal markers and temporaries older than ``max_age_s``; return how many.
+
+        Spares no writer claimed for ``spare_max_age_s`` (by ctime: the hand-back rename
+        sets it) are deleted too, quietly: that is the pool giving memory back when
+        capture goes idle, not lost work.
+        """
         now = time.time() if now is None else now
         removed = 0
         with os.scandir(self.fd) as it:
             entries = list(it)
         for entry in entries:
             name = entry.name
+            if name.startswith(SPARE_PREFIX):
+                self._drop_idle_spare(entry, now, max_age_s if spare_max_age_s is None else spare_max_age_s)
+                continue
             if not (name.endswith(DUMP_SUFFIX) or name.endswith(REFUSED_SUFFIX) or name.startswith(TMP_PREFIX)):
                 continue
             try:
@@ -149,6 +203,14 @@ class StagingDir:
         if removed:
             logger.warning("hs_dataset capture: swept %d unclaimed staging files older than %.0f s", removed, max_age_s)
         return removed
+
+
+    def _drop_idle_spare(self, entry: os.DirEntry, now: float, max_age_s: float) -> None:
+        try:
+            if now - entry.stat(follow_symlinks=False).st_ctime >= max_age_s:
+                os.unlink(entry.name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
 
 
 def _write_buffers(fd: int, buffers: Sequence[Buffer]) -> None:

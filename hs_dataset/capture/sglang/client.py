@@ -48,6 +48,7 @@ from hs_dataset.server_patch.protocol import (
     REFUSED_SUFFIX,
     SCALE_SUFFIX,
     STATE_ENCODING_KEY,
+    hand_back_dump,
     make_rid,
 )
 
@@ -540,11 +541,11 @@ class SGLangBackend(CaptureBackend):
                 try:
                     return await loop.run_in_executor(None, self._load_and_check, dump, refused, key, sample)
                 finally:
-                    for p in (dump, refused):
-                        try:
-                            os.unlink(p)
-                        except FileNotFoundError:
-                            pass
+                    hand_back_dump(dump)  # read into our memory: the server may write the next dump over it
+                    try:
+                        os.unlink(refused)
+                    except FileNotFoundError:
+                        pass
             if os.path.exists(refused):
                 try:
                     with open(refused, "rb") as f:
