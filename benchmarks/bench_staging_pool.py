@@ -1,17 +1,24 @@
-"""Staging with spares vs fresh files: what one dump costs the server and the client, per token.
+"""Staging with spares and pooled read buffers vs fresh memory on both sides: one dump's cost per token.
 
 The real code on both sides, no SGLang: the server's ``StagingDir.write_atomic`` writes a
 Kimi-wide dump (a safetensors header, then 3 aux + 1 final bf16 states of hidden 7168:
-56 KiB per token) from host buffers; the client's ``_read_dump`` reads it into its own
-memory and then either deletes it (``fresh``: the next write allocates, zeroes and
-later frees new tmpfs pages) or hands it back with ``protocol.hand_back_dump``
-(``pool``: the next write claims the spare and writes over pages tmpfs already holds).
-The two run interleaved, one dump at a time, each in its own staging dir under /dev/shm.
+56 KiB per token) from host buffers, and the client reads it and keeps the samples,
+``--held`` at a time, dropping them together, as the shard writer keeps a shard's
+samples until the shard is written.
 
-Prints the median ms/token of each side and of the round trip for both, and last
+* ``fresh`` (the baseline, how it was done before): every dump is a new tmpfs file
+  (pages allocated and zeroed, freed again by the client's delete), read into new
+  memory with ``torch.empty`` + ``readinto`` (a page fault per 4 KiB);
+* ``pool`` (the product path): the client's ``_read_dump`` reads into a buffer of its
+  ``HostBufferPool`` (memory already touched, back in the pool when the sample dies)
+  and ``protocol.hand_back_dump`` returns the file, which the next write claims and
+  writes over.
+
+The two run interleaved, one dump at a time, each in its own staging dir under /dev/shm.
+Prints the median ms/token of each side and of the round trip, and last
 ``pool_vs_fresh=X``: fresh round trip / pool round trip (higher is better).
 
-    python benchmarks/bench_staging_pool.py [--tokens 128] [--rounds 60] [--dir /dev/shm]
+    python benchmarks/bench_staging_pool.py [--tokens 128] [--rounds 60] [--held 16] [--dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -45,19 +52,33 @@ def dump_buffers(tokens: int, seed: int) -> list:
     return [header] + [memoryview(tensors[name].view(torch.uint8).numpy()) for name in order]
 
 
-def one_dump(stage, buffers, name: str, pool: bool) -> tuple[float, float]:
+def read_fresh(path: str) -> torch.Tensor:
+    """The baseline client read: the whole file into new memory."""
+    fd = os.open(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        data = torch.empty(os.fstat(fd).st_size, dtype=torch.uint8)
+        view, got = memoryview(data.numpy()), 0
+        while got < len(view):
+            got += f.readinto(view[got:])
+    return data
+
+
+def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tuple[float, float]:
     """(server write s, client read + hand back or delete s) of one dump."""
     from hs_dataset.capture.sglang.client import _read_dump
     from hs_dataset.server_patch.protocol import hand_back_dump
 
+    if len(held) >= keep:
+        held.clear()  # the shard is written: its samples go
     t0 = time.perf_counter()
     stage.write_atomic(name, buffers)
     t1 = time.perf_counter()
     path = os.path.join(stage.path, name)
-    _read_dump(path)
     if pool:
+        held.append(_read_dump(path))
         hand_back_dump(path)
     else:
+        held.append(read_fresh(path))
         os.unlink(path)
     return t1 - t0, time.perf_counter() - t1
 
@@ -68,24 +89,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--held", type=int, default=16, help="samples the client keeps alive, then drops together (a shard's worth)")
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     args = ap.parse_args()
     buffers = dump_buffers(args.tokens, 0)
     nbytes = sum(memoryview(b).nbytes for b in buffers)
     times: dict[str, list[tuple[float, float]]] = {"fresh": [], "pool": []}
+    held: dict[str, list] = {mode: [] for mode in times}
     with tempfile.TemporaryDirectory(prefix="hs-bench-pool-", dir=args.dir) as tmp:
         stages = {mode: StagingDir(os.path.join(tmp, mode)) for mode in times}  # fresh writes must not find the pool's spares
         try:
-            for mode, stage in stages.items():  # warm-up; leaves one spare for the pool's first round
-                one_dump(stage, buffers, "warm.safetensors", mode == "pool")
+            for mode, stage in stages.items():  # warm-up: fill what the client holds
+                for i in range(args.held + 1):
+                    one_dump(stage, buffers, f"warm-{i}.safetensors", mode == "pool", held[mode], args.held)
             for i in range(args.rounds):
                 for mode in (("fresh", "pool") if i % 2 else ("pool", "fresh")):
-                    times[mode].append(one_dump(stages[mode], buffers, f"{i}.safetensors", mode == "pool"))
+                    times[mode].append(one_dump(stages[mode], buffers, f"{i}.safetensors", mode == "pool", held[mode], args.held))
         finally:
             for stage in stages.values():
                 stage.close()
     per_token = lambda xs: statistics.median(xs) * 1e3 / args.tokens  # noqa: E731
-    print(f"{args.rounds} dumps per mode, {args.tokens} tokens x {STATES} x {HIDDEN} bf16 = {nbytes / 2**20:.1f} MiB each, staging in {args.dir or 'the temp dir'}")
+    print(f"{args.rounds} dumps per mode, {args.tokens} tokens x {STATES} x {HIDDEN} bf16 = {nbytes / 2**20:.1f} MiB each, "
+          f"the client dropping them {args.held} at a time; staging in {args.dir or 'the temp dir'}")
     result = {}
     for mode, pairs in times.items():
         server, client = [p[0] for p in pairs], [p[1] for p in pairs]

@@ -68,11 +68,9 @@ class PinnedPool:
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cond:
             while True:
-                fits = [b for b in self._free if b.numel() >= size]
-                if fits:
-                    buf = min(fits, key=lambda b: b.numel())
-                    self._free.remove(buf)
-                    return buf
+                fits = [i for i, b in enumerate(self._free) if b.numel() >= size]
+                if fits:  # popped by position: list.remove would compare tensors with ==, element by element
+                    return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
                 # Drop free buffers that are too small to make room for a new one.
                 while self._free and self._total + size > self.max_bytes:
                     self._total -= self._free.pop(0).numel()

@@ -36,6 +36,7 @@ import torch
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
 from hs_dataset.capture.model_info import load_text_config
 from hs_dataset.capture.sglang.http import LoopThread, new_session
+from hs_dataset.capture.sglang.read_buffers import HostBufferPool
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
@@ -83,6 +84,9 @@ class Endpoint:
         return now >= self.down_until
 
 
+_READ_BUFFERS = HostBufferPool()  # one per process: every backend's dump reads reuse it
+
+
 def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """Read a dump without following symlinks; returns (metadata, tensors).
 
@@ -90,7 +94,9 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     dtypes, sizes, tensors tiling the data exactly); the data is then read once, with
     ``readinto`` (no GIL held), into one buffer whose slices are the tensors. Reading
     into a bytes object and decoding it with safetensors made two more copies under
-    the GIL: the client read dumps at a third of the disk's rate.
+    the GIL: the client read dumps at a third of the disk's rate. The buffer is leased
+    from a pool of memory already touched (``read_buffers``), and comes back when the
+    sample's tensors are gone.
     """
     from hs_dataset.formats.encoding import SAFETENSORS_DTYPES
     from hs_dataset.formats.safetensors_layout import DTYPE_SIZES, read_header
@@ -98,7 +104,7 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb", buffering=0) as f:
         specs, metadata, start = read_header(f, path)
-        data = torch.empty(os.fstat(fd).st_size - start, dtype=torch.uint8)
+        data = _READ_BUFFERS.lease(os.fstat(fd).st_size - start)
         view, got = memoryview(data.numpy()), 0
         while got < len(view):
             n = f.readinto(view[got:])
