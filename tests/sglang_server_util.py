@@ -115,7 +115,7 @@ def remove_dumps(staging_dir: str, rids) -> None:
 
 
 def staged_files(staging_dir: str) -> list[str]:
-    """What a staging dir holds besides spares (read dumps handed back for reuse: memory, not leftovers)."""
-    from hs_dataset.server_patch.protocol import SPARE_PREFIX
+    """What a staging dir holds besides its spare pool (read dumps handed back for reuse: memory, not leftovers)."""
+    from hs_dataset.server_patch.protocol import SPARE_DIR
 
-    return sorted(n for n in os.listdir(staging_dir) if not n.startswith(SPARE_PREFIX))
+    return sorted(n for n in os.listdir(staging_dir) if n != SPARE_DIR)

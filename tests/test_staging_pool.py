@@ -1,11 +1,12 @@
 """Dumps the client has read go back to the server as spares, and the next dump is written over one.
 
-A spare is claimed by renaming it to a temporary name, so two writers never share one;
-it is used only if it is a plain private file of ours with a single link, and
-truncated to the new size. These tests write real files: reuse keeps the inode, the
-bytes read back are the new dump's, a hostile spare (symlink, hard link, foreign mode,
-directory) is never written through, the client's pool stays within its caps, and
-idle spares are swept without a warning.
+Spares live in the staging dir's ``.spares/`` pool, which either side uses only if it
+is a private directory of ours. A spare is claimed by renaming it to a temporary name,
+so two writers never share one; it is used only if it is a plain private file of ours
+with a single link, and truncated to the new size. These tests write real files:
+reuse keeps the inode, the bytes read back are the new dump's, a hostile pool or
+spare (symlink, hard link, foreign mode, directory) is never written through, the
+client's pool stays within its caps, and idle spares are swept without a warning.
 """
 
 from __future__ import annotations
@@ -19,14 +20,21 @@ import torch
 
 from hs_dataset.capture.sglang.client import _read_dump
 from hs_dataset.server_patch import protocol
-from hs_dataset.server_patch.protocol import SPARE_PREFIX, hand_back_dump
+from hs_dataset.server_patch.protocol import SPARE_DIR, hand_back_dump
 from hs_dataset.server_patch.staging import StagingDir
 
 BIG = 1 << 17  # above the size from which a write looks for a spare
 
 
 def _spares(stage: str) -> list[str]:
-    return sorted(n for n in os.listdir(stage) if n.startswith(SPARE_PREFIX))
+    pool = os.path.join(stage, SPARE_DIR)
+    return sorted(os.listdir(pool)) if os.path.isdir(pool) else []
+
+
+def _pool(stage) -> str:
+    path = os.path.join(stage.path, SPARE_DIR)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def _payload(nbytes: int, seed: int) -> bytes:
@@ -58,7 +66,7 @@ def test_next_dump_is_written_over_the_handed_back_one(stage, second):
     with open(written, "rb") as f:
         assert f.read() == data
     assert _spares(stage.path) == []
-    assert [n for n in os.listdir(stage.path) if n.startswith(".")] == []  # no temporary left behind
+    assert [n for n in os.listdir(stage.path) if n.startswith(".")] == [SPARE_DIR]  # no temporary left behind
 
 
 def test_small_files_do_not_take_a_spare(stage):
@@ -75,7 +83,7 @@ def test_the_spare_closest_in_size_is_taken(stage):
         hand_back_dump(os.path.join(stage.path, name))
     assert stage.write_atomic("c.safetensors", _payload(4 * BIG - 10, 3))
     (left,) = _spares(stage.path)
-    assert os.stat(os.path.join(stage.path, left)).st_size == BIG
+    assert os.stat(os.path.join(stage.path, SPARE_DIR, left)).st_size == BIG
 
 
 def _outside(tmp_path) -> str:
@@ -86,25 +94,39 @@ def _outside(tmp_path) -> str:
 
 
 def _plant_symlink(stage, victim):
-    os.symlink(victim, os.path.join(stage.path, SPARE_PREFIX + "link"))
+    os.symlink(victim, os.path.join(_pool(stage), "link"))
 
 
 def _plant_hardlink(stage, victim):
-    os.link(victim, os.path.join(stage.path, SPARE_PREFIX + "hard"))
+    os.link(victim, os.path.join(_pool(stage), "hard"))
 
 
 def _plant_shared_mode(stage, victim):
-    path = os.path.join(stage.path, SPARE_PREFIX + "shared")
+    path = os.path.join(_pool(stage), "shared")
     with open(path, "wb") as f:
         f.write(b"x" * BIG)
     os.chmod(path, 0o644)
 
 
 def _plant_directory(stage, victim):
-    os.mkdir(os.path.join(stage.path, SPARE_PREFIX + "dir"))
+    os.mkdir(os.path.join(_pool(stage), "dir"))
 
 
-@pytest.mark.parametrize("plant", [_plant_symlink, _plant_hardlink, _plant_shared_mode, _plant_directory])
+def _pool_is_a_symlink(stage, victim):
+    outside = os.path.join(os.path.dirname(victim), "outside-pool")
+    os.mkdir(outside, 0o700)
+    os.link(victim, os.path.join(outside, "spare"))
+    os.symlink(outside, os.path.join(stage.path, SPARE_DIR))
+
+
+def _pool_is_shared(stage, victim):
+    os.link(victim, os.path.join(_pool(stage), "spare"))
+    os.chmod(os.path.join(stage.path, SPARE_DIR), 0o755)
+
+
+@pytest.mark.parametrize(
+    "plant", [_plant_symlink, _plant_hardlink, _plant_shared_mode, _plant_directory, _pool_is_a_symlink, _pool_is_shared]
+)
 def test_hostile_spares_are_never_written_through(stage, tmp_path, plant):
     victim = _outside(tmp_path)
     before = open(victim, "rb").read()
@@ -116,6 +138,11 @@ def test_hostile_spares_are_never_written_through(stage, tmp_path, plant):
     assert os.stat(written, follow_symlinks=False).st_nlink == 1
     with open(written, "rb") as f:
         assert f.read() == data
+    hand_back_dump(written)  # a pool that is not a private directory of ours gets nothing: the dump is deleted
+    if plant in (_pool_is_a_symlink, _pool_is_shared):
+        assert not os.path.exists(written)
+        assert sorted(os.listdir(os.path.join(stage.path, SPARE_DIR))) == ["spare"]
+    assert open(victim, "rb").read() == before
 
 
 def test_the_client_pool_stays_within_its_caps(stage, monkeypatch):
@@ -126,7 +153,7 @@ def test_the_client_pool_stays_within_its_caps(stage, monkeypatch):
     assert len(_spares(stage.path)) == 3
 
     for name in _spares(stage.path):
-        os.unlink(os.path.join(stage.path, name))
+        os.unlink(os.path.join(stage.path, SPARE_DIR, name))
     monkeypatch.setattr(protocol, "SPARE_MAX_BYTES", 2 * BIG)
     for i in range(3):
         assert stage.write_atomic(f"d{i}.safetensors", _payload(BIG, i))

@@ -17,12 +17,13 @@ Stdlib only, so both sides (scheduler processes and the builder) share one defin
 * ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
   request but will not store it (partial prompt, staging full, wrong set-up...).
 * Names starting with ``.`` are in-progress temporary files; readers ignore them.
-* ``{staging}/.spare-<hex>``: a dump the client has read, handed back with
+* ``{staging}/.spares/<hex>``: a dump the client has read, handed back with
   :func:`hand_back_dump` instead of being deleted. The server claims one (rename),
   truncates it to the next dump's size and writes over its pages: a dump's round trip
   through pages tmpfs already holds costs 0.4 of one through fresh pages, allocated,
-  zeroed and later freed (benchmarks/bench_staging_pool.py). The pool is capped by
-  :data:`SPARE_MAX_FILES` / :data:`SPARE_MAX_BYTES` and the server's sweeper deletes
+  zeroed and later freed (benchmarks/bench_staging_pool.py). The pool has its own
+  directory, so neither side scans the dumps waiting beside it; it is capped by
+  :data:`SPARE_MAX_FILES` / :data:`SPARE_MAX_BYTES`, and the server's sweeper deletes
   spares nobody claimed within a sweep interval.
 
 Request ids are ``hs-<run>-<seq>-<T>``: ``<run>`` 1-32 of ``[a-z0-9]``, ``<seq>`` a
@@ -54,7 +55,7 @@ __all__ = [
     "DUMP_SUFFIX",
     "REFUSED_SUFFIX",
     "TMP_PREFIX",
-    "SPARE_PREFIX",
+    "SPARE_DIR",
     "SPARE_MAX_FILES",
     "SPARE_MAX_BYTES",
     "hand_back_dump",
@@ -96,7 +97,7 @@ DUMP_VERSION = "1"
 DUMP_SUFFIX = ".safetensors"
 REFUSED_SUFFIX = ".refused.json"
 TMP_PREFIX = ".tmp-"
-SPARE_PREFIX = ".spare-"
+SPARE_DIR = ".spares"  # inside the staging dir; made by the first client that hands a dump back
 SPARE_MAX_FILES = 32  # spare dumps a client leaves for the server to write over (per staging dir)
 SPARE_MAX_BYTES = 1 << 30  # ... and their bytes: memory tmpfs keeps holding for the next dumps
 REQUIRED_METADATA = ("format", "version", "rid", "hf_aux_layer_ids", "final_state", "sglang_version", "dtype")
@@ -135,29 +136,20 @@ def refused_name(rid: str) -> str:
 
 
 def hand_back_dump(path: str) -> None:
-    """The client is done with a dump: rename it into the spare pool, or delete it if the pool is full.
+    """The client is done with a dump: move it into the spare pool, or delete it if the pool is full.
 
     The caller has copied what it needs (the client reads each dump into its own
     memory), so the server may overwrite the file from now on. A missing file is fine
     (swept, or never written).
     """
-    directory = os.path.dirname(path) or "."
     try:
         size = os.stat(path, follow_symlinks=False).st_size
     except FileNotFoundError:
         return
-    files = held = 0
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.name.startswith(SPARE_PREFIX):
-                    files += 1
-                    held += entry.stat(follow_symlinks=False).st_size
-    except OSError:
-        files = SPARE_MAX_FILES  # cannot count: do not grow the pool
-    if files < SPARE_MAX_FILES and held + size <= SPARE_MAX_BYTES:
+    pool = os.path.join(os.path.dirname(path) or ".", SPARE_DIR)
+    if _pool_has_room(pool, size):
         try:
-            os.rename(path, os.path.join(directory, SPARE_PREFIX + uuid.uuid4().hex))
+            os.rename(path, os.path.join(pool, uuid.uuid4().hex))
             return
         except OSError:
             pass
@@ -165,6 +157,28 @@ def hand_back_dump(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _pool_has_room(pool: str, size: int) -> bool:
+    """Whether ``pool`` is (or now is) a private directory of ours with room for ``size`` more bytes."""
+    try:
+        os.mkdir(pool, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(pool)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return False
+        files = held = 0
+        with os.scandir(pool) as entries:
+            for entry in entries:
+                files += 1
+                held += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return False
+    return files < SPARE_MAX_FILES and held + size <= SPARE_MAX_BYTES
 
 
 # ---------------------------------------------------------------- fp8 states: the one quantizer

@@ -10,10 +10,11 @@ Safety rules (docs/SGLANG.md, "Staging"):
   ``O_CREAT | O_EXCL | O_NOFOLLOW`` under a ``.tmp-`` name, then hard-linked to its
   final name (which fails instead of overwriting) and the temporary name unlinked, so
   a reader never sees a partial file and nothing outside the directory is touched;
-* a dump is written over a spare (a dump the client has handed back, see
-  ``protocol.hand_back_dump``) when one is there: claimed by a rename to the
-  temporary name, opened ``O_NOFOLLOW``, used only if it is a regular file of ours
-  with no other link, truncated to the new size;
+* a dump is written over a spare (a dump the client has handed back into
+  ``.spares/``, see ``protocol.hand_back_dump``) when one is there: the pool directory
+  is opened ``O_NOFOLLOW`` and used only if private and ours, a spare is claimed by a
+  rename to the temporary name, opened ``O_NOFOLLOW`` and used only if it is a
+  private regular file of ours with no other link, then truncated to the new size;
 * a :class:`StagingBudget` bounds the bytes and files waiting for the client.
 """
 
@@ -29,7 +30,7 @@ import threading
 import time
 from typing import Callable, Sequence, Union
 
-from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, SPARE_PREFIX, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, SPARE_DIR, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
 
 Buffer = Union[bytes, bytearray, memoryview]
 _IOV_MAX = 512  # under every platform's IOV_MAX (Linux: 1024)
@@ -61,12 +62,40 @@ class StagingDir:
             raise StagingError(f"staging directory {self.path} changed while being opened; refusing it")
         self._counter = itertools.count()
         self._pid = os.getpid()
+        self._pool_fd: int | None = None  # .spares/, opened once a client has made it
+        self._pool_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._pool_lock:
+            self._drop_pool_fd()
         try:
             os.close(self.fd)
         except OSError:
             pass
+
+    def _pool(self) -> int | None:
+        """The spare pool's directory fd, if the pool exists and is a private directory of ours."""
+        if self._pool_fd is not None:
+            return self._pool_fd
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(SPARE_DIR, flags, dir_fd=self.fd)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            return None
+        self._pool_fd = fd
+        return fd
+
+    def _drop_pool_fd(self) -> None:
+        fd, self._pool_fd = self._pool_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _tmp_name(self, final: str) -> str:
         return f"{TMP_PREFIX}{final}.{self._pid}.{next(self._counter)}"
@@ -81,10 +110,10 @@ class StagingDir:
         if "/" in name or name.startswith(".") or name in ("", "..") or "\0" in name:
             raise StagingError(f"refusing unsafe staging file name {name!r}")
         buffers = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
-        tmp = self._tmp_name(name)
         size = sum(memoryview(b).nbytes for b in buffers)
-        fd = self._claim_spare(tmp, size) if size >= _SPARE_MIN_BYTES else None
+        fd, tmp = self._claim_spare(name, size) if size >= _SPARE_MIN_BYTES else (None, "")
         if fd is None:
+            tmp = self._tmp_name(name)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
         try:
             try:
@@ -112,42 +141,48 @@ class StagingDir:
                 except FileNotFoundError:
                     pass
 
-    def _claim_spare(self, tmp: str, size: int) -> int | None:
-        """Take a spare for a ``size``-byte file under the name ``tmp``; its open fd, or None.
+    def _claim_spare(self, name: str, size: int) -> tuple[int | None, str]:
+        """Take a spare for a ``size``-byte file on its way to ``name``: (open fd, temp name), or (None, "").
 
         The spare closest in size wins (the fewest pages to allocate or free). A claimed
         file that is not a plain private file of ours with one link is deleted unused.
         """
-        try:
-            with os.scandir(self.fd) as it:
-                spares = [
-                    (e.name, e.stat(follow_symlinks=False).st_size)
-                    for e in it
-                    if e.name.startswith(SPARE_PREFIX) and e.is_file(follow_symlinks=False)
-                ]
-        except OSError:
-            return None
-        for spare, _ in sorted(spares, key=lambda s: abs(s[1] - size)):
-            try:
-                os.rename(spare, tmp, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            except OSError:  # claimed by another writer (or swept) meanwhile
-                continue
+        while self._take_spare(tmp := self._tmp_name(name), size):
             fd = -1
             try:
                 fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
                 st = os.fstat(fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
                     os.ftruncate(fd, size)
-                    return fd
+                    return fd, tmp
             except OSError:
                 pass
             if fd >= 0:
                 os.close(fd)
             try:
                 os.unlink(tmp, dir_fd=self.fd)
-            except OSError:  # swapped for a directory meanwhile: the sweeper ignores it, nothing writes to it
+            except OSError:  # a directory planted in the pool: the sweeper ignores it, nothing writes to it
                 pass
-        return None
+        return None, ""
+
+    def _take_spare(self, tmp: str, size: int) -> bool:
+        """Rename the pool's spare closest to ``size`` bytes to ``tmp``; False if there is none."""
+        with self._pool_lock:  # the sweeper reopens the pool fd: never use it while it may close
+            pool = self._pool()
+            if pool is None:
+                return False
+            try:
+                with os.scandir(pool) as it:
+                    spares = [(e.name, e.stat(follow_symlinks=False).st_size) for e in it if e.is_file(follow_symlinks=False)]
+            except OSError:
+                return False
+            for spare, _ in sorted(spares, key=lambda s: abs(s[1] - size)):
+                try:
+                    os.rename(spare, tmp, src_dir_fd=pool, dst_dir_fd=self.fd)
+                    return True
+                except OSError:  # claimed by another writer (or swept) meanwhile, or not renamable
+                    continue
+            return False
 
     def write_refusal(self, rid: str, reason: str) -> bool:
         body = json.dumps({"rid": rid, "reason": reason}).encode()
@@ -185,11 +220,9 @@ class StagingDir:
         removed = 0
         with os.scandir(self.fd) as it:
             entries = list(it)
+        self._sweep_pool(now, max_age_s if spare_max_age_s is None else spare_max_age_s)
         for entry in entries:
             name = entry.name
-            if name.startswith(SPARE_PREFIX):
-                self._drop_idle_spare(entry, now, max_age_s if spare_max_age_s is None else spare_max_age_s)
-                continue
             if not (name.endswith(DUMP_SUFFIX) or name.endswith(REFUSED_SUFFIX) or name.startswith(TMP_PREFIX)):
                 continue
             try:
@@ -205,12 +238,24 @@ class StagingDir:
         return removed
 
 
-    def _drop_idle_spare(self, entry: os.DirEntry, now: float, max_age_s: float) -> None:
-        try:
-            if now - entry.stat(follow_symlinks=False).st_ctime >= max_age_s:
-                os.unlink(entry.name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
+    def _sweep_pool(self, now: float, max_age_s: float) -> None:
+        """Delete spares unclaimed for ``max_age_s`` (by ctime: the hand-back rename sets it)."""
+        with self._pool_lock:
+            self._drop_pool_fd()  # reopened: a pool directory replaced since is checked afresh
+            pool = self._pool()
+            if pool is None:
+                return
+            try:
+                with os.scandir(pool) as it:
+                    entries = list(it)
+            except OSError:
+                return
+            for entry in entries:
+                try:
+                    if now - entry.stat(follow_symlinks=False).st_ctime >= max_age_s:
+                        os.unlink(entry.name, dir_fd=pool)
+                except OSError:  # gone, or a directory planted there: not ours to remove
+                    continue
 
 
 def _write_buffers(fd: int, buffers: Sequence[Buffer]) -> None:
