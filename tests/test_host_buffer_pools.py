@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from hs_dataset.capture.sglang.read_buffers import HostBufferPool
+from hs_dataset.host_buffers import HostBufferPool
 
 MIB = 1 << 20
 
@@ -88,3 +88,29 @@ def test_the_servers_pinned_pool_hands_out_a_later_free_buffer():
     assert pool.acquire(3 * MIB, timeout=0) is mid
     assert pool.acquire(5 * MIB, timeout=0) is big
     assert pool.acquire(MIB, timeout=0) is small
+
+
+def test_the_writer_lets_go_of_a_sample_as_soon_as_it_is_added(tmp_path):
+    """The client's read buffer is back in its pool before the shard is written, and the shard holds the states."""
+    from hs_dataset.formats import ShardWriter, open_dataset
+    from hs_dataset.sample import CapturedSample
+
+    client = HostBufferPool()
+    t, k, h = 64, 3, 4096
+    raw = client.lease(t * (k + 1) * h * 2)  # one dump's states, as _read_dump leases them
+    aux = raw[: t * k * h * 2].view(torch.bfloat16).view(t, k, h)
+    final = raw[t * k * h * 2 :].view(torch.bfloat16).view(t, h)
+    g = torch.Generator().manual_seed(0)
+    aux.copy_(torch.randn(t, k, h, generator=g))
+    final.copy_(torch.randn(t, h, generator=g))
+    expected = (aux.clone(), final.clone())
+    del raw
+    sample = CapturedSample("s0", torch.arange(t), torch.ones(t, dtype=torch.bool), aux, final)
+    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": h, "dtype": "bfloat16"}
+    with ShardWriter(tmp_path / "ds", metadata, shard_bytes=1 << 30) as writer:
+        writer.add(sample)
+        del sample, aux, final
+        gc.collect()
+        assert client.idle_bytes > 0  # returned while the shard is still only in the writer's buffer
+    (stored,) = list(open_dataset(tmp_path / "ds"))
+    assert torch.equal(stored["aux_hidden_states"], expected[0]) and torch.equal(stored["final_hidden_state"], expected[1])

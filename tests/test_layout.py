@@ -4,7 +4,7 @@ Every ``import`` in the package is read from the source (lazy imports inside
 functions included), so a shortcut taken "just inside one function" still fails
 here. The layers, lowest first:
 
-0. leaves: ``errors``, ``version``, ``faults``, ``dtypes``
+0. leaves: ``errors``, ``version``, ``faults``, ``dtypes``, ``host_buffers``
 1. typed values: ``config`` (the card), ``sample`` (the records that flow)
 2. ``sources`` (rows -> tokenized samples) and ``formats`` (samples <-> disk)
 3. ``capture`` (tokenized samples -> captured samples)
@@ -32,6 +32,7 @@ RANKS = {
     "version": 0,
     "faults": 0,
     "dtypes": 0,
+    "host_buffers": 0,
     "config": 1,
     "sample": 1,
     "sources": 2,

@@ -17,6 +17,7 @@ Guarantees (docs/FORMAT.md, "Writing"):
 from __future__ import annotations
 
 import errno
+import ctypes
 import json
 import os
 import queue
@@ -31,6 +32,7 @@ import torch
 
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.faults import crash_point
+from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.errors import (
     DiskFullError,
     DuplicateSampleError,
@@ -74,6 +76,7 @@ from hs_dataset.sample import CapturedSample
 __all__ = ["ShardWriter", "WriterReport"]
 
 _HASH_CHUNK = 8 * 1024 * 1024
+_STATE_ALIGN = 64  # byte alignment of each state inside a sample's pooled buffer
 
 
 @dataclass
@@ -169,6 +172,8 @@ class ShardWriter:
         self._in_flight = threading.BoundedSemaphore(writer_threads)
         self._futures: list[Future] = []
         self._closed = False
+        # Samples wait here until their shard is written; a shard's worth of idle buffers serves the next shard.
+        self._state_buffers = HostBufferPool(max_idle_bytes=shard_bytes + (64 << 20))
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.root)
@@ -373,6 +378,7 @@ class ShardWriter:
         else:
             aux_data, aux_scale = encode_state(aux.detach().to("cpu"), self.state_encoding)
             final_data, final_scale = encode_state(final.detach().to("cpu"), self.state_encoding)
+        aux_data, aux_scale, final_data, final_scale = self._own_copies(aux_data, aux_scale, final_data, final_scale)
         return _Encoded(
             sid,
             ids.detach().to("cpu", torch.int64).contiguous(),
@@ -382,6 +388,30 @@ class ShardWriter:
             final_data,
             final_scale,
         )
+
+    def _own_copies(self, *states: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """The states copied into one pooled buffer of the writer's own, so the caller's memory is free at once.
+
+        Why: a sample waits here until its shard is written. Holding the caller's tensors
+        that long kept the SGLang client's read buffers out of its pool, so every dump
+        was read into memory never touched before: a page fault per 4 KiB, which cost
+        more than this copy into memory the writer reuses shard after shard.
+        """
+        sizes = [0 if t is None else t.numel() * t.element_size() for t in states]
+        starts, total = [], 0
+        for n in sizes:
+            starts.append(total)
+            total += -(-n // _STATE_ALIGN) * _STATE_ALIGN
+        buffer = self._state_buffers.lease(total)
+        copies: list[torch.Tensor | None] = []
+        for state, start, n in zip(states, starts, sizes):
+            if state is None:
+                copies.append(None)
+                continue
+            copy = buffer[start : start + n].view(state.dtype).view(state.shape)
+            ctypes.memmove(copy.data_ptr(), state.contiguous().data_ptr(), n)  # one thread, GIL released
+            copies.append(copy)
+        return copies
 
     def _quarantine(self, sid: str, reason: str) -> None:
         with self._lock:

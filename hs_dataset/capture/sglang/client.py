@@ -36,10 +36,10 @@ import torch
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
 from hs_dataset.capture.model_info import load_text_config
 from hs_dataset.capture.sglang.http import LoopThread, new_session
-from hs_dataset.capture.sglang.read_buffers import HostBufferPool
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
+from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.protocol import (
     DUMP_FORMAT,
@@ -95,7 +95,7 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     ``readinto`` (no GIL held), into one buffer whose slices are the tensors. Reading
     into a bytes object and decoding it with safetensors made two more copies under
     the GIL: the client read dumps at a third of the disk's rate. The buffer is leased
-    from a pool of memory already touched (``read_buffers``), and comes back when the
+    from a pool of memory already touched (``host_buffers``), and comes back when the
     sample's tensors are gone.
     """
     from hs_dataset.formats.encoding import SAFETENSORS_DTYPES

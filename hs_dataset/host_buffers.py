@@ -1,12 +1,17 @@
-"""Host buffers for reading dumps, reused once the last tensor over them is gone.
+"""Host buffers reused once the last tensor over them is gone (a leaf: torch only).
 
-A dump read into fresh memory pays a page fault per 4 KiB on top of the copy, and a
-client keeps its samples until their shard is written, so the allocator hands it
-fresh memory again and again (benchmarks/bench_staging_pool.py measures the client's
-read both ways; bench_transport.py the whole path). A lease is a uint8 tensor over a
-pooled buffer; the tensor holds a small ctypes view of the buffer, and when torch
-drops that view (every tensor and slice over it is gone) a finalizer returns the
-buffer to the pool. Idle buffers beyond ``max_idle_bytes`` are freed.
+Memory the process has not touched before costs a page fault per 4 KiB on first use,
+more than the copy into it. Two places churn through such memory: the SGLang client
+reads every dump into a buffer, and the shard writer holds each sample until its shard
+is written. With both leasing from pools, the client's buffer goes back as soon as the
+writer has copied the sample into its own (reused) memory, and the writer's goes back
+when the shard is on disk (benchmarks/bench_staging_pool.py measures the client's read
+both ways; bench_transport.py the whole path).
+
+A lease is a uint8 tensor over a pooled buffer; the tensor holds a small ctypes view of
+the buffer, and when torch drops that view (every tensor and slice over it is gone) a
+finalizer returns the buffer to the pool. Idle buffers beyond ``max_idle_bytes`` are
+freed.
 """
 
 from __future__ import annotations
