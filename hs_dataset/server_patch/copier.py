@@ -1,9 +1,6 @@
 """Device -> host copies that do not stall the forward pass (stdlib + torch only).
 
-* CPU tensors (CPU servers): copied on the calling thread into a buffer of a bounded
-  pool of plain host memory -- the forward reuses its buffers, and memory reused dump
-  after dump costs no page fault per 4 KiB, which a fresh ``clone`` paid every time
-  (more than the copy itself).
+* CPU tensors (CPU test servers): a plain ``clone`` -- the forward reuses its buffers.
 * CUDA tensors: a device-side snapshot (``clone``) on the *current* stream -- fast, and
   ordered before anything the next forward writes into the same (e.g. CUDA-graph
   static) buffers -- then an asynchronous copy into a pinned host buffer on a side
@@ -55,11 +52,10 @@ def host_bytes(t: torch.Tensor) -> memoryview:
 
 
 class PinnedPool:
-    """A bounded pool of reusable pinned host buffers (uint8); ``pinned=False`` for CPU servers."""
+    """A bounded pool of reusable pinned host buffers (uint8)."""
 
-    def __init__(self, max_bytes: int, *, granularity: int = 2 << 20, pinned: bool = True) -> None:
+    def __init__(self, max_bytes: int, *, granularity: int = 2 << 20) -> None:
         self.max_bytes = int(max_bytes)
-        self.pinned = pinned
         self._gran = granularity
         self._free: list[torch.Tensor] = []
         self._total = 0
@@ -85,7 +81,7 @@ class PinnedPool:
                 if left <= 0:
                     return None
                 self._cond.wait(min(left, 0.02))
-        return torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
     def release(self, buf: torch.Tensor) -> None:
         with self._cond:
@@ -121,7 +117,6 @@ class HostCopier:
     def __init__(self, pinned_pool_bytes: int = 2 << 30) -> None:
         self._pool_bytes = int(pinned_pool_bytes)
         self._pool: PinnedPool | None = None
-        self._host_pool: PinnedPool | None = None  # CPU servers: plain memory, same bound
         self._side_streams: dict = {}
 
     def _side_stream(self, device):
@@ -138,15 +133,20 @@ class HostCopier:
         """
         devices = {t.device for t in tensors.values()}
         if all(d.type == "cpu" for d in devices):
-            return self._host_snapshot(tensors)
+            return HostPiece({k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()})
         if len(devices) != 1 or next(iter(devices)).type != "cuda":
             # Unusual devices: a synchronous copy is correct everywhere.
             return HostPiece({k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()})
         device = next(iter(devices))
         if self._pool is None:
             self._pool = PinnedPool(self._pool_bytes)
-        layout, total = _layout(tensors)
-        buf = self._pool.acquire(total, timeout)
+        layout = []
+        offset = 0
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            layout.append((name, offset, nbytes))
+            offset = _round(offset + nbytes, _ALIGN)
+        buf = self._pool.acquire(offset, timeout)
         if buf is None:
             return None
         current = torch.cuda.current_stream(device)
@@ -166,34 +166,3 @@ class HostCopier:
             event = torch.cuda.Event()
             event.record(side)
         return HostPiece(host, event=event, pool=self._pool, buf=buf)
-
-    def _host_snapshot(self, tensors: Mapping[str, torch.Tensor]) -> HostPiece:
-        """CPU tensors copied into one pooled buffer, on this thread (torch's intra-op threads belong to the forward).
-
-        Plain host memory is not scarce the way pinned memory is: when the pool has no
-        buffer free at once (or the request is larger than the whole pool) the copy
-        goes to fresh memory instead of waiting or refusing, as before there was a pool.
-        """
-        if self._host_pool is None:
-            self._host_pool = PinnedPool(self._pool_bytes, pinned=False)
-        layout, total = _layout(tensors)
-        buf = self._host_pool.acquire(total, 0.0)
-        if buf is None:
-            return HostPiece({k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()})
-        host: dict[str, torch.Tensor] = {}
-        for name, off, nbytes in layout:
-            src = tensors[name].detach().contiguous()
-            dst = buf[off : off + nbytes].view(src.dtype).view(src.shape)
-            ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
-            host[name] = dst
-        return HostPiece(host, pool=self._host_pool, buf=buf)
-
-
-def _layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, int, int]], int]:
-    """(name, byte offset, bytes) of each tensor packed into one buffer, and the buffer's size."""
-    layout, offset = [], 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        layout.append((name, offset, nbytes))
-        offset = _round(offset + nbytes, _ALIGN)
-    return layout, offset
