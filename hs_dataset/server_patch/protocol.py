@@ -20,7 +20,7 @@ Stdlib only, so both sides (scheduler processes and the builder) share one defin
 * ``{staging}/.spares/<hex>``: a dump the client has read, handed back with
   :func:`hand_back_dump` instead of being deleted. The server claims one (rename),
   truncates it to the next dump's size and writes over its pages: a dump's round trip
-  through pages tmpfs already holds costs 0.4 of one through fresh pages, allocated,
+  through pages tmpfs already holds costs a third to a half of one through fresh pages, allocated,
   zeroed and later freed (benchmarks/bench_staging_pool.py). The pool has its own
   directory, so neither side scans the dumps waiting beside it; it is capped by
   :data:`SPARE_MAX_FILES` / :data:`SPARE_MAX_BYTES`, and the server's sweeper deletes
