@@ -16,15 +16,40 @@ freed.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import threading
 import weakref
 
 import torch
 
-__all__ = ["HostBufferPool"]
+__all__ = ["HostBufferPool", "in_a_lease"]
 
 _GRANULARITY = 1 << 20  # buffers are whole MiBs, so nearby sizes share them
+
+_leases_lock = threading.Lock()
+_lease_starts: list[int] = []  # sorted start addresses of every live lease, of every pool
+_lease_ends: dict[int, int] = {}
+
+
+def in_a_lease(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory lies in a live lease of some pool: memory its pool wants back soon."""
+    address = t.data_ptr()
+    with _leases_lock:
+        i = bisect.bisect_right(_lease_starts, address) - 1
+        return i >= 0 and address < _lease_ends[_lease_starts[i]]
+
+
+def _register(start: int, nbytes: int) -> None:
+    with _leases_lock:
+        bisect.insort(_lease_starts, start)
+        _lease_ends[start] = start + nbytes
+
+
+def _unregister(start: int) -> None:
+    with _leases_lock:
+        del _lease_starts[bisect.bisect_left(_lease_starts, start)]
+        del _lease_ends[start]
 
 
 class HostBufferPool:
@@ -44,6 +69,7 @@ class HostBufferPool:
             return torch.empty(nbytes, dtype=torch.uint8)
         buffer = self._take(nbytes)
         view = (ctypes.c_ubyte * nbytes).from_address(buffer.data_ptr())
+        _register(buffer.data_ptr(), nbytes)
         weakref.finalize(view, self._give_back, buffer)  # holds the buffer while any tensor over the view lives
         return torch.frombuffer(view, dtype=torch.uint8)
 
@@ -61,6 +87,7 @@ class HostBufferPool:
         return torch.empty(size, dtype=torch.uint8)
 
     def _give_back(self, buffer: torch.Tensor) -> None:
+        _unregister(buffer.data_ptr())
         with self._lock:
             if self._idle_bytes + buffer.numel() <= self.max_idle_bytes:
                 self._idle.append(buffer)

@@ -114,3 +114,29 @@ def test_the_writer_lets_go_of_a_sample_as_soon_as_it_is_added(tmp_path):
         assert client.idle_bytes > 0  # returned while the shard is still only in the writer's buffer
     (stored,) = list(open_dataset(tmp_path / "ds"))
     assert torch.equal(stored["aux_hidden_states"], expected[0]) and torch.equal(stored["final_hidden_state"], expected[1])
+
+
+def test_a_lease_is_known_until_its_memory_comes_back():
+    from hs_dataset.host_buffers import in_a_lease
+
+    pool = HostBufferPool()
+    lease = pool.lease(3 * MIB)
+    tail = lease[2 * MIB :].view(torch.int32)
+    assert in_a_lease(lease) and in_a_lease(tail)
+    assert not in_a_lease(torch.empty(3 * MIB, dtype=torch.uint8))
+    del lease, tail
+    gc.collect()
+    assert not in_a_lease(pool.lease(10))  # below min_bytes: plain memory, not a lease
+
+
+def test_the_writer_keeps_plain_tensors_as_they_are(tmp_path):
+    """Only leased memory is copied: a caller's own tensors are stored without the extra pass."""
+    from hs_dataset.formats import ShardWriter
+    from hs_dataset.sample import CapturedSample
+
+    t, h = 8, 1024
+    aux, final = torch.randn(t, 3, h).to(torch.bfloat16), torch.randn(t, h).to(torch.bfloat16)
+    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": h, "dtype": "bfloat16"}
+    with ShardWriter(tmp_path / "ds", metadata) as writer:
+        writer.add(CapturedSample("s0", torch.arange(t), torch.ones(t, dtype=torch.bool), aux, final))
+        assert writer._buffer[0].aux.data_ptr() == aux.data_ptr()
