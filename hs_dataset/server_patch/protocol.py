@@ -168,15 +168,13 @@ def _pool_has_room(pool: str, size: int) -> bool:
     except OSError:
         return False
     try:
-        st = os.lstat(pool)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return False
+        check_private_dir(pool)
         files = held = 0
         with os.scandir(pool) as entries:
             for entry in entries:
                 files += 1
                 held += entry.stat(follow_symlinks=False).st_size
-    except OSError:
+    except (OSError, StagingError):
         return False
     return files < SPARE_MAX_FILES and held + size <= SPARE_MAX_BYTES
 

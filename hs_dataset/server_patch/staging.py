@@ -54,12 +54,10 @@ class StagingDir:
         self.path = ensure_private_dir(path) if create else os.path.abspath(path)
         if not create:
             check_private_dir(self.path)
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-        self.fd = os.open(self.path, flags)
-        st = os.fstat(self.fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # replaced between the check and the open
-            os.close(self.fd)
+        fd = _open_private_dir(self.path)
+        if fd is None:  # replaced between the check and the open
             raise StagingError(f"staging directory {self.path} changed while being opened; refusing it")
+        self.fd = fd
         self._counter = itertools.count()
         self._pid = os.getpid()
         self._pool_fd: int | None = None  # .spares/, opened once a client has made it
@@ -75,19 +73,12 @@ class StagingDir:
 
     def _pool(self) -> int | None:
         """The spare pool's directory fd, if the pool exists and is a private directory of ours."""
-        if self._pool_fd is not None:
-            return self._pool_fd
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            fd = os.open(SPARE_DIR, flags, dir_fd=self.fd)
-        except OSError:
-            return None
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            os.close(fd)
-            return None
-        self._pool_fd = fd
-        return fd
+        if self._pool_fd is None:
+            try:
+                self._pool_fd = _open_private_dir(SPARE_DIR, dir_fd=self.fd)
+            except OSError:  # not made yet, or not a directory
+                return None
+        return self._pool_fd
 
     def _drop_pool_fd(self) -> None:
         fd, self._pool_fd = self._pool_fd, None
@@ -237,7 +228,6 @@ class StagingDir:
             logger.warning("hs_dataset capture: swept %d unclaimed staging files older than %.0f s", removed, max_age_s)
         return removed
 
-
     def _sweep_pool(self, now: float, max_age_s: float) -> None:
         """Delete spares unclaimed for ``max_age_s`` (by ctime: the hand-back rename sets it)."""
         with self._pool_lock:
@@ -256,6 +246,16 @@ class StagingDir:
                         os.unlink(entry.name, dir_fd=pool)
                 except OSError:  # gone, or a directory planted there: not ours to remove
                     continue
+
+
+def _open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
+    """An fd on directory ``path`` (never through a symlink) if it is ours and private (0700 or stricter), else None."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _write_buffers(fd: int, buffers: Sequence[Buffer]) -> None:
