@@ -105,6 +105,7 @@ class Phase:
     load_busy_s: float = 0.0
     add_busy_s: float = 0.0
     fallback: bool = False
+    trace: str = ""
 
     @property
     def overhead(self) -> float:
@@ -278,6 +279,71 @@ class Consumer:
             raise self.error
 
 
+class _WriterTrace:
+    """Where the writer's time went (``--trace``): the adder's waits for a free writer thread, and each shard's write span."""
+
+    def __init__(self) -> None:
+        self.wait_s = 0.0
+        self.spans: list[tuple[float, float]] = []
+        self.lock = threading.Lock()
+
+    def summary(self, start: float, end: float) -> str:
+        window = max(end - start, 1e-9)
+        busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans)
+        edges = sorted([(a, 1) for a, _ in self.spans] + [(b, -1) for _, b in self.spans])
+        idle, depth, last = 0.0, 0, start
+        for t, step in edges:
+            if depth == 0 and t > last:
+                idle += max(0.0, min(t, end) - max(last, start))
+            depth += step
+            last = t
+        per = [b - a for a, b in self.spans]
+        return (
+            f"trace: {len(self.spans)} shards, write+fsync {min(per):.2f}-{max(per):.2f} s each (mean {statistics.mean(per):.2f}); "
+            f"mean shards in flight {busy / window:.2f} over the sustained window, none in flight for {idle:.2f} s; "
+            f"the adder waited {self.wait_s:.2f} s for a free writer thread"
+        )
+
+
+_TRACE: list[_WriterTrace] = []  # the phase being traced (one at a time in the client process)
+
+
+def _trace_writer(writer) -> _WriterTrace:
+    """Wrap one ShardWriter's in-flight wait and shard writes with timers (benchmark-only instrumentation)."""
+    import hs_dataset.formats.writer as writer_module
+
+    trace = _WriterTrace()
+    _TRACE[:] = [trace]
+    semaphore = writer._in_flight
+
+    class TimedSemaphore:
+        def acquire(self, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return semaphore.acquire(*a, **k)
+            finally:
+                trace.wait_s += time.perf_counter() - t0
+
+        def release(self):
+            semaphore.release()
+
+    if not getattr(writer_module._write_shard, "_traced", False):
+        write_shard = writer_module._write_shard
+
+        def timed_write(*a, **k):
+            t0 = _now()
+            try:
+                return write_shard(*a, **k)
+            finally:
+                with _TRACE[0].lock:
+                    _TRACE[0].spans.append((t0, _now()))
+
+        timed_write._traced = True
+        writer_module._write_shard = timed_write
+    writer._in_flight = TimedSemaphore()
+    return trace
+
+
 def consume_phase(spec: dict, replies) -> dict:
     """One phase on the client side: expect every request the server will be sent, consume, write, close, verify."""
     from hs_dataset.capture.sglang.client import SGLangBackend
@@ -299,6 +365,7 @@ def consume_phase(spec: dict, replies) -> dict:
         shard_bytes=spec["shard_bytes"], writer_threads=spec["writer_threads"],
     )
     stats = {"load_busy_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
+    trace = _trace_writer(writer) if spec.get("trace") else None
     consumer = Consumer(backend, writer, spec["staging"], spec["loaders"], stats)
     try:
         # the client knows every request it sends: the server side names them hs-node-<seq>-<tokens>, 8 per pass
@@ -310,6 +377,8 @@ def consume_phase(spec: dict, replies) -> dict:
         stats["consumed_at"] = _now()
         report = writer.close()
         stats["closed_at"] = _now()
+        if trace is not None:
+            stats["trace"] = trace.summary(stats["first_flush_at"] or stats["closed_at"], stats["closed_at"])
         stats["tokens"] = report.tokens
         stats["bytes_written"] = report.bytes_written
     finally:
@@ -369,7 +438,9 @@ class Client:
             self.proc.join(timeout=10)
 
 
-def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str) -> Phase:
+def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None) -> Phase:
+    """One (rate, storage) phase. ``copier``: the server's pinned-memory copier, shared across phases as one
+    server process keeps it for its lifetime (so its pinned pool is allocated once, in the warm-up); None: a new one."""
     from hs_dataset.server_patch.capture import BatchView, CaptureConfig, CaptureCore
 
     phase = Phase(rate, storage)
@@ -400,13 +471,13 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
         pinned_pool_bytes=args.pinned_gib << 30, max_staging_bytes=args.staging_gib << 30, max_staging_files=100_000,
         max_wait_s=120.0,  # back-pressure, never a refusal: the sustained rate is what is measured
     )
-    core = CaptureCore(config, sglang_version="bench")
+    core = CaptureCore(config, sglang_version="bench", copier=copier)
     try:
         client.requests.put(
             {
                 "rate": rate, "storage": storage, "staging": staging, "out": out, "ids": ids.cpu().tolist(), "per": per,
                 "requests": requests, "n": steps * requests, "loaders": args.loaders, "writer_threads": args.writer_threads,
-                "shard_bytes": args.shard_mib << 20, "verify": args.verify,
+                "shard_bytes": args.shard_mib << 20, "verify": args.verify, "trace": args.trace,
             }
         )
         client.wait("ready", timeout=120)
@@ -441,6 +512,7 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     phase.tokens, phase.shard_bytes, phase.samples = stats["tokens"], stats["bytes_written"], stats["samples"]
     phase.failures += stats["failures"]
     phase.verified = stats.get("verified", "")
+    phase.trace = stats.get("trace", "")
     phase.load_busy_s, phase.add_busy_s, phase.fallback = stats["load_busy_s"], stats["add_busy_s"], stats["fallback"]
     shutil.rmtree(out, ignore_errors=True)
     return phase
@@ -492,6 +564,8 @@ def main() -> None:
     parser.add_argument("--staging-gib", type=int, default=16, help="staging budget (the server's default): beyond it the prefill waits (back-pressure)")
     parser.add_argument("--pinned-gib", type=int, default=4)
     parser.add_argument("--out", default=None, help="where shards go (default: a temp dir under the current directory's disk)")
+    parser.add_argument("--copier-per-phase", action="store_true", help="a new pinned pool per phase (before: one per run, as a server keeps it)")
+    parser.add_argument("--trace", action="store_true", help="print where the client's shard writer spent its time")
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--warmup-gb", type=float, default=1.0, help="an unmeasured first phase of this many bytes (0: none)")
     args = parser.parse_args()
@@ -515,6 +589,9 @@ def main() -> None:
         f"{args.loaders} dump loaders, shard writer with {args.writer_threads} writer threads and {args.shard_mib} MiB shards",
         flush=True,
     )
+    from hs_dataset.server_patch.copier import HostCopier
+
+    copier = None if args.copier_per_phase else HostCopier(args.pinned_gib << 30)
     phases: list[Phase] = []
     raw: list[float] = []
     try:
@@ -531,10 +608,10 @@ def main() -> None:
                 print(fp8_error_check(model, args.tokens), flush=True)
             if rate == rates[0] and args.warmup_gb > 0:  # the process's one-time costs (CUDA, allocators, imports) land here
                 warm = argparse.Namespace(**{**vars(args), "phase_gb": args.warmup_gb, "verify": False})
-                w = run_phase(warm, client, model, rate, args.storages.split(",")[0], out_root, staging_root)
+                w = run_phase(warm, client, model, rate, args.storages.split(",")[0], out_root, staging_root, copier)
                 print(f"warm-up phase, not counted: {w.samples} samples, prefill {w.overhead * 100:+.1f}%", flush=True)
             for storage in args.storages.split(","):
-                p = run_phase(args, client, model, rate, storage, out_root, staging_root)
+                p = run_phase(args, client, model, rate, storage, out_root, staging_root, copier)
                 phases.append(p)
                 print(
                     f"{rate // 1000}k tok/s {storage:>6}: prefill {p.base_tok_s:,.0f} -> {p.cap_tok_s:,.0f} tok/s with capture "
@@ -545,7 +622,8 @@ def main() -> None:
                     f"{p.consumed_s:.2f} s; client load busy {p.load_busy_s:.1f} s, writer.add busy {p.add_busy_s:.1f} s; "
                     f"{p.verified or 'not verified'}"
                     + (f"; FAILURES {len(p.failures)}: {p.failures[:2]}" if p.failures else "")
-                    + ("; the writer re-encoded fp8 (no pass-through)" if p.fallback else ""),
+                    + ("; the writer re-encoded fp8 (no pass-through)" if p.fallback else "")
+                    + (f"\n  {p.trace}" if p.trace else ""),
                     flush=True,
                 )
             del model

@@ -1,12 +1,12 @@
 """Host buffers reused once the last tensor over them is gone (a leaf: torch only).
 
 Memory the process has not touched before costs a page fault per 4 KiB on first use,
-more than the copy into it. Two places churn through such memory: the SGLang client
-reads every dump into a buffer, and the shard writer holds each sample until its shard
-is written. With both leasing from pools, the client's buffer goes back as soon as the
-writer has copied the sample into its own (reused) memory, and the writer's goes back
-when the shard is on disk (benchmarks/bench_staging_pool.py measures the client's read
-both ways; bench_transport.py the whole path).
+more than the copy into it. The SGLang client reads every dump into a leased buffer, and
+the shard writer holds each sample, buffer and all, until its shard is on disk; then the
+buffer goes back to the client's pool for a later dump. A holder like the writer asks the
+pool to keep room for what it will hand back (:meth:`HostBufferPool.hold_room`), since
+it returns a whole shard's buffers at once (benchmarks/bench_staging_pool.py measures the
+client's read both ways; bench_transport.py and bench_node.py the whole path).
 
 A lease is a uint8 tensor over a pooled buffer; the tensor holds a small ctypes view of
 the buffer, and when torch drops that view (every tensor and slice over it is gone) a
@@ -20,30 +20,39 @@ import bisect
 import ctypes
 import threading
 import weakref
+from typing import Callable
 
 import torch
 
-__all__ = ["HostBufferPool", "in_a_lease"]
+__all__ = ["HostBufferPool", "in_a_lease", "lease_pool"]
 
 _GRANULARITY = 1 << 20  # buffers are whole MiBs, so nearby sizes share them
 
 _leases_lock = threading.Lock()
 _lease_starts: list[int] = []  # sorted start addresses of every live lease, of every pool
-_lease_ends: dict[int, int] = {}
+_lease_ends: dict[int, tuple[int, "HostBufferPool"]] = {}  # start -> (end, the pool it goes back to)
 
 
-def in_a_lease(t: torch.Tensor) -> bool:
-    """Whether ``t``'s memory lies in a live lease of some pool: memory its pool wants back soon."""
+def lease_pool(t: torch.Tensor) -> "HostBufferPool | None":
+    """The pool whose live lease holds ``t``'s memory, or None for memory of no pool."""
     address = t.data_ptr()
     with _leases_lock:
         i = bisect.bisect_right(_lease_starts, address) - 1
-        return i >= 0 and address < _lease_ends[_lease_starts[i]]
+        if i < 0:
+            return None
+        end, pool = _lease_ends[_lease_starts[i]]
+        return pool if address < end else None
 
 
-def _register(start: int, nbytes: int) -> None:
+def in_a_lease(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory lies in a live lease of some pool: memory its pool wants back."""
+    return lease_pool(t) is not None
+
+
+def _register(start: int, nbytes: int, pool: "HostBufferPool") -> None:
     with _leases_lock:
         bisect.insort(_lease_starts, start)
-        _lease_ends[start] = start + nbytes
+        _lease_ends[start] = (start + nbytes, pool)
 
 
 def _unregister(start: int) -> None:
@@ -69,7 +78,7 @@ class HostBufferPool:
             return torch.empty(nbytes, dtype=torch.uint8)
         buffer = self._take(nbytes)
         view = (ctypes.c_ubyte * nbytes).from_address(buffer.data_ptr())
-        _register(buffer.data_ptr(), nbytes)
+        _register(buffer.data_ptr(), nbytes, self)
         weakref.finalize(view, self._give_back, buffer)  # holds the buffer while any tensor over the view lives
         return torch.frombuffer(view, dtype=torch.uint8)
 
@@ -92,6 +101,29 @@ class HostBufferPool:
             if self._idle_bytes + buffer.numel() <= self.max_idle_bytes:
                 self._idle.append(buffer)
                 self._idle_bytes += buffer.numel()
+
+    def hold_room(self, nbytes: int) -> Callable[[], None]:
+        """Keep up to ``nbytes`` more idle until the returned function is called.
+
+        Why: a holder of many leases (the shard writer keeps a shard's samples until it is
+        on disk) gives them back in bursts; above the base cap they would be freed, and
+        the next reads would fault in new memory again. Releasing trims idle buffers back
+        under the cap. Calling the release twice is harmless.
+        """
+        with self._lock:
+            self.max_idle_bytes += nbytes
+        released = threading.Event()
+
+        def release() -> None:
+            with self._lock:
+                if released.is_set():
+                    return
+                released.set()
+                self.max_idle_bytes -= nbytes
+                while self._idle and self._idle_bytes > self.max_idle_bytes:
+                    self._idle_bytes -= self._idle.pop().numel()
+
+        return release
 
     @property
     def idle_bytes(self) -> int:

@@ -1,4 +1,5 @@
-"""Host buffer pools: the client's read buffers come back only when no tensor over them is left; the server's pinned pool picks any free buffer."""
+"""Host buffer pools: the client's read buffers come back only when no tensor over them is left, and
+the shard writer keeps room for them in their pool; the server's pinned pool picks any free buffer."""
 
 from __future__ import annotations
 
@@ -90,30 +91,87 @@ def test_the_servers_pinned_pool_hands_out_a_later_free_buffer():
     assert pool.acquire(MIB, timeout=0) is small
 
 
-def test_the_writer_lets_go_of_a_sample_as_soon_as_it_is_added(tmp_path):
-    """The client's read buffer is back in its pool before the shard is written, and the shard holds the states."""
-    from hs_dataset.formats import ShardWriter, open_dataset
+def _leased_sample(pool: HostBufferPool, sid: str, t: int = 64, k: int = 3, h: int = 4096, seed: int = 0):
+    """A sample whose states are views of one lease, as _read_dump hands them out; and a copy of its states."""
     from hs_dataset.sample import CapturedSample
 
-    client = HostBufferPool()
-    t, k, h = 64, 3, 4096
-    raw = client.lease(t * (k + 1) * h * 2)  # one dump's states, as _read_dump leases them
+    raw = pool.lease(t * (k + 1) * h * 2)
     aux = raw[: t * k * h * 2].view(torch.bfloat16).view(t, k, h)
     final = raw[t * k * h * 2 :].view(torch.bfloat16).view(t, h)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     aux.copy_(torch.randn(t, k, h, generator=g))
     final.copy_(torch.randn(t, h, generator=g))
-    expected = (aux.clone(), final.clone())
-    del raw
-    sample = CapturedSample("s0", torch.arange(t), torch.ones(t, dtype=torch.bool), aux, final)
-    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": h, "dtype": "bfloat16"}
-    with ShardWriter(tmp_path / "ds", metadata, shard_bytes=1 << 30) as writer:
-        writer.add(sample)
-        del sample, aux, final
-        gc.collect()
-        assert client.idle_bytes > 0  # returned while the shard is still only in the writer's buffer
+    return CapturedSample(sid, torch.arange(t), torch.ones(t, dtype=torch.bool), aux, final), (aux.clone(), final.clone())
+
+
+def test_the_writer_stores_leased_states_without_a_copy_and_their_buffers_come_back(tmp_path):
+    """No copy on the adding thread; once the shard is on disk the client's buffer is idle in its pool, for the next read."""
+    from hs_dataset.formats import ShardWriter, open_dataset
+
+    client = HostBufferPool(max_idle_bytes=0)  # no room of its own: what stays idle is the writer's hold
+    sample, expected = _leased_sample(client, "s0")
+    ptr = sample.aux_hidden_states.data_ptr()
+    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": 4096, "dtype": "bfloat16"}
+    writer = ShardWriter(tmp_path / "ds", metadata, shard_bytes=8 * MIB, writer_threads=2)
+    writer.add(sample)
+    held_ptr = writer._buffer[0].aux.data_ptr()
+    assert held_ptr == ptr  # held as it was read
+    assert client.max_idle_bytes == 3 * 8 * MIB  # room for (threads + 1) shards while the writer is open
+    del sample
+    gc.collect()
+    assert client.idle_bytes == 0  # still in the writer's buffer
+    writer.flush()
+    for future in list(writer._futures):
+        future.result()
+    gc.collect()
+    assert client.idle_bytes > 0  # the shard is on disk: back in the pool
+    reused = client.stats["reused"]
+    again = client.lease(64 * 4 * 4096 * 2)
+    assert again.data_ptr() == ptr and client.stats["reused"] == reused + 1
+    del again
+    writer.close()
+    gc.collect()
+    assert client.max_idle_bytes == 0 and client.idle_bytes == 0  # the room is given back, and trimmed
     (stored,) = list(open_dataset(tmp_path / "ds"))
     assert torch.equal(stored["aux_hidden_states"], expected[0]) and torch.equal(stored["final_hidden_state"], expected[1])
+
+
+def test_room_is_held_once_per_pool_and_released_once(tmp_path):
+    from hs_dataset.formats import ShardWriter
+
+    client = HostBufferPool(max_idle_bytes=5)
+    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": 4096, "dtype": "bfloat16"}
+    with ShardWriter(tmp_path / "ds", metadata, shard_bytes=1 << 30, writer_threads=1) as writer:
+        for i in range(3):
+            writer.add(_leased_sample(client, f"s{i}", seed=i)[0])
+        assert client.max_idle_bytes == 5 + 2 * (1 << 30)
+    writer.close()  # a second close changes nothing
+    assert client.max_idle_bytes == 5
+
+
+def test_a_dropped_writer_gives_the_room_back(tmp_path):
+    from hs_dataset.formats import ShardWriter
+
+    client = HostBufferPool(max_idle_bytes=0)
+    metadata = {"aux_layer_ids": [1, 2, 3], "hidden_size": 4096, "dtype": "bfloat16"}
+    writer = ShardWriter(tmp_path / "ds", metadata, shard_bytes=1 << 30, writer_threads=1)
+    writer.add(_leased_sample(client, "s0")[0])
+    assert client.max_idle_bytes > 0
+    writer.abort()
+    assert client.max_idle_bytes == 0
+
+
+def test_held_room_trims_back_to_the_cap():
+    pool = HostBufferPool(max_idle_bytes=2 * MIB)
+    release = pool.hold_room(4 * MIB)
+    leases = [pool.lease(2 * MIB) for _ in range(3)]
+    del leases
+    gc.collect()
+    assert pool.idle_bytes == 6 * MIB
+    release()
+    assert pool.idle_bytes == 2 * MIB and pool.max_idle_bytes == 2 * MIB
+    release()
+    assert pool.max_idle_bytes == 2 * MIB
 
 
 def test_a_lease_is_known_until_its_memory_comes_back():
@@ -130,7 +188,7 @@ def test_a_lease_is_known_until_its_memory_comes_back():
 
 
 def test_the_writer_keeps_plain_tensors_as_they_are(tmp_path):
-    """Only leased memory is copied: a caller's own tensors are stored without the extra pass."""
+    """A caller's own tensors are stored as they are, and hold no pool's room."""
     from hs_dataset.formats import ShardWriter
     from hs_dataset.sample import CapturedSample
 

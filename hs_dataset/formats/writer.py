@@ -17,22 +17,22 @@ Guarantees (docs/FORMAT.md, "Writing"):
 from __future__ import annotations
 
 import errno
-import ctypes
 import json
 import os
 import queue
 import threading
 import uuid
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.faults import crash_point
-from hs_dataset.host_buffers import HostBufferPool, in_a_lease
+from hs_dataset.host_buffers import lease_pool
 from hs_dataset.errors import (
     DiskFullError,
     DuplicateSampleError,
@@ -76,7 +76,6 @@ from hs_dataset.sample import CapturedSample
 __all__ = ["ShardWriter", "WriterReport"]
 
 _HASH_CHUNK = 8 * 1024 * 1024
-_STATE_ALIGN = 64  # byte alignment of each state inside a sample's pooled buffer
 
 
 @dataclass
@@ -172,8 +171,9 @@ class ShardWriter:
         self._in_flight = threading.BoundedSemaphore(writer_threads)
         self._futures: list[Future] = []
         self._closed = False
-        # Samples wait here until their shards are written; as many idle buffers as shards in flight serve the next ones.
-        self._state_buffers = HostBufferPool(max_idle_bytes=(writer_threads + 1) * shard_bytes)
+        # Leased samples wait here until their shards are written: their pools keep room for that many bytes.
+        self._lease_room = (writer_threads + 1) * shard_bytes
+        self._held_pools: list[tuple[Any, Callable[[], None]]] = []
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.root)
@@ -378,7 +378,7 @@ class ShardWriter:
         else:
             aux_data, aux_scale = encode_state(aux.detach().to("cpu"), self.state_encoding)
             final_data, final_scale = encode_state(final.detach().to("cpu"), self.state_encoding)
-        aux_data, aux_scale, final_data, final_scale = self._own_copies(aux_data, aux_scale, final_data, final_scale)
+        self._hold_room_for_leases(aux_data, aux_scale, final_data, final_scale)
         return _Encoded(
             sid,
             ids.detach().to("cpu", torch.int64).contiguous(),
@@ -389,33 +389,29 @@ class ShardWriter:
             final_scale,
         )
 
-    def _own_copies(self, *states: torch.Tensor | None) -> list[torch.Tensor | None]:
-        """States in a pooled buffer's lease copied into one of the writer's own, so that lease is free at once.
+    def _hold_room_for_leases(self, *states: torch.Tensor | None) -> None:
+        """Have the pool of any leased state keep room for this writer's leases until it closes.
 
-        Why: a sample waits here until its shard is written. Holding the SGLang client's
-        read buffers that long kept them out of its pool, so every dump was read into
-        memory never touched before: a page fault per 4 KiB, which cost more than this
-        copy into memory the writer reuses shard after shard. Other tensors (the HF
-        backend's, a caller's own) are kept as they are: copying them frees nothing
-        anyone waits for, and cost the writer half its rate on the H200 host.
+        Why: a sample waits here until its shard is on disk, and then its buffer goes back
+        to the pool it was leased from (the SGLang client's dump reads), a whole shard's
+        buffers at once. Without room above the pool's base cap they were freed and the
+        next dumps read into memory never touched before, a page fault per 4 KiB. Copying
+        each sample into the writer's own pool instead (before) avoided that, but the copy
+        ran on the one thread that adds samples and held a Kimi node at ~1.7 GB/s of
+        shards (benchmarks/bench_node.py --trace). At most ``writer_threads + 1`` shards'
+        samples are held, which is the room asked for.
         """
-        if not any(t is not None and in_a_lease(t) for t in states):
-            return list(states)
-        sizes = [0 if t is None else t.numel() * t.element_size() for t in states]
-        starts, total = [], 0
-        for n in sizes:
-            starts.append(total)
-            total += -(-n // _STATE_ALIGN) * _STATE_ALIGN
-        buffer = self._state_buffers.lease(total)
-        copies: list[torch.Tensor | None] = []
-        for state, start, n in zip(states, starts, sizes):
-            if state is None:
-                copies.append(None)
-                continue
-            copy = buffer[start : start + n].view(state.dtype).view(state.shape)
-            ctypes.memmove(copy.data_ptr(), state.contiguous().data_ptr(), n)  # one thread, GIL released
-            copies.append(copy)
-        return copies
+        for state in states:
+            pool = None if state is None else lease_pool(state)
+            if pool is not None and all(held is not pool for held, _release in self._held_pools):
+                release = pool.hold_room(self._lease_room)
+                weakref.finalize(self, release)  # a writer dropped without close() gives the room back too
+                self._held_pools.append((pool, release))
+
+    def _release_held_pools(self) -> None:
+        for _pool, release in self._held_pools:
+            release()
+        self._held_pools = []
 
     def _quarantine(self, sid: str, reason: str) -> None:
         with self._lock:
@@ -485,6 +481,7 @@ class ShardWriter:
         finally:
             self._closed = True
             self._pool.shutdown(wait=True)
+            self._release_held_pools()
             os.close(self._lock_fd)
         return self.report
 
