@@ -361,3 +361,46 @@ def test_fast_finite_check_agrees_with_isfinite(dtype):
             x = base.clone()
             x[where] = bad
             assert all_finite(x) == bool(torch.isfinite(x).all()) == False  # noqa: E712
+
+
+def test_adding_never_waits_behind_a_slow_manifest_write(tmp_path, monkeypatch):
+    """A manifest fsync can wait on the journal flushing every shard in flight; add() goes on meanwhile."""
+    import threading
+
+    import hs_dataset.formats.atomic as atomic_module
+
+    real_write, gate, waiting = atomic_module.atomic_write_chunks, threading.Event(), threading.Event()
+
+    def slow_write(final, chunks, **kw):
+        if final.name == "manifest.json" and threading.current_thread().name.startswith("hs-shard-writer"):
+            waiting.set()
+            assert gate.wait(30)
+        return real_write(final, chunks, **kw)
+
+    monkeypatch.setattr(atomic_module, "atomic_write_chunks", slow_write)
+    samples = [make_sample(f"s{i}", 40, k=2, h=64) for i in range(12)]
+    writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64), shard_bytes=20_000, writer_threads=3)
+    writer.add(samples[0])
+    writer.add(samples[1])  # fills the first shard: a writer thread writes it, then stalls on the manifest
+    assert waiting.wait(30)
+    done = threading.Event()
+    threading.Thread(target=lambda: ([writer.add(s) for s in samples[2:5]], done.set()), daemon=True).start()
+    assert done.wait(10), "add() waited for the manifest write"
+    gate.set()
+    writer.close()
+    result = verify_dataset(tmp_path / "ds")
+    assert result.ok, result.problems
+    assert sorted(s["sample_id"] for s in open_dataset(tmp_path / "ds")) == sorted(s.sample_id for s in samples[:5])
+
+
+def test_an_older_manifest_state_never_overwrites_a_newer_one(tmp_path):
+    """Writer threads encode the manifest under the lock and write it after: the latest state wins whatever the order."""
+    import json
+
+    writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64))
+    older, newer = writer._manifest_edit_locked(), writer._manifest_edit_locked()
+    newer = (newer[0], newer[1].replace(b'"created_by"', b'"created_by_newer"', 1))
+    writer._save_manifest(*newer)
+    writer._save_manifest(*older)
+    assert "created_by_newer" in json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    writer.close()

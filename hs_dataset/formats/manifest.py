@@ -196,10 +196,13 @@ class Manifest:
             "quarantine": self.quarantine,
         }
 
+    def encode(self) -> bytes:
+        """The manifest file's bytes (taken under a writer's lock; written after it is let go)."""
+        return json.dumps(self.to_json(), indent=1, sort_keys=False).encode("utf-8") + b"\n"
+
     def save(self, root: Path) -> None:
         """Atomically replace ``root/manifest.json``."""
-        data = json.dumps(self.to_json(), indent=1, sort_keys=False).encode("utf-8") + b"\n"
-        atomic_write_bytes(Path(root) / MANIFEST_NAME, data)
+        atomic_write_bytes(Path(root) / MANIFEST_NAME, self.encode())
 
     @classmethod
     def from_json(cls, raw: Any, where: str) -> "Manifest":

@@ -43,7 +43,7 @@ from hs_dataset.errors import (
     SampleError,
 )
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
-from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
+from hs_dataset.formats.atomic import atomic_write_bytes, fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.encoding import (
     SCALE_SUFFIX,
     accept_encoded_state,
@@ -162,6 +162,8 @@ class ShardWriter:
         self.report = WriterReport()
 
         self._lock = threading.Lock()
+        self._manifest_lock = threading.Lock()  # orders manifest writes; held only by writer threads and rare edits
+        self._manifest_edits = self._manifest_saved = 0
         self._buffer: list[_Encoded] = []
         self._buffer_bytes = 0
         self._stored_ids: set[str] = set()
@@ -419,7 +421,25 @@ class ShardWriter:
             entry = {"sample_id": sid, "reason": reason}
             self.manifest.quarantine.append(entry)
             self.report.quarantined.append(entry)
-            self.manifest.save(self.root)
+            edit = self._manifest_edit_locked()
+        self._save_manifest(*edit)
+
+    def _manifest_edit_locked(self) -> tuple[int, bytes]:
+        """Number this state of the manifest and encode it (the caller holds ``_lock``)."""
+        self._manifest_edits += 1
+        return self._manifest_edits, self.manifest.encode()
+
+    def _save_manifest(self, edit: int, data: bytes) -> None:
+        """Write a manifest state unless a later one is already on disk.
+
+        Outside ``_lock``: the fsyncs (file and directory) can wait on a journal commit that
+        flushes the other shards in flight, and ``add`` must not wait behind them.
+        """
+        with self._manifest_lock:
+            if edit <= self._manifest_saved:
+                return
+            atomic_write_bytes(self.root / MANIFEST_NAME, data)
+            self._manifest_saved = edit
 
     # ------------------------------------------------------------------ flush
     def flush(self) -> None:
@@ -443,7 +463,9 @@ class ShardWriter:
             with self._lock:
                 self.manifest.shards.append(record)
                 self.manifest.shards.sort(key=lambda s: s.file)
-                self.manifest.save(self.root)
+                edit = self._manifest_edit_locked()
+            self._save_manifest(*edit)
+            with self._lock:
                 self._stored_ids.update(s.sample_id for s in batch)
                 self._session_ids.difference_update(s.sample_id for s in batch)
                 self.report.written += len(batch)
