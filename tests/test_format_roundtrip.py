@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,3 +117,32 @@ def test_read_into_copies_exactly_the_view_bytes(tmp_path):
                 got[start : start + n] = piece[:n]
                 start += n
             assert bytes(out) == want, (index, key)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_quantizer_matches_its_defining_formula_bit_for_bit(dtype):
+    """The quantizer reads x once for max |x| and divides in one mixed-dtype kernel; stored bytes must not change.
+
+    The reference is the encoding's definition (float32 copy, max |x| per token, scale =
+    max / 448 or 1, divide, clamp, cast), which datasets written before were encoded with.
+    """
+    from hs_dataset.server_patch.protocol import FP8_MAX, quantize_fp8_per_token
+
+    def reference(x):
+        as_float = x.float()
+        amax = as_float.abs().amax(dim=-1)
+        scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
+        return (as_float / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+    g = torch.Generator().manual_seed(7)
+    for _ in range(10):
+        x = (torch.randn(9, 3, 129, generator=g) * torch.exp(torch.randn(9, 3, 1, generator=g) * 8)).to(dtype)
+        x[0, 0], x[0, 1] = 0.0, -0.0  # all-zero rows: scale 1
+        x[1, 0, 5], x[2, 1, 3], x[3, 2, 7] = float("nan"), float("inf"), -float("inf")
+        x[4, 0] = -x[4, 0].abs()  # the largest magnitude is negative
+        x[5, 1] = torch.finfo(dtype).max
+        x[6, 2] = torch.finfo(dtype).tiny / 4  # subnormal
+        data, scale = quantize_fp8_per_token(x)
+        want_data, want_scale = reference(x)
+        assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+        assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
