@@ -24,7 +24,12 @@ build``) is a separate process from the SGLang server:
 
 An unmeasured warm-up phase (``--warmup-gb``, 1 GB) runs first, so that the
 process's one-time costs (CUDA and allocator warm-up, the client's first reads into
-new memory) are not charged to whichever phase happens to come first. Then, for
+new memory) are not charged to whichever phase happens to come first. The server's
+pinned-memory copier is one per run, as a server process keeps it (``--copier-per-phase``:
+a new one per phase). ``--trace`` prints, per phase, how many shards the client's writer
+had in flight and how long the thread adding samples waited for a free writer thread:
+near the thread count and long waits mean the disk sets the pace, few in flight mean
+the client does. Then, for
 each rate and each storage (native bf16, and fp8 quantized on the GPU) it prints
 the prefill rate with and without capture, the sustained end-to-end rate (shard
 bytes on disk per second, from the first pass to the last shard published), and
