@@ -298,7 +298,7 @@ class StagingSection(_Section):
     max_files: int | None = Field(None, ge=1, description="Dump files waiting for the client before new ones are refused. Default null: 4096.")
     max_wait_s: float | None = Field(None, ge=0, description="Seconds one forward pass may wait, in total, for staging room or pinned memory before its dumps are refused. Default null: 2.0.")
     writer_threads: int | None = Field(None, ge=1, description="Threads writing dumps off the forward path (each dump one `writev` from its pinned buffer). Default null: 4.")
-    pinned_pool_bytes: int | None = Field(None, ge=0, description="Pinned host memory for device-to-host copies, in bytes. Default null: 2 GiB.")
+    pinned_pool_bytes: int | None = Field(None, ge=0, description="Host memory for the capture copies, in bytes: pinned for device-to-host copies, plain on a CPU server. Default null: 2 GiB.")
     orphan_ttl_s: float | None = Field(None, gt=0, description="Seconds after which unclaimed dumps and temporaries are deleted. Default null: 3600.")
     rid_prefix: str | None = Field(
         None, pattern=r"^hs-[A-Za-z0-9-]*$", description="Request-id prefix whose requests are captured. Default null: `hs-`."

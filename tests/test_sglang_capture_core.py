@@ -405,6 +405,67 @@ def test_copier_snapshot_is_independent_of_the_forward_buffers(tmp_path):
     core.close()
 
 
+def test_each_dump_reports_the_forward_threads_capture_cpu(tmp_path, monkeypatch):
+    """capture_cpu_ns: the hook's CPU on the forward thread, each request its own part and a share of the pass's by tokens."""
+    import hs_dataset.server_patch.capture as capture_module
+
+    clock = iter(range(0, 10**9, 1000))  # every reading 1 us after the one before
+    monkeypatch.setattr(capture_module.time, "thread_time_ns", lambda: next(clock))
+    core = make_core(tmp_path)
+    aux, final = states(6)
+    rids = ["hs-r1-1-2", "hs-r1-2-4"]
+    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [2, 4], rids=rids)), aux=aux, final_prenorm=final)
+    core.flush()
+    # readings: pass start 0, pass part 1000 (shared 1:2 by tokens: 333 / 666), then per request start and end
+    assert read(core, rids[0])[0]["capture_cpu_ns"] == str(1000 * 2 // 6 + 1000)
+    assert read(core, rids[1])[0]["capture_cpu_ns"] == str(1000 * 4 // 6 + 1000)
+    core.close()
+
+
+def test_chunked_requests_add_up_the_capture_cpu_of_their_chunks(tmp_path):
+    core = make_core(tmp_path)
+    aux, final = states(10, seed=3)
+    ids = torch.arange(500, 510)
+    rid = "hs-r1-7-10"
+    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [4], rids=[rid], ids=ids[:4])), aux=aux[:4], final_prenorm=final[:4])
+    first = core._assemblies[rid].capture_cpu_ns
+    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [6], prefix=[4], rids=[rid], ids=ids[4:])), aux=aux[4:], final_prenorm=final[4:])
+    core.flush()
+    assert int(read(core, rid)[0]["capture_cpu_ns"]) > first > 0
+    core.close()
+
+
+def test_the_dump_writers_are_named_for_the_os(tmp_path):
+    """top -H and /proc tell the capture threads from SGLang's (bench_transport reads their CPU by name)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("thread names are set on Linux only")
+    core = make_core(tmp_path, writer_threads=2)
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    core.close()
+    assert names.count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names
+
+
+def test_the_cpu_snapshot_is_a_contiguous_copy_of_any_layout():
+    from hs_dataset.server_patch.copier import HostCopier
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(6, 3, 8, generator=g).to(torch.bfloat16)
+    strided = base.transpose(0, 1)  # not contiguous: copied by torch
+    piece = HostCopier().snapshot({"rows": base[2:5], "strided": strided, "empty": base[:0]}, timeout=0)
+    out = piece.wait()
+    expected = {k: v.clone() for k, v in (("rows", base[2:5]), ("strided", strided))}
+    base.zero_()  # the forward reuses its buffers
+    assert all(t.is_contiguous() for t in out.values())
+    assert torch.equal(out["rows"], expected["rows"]) and torch.equal(out["strided"], expected["strided"])
+    assert out["empty"].shape == (0, 3, 8)
+
+
 # ---------------------------------------------------------------------------- hook glue without sglang
 
 
@@ -643,3 +704,19 @@ def test_cuda_pinned_pool_exhaustion_is_a_refusal(tmp_path):
     assert files(core) == ["hs-cuda-1-4.refused.json"]
     assert "pinned" in (tmp_path / "stage" / "hs-cuda-1-4.refused.json").read_text()
     core.close()
+
+
+def test_cpu_snapshots_come_from_a_bounded_pool_and_go_back_after_the_write(tmp_path):
+    """A CPU server's copies reuse touched memory; when the pool is spent the request is refused, not grown."""
+    from hs_dataset.server_patch.copier import HostCopier
+
+    copier = HostCopier(pinned_pool_bytes=4 << 20)
+    rows = torch.zeros(1024, 1024, dtype=torch.bfloat16)  # 2 MiB
+    first = copier.snapshot({"aux": rows}, timeout=0)
+    second = copier.snapshot({"aux": rows}, timeout=0)
+    assert first is not None and second is not None
+    assert copier.snapshot({"aux": rows}, timeout=0) is None  # 4 MiB held: no room, no wait
+    ptr = first.wait()["aux"].data_ptr()
+    first.release()  # the dump was written
+    again = copier.snapshot({"aux": rows}, timeout=0)
+    assert again is not None and again.wait()["aux"].data_ptr() == ptr

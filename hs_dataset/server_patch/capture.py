@@ -37,10 +37,12 @@ made one, which halved the rate a writer thread reached).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -251,6 +253,7 @@ class _Assembly:
     first_batch_size: int = 0
     updated: float = 0.0
     state_dtype: str = ""
+    capture_cpu_ns: int = 0  # forward-thread CPU the hook spent on this request's rows, over all its chunks
 
 
 @dataclass
@@ -363,6 +366,7 @@ class CaptureCore:
             return
         total_rows = offset
 
+        cpu_start = time.thread_time_ns()  # what the hook costs the forward thread, reported per dump
         try:
             aux3, final = self._normalize(aux, final_prenorm, total_rows, missing_reason)
         except _Refuse as exc:
@@ -383,6 +387,8 @@ class CaptureCore:
             states = {"aux": aux3, "final": final}
             owned = ()
         deadline = time.monotonic() + self.config.max_wait_s
+        rows_ours = sum(length for *_, length, _pre in ours)
+        pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
         for _, key, off, length, pre in ours:
             rows = slice(off, off + length)
             if not key:
@@ -391,7 +397,10 @@ class CaptureCore:
             else:
                 total = rid_num_tokens(key)
             tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
-            self._handle_request(key, total, pre, length, tensors, owned, state_dtype, n, deadline)
+            self._handle_request(
+                key, total, pre, length, tensors, owned, state_dtype, n, deadline,
+                cpu_ns=pass_cpu * length // max(rows_ours, 1), cpu_started=time.thread_time_ns(),
+            )
 
     def _normalize(self, aux, final, total_rows: int, missing_reason: str | None):
         cfg = self.config
@@ -443,7 +452,7 @@ class CaptureCore:
             )
         return aux, final
 
-    def _handle_request(self, rid, total, pre, length, tensors, owned, state_dtype, batch_requests, deadline) -> None:
+    def _handle_request(self, rid, total, pre, length, tensors, owned, state_dtype, batch_requests, deadline, *, cpu_ns=0, cpu_started=None) -> None:
         # staged bytes of these rows (ids counted as int64, as the dump stores them)
         nbytes = length * 8 + sum(t.numel() * t.element_size() for name, t in tensors.items() if name != "input_ids")
         with self._lock:
@@ -489,13 +498,14 @@ class CaptureCore:
                 self.budget.release(nbytes, 1 if first else 0)
                 if asm is not None:
                     self._drop_assembly_locked(rid)
-                self._refuse(rid, "no pinned host memory freed up in time (pinned_pool_bytes too small for the load)")
+                self._refuse(rid, "no host buffer of the capture pool freed up in time (pinned_pool_bytes too small for the load)")
                 return
             if first:
                 asm = _Assembly(rid=rid, total=total, first_batch_size=batch_requests, state_dtype=state_dtype)
             asm.pieces.append(piece)
             asm.length += length
             asm.reserved += nbytes
+            asm.capture_cpu_ns += cpu_ns + (time.thread_time_ns() - cpu_started if cpu_started is not None else 0)
             asm.updated = time.monotonic()
             if asm.length < total:
                 self._assemblies[rid] = asm
@@ -503,7 +513,7 @@ class CaptureCore:
             self._assemblies.pop(rid, None)
             if len(asm.pieces) > 1:
                 self.stats["chunks_assembled"] += 1
-        meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces))}
+        meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces)), "capture_cpu_ns": str(asm.capture_cpu_ns)}
         with self._pending_cond:
             self._pending += 1
         self._queue.put(_Job(rid=rid, total=total, pieces=asm.pieces, reserved=asm.reserved, meta=meta, state_dtype=asm.state_dtype))
@@ -529,6 +539,7 @@ class CaptureCore:
     # ------------------------------------------------------------------ writer threads
 
     def _writer_loop(self) -> None:
+        name_os_thread("hs-dump-writer")
         while True:
             job = self._queue.get()
             if job is None:
@@ -607,6 +618,7 @@ class CaptureCore:
     # ------------------------------------------------------------------ housekeeping
 
     def _sweeper_loop(self) -> None:
+        name_os_thread("hs-dump-sweeper")
         # an Event, not sleep: close() wakes it, so no sweep runs on a closed staging fd
         while not self._stop.wait(self.config.sweep_interval_s):
             try:
@@ -648,6 +660,22 @@ class CaptureCore:
             if t.name == "hs-dump-sweeper":
                 t.join(timeout=5)  # a sweep in progress finishes before its fd closes
         self.staging.close()
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread an OS-visible name (Linux; at most 15 bytes; elsewhere a no-op).
+
+    Why: ``top -H``, ``ps -L`` and /proc then tell the capture threads from SGLang's own,
+    so their CPU can be read per thread (benchmarks/bench_transport.py does). Python
+    names its threads only for itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: the calling thread
+    except (OSError, AttributeError):
+        pass
 
 
 class _Refuse(Exception):
