@@ -123,20 +123,6 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     return metadata, tensors
 
 
-_CLOSE_WATCH_S = 0.01  # how long a thread polls for a dump every 100 us before the event loop's coarser back-off
-
-
-def _wait_for_any(paths: tuple[str, ...], budget_s: float) -> None:
-    """Return once one of ``paths`` exists or ``budget_s`` has passed, polling every 100 us.
-
-    Why a thread: the event loop sleeps in whole milliseconds, and a dump of a short prompt
-    is written in less than that; the first 2 ms of back-off was most of the client's wait.
-    """
-    end = time.monotonic() + budget_s
-    while not any(os.path.exists(p) for p in paths) and time.monotonic() < end:
-        time.sleep(0.0001)
-
-
 def _content_key(ids: torch.Tensor) -> str:
     from hs_dataset.server_patch.protocol import content_key
 
@@ -554,13 +540,10 @@ class SGLangBackend(CaptureBackend):
         dump = os.path.join(ep.staging_dir, key + DUMP_SUFFIX)
         refused = os.path.join(ep.staging_dir, key + REFUSED_SUFFIX)
         deadline = time.monotonic() + self.dump_timeout_s
-        loop = asyncio.get_running_loop()
-        if not (os.path.exists(dump) or os.path.exists(refused)):
-            # the answer usually arrives while the dump is still being written: watch closely for a moment
-            await loop.run_in_executor(None, _wait_for_any, (dump, refused), _CLOSE_WATCH_S)
         delay = 0.002
         while True:
             if os.path.exists(dump):
+                loop = asyncio.get_running_loop()
                 try:
                     return await loop.run_in_executor(None, self._load_and_check, dump, refused, key, sample)
                 finally:
