@@ -151,8 +151,9 @@ def _group_rss_bytes(pgid: int) -> int:
     return total
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU time (s) used so far by every thread of the server's process group (ns-resolution schedstat)."""
+def group_cpu_s(pgid: int, thread_name: str | None = None) -> float:
+    """CPU time (s) used so far by every thread of the server's process group (ns-resolution schedstat),
+    or only by those whose OS name is ``thread_name`` (the capture core names its dump writers)."""
     total = 0
     for entry in group_pids(pgid):
         try:
@@ -161,26 +162,10 @@ def group_cpu_s(pgid: int) -> float:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{entry}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except (OSError, IndexError, ValueError):
-                continue
-    return total / 1e9
-
-
-def named_threads_cpu_s(pgid: int, name: str) -> float:
-    """CPU time (s) used so far by the server threads whose OS name is ``name`` (the capture core names its dump writers)."""
-    total = 0
-    for entry in group_pids(pgid):
-        try:
-            tids = os.listdir(f"/proc/{entry}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{entry}/task/{tid}/comm") as f:
-                    if f.read().strip() != name:
-                        continue
+                if thread_name is not None:
+                    with open(f"/proc/{entry}/task/{tid}/comm") as f:
+                        if f.read().strip() != thread_name:
+                            continue
                 with open(f"/proc/{entry}/task/{tid}/schedstat") as f:
                     total += int(f.read().split()[0])
             except (OSError, IndexError, ValueError):
@@ -351,7 +336,7 @@ def bench_length(url, pgid: int, tb: TimedBackend, writer_dir: Path, metadata: d
     try:
         for i, s in enumerate(samples):
             for path in ORDERS[i % len(ORDERS)]:  # plain and ours always adjacent
-                cpu0, dumpw0 = group_cpu_s(pgid), named_threads_cpu_s(pgid, DUMP_WRITER_THREAD)
+                cpu0, dumpw0 = group_cpu_s(pgid), group_cpu_s(pgid, DUMP_WRITER_THREAD)
                 if path == "plain":
                     per["plain_http"].append(plain_request(url, s, f"plain-{length}-{i}"))
                 elif path == "ours":
@@ -371,7 +356,7 @@ def bench_length(url, pgid: int, tb: TimedBackend, writer_dir: Path, metadata: d
                     del states
                 per[f"{path}_cpu"].append(group_cpu_s(pgid) - cpu0)
                 if path == "ours":
-                    per["ours_dumpw"].append(named_threads_cpu_s(pgid, DUMP_WRITER_THREAD) - dumpw0)
+                    per["ours_dumpw"].append(group_cpu_s(pgid, DUMP_WRITER_THREAD) - dumpw0)
                 gc.collect()
     finally:
         c0 = time.perf_counter()
