@@ -428,16 +428,22 @@ def test_the_dump_writers_are_named_for_the_os(tmp_path):
     """top -H and /proc tell the capture threads from SGLang's (bench_transport reads their CPU by name)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("thread names are set on Linux only")
+    def thread_names() -> list[str]:
+        names = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                continue
+        return names
+
     core = make_core(tmp_path, writer_threads=2)
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue
+    deadline = time.monotonic() + 10  # each thread names itself as its first step: give them a moment to start
+    while not ((names := thread_names()).count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names) and time.monotonic() < deadline:
+        time.sleep(0.01)
     core.close()
-    assert names.count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names
+    assert names.count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names, names
 
 
 def test_the_cpu_snapshot_is_a_contiguous_copy_of_any_layout():
