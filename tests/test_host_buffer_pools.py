@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import torch
 
@@ -123,8 +124,13 @@ def test_the_writer_stores_leased_states_without_a_copy_and_their_buffers_come_b
     writer.flush()
     for future in list(writer._futures):
         future.result()
-    gc.collect()
-    assert client.idle_bytes > 0  # the shard is on disk: back in the pool
+    # the shard is on disk: back in the pool once the writer thread has let go of the batch
+    # (its work item outlives the future's result by a moment)
+    deadline = time.monotonic() + 10
+    while client.idle_bytes == 0 and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert client.idle_bytes > 0
     reused = client.stats["reused"]
     again = client.lease(64 * 4 * 4096 * 2)
     assert again.data_ptr() == ptr and client.stats["reused"] == reused + 1
