@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["HostBufferPool", "in_a_lease", "lease_pool"]
+__all__ = ["HostBufferPool", "lease_pool"]
 
 _GRANULARITY = 1 << 20  # buffers are whole MiBs, so nearby sizes share them
 
@@ -42,11 +42,6 @@ def lease_pool(t: torch.Tensor) -> "HostBufferPool | None":
             return None
         end, pool = _lease_ends[_lease_starts[i]]
         return pool if address < end else None
-
-
-def in_a_lease(t: torch.Tensor) -> bool:
-    """Whether ``t``'s memory lies in a live lease of some pool: memory its pool wants back."""
-    return lease_pool(t) is not None
 
 
 def _register(start: int, nbytes: int, pool: "HostBufferPool") -> None:
@@ -112,13 +107,14 @@ class HostBufferPool:
         """
         with self._lock:
             self.max_idle_bytes += nbytes
-        released = threading.Event()
+        held = True
 
         def release() -> None:
+            nonlocal held
             with self._lock:
-                if released.is_set():
+                if not held:
                     return
-                released.set()
+                held = False
                 self.max_idle_bytes -= nbytes
                 while self._idle and self._idle_bytes > self.max_idle_bytes:
                     self._idle_bytes -= self._idle.pop().numel()

@@ -181,16 +181,16 @@ def test_held_room_trims_back_to_the_cap():
 
 
 def test_a_lease_is_known_until_its_memory_comes_back():
-    from hs_dataset.host_buffers import in_a_lease
+    from hs_dataset.host_buffers import lease_pool
 
     pool = HostBufferPool()
     lease = pool.lease(3 * MIB)
     tail = lease[2 * MIB :].view(torch.int32)
-    assert in_a_lease(lease) and in_a_lease(tail)
-    assert not in_a_lease(torch.empty(3 * MIB, dtype=torch.uint8))
+    assert lease_pool(lease) is pool and lease_pool(tail) is pool
+    assert lease_pool(torch.empty(3 * MIB, dtype=torch.uint8)) is None
     del lease, tail
     gc.collect()
-    assert not in_a_lease(pool.lease(10))  # below min_bytes: plain memory, not a lease
+    assert lease_pool(pool.lease(10)) is None  # below min_bytes: plain memory, not a lease
 
 
 def test_the_writer_keeps_plain_tensors_as_they_are(tmp_path):

@@ -32,7 +32,7 @@ import torch
 
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.faults import crash_point
-from hs_dataset.host_buffers import lease_pool
+from hs_dataset.host_buffers import HostBufferPool, lease_pool
 from hs_dataset.errors import (
     DiskFullError,
     DuplicateSampleError,
@@ -175,7 +175,7 @@ class ShardWriter:
         self._closed = False
         # Leased samples wait here until their shards are written: their pools keep room for that many bytes.
         self._lease_room = (writer_threads + 1) * shard_bytes
-        self._held_pools: list[tuple[Any, Callable[[], None]]] = []
+        self._held_pools: list[tuple[HostBufferPool, Callable[[], None]]] = []
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.root)

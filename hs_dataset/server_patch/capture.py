@@ -399,7 +399,7 @@ class CaptureCore:
             tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
             self._handle_request(
                 key, total, pre, length, tensors, owned, state_dtype, n, deadline,
-                cpu_ns=pass_cpu * length // max(rows_ours, 1), cpu_started=time.thread_time_ns(),
+                cpu_shared=pass_cpu * length // max(rows_ours, 1), cpu_started=time.thread_time_ns(),
             )
 
     def _normalize(self, aux, final, total_rows: int, missing_reason: str | None):
@@ -452,7 +452,7 @@ class CaptureCore:
             )
         return aux, final
 
-    def _handle_request(self, rid, total, pre, length, tensors, owned, state_dtype, batch_requests, deadline, *, cpu_ns=0, cpu_started=None) -> None:
+    def _handle_request(self, rid, total, pre, length, tensors, owned, state_dtype, batch_requests, deadline, *, cpu_shared: int, cpu_started: int) -> None:
         # staged bytes of these rows (ids counted as int64, as the dump stores them)
         nbytes = length * 8 + sum(t.numel() * t.element_size() for name, t in tensors.items() if name != "input_ids")
         with self._lock:
@@ -505,7 +505,7 @@ class CaptureCore:
             asm.pieces.append(piece)
             asm.length += length
             asm.reserved += nbytes
-            asm.capture_cpu_ns += cpu_ns + (time.thread_time_ns() - cpu_started if cpu_started is not None else 0)
+            asm.capture_cpu_ns += cpu_shared + time.thread_time_ns() - cpu_started
             asm.updated = time.monotonic()
             if asm.length < total:
                 self._assemblies[rid] = asm
