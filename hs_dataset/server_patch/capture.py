@@ -58,6 +58,9 @@ from hs_dataset.server_patch.protocol import (
     DUMP_SUFFIX,
     DUMP_VERSION,
     FP8_ENCODING,
+    REFUSED_NO_HOST_BUFFER,
+    REFUSED_STAGING_FULL,
+    REFUSED_WRITE_FAILED,
     RID_RE,
     SCALE_SUFFIX,
     STATE_ENCODING_KEY,
@@ -487,7 +490,7 @@ class CaptureCore:
                 snap = self.budget.snapshot()
                 self._refuse(
                     rid,
-                    f"staging full: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting in "
+                    f"{REFUSED_STAGING_FULL}: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting in "
                     f"{self.config.staging_dir} (limits {self.config.max_staging_files} files / "
                     f"{self.config.max_staging_bytes} bytes) and no room freed within {self.config.max_wait_s} s; "
                     "the client is not draining dumps fast enough",
@@ -498,7 +501,7 @@ class CaptureCore:
                 self.budget.release(nbytes, 1 if first else 0)
                 if asm is not None:
                     self._drop_assembly_locked(rid)
-                self._refuse(rid, "no host buffer of the capture pool freed up in time (pinned_pool_bytes too small for the load)")
+                self._refuse(rid, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
                 return
             if first:
                 asm = _Assembly(rid=rid, total=total, first_batch_size=batch_requests, state_dtype=state_dtype)
@@ -549,7 +552,7 @@ class CaptureCore:
             except Exception as exc:  # never let a writer thread die silently
                 logger.exception("hs_dataset capture: writing %s failed", job.rid)
                 self.budget.release(job.reserved, 1)
-                self._refuse(job.rid, f"server could not write the dump: {type(exc).__name__}: {exc}")
+                self._refuse(job.rid, f"{REFUSED_WRITE_FAILED}: {type(exc).__name__}: {exc}")
             finally:
                 for p in job.pieces:
                     p.release()

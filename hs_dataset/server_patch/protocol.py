@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with
 
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.server_patch.layer_outputs import decoder_layer_for, layer_hooks_problem  # re-exported: the client's door
+from hs_dataset.server_patch.mapped_files import FileMaps, copy_out  # re-exported: the client reads dumps through kept mappings too
 
 __all__ = [
     "DUMP_FORMAT",
@@ -58,7 +59,13 @@ __all__ = [
     "SPARE_DIR",
     "SPARE_MAX_FILES",
     "SPARE_MAX_BYTES",
+    "REFUSED_STAGING_FULL",
+    "REFUSED_NO_HOST_BUFFER",
+    "REFUSED_WRITE_FAILED",
+    "RETRYABLE_REFUSALS",
     "hand_back_dump",
+    "FileMaps",
+    "copy_out",
     "RID_RE",
     "REQUIRED_METADATA",
     "validate_rid",
@@ -100,6 +107,11 @@ TMP_PREFIX = ".tmp-"
 SPARE_DIR = ".spares"  # inside the staging dir; made by the first client that hands a dump back
 SPARE_MAX_FILES = 32  # spare dumps a client leaves for the server to write over (per staging dir)
 SPARE_MAX_BYTES = 1 << 30  # ... and their bytes: memory tmpfs keeps holding for the next dumps
+# Refusals that may clear on their own, so the client retries them: each such reason starts with one of these.
+REFUSED_STAGING_FULL = "staging full"
+REFUSED_NO_HOST_BUFFER = "no host buffer of the capture pool freed up in time"
+REFUSED_WRITE_FAILED = "server could not write the dump"
+RETRYABLE_REFUSALS = (REFUSED_STAGING_FULL, REFUSED_NO_HOST_BUFFER, REFUSED_WRITE_FAILED)
 REQUIRED_METADATA = ("format", "version", "rid", "hf_aux_layer_ids", "final_state", "sglang_version", "dtype")
 
 RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<tokens>[1-9][0-9]{0,8})\Z")

@@ -15,6 +15,10 @@ Safety rules (docs/SGLANG.md, "Staging"):
   is opened ``O_NOFOLLOW`` and used only if private and ours, a spare is claimed by a
   rename to the temporary name, opened ``O_NOFOLLOW`` and used only if it is a
   private regular file of ours with no other link, then truncated to the new size;
+* a dump is copied in through a shared mapping of its file kept from the file's last
+  round (:mod:`.mapped_files`), once the file is truncated to its size and its pages
+  are allocated (``posix_fallocate``: a full tmpfs then fails the write with ENOSPC
+  instead of killing the process with SIGBUS); ``os.writev`` where that cannot be done;
 * a :class:`StagingBudget` bounds the bytes and files waiting for the client.
 """
 
@@ -30,6 +34,7 @@ import threading
 import time
 from typing import Callable, Sequence, Union
 
+from hs_dataset.server_patch.mapped_files import FileMaps, copy_into
 from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX, SPARE_DIR, TMP_PREFIX, StagingError, check_private_dir, ensure_private_dir
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -62,10 +67,12 @@ class StagingDir:
         self._pid = os.getpid()
         self._pool_fd: int | None = None  # .spares/, opened once a client has made it
         self._pool_lock = threading.Lock()
+        self._maps = FileMaps(writable=True)  # dumps' files, mapped once per file while they go round the spare pool
 
     def close(self) -> None:
         with self._pool_lock:
             self._drop_pool_fd()
+        self._maps.close()
         try:
             os.close(self.fd)
         except OSError:
@@ -94,21 +101,25 @@ class StagingDir:
     def write_atomic(self, name: str, data: Buffer | Sequence[Buffer]) -> bool:
         """Write ``data`` (one buffer, or buffers written back to back) to ``name``; False if it exists.
 
-        A sequence goes to the file with ``os.writev`` straight from its buffers (a dump:
-        a small header, then the tensors' pinned host memory), so no serialized copy
-        of a multi-GB dump is ever built. ``name`` is never overwritten.
+        The buffers go straight to the file (a dump: a small header, then the tensors'
+        host memory), so no serialized copy of a multi-GB dump is ever built: into a
+        spare through its kept mapping, into a new file with ``os.writev`` (its pages are
+        new either way, and ``write`` allocates them cheaper than faults do). ``name`` is
+        never overwritten.
         """
         if "/" in name or name.startswith(".") or name in ("", "..") or "\0" in name:
             raise StagingError(f"refusing unsafe staging file name {name!r}")
         buffers = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         size = sum(memoryview(b).nbytes for b in buffers)
         fd, tmp = self._claim_spare(name, size) if size >= _SPARE_MIN_BYTES else (None, "")
+        spare = fd is not None
         if fd is None:
             tmp = self._tmp_name(name)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
         try:
             try:
-                _write_buffers(fd, buffers)
+                if not (spare and self._write_mapped(fd, buffers, size)):
+                    _write_buffers(fd, buffers)
             finally:
                 os.close(fd)
             try:
@@ -132,6 +143,33 @@ class StagingDir:
                 except FileNotFoundError:
                     pass
 
+    def _write_mapped(self, fd: int, buffers: Sequence[Buffer], size: int) -> bool:
+        """Copy ``buffers`` into the file through its kept mapping; False where the caller must write instead.
+
+        The file is first made ``size`` bytes long with every page allocated, so no copy
+        can touch a page the file system has no room for.
+        """
+        st = os.fstat(fd)
+        if st.st_size != size:
+            os.ftruncate(fd, size)
+        if st.st_blocks * 512 < size:  # a hole (a new file, or a spare grown by the truncate)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise
+                return False  # a file system without fallocate: write() reports a full disk safely
+        with self._maps.mapped(fd, size) as address:
+            if address is None:
+                return False
+            offset = 0
+            for buffer in buffers:
+                view = memoryview(buffer).cast("B")
+                copy_into(address, offset, view)
+                offset += view.nbytes
+        os.utime(fd)  # stores through a kept mapping need not touch the times: the sweeper ages files by mtime
+        return True
+
     def _claim_spare(self, name: str, size: int) -> tuple[int | None, str]:
         """Take a spare for a ``size``-byte file on its way to ``name``: (open fd, temp name), or (None, "").
 
@@ -141,7 +179,7 @@ class StagingDir:
         while self._take_spare(tmp := self._tmp_name(name), size):
             fd = -1
             try:
-                fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
+                fd = os.open(tmp, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
                 st = os.fstat(fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
                     os.ftruncate(fd, size)
@@ -224,6 +262,7 @@ class StagingDir:
                 removed += 1
             except FileNotFoundError:
                 continue
+        self._maps.prune()  # mappings of files deleted since (here, by the client, or swept spares): their memory goes back now
         if removed:
             logger.warning("hs_dataset capture: swept %d unclaimed staging files older than %.0f s", removed, max_age_s)
         return removed
