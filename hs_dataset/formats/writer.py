@@ -185,6 +185,10 @@ class ShardWriter:
             os.close(self._lock_fd)
             raise
         self._pool = ThreadPoolExecutor(max_workers=writer_threads, thread_name_prefix="hs-shard-writer")
+        # Shards written and renamed, waiting to be made durable and listed: one thread lists them, in batches.
+        self._unlisted: list[tuple[ShardRecord, list[str]]] = []
+        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-shard-publisher")
+        self._publishes: list[Future] = []
 
     # ------------------------------------------------------------------ open
     def _tensor_table(self) -> dict[str, dict[str, Any]]:
@@ -457,26 +461,61 @@ class ShardWriter:
         self._futures = [f for f in self._futures if not f.done()] + [future]
 
     def _write_and_publish(self, seq: int, batch: list[_Encoded]) -> None:
+        """Write one shard and rename it into place, then hand it to the publisher.
+
+        The writer thread is free for the next shard once the shard's own bytes are on
+        disk: the directory fsync and the manifest write (three more fsyncs, each able
+        to wait on a journal commit that flushes every shard in flight) are the
+        publisher's, which lists every shard finished meanwhile in one manifest write.
+        """
+        ids = [s.sample_id for s in batch]
         try:
             name = shard_file_name(self.shard_prefix, seq)
             record = _write_shard(self.root / name, name, batch, self.manifest.dataset_id, self.state_encoding.name, seq)
+        except BaseException as exc:  # surfaced to the caller at the next add/flush/close
+            self._fail(exc, ids)
+            return
+        with self._lock:  # the samples' memory goes back as this returns, not after the listing
+            self._unlisted.append((record, ids))
+            self._publishes = [f for f in self._publishes if not f.done()] + [self._publisher.submit(self._list_unlisted)]
+
+    def _list_unlisted(self) -> None:
+        """Make the renames of the shards written so far durable, then list them all in one manifest write.
+
+        A shard is listed only after a directory fsync that follows its rename, so a
+        manifest on disk never names a shard whose rename could still be lost.
+        """
+        with self._lock:
+            ready, self._unlisted = self._unlisted, []
+        if not ready:  # listed by an earlier call
+            return
+        ids = [sid for _record, batch_ids in ready for sid in batch_ids]
+        try:
+            fsync_dir(self.root)
+            crash_point("shard.after_publish")
             with self._lock:
-                self.manifest.shards.append(record)
+                self.manifest.shards.extend(record for record, _ in ready)
                 self.manifest.shards.sort(key=lambda s: s.file)
                 edit = self._manifest_edit_locked()
             self._save_manifest(*edit)
-            with self._lock:
-                self._stored_ids.update(s.sample_id for s in batch)
-                self._session_ids.difference_update(s.sample_id for s in batch)
-                self.report.written += len(batch)
+        except BaseException as exc:
+            self._fail(exc, ids)
+            return
+        with self._lock:
+            self._stored_ids.update(ids)
+            self._session_ids.difference_update(ids)
+            self.report.written += len(ids)
+            for record, _ in ready:
                 self.report.tokens += record.tokens
                 self.report.shards_written += 1
                 self.report.bytes_written += record.bytes
-        except BaseException as exc:  # surfaced to the caller at the next add/flush/close
-            with self._lock:
-                self._session_ids.difference_update(s.sample_id for s in batch)
-                if self._error is None:
-                    self._error = exc
+
+    def _fail(self, exc: BaseException, ids: list[str]) -> None:
+        """Record a background error for the caller's next add/flush/close; the samples are no longer pending."""
+        with self._lock:
+            self._session_ids.difference_update(ids)
+            if self._error is None:
+                self._error = exc
 
     def _raise_background_error(self) -> None:
         with self._lock:
@@ -499,10 +538,15 @@ class ShardWriter:
             self.flush()
             for future in list(self._futures):
                 future.result()
+            with self._lock:
+                publishes = list(self._publishes)
+            for future in publishes:
+                future.result()
             self._raise_background_error()
         finally:
             self._closed = True
             self._pool.shutdown(wait=True)
+            self._publisher.shutdown(wait=True)  # after the writers: none can queue a listing any more
             self._release_held_pools()
             os.close(self._lock_fd)
         return self.report
@@ -573,7 +617,7 @@ class _Hasher(threading.Thread):
 
 
 def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str, encoding: str, seq: int) -> ShardRecord:
-    """Write one shard to a temp file while hashing it, fsync, then publish it atomically."""
+    """Write one shard to a temp file while hashing it, fsync, then rename it into place (see ``_list_unlisted``)."""
     entries = _shard_entries(batch)
     metadata = {
         "format": SHARD_FORMAT,
@@ -610,8 +654,7 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
         remove_quietly(temp)
         raise
     os.close(fd)
-    publish(temp, final)
-    crash_point("shard.after_publish")
+    os.replace(temp, final)  # durable once the publisher fsyncs the directory, before the manifest lists it
     return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, blake3=hasher.digest.hexdigest())
 
 
