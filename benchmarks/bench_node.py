@@ -306,8 +306,22 @@ class _WriterTrace:
         return (
             f"trace: {len(self.spans)} shards, write+fsync {min(per):.2f}-{max(per):.2f} s each (mean {statistics.mean(per):.2f}); "
             f"mean shards in flight {busy / window:.2f} over the sustained window, none in flight for {idle:.2f} s; "
-            f"the adder waited {self.wait_s:.2f} s for a free writer thread"
+            f"the adder waited {self.wait_s:.2f} s for a free writer thread; in flight per {_STEP_S} s: {self.timeline(start, end)}"
         )
+
+    def timeline(self, start: float, end: float) -> str:
+        """Mean shards in flight in each step of the window (where the ramp and the tail are)."""
+        steps = []
+        t = start
+        while t < end:
+            u = min(t + _STEP_S, end)
+            busy = sum(max(0.0, min(b, u) - max(a, t)) for a, b in self.spans)
+            steps.append(f"{busy / (u - t):.1f}")
+            t = u
+        return " ".join(steps)
+
+
+_STEP_S = 0.25  # the trace's timeline step
 
 
 _TRACE: list[_WriterTrace] = []  # the phase being traced (one at a time in the client process)
