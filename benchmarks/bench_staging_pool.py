@@ -9,10 +9,11 @@ samples until the shard is written.
 * ``fresh`` (the baseline, how it was done before): every dump is a new tmpfs file
   (pages allocated and zeroed, freed again by the client's delete), read into new
   memory with ``torch.empty`` + ``readinto`` (a page fault per 4 KiB);
-* ``pool`` (the product path): the client's ``_read_dump`` reads into a buffer of its
-  ``HostBufferPool`` (memory already touched, back in the pool when the sample dies)
-  and ``protocol.hand_back_dump`` returns the file, which the next write claims and
-  writes over.
+* ``pool`` (the product path): the client's ``_read_dump`` copies the dump into a
+  buffer of its ``HostBufferPool`` (memory already touched, back in the pool when the
+  sample dies) through the mapping it keeps of that file, and ``protocol.hand_back_dump``
+  returns the file, which the next write claims and writes over through the server's
+  kept mapping (``server_patch/mapped_files.py``).
 
 The two run interleaved, one dump at a time, each in its own staging dir under /dev/shm.
 Prints the median ms/token of each side and of the round trip, and last
