@@ -2,11 +2,13 @@
 
 Guarantees (docs/FORMAT.md, "Writing"):
 
-* a shard becomes visible only complete: temp file, fsync, rename, directory fsync;
+* a shard becomes visible only complete: temp file, fsync, rename; the directory is
+  fsynced before a manifest lists it;
 * its BLAKE3 hash is computed while the bytes are written (a second thread hashes
   the same buffers, straight from the caller's tensors), never by re-reading;
-* the manifest is rewritten atomically after every shard, so a crash loses at most
-  the shards still being written;
+* the manifest is rewritten atomically by one publisher thread, listing every shard
+  written since its last write, so a crash loses at most the shards still being
+  written (a shard renamed but not yet listed is adopted on resume);
 * reopening a directory resumes it: temp files are removed, complete shards that a
   crash left out of the manifest are re-hashed and adopted, and sample ids already
   stored are skipped, so no sample is ever stored twice;
