@@ -363,58 +363,59 @@ def test_fast_finite_check_agrees_with_isfinite(dtype):
             assert all_finite(x) == bool(torch.isfinite(x).all()) == False  # noqa: E712
 
 
+class _StalledManifest:
+    """The publisher's manifest writes wait at a gate until the test opens it (as an fsync can wait on a journal commit)."""
+
+    def __init__(self, monkeypatch) -> None:
+        import threading
+
+        import hs_dataset.formats.atomic as atomic_module
+
+        self.gate, self.waiting, self.writes = threading.Event(), threading.Event(), []
+        real_write = atomic_module.atomic_write_chunks
+
+        def slow_write(final, chunks, **kw):
+            if final.name == "manifest.json" and threading.current_thread().name.startswith("hs-shard-publisher"):
+                self.writes.append(final)
+                self.waiting.set()
+                assert self.gate.wait(30)
+            return real_write(final, chunks, **kw)
+
+        monkeypatch.setattr(atomic_module, "atomic_write_chunks", slow_write)
+
+
+def _stored_ids(root) -> list[str]:
+    result = verify_dataset(root)
+    assert result.ok, result.problems
+    return sorted(s["sample_id"] for s in open_dataset(root))
+
+
 def test_adding_never_waits_behind_a_slow_manifest_write(tmp_path, monkeypatch):
     """A manifest fsync can wait on the journal flushing every shard in flight; add() goes on meanwhile."""
     import threading
 
-    import hs_dataset.formats.atomic as atomic_module
-
-    real_write, gate, waiting = atomic_module.atomic_write_chunks, threading.Event(), threading.Event()
-
-    def slow_write(final, chunks, **kw):
-        if final.name == "manifest.json" and threading.current_thread().name.startswith("hs-shard-publisher"):
-            waiting.set()
-            assert gate.wait(30)
-        return real_write(final, chunks, **kw)
-
-    monkeypatch.setattr(atomic_module, "atomic_write_chunks", slow_write)
+    stalled = _StalledManifest(monkeypatch)
     samples = [make_sample(f"s{i}", 40, k=2, h=64) for i in range(12)]
     writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64), shard_bytes=20_000, writer_threads=3)
     writer.add(samples[0])
     writer.add(samples[1])  # fills the first shard: a writer thread writes it, then the publisher stalls on the manifest
-    assert waiting.wait(30)
+    assert stalled.waiting.wait(30)
     done = threading.Event()
     threading.Thread(target=lambda: ([writer.add(s) for s in samples[2:5]], done.set()), daemon=True).start()
     assert done.wait(10), "add() waited for the manifest write"
-    gate.set()
+    stalled.gate.set()
     writer.close()
-    result = verify_dataset(tmp_path / "ds")
-    assert result.ok, result.problems
-    assert sorted(s["sample_id"] for s in open_dataset(tmp_path / "ds")) == sorted(s.sample_id for s in samples[:5])
+    assert _stored_ids(tmp_path / "ds") == sorted(s.sample_id for s in samples[:5])
 
 
 def test_shards_are_written_while_the_manifest_write_waits_and_listed_together(tmp_path, monkeypatch):
     """One writer thread: its next shard goes to disk while the last listing's fsyncs wait; one manifest write lists the rest."""
-    import threading
-
-    import hs_dataset.formats.atomic as atomic_module
-
-    real_write, gate, waiting = atomic_module.atomic_write_chunks, threading.Event(), threading.Event()
-    manifest_writes = []
-
-    def slow_write(final, chunks, **kw):
-        if final.name == "manifest.json" and threading.current_thread().name.startswith("hs-shard-publisher"):
-            manifest_writes.append(final)
-            waiting.set()
-            assert gate.wait(30)
-        return real_write(final, chunks, **kw)
-
-    monkeypatch.setattr(atomic_module, "atomic_write_chunks", slow_write)
+    stalled = _StalledManifest(monkeypatch)
     samples = [make_sample(f"s{i}", 40, k=2, h=64) for i in range(8)]
     writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64), shard_bytes=20_000, writer_threads=1)
     writer.add(samples[0])
     writer.add(samples[1])  # the first shard: written, then its listing stalls
-    assert waiting.wait(30)
+    assert stalled.waiting.wait(30)
     for s in samples[2:8]:  # three more shards through the one writer thread while the listing waits
         writer.add(s)
     writer.flush()
@@ -423,13 +424,11 @@ def test_shards_are_written_while_the_manifest_write_waits_and_listed_together(t
     on_disk = sorted(p.name for p in (tmp_path / "ds").glob("*.safetensors") if not p.name.startswith("."))
     assert len(on_disk) == 4, on_disk  # all written, though only the first listing has started
     assert not writer.contains("nope") and all(writer.contains(s.sample_id) for s in samples)  # pending: never taken twice
-    gate.set()
+    stalled.gate.set()
     writer.close()
-    assert len(manifest_writes) == 2  # the first shard's listing, then one for the three written meanwhile
+    assert len(stalled.writes) == 2  # the first shard's listing, then one for the three written meanwhile
     assert writer.report.shards_written == 4 and writer.report.written == 8
-    result = verify_dataset(tmp_path / "ds")
-    assert result.ok, result.problems
-    assert sorted(s["sample_id"] for s in open_dataset(tmp_path / "ds")) == sorted(s.sample_id for s in samples)
+    assert _stored_ids(tmp_path / "ds") == sorted(s.sample_id for s in samples)
 
 
 def test_an_older_manifest_state_never_overwrites_a_newer_one(tmp_path):

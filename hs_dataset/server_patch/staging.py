@@ -119,6 +119,8 @@ class StagingDir:
         try:
             try:
                 if not (spare and self._write_mapped(fd, buffers, size)):
+                    if spare:
+                        os.ftruncate(fd, size)
                     _write_buffers(fd, buffers)
             finally:
                 os.close(fd)
@@ -144,7 +146,7 @@ class StagingDir:
                     pass
 
     def _write_mapped(self, fd: int, buffers: Sequence[Buffer], size: int) -> bool:
-        """Copy ``buffers`` into the file through its kept mapping; False where the caller must write instead.
+        """Copy ``buffers`` into a claimed spare through its kept mapping; False where the caller must write instead.
 
         The file is first made ``size`` bytes long with every page allocated, so no copy
         can touch a page the file system has no room for.
@@ -152,7 +154,7 @@ class StagingDir:
         st = os.fstat(fd)
         if st.st_size != size:
             os.ftruncate(fd, size)
-        if st.st_blocks * 512 < size:  # a hole (a new file, or a spare grown by the truncate)
+        if st.st_size < size or st.st_blocks * 512 < size:  # a hole: the spare grew (a spare once written whole has none)
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
@@ -182,8 +184,7 @@ class StagingDir:
                 fd = os.open(tmp, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
                 st = os.fstat(fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-                    os.ftruncate(fd, size)
-                    return fd, tmp
+                    return fd, tmp  # sized by the write: the mapped one must know how long the spare was
             except OSError:
                 pass
             if fd >= 0:
