@@ -85,13 +85,36 @@ def test_dumps_of_any_sizes_going_round_the_pool_read_back_exactly(stage, sizes)
 def test_a_file_keeps_one_mapping_while_it_goes_round(stage):
     first = _round(stage, "a.safetensors", 1000, seed=1)
     assert len(stage._maps) == 0  # a new file is written with writev: nothing mapped on the server yet
-    assert _round(stage, "b.safetensors", 1000, seed=2) == first  # written over the spare, through a new mapping
+    assert _round(stage, "b.safetensors", 1000, seed=2) == first  # written over the spare, which is mapped for later
     assert len(stage._maps) == 1
     before = stage._maps.mapped_bytes
     assert _round(stage, "c.safetensors", 900, seed=3) == first  # smaller: the same mapping
     assert stage._maps.mapped_bytes == before
     assert _round(stage, "d.safetensors", 3000, seed=4) == first  # outgrew it: remapped, still exact
     assert stage._maps.mapped_bytes > before and len(stage._maps) == 1
+
+
+def test_from_a_files_second_round_on_both_sides_copy_through_their_kept_mappings(stage, monkeypatch):
+    """A file's first round on each side uses write/read (a new mapping's faults cost more); later rounds the mappings."""
+    import hs_dataset.server_patch.staging as staging_module
+
+    copies = {"server": 0, "client": 0}
+
+    def counted(side, real):
+        def wrapper(*args):
+            copies[side] += 1
+            return real(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(staging_module, "copy_into", counted("server", staging_module.copy_into))
+    monkeypatch.setattr(client, "copy_out", counted("client", client.copy_out))
+    inodes = {_round(stage, f"r{i}.safetensors", 1000, seed=i) for i in range(5)}
+    assert len(inodes) == 1  # one file, five rounds
+    # server: round 1 is a new file (writev), round 2 the spare's first (writev, mapped for later), rounds 3-5 mapped
+    assert copies["server"] == 3 * 4  # header + 3 tensors a dump
+    # client: round 1 maps it for later (readinto), rounds 2-5 read through the kept mapping
+    assert copies["client"] == 4
 
 
 def test_files_deleted_meanwhile_are_unmapped(tmp_path):

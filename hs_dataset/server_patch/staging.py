@@ -161,8 +161,8 @@ class StagingDir:
                 if exc.errno == errno.ENOSPC:
                     raise
                 return False  # a file system without fallocate: write() reports a full disk safely
-        with self._maps.mapped(fd, size) as address:
-            if address is None:
+        with self._maps.mapped(fd, size, kept_only=True) as address:
+            if address is None:  # a spare this process has not written before: mapped now, for its next round
                 return False
             offset = 0
             for buffer in buffers:

@@ -95,7 +95,8 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     dtypes, sizes, tensors tiling the data exactly); the data is then copied once (no
     GIL held) into one buffer whose slices are the tensors: through the mapping kept of
     the file from its earlier rounds (``mapped_files``: a third of ``readinto``'s cost
-    on tmpfs), or with ``readinto`` where none can be made. Reading into a bytes object
+    on tmpfs), or with ``readinto`` the first time a file is seen (it is mapped then,
+    for its next round) and where no mapping can be made. Reading into a bytes object
     and decoding it with safetensors made two more copies under the GIL: the client
     read dumps at a third of the disk's rate. The buffer is leased from a pool of memory
     already touched (``host_buffers``), and comes back when the sample's tensors are gone.
@@ -109,7 +110,7 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
         size = os.fstat(fd).st_size
         data = _READ_BUFFERS.lease(size - start)
         view = memoryview(data.numpy())
-        with _DUMP_MAPS.mapped(fd, size) as address:
+        with _DUMP_MAPS.mapped(fd, size, kept_only=True) as address:
             if address is not None:
                 copy_out(address, start, view)
             else:
