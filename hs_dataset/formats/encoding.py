@@ -9,7 +9,6 @@ that meets an encoding it does not know refuses instead of misreading.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy
@@ -154,29 +153,11 @@ _NONFINITE_BITS = {
     torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
     torch.float8_e4m3fn: (torch.int8, 0x7F, 0x7F),  # no inf in e4m3fn; NaN is S.1111.111
 }
-_CHECK_CHUNK = 1 << 22  # values a piece: 8 MB of int16 temporary, kept per thread
-_SCRATCH = threading.local()  # per thread: the integer temporary, kept for its next state
-
-
-def _scratch(dtype: numpy.dtype, size: int) -> numpy.ndarray:
-    """This thread's temporary of at least ``size`` elements (reused: new memory costs a fault per page)."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.dtype != dtype or buf.shape[0] < size:
-        buf = _SCRATCH.buf = numpy.empty(size, dtype=dtype)
-    return buf
+_CHECK_CHUNK = 1 << 18  # elements; keeps the temporary in cache
 
 
 def all_finite(state: torch.Tensor) -> bool:
-    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk.
-
-    On the CPU each piece is two numpy calls (mask into a kept temporary, then max), and
-    each call hands the GIL back. In the client the thread adding samples shares the GIL
-    with the dump loaders and writer threads, and every hand-back can wait a switch
-    interval, so the pieces are large: a Kimi-wide 512-token sample (29 MB) checks in
-    about the same 1.5 ms as with 256 K-value pieces when nothing else runs, and ~6x
-    faster than them against 4 threads spinning in Python
-    (``benchmarks/bench_finite_check.py``).
-    """
+    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk."""
     spec = _NONFINITE_BITS.get(state.dtype)
     if spec is None:
         return bool(torch.isfinite(state.float() if state.dtype == torch.float8_e4m3fn else state).all())
@@ -187,7 +168,7 @@ def all_finite(state: torch.Tensor) -> bool:
         # numpy runs this on the calling thread; torch's intra-op threads made it 5-10x slower
         # (1.5-3.5 vs 13-18 GB/s) whenever the cores were busy, e.g. with the shard writers
         flat = flat.numpy()
-        buf, bitwise_and = _scratch(flat.dtype, size), numpy.bitwise_and
+        buf, bitwise_and = numpy.empty(size, dtype=flat.dtype), numpy.bitwise_and
     else:
         buf, bitwise_and = torch.empty(size, dtype=int_dtype, device=flat.device), torch.bitwise_and
     for start in range(0, flat.shape[0], _CHECK_CHUNK):
