@@ -345,11 +345,15 @@ def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, mon
     assert len(open_dataset(tmp_path)) == 26 and verify_dataset(tmp_path).ok
 
 
+@pytest.mark.parametrize("chunk", [None, 1000])  # one piece, and many (as a large state is scanned)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fast_finite_check_agrees_with_isfinite(dtype):
+def test_fast_finite_check_agrees_with_isfinite(dtype, chunk, monkeypatch):
     """The exponent-bits test used by the writer and verify must match torch.isfinite exactly."""
+    from hs_dataset.formats import encoding
     from hs_dataset.formats.encoding import all_finite
 
+    if chunk is not None:
+        monkeypatch.setattr(encoding, "_CHECK_CHUNK", chunk)
     g = torch.Generator().manual_seed(0)
     base = (torch.randn(600, 7, generator=g) * 1e3).to(dtype)
     assert all_finite(base)
