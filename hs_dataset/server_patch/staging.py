@@ -103,9 +103,9 @@ class StagingDir:
 
         The buffers go straight to the file (a dump: a small header, then the tensors'
         host memory), so no serialized copy of a multi-GB dump is ever built: into a
-        spare through its kept mapping, into a new file with ``os.writev`` (its pages are
-        new either way, and ``write`` allocates them cheaper than faults do). ``name`` is
-        never overwritten.
+        spare through the mapping kept from its last round here, else with ``os.writev``
+        (a new file's pages are new either way, and ``write`` allocates them cheaper than
+        faults do). ``name`` is never overwritten.
         """
         if "/" in name or name.startswith(".") or name in ("", "..") or "\0" in name:
             raise StagingError(f"refusing unsafe staging file name {name!r}")
