@@ -225,10 +225,10 @@ class Consumer:
             while not os.path.exists(dump):
                 if os.path.exists(refused):
                     os.unlink(refused)
-                    self.results.put(f"{rid}: refused")
+                    self.results.put((_now(), f"{rid}: refused"))
                     break
                 if _now() > deadline:
-                    self.results.put(f"{rid}: no dump within {DUMP_WAIT_S:.0f} s")
+                    self.results.put((_now(), f"{rid}: no dump within {DUMP_WAIT_S:.0f} s"))
                     break
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.01)
@@ -238,7 +238,7 @@ class Consumer:
                 hand_back_dump(dump)  # as the client does: the server writes a later dump over it
                 with self._lock:
                     self.stats["load_busy_s"] += time.perf_counter() - t0
-                self.results.put(result)
+                self.results.put((_now(), result))
 
     def _add_loop(self) -> None:
         from hs_dataset.errors import SampleError
@@ -246,11 +246,15 @@ class Consumer:
         from hs_dataset.sample import CapturedSample
         from hs_dataset.server_patch.protocol import FP8_ENCODING
 
-        while (result := self.results.get()) is not None:
+        while (item := self.results.get()) is not None:
+            loaded_at, result = item
+            if _TRACE:
+                _TRACE[0].queued_spans.append((loaded_at, _now()))
             if not isinstance(result, CapturedSample):
                 self.stats["failures"].append(getattr(result, "reason", str(result)))
                 continue
             t0 = time.perf_counter()
+            a0 = _now()
             try:
                 try:
                     self.writer.add(result)
@@ -272,6 +276,8 @@ class Consumer:
             except BaseException as exc:  # surfaced by finish()
                 self.error = exc
             self.stats["add_busy_s"] += time.perf_counter() - t0
+            if _TRACE:
+                _TRACE[0].add_spans.append((a0, _now()))
 
     def finish(self) -> None:
         for _ in self.loaders:
@@ -290,6 +296,9 @@ class _WriterTrace:
     def __init__(self) -> None:
         self.wait_s = 0.0
         self.spans: list[tuple[float, float]] = []
+        self.wait_spans: list[tuple[float, float]] = []  # the adder waiting for a free writer thread
+        self.add_spans: list[tuple[float, float]] = []  # the adder inside writer.add (waits included)
+        self.queued_spans: list[tuple[float, float]] = []  # loaded samples waiting for the adder
         self.lock = threading.Lock()
 
     def summary(self, start: float, end: float) -> str:
@@ -306,19 +315,28 @@ class _WriterTrace:
         return (
             f"trace: {len(self.spans)} shards, write+fsync {min(per):.2f}-{max(per):.2f} s each (mean {statistics.mean(per):.2f}); "
             f"mean shards in flight {busy / window:.2f} over the sustained window, none in flight for {idle:.2f} s; "
-            f"the adder waited {self.wait_s:.2f} s for a free writer thread; in flight per {_STEP_S} s: {self.timeline(start, end)}"
+            f"the adder waited {self.wait_s:.2f} s for a free writer thread; per {_STEP_S} s: shards in flight "
+            f"{self.timeline(self.spans, start, end)}; the adder adding (not waiting) {self.adding(start, end)}; "
+            f"loaded samples waiting for the adder {self.timeline(self.queued_spans, start, end)}"
         )
 
-    def timeline(self, start: float, end: float) -> str:
-        """Mean shards in flight in each step of the window (where the ramp and the tail are)."""
+    @staticmethod
+    def timeline(spans: list[tuple[float, float]], start: float, end: float) -> str:
+        """Mean number of spans open in each step of the window (where the ramp and the tail are)."""
         steps = []
         t = start
         while t < end:
             u = min(t + _STEP_S, end)
-            busy = sum(max(0.0, min(b, u) - max(a, t)) for a, b in self.spans)
+            busy = sum(max(0.0, min(b, u) - max(a, t)) for a, b in spans)
             steps.append(f"{busy / (u - t):.1f}")
             t = u
         return " ".join(steps)
+
+    def adding(self, start: float, end: float) -> str:
+        """The adder's share of each step spent inside writer.add but not waiting for a writer thread."""
+        adding = self.timeline(self.add_spans, start, end).split()
+        waiting = self.timeline(self.wait_spans, start, end).split()
+        return " ".join(f"{max(0.0, float(a) - float(w)):.1f}" for a, w in zip(adding, waiting))
 
 
 _STEP_S = 0.25  # the trace's timeline step
@@ -338,10 +356,12 @@ def _trace_writer(writer) -> _WriterTrace:
     class TimedSemaphore:
         def acquire(self, *a, **k):
             t0 = time.perf_counter()
+            w0 = _now()
             try:
                 return semaphore.acquire(*a, **k)
             finally:
                 trace.wait_s += time.perf_counter() - t0
+                trace.wait_spans.append((w0, _now()))
 
         def release(self):
             semaphore.release()

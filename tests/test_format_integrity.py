@@ -367,6 +367,54 @@ def test_fast_finite_check_agrees_with_isfinite(dtype, chunk, monkeypatch):
             assert all_finite(x) == bool(torch.isfinite(x).all()) == False  # noqa: E712
 
 
+def test_a_finite_answer_is_remembered_only_while_the_tensor_is_unchanged(tmp_path):
+    """A check made on the client's loader thread spares the writer a second scan, never a NaN written since."""
+    from hs_dataset.formats import encoding
+    from hs_dataset.formats.encoding import all_finite
+
+    scans = []
+    real_scan = encoding._scan_finite
+
+    def counted(state):
+        scans.append(state.shape)
+        return real_scan(state)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(encoding, "_scan_finite", counted)
+        x = torch.randn(64, 3, 32).to(torch.bfloat16)
+        assert all_finite(x) and all_finite(x) and len(scans) == 1  # the second answer was remembered
+        x[5, 1, 7] = float("nan")  # an in-place write moves the version counter
+        assert not all_finite(x) and len(scans) == 2
+        x[5, 1, 7] = 0.0
+        view = x[:10]  # another tensor object over the same memory: checked on its own
+        assert all_finite(view) and len(scans) == 3  # another object: scanned on its own
+        x.view(torch.int16)[0, 0, 0] = 0x7FC0  # NaN bits through an integer view: shares the version counter
+        assert not all_finite(view) and not all_finite(x)
+        bad = torch.randn(64, 3, 32).to(torch.bfloat16)
+        bad[0, 0, 0] = float("inf")
+        assert not all_finite(bad) and not all_finite(bad)  # a False answer is never remembered: scanned each time
+        with torch.inference_mode():
+            made = torch.zeros(4, 8)
+        before = len(scans)
+        assert all_finite(made) and all_finite(made) and len(scans) == before + 2  # no version counter: scanned each time
+        del x, view, bad
+        import gc
+
+        gc.collect()
+        assert not [k for k, (ref, _) in encoding._FOUND_FINITE.items() if ref() is None]  # entries go with their tensors
+    # the writer still quarantines what the client found non-finite, and what turned non-finite after its check
+    found_bad = make_sample("found-bad", 8, k=2, h=64)
+    found_bad.aux_hidden_states[3, 1, 5] = float("nan")
+    assert not all_finite(found_bad.aux_hidden_states)
+    turned_bad = make_sample("turned-bad", 8, k=2, h=64)
+    assert all_finite(turned_bad.final_hidden_state)
+    turned_bad.final_hidden_state[2, 9] = float("-inf")
+    writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64))
+    assert writer.add(found_bad) is False and writer.add(turned_bad) is False
+    writer.close()
+    assert [q["sample_id"] for q in writer.report.quarantined] == ["found-bad", "turned-bad"]
+
+
 class _StalledManifest:
     """The publisher's manifest writes wait at a gate until the test opens it (as an fsync can wait on a journal commit)."""
 

@@ -146,3 +146,22 @@ def test_fp8_quantizer_matches_its_defining_formula_bit_for_bit(dtype):
         want_data, want_scale = reference(x)
         assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
         assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
+
+
+_SCALE_VALUES = st.one_of(
+    st.floats(width=32, allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 7.595e35, 7.596e35, 3.4028235e38, float("nan"), float("inf"), -float("inf")]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_SCALE_VALUES, min_size=1, max_size=40), transpose=st.booleans())
+def test_fp8_scale_check_matches_its_defining_formula(values, transpose):
+    """The writer's GIL-free check of server-sent scales answers exactly as the torch formula does."""
+    from hs_dataset.formats.encoding import FP8_MAX, _scales_valid
+
+    scale = torch.tensor(values, dtype=torch.float32)
+    if transpose and len(values) % 2 == 0:
+        scale = scale.view(2, -1).t()  # not contiguous: the torch path
+    defining = bool(((scale > 0) & torch.isfinite(scale * FP8_MAX)).all())
+    assert _scales_valid(scale) == defining

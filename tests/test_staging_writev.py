@@ -196,6 +196,27 @@ def test_client_hands_fp8_dumps_on_encoded(tmp_path):
     assert "expected torch.float16" in backend._load_and_check(path, path + ".none", "hs-r1-1-5", sample).reason
 
 
+@pytest.mark.parametrize("storage", ["native", "fp8"])
+def test_the_client_checks_states_on_its_loader_thread_so_the_writer_does_not_scan_again(tmp_path, monkeypatch, storage):
+    from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.formats import ShardWriter, encoding
+    from hs_dataset.sample import TokenizedSample
+
+    core = _core(tmp_path, storage=storage)
+    try:
+        _extend(core, [5], ["hs-r1-1-5"], [0], torch.randn(5, K * H).bfloat16(), torch.randn(5, H).bfloat16(), torch.arange(10, 15))
+    finally:
+        core.close()
+    backend = SGLangBackend("http://unused", model_path=str(tmp_path), aux_layer_ids=IDS, dtype="bfloat16", probe=False)
+    path = str(tmp_path / "stage" / "hs-r1-1-5.safetensors")
+    got = backend._load_and_check(path, path + ".none", "hs-r1-1-5", TokenizedSample("s0", torch.arange(10, 15), torch.ones(5, dtype=torch.bool)))
+    scans = []
+    monkeypatch.setattr(encoding, "_scan_finite", lambda state: scans.append(state) or True)
+    with ShardWriter(tmp_path / "ds", {"aux_layer_ids": IDS, "hidden_size": H, "dtype": "bfloat16"}, storage=storage) as writer:
+        assert writer.add(got)
+    assert scans == []  # both states were checked where they were read
+
+
 def test_partial_writev_is_resumed_where_it_stopped(tmp_path, monkeypatch):
     real = os.writev
     calls = []

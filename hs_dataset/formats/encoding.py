@@ -9,6 +9,8 @@ that meets an encoding it does not know refuses instead of misreading.
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass
 
 import numpy
@@ -104,7 +106,8 @@ def state_encoding_for(dtype: torch.dtype, storage: str | None = None) -> str:
 def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode a state tensor ``[..., H]`` for storage; returns (data, scale or None)."""
     if not encoding.scaled:
-        return tensor.to(encoding.storage_torch_dtype).contiguous(), None
+        same = tensor.dtype == encoding.storage_torch_dtype  # no call into torch when there is nothing to do: see _scales_valid
+        return (tensor if same else tensor.to(encoding.storage_torch_dtype)).contiguous(), None
     # The one quantizer, shared with the server, which runs it on the GPU (server_patch.protocol).
     return quantize_fp8_per_token(tensor)
 
@@ -126,9 +129,25 @@ def accept_encoded_state(data: torch.Tensor, scale: torch.Tensor | None, encodin
     if scale is None or scale.dtype != torch.float32 or tuple(scale.shape) != tuple(data.shape[:-1]):
         got = "none" if scale is None else f"{scale.dtype} {tuple(scale.shape)}"
         raise ValueError(f"{where}: {encoding.name} needs one float32 scale per token {tuple(data.shape[:-1])}, got {got}")
-    if scale.numel() and not bool(((scale > 0) & torch.isfinite(scale * FP8_MAX)).all()):
+    if scale.numel() and not _scales_valid(scale):
         raise ValueError(f"{where}: fp8 scales must be finite and > 0")
     return data.contiguous(), scale.contiguous()
+
+
+def _scales_valid(scale: torch.Tensor) -> bool:
+    """Every scale finite and > 0 (and finite once multiplied by FP8_MAX, as decoding does).
+
+    Host scales are checked by Python's own ``sum``/``min``/``max`` over the float32
+    values (a few thousand a sample): torch ops, and numpy ufuncs over more than a few
+    hundred values, hand the GIL back, and on the writer's adding thread, which shares
+    it with the client's loaders, each hand-back can wait a switch interval (ten such
+    calls made an fp8 sample's ``add`` take 9 ms on the H200 host instead of 0.1).
+    A NaN or inf makes the float64 sum non-finite; finite float32 values cannot.
+    """
+    if scale.device.type == "cpu" and not scale.requires_grad and scale.dtype == torch.float32 and scale.is_contiguous():
+        values = memoryview(scale.numpy()).cast("B").cast("f")
+        return math.isfinite(sum(values)) and min(values) > 0 and max(values) * FP8_MAX <= _FLOAT32_MAX
+    return bool(((scale > 0) & torch.isfinite(scale * FP8_MAX)).all())
 
 
 def decode_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encoding) -> torch.Tensor:
@@ -156,8 +175,48 @@ _NONFINITE_BITS = {
 _CHECK_CHUNK = 1 << 18  # elements; keeps the temporary in cache
 
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+# Tensors found finite, by id: a weak reference (the entry goes when the tensor does) and
+# what the tensor was then. Not a WeakKeyDictionary: it compares keys with ==, which a
+# tensor answers element-wise.
+_FOUND_FINITE: dict[int, tuple[weakref.ref, tuple]] = {}
+
+
+def _as_checked(state: torch.Tensor) -> tuple:
+    """What must be unchanged for an earlier check to still hold: torch bumps ``_version`` on every in-place write."""
+    return (state._version, state.data_ptr(), tuple(state.shape), state.stride(), state.dtype)
+
+
 def all_finite(state: torch.Tensor) -> bool:
-    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk."""
+    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk.
+
+    A True answer is remembered for this tensor object until it is written in place
+    (its version counter moves) or freed, so a check made where the data was just
+    read (the SGLang client's loader threads, in parallel, while the bytes are in
+    cache) is not paid again by the shard writer's one adding thread, which
+    ``bench_node.py --trace`` showed busy the whole ramp with loaded samples queuing
+    behind it.
+    """
+    if state.is_inference():  # no version counter to tell an in-place write: always scanned
+        return _scan_finite(state)
+    known = _FOUND_FINITE.get(id(state))
+    if known is not None and known[0]() is state and known[1] == _as_checked(state):
+        return True
+    finite = _scan_finite(state)
+    if finite:
+        _remember_finite(state)
+    return finite
+
+
+def _remember_finite(state: torch.Tensor) -> None:
+    key = id(state)
+    known = _FOUND_FINITE.get(key)
+    ref = known[0] if known is not None and known[0]() is state else weakref.ref(state, lambda _ref, key=key: _FOUND_FINITE.pop(key, None))
+    _FOUND_FINITE[key] = (ref, _as_checked(state))
+
+
+def _scan_finite(state: torch.Tensor) -> bool:
     spec = _NONFINITE_BITS.get(state.dtype)
     if spec is None:
         return bool(torch.isfinite(state.float() if state.dtype == torch.float8_e4m3fn else state).all())

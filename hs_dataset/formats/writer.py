@@ -379,18 +379,19 @@ class ShardWriter:
             return None
         if pre_encoded:  # stored as the server encoded them (the same quantizer), after checks
             try:
-                aux_data, aux_scale = accept_encoded_state(aux.detach().to("cpu"), s.aux_scale, self.state_encoding, f"{sid}: aux_hidden_states")
-                final_data, final_scale = accept_encoded_state(final.detach().to("cpu"), s.final_scale, self.state_encoding, f"{sid}: final_hidden_state")
+                aux_data, aux_scale = accept_encoded_state(_on_host(aux), _on_host(s.aux_scale), self.state_encoding, f"{sid}: aux_hidden_states")
+                final_data, final_scale = accept_encoded_state(_on_host(final), _on_host(s.final_scale), self.state_encoding, f"{sid}: final_hidden_state")
             except ValueError as exc:
                 raise SampleError(str(exc)) from None
         else:
-            aux_data, aux_scale = encode_state(aux.detach().to("cpu"), self.state_encoding)
-            final_data, final_scale = encode_state(final.detach().to("cpu"), self.state_encoding)
+            aux_data, aux_scale = encode_state(_on_host(aux), self.state_encoding)
+            final_data, final_scale = encode_state(_on_host(final), self.state_encoding)
         self._hold_room_for_leases(aux_data, aux_scale, final_data, final_scale)
+        ids, mask = _on_host(ids), _on_host(mask)
         return _Encoded(
             sid,
-            ids.detach().to("cpu", torch.int64).contiguous(),
-            mask.detach().to("cpu").bool().contiguous(),
+            (ids if ids.dtype == torch.int64 else ids.to(torch.int64)).contiguous(),
+            (mask if mask.dtype == torch.bool else mask.bool()).contiguous(),
             aux_data,
             aux_scale,
             final_data,
@@ -573,6 +574,19 @@ class ShardWriter:
 
 
 # ---------------------------------------------------------------------- shard bytes
+def _on_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` on the host without autograd, with no call into torch when it already is.
+
+    Why: even a no-op torch call (``detach``, ``to``) hands the GIL back, and ``add``
+    runs on one thread that shares the GIL with the client's loaders and writer
+    threads, where each hand-back can wait a switch interval (``bench_node.py --trace``
+    showed that thread busy through the whole ramp).
+    """
+    if t is None or (t.device.type == "cpu" and not t.requires_grad):
+        return t
+    return t.detach().to("cpu")
+
+
 def _nonfinite_report(aux: torch.Tensor, final: torch.Tensor) -> str:
     problems = []
     for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):

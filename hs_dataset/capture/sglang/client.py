@@ -39,6 +39,7 @@ from hs_dataset.capture.sglang.http import LoopThread, new_session
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
+from hs_dataset.formats.encoding import all_finite
 from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.protocol import (
@@ -628,6 +629,9 @@ class SGLangBackend(CaptureBackend):
             return CaptureFailure(sid, f"dump {key}: unknown state encoding {encoding!r}: update hs_dataset on the client")
         elif self.dtype is not None and (aux.dtype != self.dtype or final.dtype != self.dtype):
             return CaptureFailure(sid, f"dump {key}: dtype {aux.dtype}/{final.dtype}, expected {self.dtype}")
+        # Checked here, on this loader thread while the bytes are in cache; all_finite remembers the
+        # answer, so the writer's one adding thread does not scan them again (a NaN is still its to report).
+        all_finite(aux) and all_finite(final)
         return CapturedSample(
             sample_id=sid,
             input_ids=sample.input_ids,
