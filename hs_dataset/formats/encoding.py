@@ -140,9 +140,10 @@ def _scales_valid(scale: torch.Tensor) -> bool:
     Host scales are checked by Python's own ``sum``/``min``/``max`` over the float32
     values (a few thousand a sample): torch ops, and numpy ufuncs over more than a few
     hundred values, hand the GIL back, and on the writer's adding thread, which shares
-    it with the client's loaders, each hand-back can wait a switch interval (ten such
-    calls made an fp8 sample's ``add`` take 9 ms on the H200 host instead of 0.1).
-    A NaN or inf makes the float64 sum non-finite; finite float32 values cannot.
+    it with the client's loaders, each hand-back can wait a switch interval: with ten
+    such calls a sample, that thread was busy through the whole fp8 ramp on the H200
+    host (``bench_node.py --trace``). A NaN or inf makes the float64 sum non-finite;
+    finite float32 values cannot.
     """
     if scale.device.type == "cpu" and not scale.requires_grad and scale.dtype == torch.float32 and scale.is_contiguous():
         values = memoryview(scale.numpy()).cast("B").cast("f")
