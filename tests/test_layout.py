@@ -13,7 +13,8 @@ here. The layers, lowest first:
 6. ``cli`` and the ``datasets`` name hook
 7. the package root (a lazy public API)
 
-``server_patch`` runs inside SGLang: it imports only itself and ``errors``; the
+``server_patch`` runs inside SGLang: it imports only itself, ``errors`` and ``dtypes``
+(the one dtype table: stdlib only, torch on demand); the
 client side reaches it only through ``server_patch.protocol``. Nothing in
 production imports ``testing``.
 """
@@ -98,7 +99,7 @@ def _violation(importer: str, imported: str) -> str | None:
     if dst == FIXTURES:
         return "production code must not import the test fixtures (use the builtin: model registry)"
     if src == SERVER_SIDE:
-        if dst in (SERVER_SIDE, "errors"):
+        if dst in (SERVER_SIDE, "errors", "dtypes"):
             return None
         return "server_patch runs inside SGLang and imports nothing of the client side"
     if dst == SERVER_SIDE:

@@ -50,6 +50,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from hs_dataset.dtypes import from_torch
 from hs_dataset.server_patch.copier import HostCopier, HostPiece, host_bytes
 from hs_dataset.server_patch.protocol import (
     CONTENT_KEY_PREFIX,
@@ -77,16 +78,6 @@ logger = logging.getLogger("hs_dataset.server_patch")
 ENV_PREFIX = "HS_CAPTURE_"
 
 _GiB = 1 << 30
-
-# torch dtype -> safetensors dtype code, for the dump header (server_patch cannot import hs_dataset.dtypes).
-_ST_CODES = {
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.float32: "F32",
-    torch.bfloat16: "BF16",
-    torch.float16: "F16",
-    torch.float8_e4m3fn: "F8_E4M3",
-}
 
 
 def _env(environ: Mapping[str, str], key: str):
@@ -605,7 +596,7 @@ class CaptureCore:
             **job.meta,
         }
         entries = [
-            (name, _ST_CODES[ts[0].dtype], shapes[name], sum(t.numel() * t.element_size() for t in ts)) for name, ts in columns.items()
+            (name, from_torch(ts[0].dtype).safetensors, shapes[name], sum(t.numel() * t.element_size() for t in ts)) for name, ts in columns.items()
         ]
         header, order = dump_header(entries, metadata)
         buffers = [header] + [host_bytes(t.contiguous()) for name in order for t in columns[name]]  # views keep their tensors alive
