@@ -226,3 +226,42 @@ def test_the_client_reads_with_readinto_where_nothing_can_be_mapped(stage, monke
     monkeypatch.setattr(client, "_DUMP_MAPS", closed)
     _round(stage, "a.safetensors", 700, seed=1)
     _round(stage, "b.safetensors", 700, seed=2)
+
+
+def test_concurrent_writers_and_readers_through_kept_mappings_never_mix_two_dumps(stage):
+    """Four server writer threads and three client readers share the two caches; every read is the dump written."""
+    import queue
+    import threading
+
+    ready: "queue.Queue[tuple[str, dict] | None]" = queue.Queue()
+    errors: list[str] = []
+
+    def write(w: int) -> None:
+        for i in range(30):
+            buffers, tensors = _dump(200 + 37 * ((w * 5 + i) % 7), seed=1000 * w + i)
+            name = f"c{w}-{i}.safetensors"
+            assert stage.write_atomic(name, buffers)
+            ready.put((name, tensors))
+
+    def read() -> None:
+        while (item := ready.get()) is not None:
+            name, tensors = item
+            path = os.path.join(stage.path, name)
+            _meta, got = _read_dump(path)
+            if any(not torch.equal(got[k], v) for k, v in tensors.items()):
+                errors.append(name)
+            del got
+            hand_back_dump(path)
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in writers + readers:
+        t.start()
+    for t in writers:
+        t.join()
+    for _ in readers:
+        ready.put(None)
+    for t in readers:
+        t.join(timeout=60)
+    assert errors == [] and not any(t.is_alive() for t in readers)
+    assert len(stage._maps) > 0  # spares went round and were written through kept mappings
