@@ -118,9 +118,7 @@ class StagingDir:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
         try:
             try:
-                if not (spare and self._write_mapped(fd, buffers, size)):
-                    if spare:
-                        os.ftruncate(fd, size)
+                if not (spare and _size_spare(fd, size) and self._write_mapped(fd, buffers, size)):
                     _write_buffers(fd, buffers)
             finally:
                 os.close(fd)
@@ -146,21 +144,7 @@ class StagingDir:
                     pass
 
     def _write_mapped(self, fd: int, buffers: Sequence[Buffer], size: int) -> bool:
-        """Copy ``buffers`` into a claimed spare through its kept mapping; False where the caller must write instead.
-
-        The file is first made ``size`` bytes long with every page allocated, so no copy
-        can touch a page the file system has no room for.
-        """
-        st = os.fstat(fd)
-        if st.st_size != size:
-            os.ftruncate(fd, size)
-        if st.st_size < size or st.st_blocks * 512 < size:  # a hole: the spare grew (a spare once written whole has none)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise
-                return False  # a file system without fallocate: write() reports a full disk safely
+        """Copy ``buffers`` into a sized spare through its kept mapping; False where the caller must write instead."""
         with self._maps.mapped(fd, size, kept_only=True) as address:
             if address is None:  # a spare this process has not written before: mapped now, for its next round
                 return False
@@ -296,6 +280,26 @@ def _open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
         return fd
     os.close(fd)
     return None
+
+
+def _size_spare(fd: int, size: int) -> bool:
+    """Make a claimed spare ``size`` bytes long; True if every page is allocated, so a mapped copy is safe.
+
+    A copy through a mapping into a page the file system has no room for raises SIGBUS;
+    ``posix_fallocate`` turns that into ENOSPC here. False on a file system without it
+    (``write`` then reports a full disk safely).
+    """
+    st = os.fstat(fd)
+    if st.st_size != size:
+        os.ftruncate(fd, size)
+    if st.st_size < size or st.st_blocks * 512 < size:  # a hole: the spare grew (a spare once written whole has none)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise
+            return False
+    return True
 
 
 def _write_buffers(fd: int, buffers: Sequence[Buffer]) -> None:
