@@ -4,7 +4,7 @@ Every ``import`` in the package is read from the source (lazy imports inside
 functions included), so a shortcut taken "just inside one function" still fails
 here. The layers, lowest first:
 
-0. leaves: ``errors``, ``version``, ``faults``, ``dtypes``, ``host_buffers``
+0. leaves: ``errors``, ``version``, ``faults``, ``dtypes``, ``libc``, ``host_buffers``
 1. typed values: ``config`` (the card), ``sample`` (the records that flow)
 2. ``sources`` (rows -> tokenized samples) and ``formats`` (samples <-> disk)
 3. ``capture`` (tokenized samples -> captured samples)
@@ -13,8 +13,9 @@ here. The layers, lowest first:
 6. ``cli`` and the ``datasets`` name hook
 7. the package root (a lazy public API)
 
-``server_patch`` runs inside SGLang: it imports only itself, ``errors`` and ``dtypes``
-(the one dtype table: stdlib only, torch on demand); the
+``server_patch`` runs inside SGLang: it imports only itself, ``errors``, ``dtypes``
+(the one dtype table: stdlib only, torch on demand) and ``libc`` (the one binding of
+the libc calls ``os`` lacks: stdlib only); the
 client side reaches it only through ``server_patch.protocol``. Nothing in
 production imports ``testing``.
 """
@@ -33,6 +34,7 @@ RANKS = {
     "version": 0,
     "faults": 0,
     "dtypes": 0,
+    "libc": 0,
     "host_buffers": 0,
     "config": 1,
     "sample": 1,
@@ -99,7 +101,7 @@ def _violation(importer: str, imported: str) -> str | None:
     if dst == FIXTURES:
         return "production code must not import the test fixtures (use the builtin: model registry)"
     if src == SERVER_SIDE:
-        if dst in (SERVER_SIDE, "errors", "dtypes"):
+        if dst in (SERVER_SIDE, "errors", "dtypes", "libc"):
             return None
         return "server_patch runs inside SGLang and imports nothing of the client side"
     if dst == SERVER_SIDE:

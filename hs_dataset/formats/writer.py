@@ -35,6 +35,7 @@ import torch
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.faults import crash_point
 from hs_dataset.host_buffers import HostBufferPool, lease_pool
+from hs_dataset.libc import start_writeback
 from hs_dataset.errors import (
     DiskFullError,
     DuplicateSampleError,
@@ -78,6 +79,7 @@ from hs_dataset.sample import CapturedSample
 __all__ = ["ShardWriter", "WriterReport"]
 
 _HASH_CHUNK = 8 * 1024 * 1024
+WRITEBACK_BYTES = 32 * 1024 * 1024  # how much of a shard is written before its writeback is started (see _EarlyWriteback)
 
 
 @dataclass
@@ -632,6 +634,26 @@ class _Hasher(threading.Thread):
             self.digest.update(chunk)
 
 
+class _EarlyWriteback:
+    """Starts the disk writing a shard's bytes every :data:`WRITEBACK_BYTES` while the rest is still being written.
+
+    Why: without it a shard reaches the disk only at its ``fsync``, as one burst from one
+    file, which one stream could not keep the disk busy with (1.2–1.4 GB/s on the H200
+    host's disk, against 1.8–2.1 with it): while few shards are in flight (the first
+    ones of a run, the last ones) the disk idled. ``fsync`` still makes the shard durable.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.started = 0  # bytes whose writeback has been asked for
+        self.enabled = True
+
+    def wrote_up_to(self, size: int) -> None:
+        if self.enabled and size - self.started >= WRITEBACK_BYTES:
+            self.enabled = start_writeback(self.fd, self.started, size - self.started)
+            self.started = size
+
+
 def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str, encoding: str, seq: int) -> ShardRecord:
     """Write one shard to a temp file while hashing it, fsync, then rename it into place (see ``_list_unlisted``)."""
     entries = _shard_entries(batch)
@@ -651,6 +673,7 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     views = [memoryview(header)] + [v for _n, _d, _s, per_sample in entries for v in per_sample]
     total = sum(v.nbytes for v in views)
+    writeback = _EarlyWriteback(fd)
     try:
         for view in views:
             for start in range(0, view.nbytes, _HASH_CHUNK):
@@ -658,6 +681,7 @@ def _write_shard(final: Path, name: str, batch: list[_Encoded], dataset_id: str,
                 hasher.queue.put(chunk)
                 write_all(fd, chunk)
                 size += chunk.nbytes
+                writeback.wrote_up_to(size)
                 if size * 2 >= total > (size - chunk.nbytes) * 2:
                     crash_point("shard.mid_write")
         hasher.queue.put(None)

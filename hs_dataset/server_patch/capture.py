@@ -37,12 +37,10 @@ made one, which halved the rate a writer thread reached).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hs_dataset.dtypes import from_torch
+from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.copier import HostCopier, HostPiece, host_bytes
 from hs_dataset.server_patch.protocol import (
     CONTENT_KEY_PREFIX,
@@ -654,22 +653,6 @@ class CaptureCore:
             if t.name == "hs-dump-sweeper":
                 t.join(timeout=5)  # a sweep in progress finishes before its fd closes
         self.staging.close()
-
-
-def name_os_thread(name: str) -> None:
-    """Give the calling thread an OS-visible name (Linux; at most 15 bytes; elsewhere a no-op).
-
-    Why: ``top -H``, ``ps -L`` and /proc then tell the capture threads from SGLang's own,
-    so their CPU can be read per thread (benchmarks/bench_transport.py does). Python
-    names its threads only for itself.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: the calling thread
-    except (OSError, AttributeError):
-        pass
 
 
 class _Refuse(Exception):

@@ -40,6 +40,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from hs_dataset.libc import libc_function
+
 __all__ = ["FileMaps", "PRUNE_INTERVAL_S", "copy_into", "copy_out"]
 
 PRUNE_INTERVAL_S = 0.05  # how stale an unlinked file's mapping may get before it is noticed
@@ -47,20 +49,9 @@ PRUNE_INTERVAL_S = 0.05  # how stale an unlinked file's mapping may get before i
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _load_libc():
-    """libc's mmap/munmap with exact signatures, or None where there is none (Windows)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
-        libc.munmap.restype = ctypes.c_int
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC = _load_libc() if hasattr(mmap, "MAP_SHARED") else None
+_mmap = libc_function("mmap", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
+_munmap = libc_function("munmap", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_MAPPING = _mmap is not None and _munmap is not None and hasattr(mmap, "MAP_SHARED")  # else: the callers' plain read/write
 
 
 @dataclass
@@ -78,7 +69,7 @@ class FileMaps:
     def __init__(self, *, writable: bool, max_bytes: int = 4 << 30) -> None:
         self.writable = writable
         self.max_bytes = int(max_bytes)
-        self._prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0) if _LIBC is not None else 0
+        self._prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0) if _MAPPING else 0
         self._entries: dict[tuple[int, int], _Entry] = {}
         self._mapped = 0
         self._lock = threading.Lock()
@@ -106,7 +97,7 @@ class FileMaps:
         ``read`` on tmpfs (0.73 against 0.37 ms for 7 MiB here), and a file that is
         deleted after this round (the spare pool was full) never pays it at all.
         """
-        entry = self._acquire(fd, size, kept_only) if size > 0 and _LIBC is not None and not self._closed else None
+        entry = self._acquire(fd, size, kept_only) if size > 0 and _MAPPING and not self._closed else None
         try:
             yield entry.address if entry is not None else None
         finally:
@@ -132,7 +123,7 @@ class FileMaps:
 
     def _map_locked(self, key: tuple[int, int], fd: int, size: int) -> _Entry | None:
         own = os.dup(fd)
-        address = _LIBC.mmap(None, size, self._prot, mmap.MAP_SHARED, own, 0)
+        address = _mmap(None, size, self._prot, mmap.MAP_SHARED, own, 0)
         if address is None or address == _MAP_FAILED:
             os.close(own)
             return None
@@ -148,7 +139,7 @@ class FileMaps:
 
     def _drop_locked(self, key: tuple[int, int]) -> None:
         entry = self._entries.pop(key)
-        _LIBC.munmap(entry.address, entry.length)
+        _munmap(entry.address, entry.length)
         os.close(entry.fd)
         self._mapped -= entry.length
 
