@@ -345,26 +345,60 @@ def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, mon
     assert len(open_dataset(tmp_path)) == 26 and verify_dataset(tmp_path).ok
 
 
-@pytest.mark.parametrize("chunk", [None, 1000])  # one piece, and many (as a large state is scanned)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def _scans(monkeypatch, chunk):
+    """Both implementations of the test, run on the host: the one used there, and the one used off it."""
+    from hs_dataset.formats import encoding
+
+    def in_pieces(state):
+        monkeypatch.setattr(encoding, "_CHECK_CHUNK", chunk)
+        return encoding._scan_finite_in_pieces(state, encoding._NONFINITE_BITS[state.dtype])
+
+    return {"host": encoding._scan_finite, "in pieces": in_pieces}
+
+
+@pytest.mark.parametrize("chunk", [1 << 18, 1000])  # the off-host test in one piece, and in many
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
 def test_fast_finite_check_agrees_with_isfinite(dtype, chunk, monkeypatch):
     """The exponent-bits test used by the writer and verify must match torch.isfinite exactly."""
-    from hs_dataset.formats import encoding
     from hs_dataset.formats.encoding import all_finite
 
-    if chunk is not None:
-        monkeypatch.setattr(encoding, "_CHECK_CHUNK", chunk)
     g = torch.Generator().manual_seed(0)
-    base = (torch.randn(600, 7, generator=g) * 1e3).to(dtype)
-    assert all_finite(base)
+    scale = 1e3 if dtype != torch.float8_e4m3fn else 1e2
+    base = (torch.randn(600, 7, generator=g) * scale).to(dtype)
+    big = torch.finfo(dtype).max
     extremes = base.clone()
-    extremes[0, 0], extremes[1, 1], extremes[2, 2] = torch.finfo(dtype).max, -torch.finfo(dtype).max, -0.0
-    assert all_finite(extremes)
-    for bad in (float("nan"), float("inf"), float("-inf"), -float("nan")):
-        for where in ((0, 0), (599, 6), (300, 3)):  # first, last, and inside a later chunk of the scan
-            x = base.clone()
-            x[where] = bad
-            assert all_finite(x) == bool(torch.isfinite(x).all()) == False  # noqa: E712
+    extremes[0, 0], extremes[1, 1], extremes[2, 2] = big, -big, -0.0
+    strided = extremes.t()  # not contiguous: read through its strides, never copied
+    for name, scan in {"all_finite": all_finite, **_scans(monkeypatch, chunk)}.items():
+        assert scan(base) and scan(extremes) and scan(strided) and scan(base[:0]), name
+        for bad in (float("nan"), float("inf"), float("-inf"), -float("nan")):
+            for where in ((0, 0), (599, 6), (300, 3)):  # first, last, and inside a later piece of the off-host scan
+                x = base.clone()
+                x[where] = bad
+                if torch.isfinite(x.float()).all():  # e4m3fn has no inf: torch stores a finite value for it
+                    assert dtype == torch.float8_e4m3fn and abs(bad) == float("inf") and scan(x), (name, bad)
+                    continue
+                assert scan(x) is False, (name, bad, where)
+                assert scan(x.t()) is False, (name, bad, where)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
+def test_every_bit_pattern_is_judged_as_isfinite_judges_it(dtype, monkeypatch):
+    """Exhaustive for the 8- and 16-bit dtypes (every pattern once), and float32's boundary patterns."""
+    width = torch.empty((), dtype=dtype).element_size() * 8
+    if width <= 16:
+        patterns = torch.arange(-(1 << (width - 1)), 1 << (width - 1), dtype=torch.int32)
+    else:
+        edges = [0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF, 0x00000000, 0x00000001]
+        patterns = torch.tensor([e for v in edges for e in (v, v - (1 << 31))], dtype=torch.int64)
+    signed = {8: torch.int8, 16: torch.int16, 32: torch.int32}[width]
+    values = patterns.to(signed).view(dtype)
+    finite = torch.isfinite(values.float())
+    for name, scan in _scans(monkeypatch, 1 << 18).items():
+        assert scan(values[finite]), name
+        for i in (~finite).nonzero().flatten()[:: max(1, int((~finite).sum()) // 64)]:
+            one_bad = torch.cat([values[finite][:100], values[i : i + 1], values[finite][100:200]])
+            assert not scan(one_bad), (name, hex(int(patterns[i])))
 
 
 def test_a_finite_answer_is_remembered_only_while_the_tensor_is_unchanged(tmp_path):
