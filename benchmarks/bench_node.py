@@ -29,7 +29,8 @@ pinned-memory copier is one per run, as a server process keeps it (``--copier-pe
 a new one per phase). ``--trace`` prints, per phase, how many shards the client's writer
 had in flight and how long the thread adding samples waited for a free writer thread:
 near the thread count and long waits mean the disk sets the pace, few in flight mean
-the client does. Then, for
+the client does; and where the client's loader threads spent their time (reading
+dumps, scanning them for NaN/inf, the rest of the check, waiting for dumps to appear). Then, for
 each rate and each storage (native bf16, and fp8 quantized on the GPU) it prints
 the prefill rate with and without capture, the sustained end-to-end rate (shard
 bytes on disk per second, from the first pass to the last shard published), and
@@ -221,6 +222,7 @@ class Consumer:
             dump = os.path.join(self.staging, rid + self.dump_suffix)
             refused = os.path.join(self.staging, rid + self.refused_suffix)
             delay = 0.0005
+            waited_from = time.perf_counter()
             deadline = _now() + DUMP_WAIT_S
             while not os.path.exists(dump):
                 if os.path.exists(refused):
@@ -238,6 +240,7 @@ class Consumer:
                 hand_back_dump(dump)  # as the client does: the server writes a later dump over it
                 with self._lock:
                     self.stats["load_busy_s"] += time.perf_counter() - t0
+                    self.stats["dump_wait_s"] += t0 - waited_from
                 self.results.put((_now(), result))
 
     def _add_loop(self) -> None:
@@ -383,6 +386,32 @@ def _trace_writer(writer) -> _WriterTrace:
     return trace
 
 
+def _trace_loads() -> dict[str, float]:
+    """Time the client's dump read and NaN/inf scan inside ``_load_and_check`` (benchmark-only instrumentation)."""
+    import hs_dataset.capture.sglang.client as client_module
+
+    totals = {"read_s": 0.0, "scan_s": 0.0}
+    lock = threading.Lock()
+
+    def timed(name: str, fn):
+        real = getattr(fn, "_real", fn)
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                with lock:
+                    totals[name] += time.perf_counter() - t0
+
+        wrapper._real = real
+        return wrapper
+
+    client_module._read_dump = timed("read_s", client_module._read_dump)
+    client_module.all_finite = timed("scan_s", client_module.all_finite)
+    return totals
+
+
 def consume_phase(spec: dict, replies) -> dict:
     """One phase on the client side: expect every request the server will be sent, consume, write, close, verify."""
     from hs_dataset.capture.sglang.client import SGLangBackend
@@ -403,8 +432,9 @@ def consume_phase(spec: dict, replies) -> dict:
         spec["out"], metadata, storage="fp8" if spec["storage"] == "fp8" else "native",
         shard_bytes=spec["shard_bytes"], writer_threads=spec["writer_threads"],
     )
-    stats = {"load_busy_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
+    stats = {"load_busy_s": 0.0, "dump_wait_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
     trace = _trace_writer(writer) if spec.get("trace") else None
+    loads = _trace_loads() if trace is not None else None
     consumer = Consumer(backend, writer, spec["staging"], spec["loaders"], stats)
     try:
         # the client knows every request it sends: the server side names them hs-node-<seq>-<tokens>, 8 per pass
@@ -417,7 +447,12 @@ def consume_phase(spec: dict, replies) -> dict:
         report = writer.close()
         stats["closed_at"] = _now()
         if trace is not None:
-            stats["trace"] = trace.summary(stats["first_flush_at"] or stats["closed_at"], stats["closed_at"])
+            stats["trace"] = (
+                trace.summary(stats["first_flush_at"] or stats["closed_at"], stats["closed_at"])
+                + f"; the loaders: {loads['read_s']:.1f} s reading dumps, {loads['scan_s']:.1f} s scanning for NaN/inf, "
+                f"{stats['load_busy_s'] - loads['read_s'] - loads['scan_s']:.1f} s on the rest of the check and hand-back, "
+                f"{stats['dump_wait_s']:.1f} s waiting for dumps to appear"
+            )
         stats["tokens"] = report.tokens
         stats["bytes_written"] = report.bytes_written
     finally:
