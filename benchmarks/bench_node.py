@@ -387,28 +387,50 @@ def _trace_writer(writer) -> _WriterTrace:
 
 
 def _trace_loads() -> dict[str, float]:
-    """Time the client's dump read and NaN/inf scan inside ``_load_and_check`` (benchmark-only instrumentation)."""
+    """Time the client's dump read, its copy through a kept mapping and the NaN/inf scan (benchmark-only instrumentation).
+
+    Wall and CPU time of the calling thread both: CPU near wall means the work itself
+    is slow (memory, page faults); wall far above CPU means the thread waited (for the
+    GIL, or for a core).
+    """
     import hs_dataset.capture.sglang.client as client_module
 
-    totals = {"read_s": 0.0, "scan_s": 0.0}
+    totals = {f"{name}_{what}": 0.0 for name in ("read", "scan", "mapped") for what in ("s", "cpu_s", "n")}
     lock = threading.Lock()
 
     def timed(name: str, fn):
         real = getattr(fn, "_real", fn)
 
         def wrapper(*a, **k):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return real(*a, **k)
             finally:
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                 with lock:
-                    totals[name] += time.perf_counter() - t0
+                    totals[name + "_s"] += wall
+                    totals[name + "_cpu_s"] += cpu
+                    totals[name + "_n"] += 1
 
         wrapper._real = real
         return wrapper
 
-    client_module._read_dump = timed("read_s", client_module._read_dump)
-    client_module.all_finite = timed("scan_s", client_module.all_finite)
+    import gc
+
+    gc_started: list[float] = []
+
+    def gc_timer(phase: str, info: dict) -> None:  # every thread stops while the cyclic collector runs
+        if phase == "start":
+            gc_started[:] = [time.perf_counter()]
+        elif gc_started:
+            totals["gc_s"] += time.perf_counter() - gc_started[0]
+            totals[f"gc{info.get('generation', 0)}_n"] += 1
+
+    totals.update(gc_s=0.0, gc0_n=0, gc1_n=0, gc2_n=0)
+    gc.callbacks[:] = [cb for cb in gc.callbacks if getattr(cb, "__name__", "") != "gc_timer"] + [gc_timer]
+    client_module._read_dump = timed("read", client_module._read_dump)
+    client_module.all_finite = timed("scan", client_module.all_finite)
+    client_module.copy_out = timed("mapped", client_module.copy_out)
     return totals
 
 
@@ -449,9 +471,12 @@ def consume_phase(spec: dict, replies) -> dict:
         if trace is not None:
             stats["trace"] = (
                 trace.summary(stats["first_flush_at"] or stats["closed_at"], stats["closed_at"])
-                + f"; the loaders: {loads['read_s']:.1f} s reading dumps, {loads['scan_s']:.1f} s scanning for NaN/inf, "
+                + f"; the loaders: {loads['read_s']:.1f} s reading {loads['read_n']:.0f} dumps ({loads['read_cpu_s']:.1f} s of it on a core; "
+                f"{loads['mapped_n']:.0f} copied through a kept mapping in {loads['mapped_s']:.1f} s, the others read), "
+                f"{loads['scan_s']:.1f} s scanning for NaN/inf ({loads['scan_cpu_s']:.1f} s on a core), "
                 f"{stats['load_busy_s'] - loads['read_s'] - loads['scan_s']:.1f} s on the rest of the check and hand-back, "
-                f"{stats['dump_wait_s']:.1f} s waiting for dumps to appear"
+                f"{stats['dump_wait_s']:.1f} s waiting for dumps to appear; the process in Python's cyclic garbage "
+                f"collector {loads['gc_s']:.2f} s ({loads['gc0_n']:.0f}/{loads['gc1_n']:.0f}/{loads['gc2_n']:.0f} collections of generations 0/1/2)"
             )
         stats["tokens"] = report.tokens
         stats["bytes_written"] = report.bytes_written
@@ -468,6 +493,8 @@ def consume_phase(spec: dict, replies) -> dict:
 def client_main(requests, replies) -> None:
     """The client process: one phase per message until None; every answer goes to ``replies``."""
     while (spec := requests.get()) is not None:
+        if spec.get("switch_interval_ms"):
+            sys.setswitchinterval(spec["switch_interval_ms"] / 1000)
         try:
             replies.put(("done", consume_phase(spec, replies)))
         except BaseException:
@@ -552,6 +579,7 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
                 "rate": rate, "storage": storage, "staging": staging, "out": out, "ids": ids.cpu().tolist(), "per": per,
                 "requests": requests, "n": steps * requests, "loaders": args.loaders, "writer_threads": args.writer_threads,
                 "shard_bytes": args.shard_mib << 20, "verify": args.verify, "trace": args.trace,
+                "switch_interval_ms": args.switch_interval_ms,
             }
         )
         client.wait("ready", timeout=120)
@@ -640,6 +668,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="where shards go (default: a temp dir under the current directory's disk)")
     parser.add_argument("--copier-per-phase", action="store_true", help="a new pinned pool per phase (before: one per run, as a server keeps it)")
     parser.add_argument("--trace", action="store_true", help="print where the client's shard writer spent its time")
+    parser.add_argument("--switch-interval-ms", type=float, default=0.0, help="the client process's GIL switch interval (0: Python's default, 5 ms): a diagnostic")
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--warmup-gb", type=float, default=1.0, help="an unmeasured first phase of this many bytes (0: none)")
     args = parser.parse_args()
