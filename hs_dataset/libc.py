@@ -53,9 +53,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
 
     Why: a buffered file is otherwise written back only at ``fsync`` (or after
     ``dirty_expire``), so one file's bytes reach the disk as one late burst. Started
-    while the writer goes on, one stream kept the H200 host's disk at 1.8–2.1 GB/s
-    against 1.2–1.4 without (8 concurrent files: ~2.0–2.4 either way). Durability is
-    still ``fsync``'s job. Returns False where the call is missing or refused (then
+    while the writer goes on, one file alone was written 1.29x faster on the H200
+    host's disk (1.5–1.75 against 1.1–1.2 GB/s; 8 plain files at once 1.8–1.9;
+    ``benchmarks/bench_writeback.py``). Durability is still ``fsync``'s job. Returns False where the call is missing or refused (then
     the caller simply stops asking for that file).
     """
     if _sync_file_range is None:

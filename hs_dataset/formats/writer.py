@@ -638,9 +638,10 @@ class _EarlyWriteback:
     """Starts the disk writing a shard's bytes every :data:`WRITEBACK_BYTES` while the rest is still being written.
 
     Why: without it a shard reaches the disk only at its ``fsync``, as one burst from one
-    file, which one stream could not keep the disk busy with (1.2–1.4 GB/s on the H200
-    host's disk, against 1.8–2.1 with it): while few shards are in flight (the first
-    ones of a run, the last ones) the disk idled. ``fsync`` still makes the shard durable.
+    file, which one stream could not keep the disk busy with: while few shards are in
+    flight (the first ones of a run, the last ones) the disk idled. With it one file
+    alone was written 1.29x faster on the H200 host (``benchmarks/bench_writeback.py``)
+    and bench_node's last shards end together. ``fsync`` still makes the shard durable.
     """
 
     def __init__(self, fd: int) -> None:
