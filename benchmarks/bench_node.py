@@ -73,6 +73,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gpu_capture import AUX, H, SyntheticPrefill  # noqa: E402  (the one synthetic prefill model)
+from bench_writeback import write_files  # noqa: E402  (the one plain-writes baseline)
 
 K = len(AUX)
 RATES = {26_000: 13_952, 108_000: 3_072}  # target tokens/s -> MLP width giving it on an H200 (bench_gpu_capture runs)
@@ -147,43 +148,9 @@ class Phase:
 
 def raw_disk_rate(directory: str, nbytes: int, file_bytes: int, threads: int) -> float:
     """GB/s of plain writes + fsync of ``nbytes`` into shard-sized files, ``threads`` at a time (the writer's concurrency)."""
-    chunk = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8).numpy()
-    view = memoryview(chunk)
-    sizes = []
-    left = nbytes
-    while left > 0:
-        sizes.append(min(file_bytes, left))
-        left -= sizes[-1]
-    work: "queue.Queue[tuple[int, int]]" = queue.Queue()
-    for i, size in enumerate(sizes):
-        work.put((i, size))
-
-    def writer() -> None:
-        while True:
-            try:
-                i, size = work.get_nowait()
-            except queue.Empty:
-                return
-            path = os.path.join(directory, f"raw-{i}.bin")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                done = 0
-                while done < size:
-                    done += os.write(fd, view[: min(len(view), size - done)])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    t0 = time.perf_counter()
-    pool = [threading.Thread(target=writer) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    rate = nbytes / (time.perf_counter() - t0) / 1e9
-    for i in range(len(sizes)):
-        os.unlink(os.path.join(directory, f"raw-{i}.bin"))
-    return rate
+    sizes = [min(file_bytes, nbytes - start) for start in range(0, nbytes, file_bytes)]
+    source = memoryview(os.urandom(64 << 20))
+    return write_files(directory, sizes, threads, source, early=False, chunk=len(source))[0]
 
 
 # ---------------------------------------------------------------------------- the client process

@@ -32,14 +32,14 @@ from hs_dataset.libc import start_writeback
 CHUNK = 8 << 20  # the writer's write size (its hashing chunk)
 
 
-def write_file(path: str, size: int, source: memoryview, early: bool) -> bool:
+def write_file(path: str, size: int, source: memoryview, early: bool, chunk: int = CHUNK) -> bool:
     """Write ``size`` bytes then fsync; with ``early``, ask for writeback as the writer does. True if it was accepted."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     accepted, asked, done = early, 0, 0
     try:
         while done < size:
             start = done % len(source)
-            done += os.write(fd, source[start : start + min(CHUNK, size - done)])
+            done += os.write(fd, source[start : start + min(chunk, size - done)])
             if accepted and done - asked >= WRITEBACK_BYTES:
                 accepted = start_writeback(fd, asked, done - asked)
                 asked = done
@@ -49,19 +49,20 @@ def write_file(path: str, size: int, source: memoryview, early: bool) -> bool:
     return accepted
 
 
-def timed(directory: str, files: int, threads: int, size: int, source: memoryview, early: bool) -> tuple[float, bool]:
-    """GB/s writing ``files`` files, ``threads`` at a time; and whether every early writeback was accepted."""
-    names = iter([os.path.join(directory, f"wb-{i}.bin") for i in range(files)])
+def write_files(directory: str, sizes: list[int], threads: int, source: memoryview, early: bool, chunk: int = CHUNK) -> tuple[float, bool]:
+    """GB/s writing files of ``sizes`` in ``chunk``-byte writes, ``threads`` at a time, each fsynced; and whether
+    every early writeback was accepted. Also bench_node's raw-disk baseline (``early=False``, 64 MiB writes)."""
+    names = iter(list(enumerate(sizes)))
     lock = threading.Lock()
     accepted = [True]
 
     def worker() -> None:
         while True:
             with lock:
-                path = next(names, None)
-            if path is None:
+                item = next(names, None)
+            if item is None:
                 return
-            ok = write_file(path, size, source, early)
+            ok = write_file(os.path.join(directory, f"wb-{item[0]}.bin"), item[1], source, early, chunk)
             accepted[0] = accepted[0] and ok
 
     t0 = time.perf_counter()
@@ -70,8 +71,8 @@ def timed(directory: str, files: int, threads: int, size: int, source: memoryvie
         t.start()
     for t in pool:
         t.join()
-    rate = files * size / (time.perf_counter() - t0) / 1e9
-    for i in range(files):
+    rate = sum(sizes) / (time.perf_counter() - t0) / 1e9
+    for i in range(len(sizes)):
         os.unlink(os.path.join(directory, f"wb-{i}.bin"))
     return rate, accepted[0]
 
@@ -97,11 +98,11 @@ def main() -> None:
     accepted = True
     try:
         for rep in range(args.repeats):
-            rates["plain"].append(timed(directory, args.files, 1, size, source, early=False)[0])
-            rate, ok = timed(directory, args.files, 1, size, source, early=True)
+            rates["plain"].append(write_files(directory, [size] * args.files, 1, source, early=False)[0])
+            rate, ok = write_files(directory, [size] * args.files, 1, source, early=True)
             rates["writeback"].append(rate)
             accepted = accepted and ok
-            rates["parallel"].append(timed(directory, args.threads * 2, args.threads, size, source, early=False)[0])
+            rates["parallel"].append(write_files(directory, [size] * (args.threads * 2), args.threads, source, early=False)[0])
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} GB/s" for k, v in rates.items()), flush=True)
     finally:
         os.rmdir(directory)
