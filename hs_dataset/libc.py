@@ -55,8 +55,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     ``dirty_expire``), so one file's bytes reach the disk as one late burst. Started
     while the writer goes on, one file alone was written 1.29x faster on the H200
     host's disk (1.5–1.75 against 1.1–1.2 GB/s; 8 plain files at once 1.8–1.9;
-    ``benchmarks/bench_writeback.py``). Durability is still ``fsync``'s job. Returns False where the call is missing or refused (then
-    the caller simply stops asking for that file).
+    ``benchmarks/bench_writeback.py``). Durability is still ``fsync``'s job.
+    Returns False where the call is missing or refused (then the caller simply stops
+    asking for that file).
     """
     if _sync_file_range is None:
         return False
@@ -74,4 +75,3 @@ def name_os_thread(name: str) -> None:
     """
     if _prctl is not None:
         _prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
