@@ -195,6 +195,69 @@ def test_budget_waits_bounded_then_refuses_and_recovers():
     assert budget.reserve(60, 0.1)
 
 
+def test_a_metered_budget_never_scans_on_the_reserving_thread():
+    """With the meter on, the forward thread only reads figures; the meter rescans, fast while a reservation waits."""
+    import threading
+
+    usage, scanners = [60, 1], set()
+
+    def scan():
+        scanners.add(threading.get_ident())
+        return tuple(usage)
+
+    budget = StagingBudget(100, 4, scan, rescan_interval_s=30.0, poll_s=0.01)
+    budget.start_meter()
+    try:
+        scanners.clear()
+        assert budget.reserve(40, 0.1)  # fits with the meter's first figures
+        budget.release(40)
+        t0 = time.monotonic()
+        assert not budget.reserve(60, 0.15)  # 60 waiting + 60 > 100: the meter rescans while it waits, in vain
+        assert 0.1 <= time.monotonic() - t0 < 1.0
+        threading.Timer(0.1, lambda: usage.__setitem__(slice(None), [0, 0])).start()  # the client drains, later
+        t0 = time.monotonic()
+        assert budget.reserve(60, 5.0)  # seen by a rescan within a poll, not after the 30 s interval
+        assert time.monotonic() - t0 < 1.0
+        assert scanners and threading.get_ident() not in scanners
+    finally:
+        budget.stop_meter()
+    assert not [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+
+
+def test_a_dump_committed_during_a_meter_scan_is_still_counted():
+    """The scan runs without the lock; a file committed meanwhile (and missed by it) is added to what it found."""
+    import threading
+
+    in_scan, go_on, calls = threading.Event(), threading.Event(), []
+
+    def slow_scan():
+        calls.append(1)
+        if len(calls) > 1:  # the first scan is quick; the second waits for the commit below
+            in_scan.set()
+            assert go_on.wait(5)
+        return (0, 0)  # the scan listed the directory before the new file landed
+
+    budget = StagingBudget(100, 4, slow_scan, rescan_interval_s=30.0)
+    budget.refresh()  # fresh figures: reservations need no scan of their own for 30 s
+    scan = threading.Thread(target=budget.refresh)
+    scan.start()
+    assert in_scan.wait(5)
+    assert budget.reserve(60, 0.0)  # neither blocked by the scan in progress...
+    budget.committed(60)  # ...nor lost by it
+    go_on.set()
+    scan.join(5)
+    assert budget.snapshot()["disk_bytes"] == 60 and budget.snapshot()["disk_files"] == 1
+
+
+def test_the_core_meters_its_staging_off_the_forward_thread(tmp_path):
+    import threading
+
+    core = make_core(tmp_path)
+    assert [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+    core.close()
+    assert not [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+
+
 # ---------------------------------------------------------------------------- the core
 
 

@@ -86,6 +86,38 @@ def test_the_spare_closest_in_size_is_taken(stage):
     assert os.stat(os.path.join(stage.path, SPARE_DIR, left)).st_size == BIG
 
 
+def test_spare_names_carry_their_sizes_and_older_names_are_weighed_by_stat(stage):
+    for name, size in (("a.safetensors", BIG), ("b.safetensors", 3 * BIG)):
+        assert stage.write_atomic(name, _payload(size, size))
+    for name in ("a.safetensors", "b.safetensors"):
+        hand_back_dump(os.path.join(stage.path, name))
+    pool = _pool(stage)
+    with os.scandir(pool) as it:
+        weighed = {e.name: protocol.spare_size(e) for e in it}
+    assert sorted(weighed.values()) == [BIG, 3 * BIG]
+    assert all(os.stat(os.path.join(pool, n)).st_size == size and n == f"{size:x}-{n.partition('-')[2]}" for n, size in weighed.items())
+
+    for n in list(weighed):  # an older client's names: random hex only, so the server must stat them
+        os.rename(os.path.join(pool, n), os.path.join(pool, os.urandom(16).hex()))
+    assert stage.write_atomic("c.safetensors", _payload(3 * BIG - 10, 3))
+    (left,) = _spares(stage.path)
+    assert os.stat(os.path.join(pool, left)).st_size == BIG  # the closest one was still the one taken
+
+
+def test_a_spare_whose_name_lies_about_its_size_is_written_exactly(stage):
+    """The name is a hint for choosing; the claimed file is sized by the server itself."""
+    assert stage.write_atomic("a.safetensors", _payload(4 * BIG, 1))
+    hand_back_dump(os.path.join(stage.path, "a.safetensors"))
+    pool = _pool(stage)
+    (spare,) = _spares(stage.path)
+    os.rename(os.path.join(pool, spare), os.path.join(pool, protocol.spare_name(BIG)))  # claims to be a quarter of its size
+    data = _payload(BIG + 5, 2)
+    assert stage.write_atomic("b.safetensors", data)
+    with open(os.path.join(stage.path, "b.safetensors"), "rb") as f:
+        assert f.read() == data
+    assert _spares(stage.path) == []
+
+
 def _outside(tmp_path) -> str:
     victim = tmp_path / "victim.bin"
     victim.write_bytes(b"precious" * 100)

@@ -307,6 +307,7 @@ class CaptureCore:
             t = threading.Thread(target=self._sweeper_loop, name="hs-dump-sweeper", daemon=True)
             t.start()
             self._threads.append(t)
+            self.budget.start_meter(name_os_thread)  # the forward thread never scans the directory
 
     # ------------------------------------------------------------------ forward thread
 
@@ -652,6 +653,7 @@ class CaptureCore:
         for t in self._threads:
             if t.name == "hs-dump-sweeper":
                 t.join(timeout=5)  # a sweep in progress finishes before its fd closes
+        self.budget.stop_meter()  # likewise its scan
         self.staging.close()
 
 

@@ -17,14 +17,16 @@ Stdlib only, so both sides (scheduler processes and the builder) share one defin
 * ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
   request but will not store it (partial prompt, staging full, wrong set-up...).
 * Names starting with ``.`` are in-progress temporary files; readers ignore them.
-* ``{staging}/.spares/<hex>``: a dump the client has read, handed back with
+* ``{staging}/.spares/<size hex>-<32 hex>``: a dump the client has read, handed back with
   :func:`hand_back_dump` instead of being deleted. The server claims one (rename),
   truncates it to the next dump's size and writes over its pages: a dump's round trip
   through pages tmpfs already holds costs a third to a half of one through fresh pages, allocated,
   zeroed and later freed (benchmarks/bench_staging_pool.py). The pool has its own
   directory, so neither side scans the dumps waiting beside it; it is capped by
   :data:`SPARE_MAX_FILES` / :data:`SPARE_MAX_BYTES`, and the server's sweeper deletes
-  spares nobody claimed within a sweep interval.
+  spares nobody claimed within a sweep interval. The name carries the size
+  (:func:`spare_name`), so neither side stats the spares to weigh the pool; a name
+  without it (an older client) is weighed by stat.
 
 Request ids are ``hs-<run>-<seq>-<T>``: ``<run>`` 1-32 of ``[a-z0-9]``, ``<seq>`` a
 request counter, ``<T>`` the prompt's token count (the server needs it to know when a
@@ -64,6 +66,8 @@ __all__ = [
     "REFUSED_WRITE_FAILED",
     "RETRYABLE_REFUSALS",
     "hand_back_dump",
+    "spare_name",
+    "spare_size",
     "FileMaps",
     "copy_out",
     "RID_RE",
@@ -161,7 +165,7 @@ def hand_back_dump(path: str) -> None:
     pool = os.path.join(os.path.dirname(path) or ".", SPARE_DIR)
     if _pool_has_room(pool, size):
         try:
-            os.rename(path, os.path.join(pool, uuid.uuid4().hex))
+            os.rename(path, os.path.join(pool, spare_name(size)))
             return
         except OSError:
             pass
@@ -169,6 +173,29 @@ def hand_back_dump(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def spare_name(size: int) -> str:
+    """A spare's name in the pool: its size in hex, ``-``, 32 random hex digits.
+
+    Why the size: both sides weigh the pool on every dump (the client against its caps,
+    the server for the spare closest in size), and a stat per spare hands the GIL back
+    once per file -- on the server, next to the forward thread. The name is a hint
+    only: the server sizes what it claims by ``fstat`` and ``ftruncate``, and the
+    pool is private to one user.
+    """
+    return f"{size:x}-{uuid.uuid4().hex}"
+
+
+def spare_size(entry: os.DirEntry) -> int:
+    """A spare's size from its name (:func:`spare_name`), or by stat where the name does not say it (older clients)."""
+    head, sep, tail = entry.name.partition("-")
+    if sep and len(tail) == 32 and 0 < len(head) <= 16:
+        try:
+            return int(head, 16)
+        except ValueError:
+            pass
+    return entry.stat(follow_symlinks=False).st_size
 
 
 def _pool_has_room(pool: str, size: int) -> bool:
@@ -185,7 +212,7 @@ def _pool_has_room(pool: str, size: int) -> bool:
         with os.scandir(pool) as entries:
             for entry in entries:
                 files += 1
-                held += entry.stat(follow_symlinks=False).st_size
+                held += spare_size(entry)
     except (OSError, StagingError):
         return False
     return files < SPARE_MAX_FILES and held + size <= SPARE_MAX_BYTES
