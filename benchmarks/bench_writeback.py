@@ -9,10 +9,12 @@ last ones) the disk idles. This measures, in one run and on one directory:
 * ``plain``: one thread writes each file (8 MiB writes), then fsyncs it;
 * ``writeback``: the same, asking for writeback every ``WRITEBACK_BYTES``;
 * ``parallel``: ``--threads`` plain files at once (bench_node's raw baseline), the
-  rate the disk reaches when it is kept busy.
+  rate the disk reaches when it is kept busy;
+* ``parallel writeback``: as many files at once, each asking for early writeback (the
+  shard writer at full load: it must not lose there what it gains alone).
 
-Runs alternate (plain, writeback, parallel) ``--repeats`` times; the figures are
-medians. Last line: ``writeback_vs_plain=X writeback_vs_parallel=Y``. Where the call
+Runs alternate ``--repeats`` times; the figures are medians. Last line:
+``writeback_vs_plain=X writeback_vs_parallel=Y parallel_writeback_vs_parallel=Z``. Where the call
 is missing (not Linux) or refused, it says so and the two single-file figures match.
 Usage: ``python benchmarks/bench_writeback.py [--dir DIR] [--file-mib 512] [--files 2]``.
 """
@@ -94,7 +96,7 @@ def main() -> None:
         f"writeback asked every {WRITEBACK_BYTES >> 20} MiB; parallel reference: {args.threads} files at once",
         flush=True,
     )
-    rates: dict[str, list[float]] = {"plain": [], "writeback": [], "parallel": []}
+    rates: dict[str, list[float]] = {"plain": [], "writeback": [], "parallel": [], "parallel writeback": []}
     accepted = True
     try:
         for rep in range(args.repeats):
@@ -103,13 +105,19 @@ def main() -> None:
             rates["writeback"].append(rate)
             accepted = accepted and ok
             rates["parallel"].append(write_files(directory, [size] * (args.threads * 2), args.threads, source, early=False)[0])
+            rate, ok = write_files(directory, [size] * (args.threads * 2), args.threads, source, early=True)
+            rates["parallel writeback"].append(rate)
+            accepted = accepted and ok
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f} GB/s" for k, v in rates.items()), flush=True)
     finally:
         os.rmdir(directory)
     if not accepted:
         print("early writeback was refused here (not Linux, or this file system says no): the writer writes as plainly as the baseline")
     median = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"writeback_vs_plain={median['writeback'] / median['plain']:.2f} writeback_vs_parallel={median['writeback'] / median['parallel']:.2f}")
+    print(
+        f"writeback_vs_plain={median['writeback'] / median['plain']:.2f} writeback_vs_parallel={median['writeback'] / median['parallel']:.2f} "
+        f"parallel_writeback_vs_parallel={median['parallel writeback'] / median['parallel']:.2f}"
+    )
 
 
 if __name__ == "__main__":
