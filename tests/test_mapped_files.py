@@ -140,6 +140,23 @@ def test_files_deleted_meanwhile_are_unmapped(tmp_path):
     assert len(maps) == 0 and maps.mapped_bytes == 0
 
 
+def test_a_callers_own_stat_finds_the_same_mapping(tmp_path):
+    """``file_stat`` spares FileMaps its own fstat; the entry is the one its own fstat would find."""
+    maps = FileMaps(writable=False)
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 8192)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        with maps.mapped(fd, 8192) as first:
+            pass
+        with maps.mapped(fd, 8192, file_stat=os.fstat(fd)) as again, maps.mapped(fd, 8192) as without:
+            assert again == without == first is not None
+        assert len(maps) == 1
+    finally:
+        os.close(fd)
+        maps.close()
+
+
 def test_a_deleted_file_never_answers_for_a_new_one(tmp_path):
     """The cache holds each file open, so a new file cannot take a cached file's inode number."""
     maps = FileMaps(writable=False)

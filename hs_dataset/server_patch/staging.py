@@ -120,14 +120,13 @@ class StagingDir:
             raise StagingError(f"refusing unsafe staging file name {name!r}")
         buffers = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         size = sum(memoryview(b).nbytes for b in buffers)
-        fd, tmp = self._claim_spare(name, size) if size >= _SPARE_MIN_BYTES else (None, "")
-        spare = fd is not None
+        fd, tmp, spare = self._claim_spare(name, size) if size >= _SPARE_MIN_BYTES else (None, "", None)
         if fd is None:
             tmp = self._tmp_name(name)
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=self.fd)
         try:
             try:
-                if not (spare and _size_spare(fd, size) and self._write_mapped(fd, buffers, size)):
+                if not (spare is not None and _size_spare(fd, size, spare) and self._write_mapped(fd, buffers, size, spare)):
                     _write_buffers(fd, buffers)
             finally:
                 os.close(fd)
@@ -152,9 +151,9 @@ class StagingDir:
                 except FileNotFoundError:
                     pass
 
-    def _write_mapped(self, fd: int, buffers: Sequence[Buffer], size: int) -> bool:
+    def _write_mapped(self, fd: int, buffers: Sequence[Buffer], size: int, spare: os.stat_result) -> bool:
         """Copy ``buffers`` into a sized spare through its kept mapping; False where the caller must write instead."""
-        with self._maps.mapped(fd, size, kept_only=True) as address:
+        with self._maps.mapped(fd, size, kept_only=True, file_stat=spare) as address:
             if address is None:  # a spare this process has not written before: mapped now, for its next round
                 return False
             offset = 0
@@ -165,8 +164,10 @@ class StagingDir:
         os.utime(fd)  # stores through a kept mapping need not touch the times: the sweeper ages files by mtime
         return True
 
-    def _claim_spare(self, name: str, size: int) -> tuple[int | None, str]:
-        """Take a spare for a ``size``-byte file on its way to ``name``: (open fd, temp name), or (None, "").
+    def _claim_spare(self, name: str, size: int) -> tuple[int | None, str, os.stat_result | None]:
+        """Take a spare for a ``size``-byte file on its way to ``name``.
+
+        Returns (open fd, temp name, its ``fstat``), or (None, "", None) where there is none.
 
         The spare closest in size wins (the fewest pages to allocate or free). A claimed
         file that is not a plain private file of ours with one link is deleted unused.
@@ -177,7 +178,7 @@ class StagingDir:
                 fd = os.open(tmp, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), dir_fd=self.fd)
                 st = os.fstat(fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-                    return fd, tmp  # sized by the write: the mapped one must know how long the spare was
+                    return fd, tmp, st  # sized by the write (_size_spare): from this stat, as claimed
             except OSError:
                 pass
             if fd >= 0:
@@ -186,7 +187,7 @@ class StagingDir:
                 os.unlink(tmp, dir_fd=self.fd)
             except OSError:  # a directory planted in the pool: the sweeper ignores it, nothing writes to it
                 pass
-        return None, ""
+        return None, "", None
 
     def _take_spare(self, tmp: str, size: int) -> bool:
         """Rename the pool's spare closest to ``size`` bytes to ``tmp``; False if there is none."""
@@ -291,14 +292,14 @@ def _open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
     return None
 
 
-def _size_spare(fd: int, size: int) -> bool:
-    """Make a claimed spare ``size`` bytes long; True if every page is allocated, so a mapped copy is safe.
+def _size_spare(fd: int, size: int, st: os.stat_result) -> bool:
+    """Make a claimed spare (``st``: its ``fstat`` when claimed) ``size`` bytes long; True if every page is
+    allocated, so a mapped copy is safe.
 
     A copy through a mapping into a page the file system has no room for raises SIGBUS;
     ``posix_fallocate`` turns that into ENOSPC here. False on a file system without it
     (``write`` then reports a full disk safely).
     """
-    st = os.fstat(fd)
     if st.st_size != size:
         os.ftruncate(fd, size)
     if st.st_size < size or st.st_blocks * 512 < size:  # a hole: the spare grew (a spare once written whole has none)

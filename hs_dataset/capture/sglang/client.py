@@ -108,10 +108,10 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb", buffering=0) as f:
         specs, metadata, start = read_header(f, path)
-        size = os.fstat(fd).st_size
-        data = _READ_BUFFERS.lease(size - start)
+        st = os.fstat(fd)
+        data = _READ_BUFFERS.lease(st.st_size - start)
         view = memoryview(data.numpy())
-        with _DUMP_MAPS.mapped(fd, size, kept_only=True) as address:
+        with _DUMP_MAPS.mapped(fd, st.st_size, kept_only=True, file_stat=st) as address:
             if address is not None:
                 copy_out(address, start, view)
             else:
