@@ -383,8 +383,7 @@ class StagingBudget:
         self._meter_stop = False
         self._rescan_wanted = False  # a reservation waits for room: the meter scans now, then every poll_s
         self._scan_lock = threading.Lock()
-        self._scanning = False
-        self._committed_in_scan = (0, 0)  # committed while a meter scan ran: the scan may not have seen them
+        self._committed_in_scan: tuple[int, int] | None = None  # during a meter scan: what was committed since it began
 
     # ------------------------------------------------------------------ the meter
     def start_meter(self, name_thread: Callable[[str], None] = lambda _name: None) -> None:
@@ -430,16 +429,16 @@ class StagingBudget:
         """
         with self._scan_lock:  # one scan at a time: each owns the count of commits made during it
             with self._cond:
-                self._scanning, self._committed_in_scan, self._rescan_wanted = True, (0, 0), False
+                self._committed_in_scan, self._rescan_wanted = (0, 0), False
             try:
                 disk_bytes, disk_files = self._usage()
             except BaseException:
                 with self._cond:
-                    self._scanning = False
+                    self._committed_in_scan = None
                 raise
             with self._cond:
                 late_bytes, late_files = self._committed_in_scan
-                self._scanning = False
+                self._committed_in_scan = None
                 self._disk_bytes, self._disk_files = disk_bytes + late_bytes, disk_files + late_files
                 self._scanned_at = time.monotonic()
                 self._cond.notify_all()
@@ -487,7 +486,7 @@ class StagingBudget:
             self._inflight_files -= nfiles
             self._disk_bytes += nbytes
             self._disk_files += nfiles
-            if self._scanning:
+            if self._committed_in_scan is not None:
                 late_bytes, late_files = self._committed_in_scan
                 self._committed_in_scan = (late_bytes + nbytes, late_files + nfiles)
             self._cond.notify_all()
