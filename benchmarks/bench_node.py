@@ -360,6 +360,8 @@ def _trace_loads() -> dict[str, float]:
     is slow (memory, page faults); wall far above CPU means the thread waited (for the
     GIL, or for a core).
     """
+    import gc
+
     import hs_dataset.capture.sglang.client as client_module
 
     totals = {f"{name}_{what}": 0.0 for name in ("read", "scan", "mapped") for what in ("s", "cpu_s", "n")}
@@ -381,8 +383,6 @@ def _trace_loads() -> dict[str, float]:
 
         wrapper._real = real
         return wrapper
-
-    import gc
 
     gc_started: list[float] = []
 

@@ -641,7 +641,8 @@ class _EarlyWriteback:
     file, which one stream could not keep the disk busy with: while few shards are in
     flight (the first ones of a run, the last ones) the disk idled. With it one file
     alone was written 1.29–1.54x faster on the H200 host, 8 at once no slower
-    (``benchmarks/bench_writeback.py``), and bench_node's last shards end together. ``fsync`` still makes the shard durable.
+    (``benchmarks/bench_writeback.py``), and bench_node's last shards end together.
+    ``fsync`` still makes the shard durable.
     """
 
     def __init__(self, fd: int) -> None:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import secrets
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
