@@ -2,7 +2,7 @@
 
 The .pth lets ``datasets.load_dataset("hs_dataset", ...)`` work in a fresh interpreter
 without ``import hs_dataset``: at startup it only registers a lazy import finder
-(see hs_dataset/_datasets_hook.py). setuptools has no declarative way to put a file at
+(see hs_dataset/datasets_hook.py). setuptools has no declarative way to put a file at
 the wheel's root, so a ``build`` sub-command writes it: into build_lib for a wheel, and
 into the unpacked editable wheel for ``pip install -e .`` (where build_lib is discarded).
 """
@@ -15,7 +15,9 @@ from setuptools import Command, setup
 from setuptools.command.build import build
 
 PTH_NAME = "hs_dataset_datasets_hook.pth"
-PTH_LINE = "import hs_dataset._datasets_hook as _h; _h.install()\n"
+# One line, run by site.py at interpreter start: stdlib only until the hook is wanted, and off with
+# HS_DATASET_DATASETS_HOOK=0 (the SGLang server environment has the .pth removed, see make_sglang_env.sh).
+PTH_LINE = 'import os; os.environ.get("HS_DATASET_DATASETS_HOOK", "1") == "0" or __import__("hs_dataset.datasets_hook", fromlist=["install"]).install()\n'
 
 
 class build_pth(Command):

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.fixtures
 
 
 def _table(name: str, score) -> str:
@@ -60,9 +60,9 @@ def main() -> None:
 
     import torch
 
-    import acceptance_lib as A
-    from hs_dataset.capture.model_info import resolve_model_path
-    from hs_dataset.testing.tiny_verifier import VERIFIER_AUX_LAYERS
+    from tests.fixtures import acceptance as A
+    from hs_dataset.model.snapshot import resolve_model_path
+    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
     torch.set_num_threads(1)  # small ops: OpenMP threads on a shared 2-core VM mostly wait on each other
     started = time.perf_counter()

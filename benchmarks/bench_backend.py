@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.fixtures
 
 
 def _bytes(root: Path) -> int:
@@ -43,12 +43,12 @@ def main() -> None:
     from hs_dataset.config import load_card
     from hs_dataset.interop.speculators import export_speculators
     from hs_dataset.interop.speculators_backend import register, trainer_entry, write_rows
-    from hs_dataset.pipeline import build_dataset
-    from hs_dataset.testing.tiny_model import build_tiny_deepseek
+    from hs_dataset.build import build_dataset
+    from hs_dataset.demo.tiny_model import build_tiny_deepseek
 
     register()
     train = trainer_entry()
-    import speculators_cpu
+    from tests.fixtures import speculators_cpu
 
     work = Path(tempfile.mkdtemp(prefix="bench-backend-"))
     model = build_tiny_deepseek()

@@ -2,7 +2,7 @@
 
 One real SGLang 0.5.23 server (CPU) runs the ``tiny-deepseek-sglang`` card (the tiny
 DeepseekV3, float32, aux [2, 3, 4] + pre-norm final), started here through
-``hs_dataset.serve.plan``. The same samples -- the 42 bundled conversations, cycled to
+``hs_dataset.sglang.launch.plan``. The same samples -- the 42 bundled conversations, cycled to
 ``--samples`` (48) with distinct ids, 29-521 tokens each -- are captured two ways,
 alternating (serial, concurrent, concurrent, serial, ...) so that drift in the machine's
 load hits both:
@@ -54,7 +54,7 @@ from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_pyth
 
 
 def tiny_model(tmp: Path) -> Path:
-    from hs_dataset.testing.tiny_model import build_tiny_deepseek, tiny_model_dir
+    from hs_dataset.demo.tiny_model import build_tiny_deepseek, tiny_model_dir
 
     cached = tiny_model_dir()
     if (cached / "config.json").exists():
@@ -107,7 +107,7 @@ def run_stream(backend, samples, concurrency: int, out: Path, metadata: dict, no
 
 
 def run_build(card, backend, rows, concurrency: int, out: Path) -> tuple[float, object]:
-    from hs_dataset.pipeline import build_dataset
+    from hs_dataset.build import build_dataset
 
     t0 = time.perf_counter()
     report = build_dataset(card, out, source=rows, num_samples=len(rows), batch_size=concurrency, backend=backend)
@@ -170,9 +170,9 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.sglang.client.backend import SGLangBackend
     from hs_dataset.config import load_card
-    from hs_dataset.serve import launch, plan_server
+    from hs_dataset.sglang.launch import launch, plan_server
     from hs_dataset.sources import iter_samples
 
     torch.set_num_threads(1)

@@ -9,7 +9,7 @@ build``) is a separate process from the SGLang server:
   (bench_gpu_capture.py's residual-MLP model, 61 blocks), 4096-token passes of 8
   requests, at ~26k tokens/s (a Kimi-K2.5 TP8 node's per-GPU rate) and at ~108k
   tokens/s (4x faster), and the server's
-  :class:`~hs_dataset.server_patch.capture.CaptureCore` (split, device snapshot or fp8
+  :class:`~hs_dataset.sglang.server.core.CaptureCore` (split, device snapshot or fp8
   quantization on the GPU, pinned side-stream copy, writer threads writing each dump
   with one ``os.writev`` into a bounded staging dir in /dev/shm);
 * the client process (this file again, started with multiprocessing's ``spawn``: it
@@ -165,7 +165,7 @@ class Consumer:
     """
 
     def __init__(self, backend, writer, staging: str, loaders: int, stats: dict) -> None:
-        from hs_dataset.server_patch.protocol import DUMP_SUFFIX, REFUSED_SUFFIX
+        from hs_dataset.wire.dump import DUMP_SUFFIX, REFUSED_SUFFIX
 
         self.backend, self.writer, self.staging, self.stats = backend, writer, staging, stats
         self.dump_suffix, self.refused_suffix = DUMP_SUFFIX, REFUSED_SUFFIX
@@ -182,7 +182,7 @@ class Consumer:
         self.adder.start()
 
     def _load_loop(self) -> None:
-        from hs_dataset.server_patch.protocol import hand_back_dump
+        from hs_dataset.wire.spares import hand_back_dump
 
         while (item := self.expected.get()) is not None:
             rid, sample = item
@@ -214,7 +214,7 @@ class Consumer:
         from hs_dataset.errors import SampleError
         from hs_dataset.formats.encoding import ENCODINGS, decode_state
         from hs_dataset.sample import CapturedSample
-        from hs_dataset.server_patch.protocol import FP8_ENCODING
+        from hs_dataset.wire.fp8 import FP8_ENCODING
 
         while (item := self.results.get()) is not None:
             loaded_at, result = item
@@ -362,7 +362,7 @@ def _trace_loads() -> dict[str, float]:
     """
     import gc
 
-    import hs_dataset.capture.sglang.client as client_module
+    import hs_dataset.sglang.client.backend as client_module
 
     totals = {f"{name}_{what}": 0.0 for name in ("read", "scan", "mapped") for what in ("s", "cpu_s", "n")}
     lock = threading.Lock()
@@ -403,7 +403,7 @@ def _trace_loads() -> dict[str, float]:
 
 def consume_phase(spec: dict, replies) -> dict:
     """One phase on the client side: expect every request the server will be sent, consume, write, close, verify."""
-    from hs_dataset.capture.sglang.client import SGLangBackend
+    from hs_dataset.sglang.client.backend import SGLangBackend
     from hs_dataset.formats.verify import verify_dataset
     from hs_dataset.formats.writer import ShardWriter
     from hs_dataset.sample import TokenizedSample
@@ -509,7 +509,7 @@ class Client:
 def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None) -> Phase:
     """One (rate, storage) phase. ``copier``: the server's pinned-memory copier, shared across phases as one
     server process keeps it for its lifetime (so its pinned pool is allocated once, in the warm-up); None: a new one."""
-    from hs_dataset.server_patch.capture import BatchView, CaptureConfig, CaptureCore
+    from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
 
     phase = Phase(rate, storage)
     device = model.w1[0].device
@@ -590,7 +590,7 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
 def fp8_error_check(model: SyntheticPrefill, tokens: int) -> str:
     """The device quantizer against the host encoder on real states of one pass, and its error (as bench_fp8.py reports it)."""
     from hs_dataset.formats.encoding import ENCODINGS, decode_state, encode_state
-    from hs_dataset.server_patch.protocol import FP8_ENCODING, quantize_fp8_per_token
+    from hs_dataset.wire.fp8 import FP8_ENCODING, quantize_fp8_per_token
 
     device = model.w1[0].device
     x0 = torch.randn(tokens, H, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(7))
@@ -659,7 +659,7 @@ def main() -> None:
         f"{args.loaders} dump loaders, shard writer with {args.writer_threads} writer threads and {args.shard_mib} MiB shards",
         flush=True,
     )
-    from hs_dataset.server_patch.copier import HostCopier
+    from hs_dataset.sglang.server.copier import HostCopier
 
     copier = None if args.copier_per_phase else HostCopier(args.pinned_gib << 30)
     phases: list[Phase] = []

@@ -4,11 +4,11 @@ Reading: ``hs_dataset.open_dataset(path)``. Online from a live SGLang server int
 training, with a bounded cache: ``hs_dataset.stream(card, source, server=URL, cache_dir=DIR,
 max_cache_bytes=N)``. Building: ``hs-dataset build``,
 ``datasets.load_dataset("hs_dataset", config=...)`` (the name is taught to
-``datasets`` at interpreter start by a ``.pth`` hook the package installs; see
-docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
+``datasets`` at interpreter start by a one-line ``.pth`` hook the package installs,
+:mod:`hs_dataset.datasets_hook`; see docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
 
-Attributes are imported lazily, so the SGLang server can import
-``hs_dataset.server_patch`` with nothing but torch installed.
+Importing the package does nothing else: attributes are imported lazily, so the SGLang
+server can import ``hs_dataset.sglang.server`` with nothing but torch installed.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ _LAZY = {
     "open_dataset": "hs_dataset.formats.reader",
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
-    "build_dataset": "hs_dataset.pipeline",
+    "build_dataset": "hs_dataset.build",
     "push_to_hub": "hs_dataset.hub.push",
-    "stream": "hs_dataset.streaming",
+    "stream": "hs_dataset.streaming.stream",
 }
 
 
@@ -36,7 +36,3 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'hs_dataset' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
-
-from hs_dataset import _datasets_hook  # noqa: E402
-
-_datasets_hook.install()

@@ -1,6 +1,6 @@
 """The Hugging Face ``datasets`` builder over the capture pipeline (documented hooks only).
 
-``_generate_tables`` runs or resumes :func:`hs_dataset.pipeline.build_dataset` into a
+``_generate_tables`` runs or resumes :func:`hs_dataset.build.build_dataset` into a
 persistent work directory (``<cache_dir>/hs_dataset_work/<config id>/``: datasets
 deletes its own ``.incomplete`` directory on failure, so shards that must survive a
 crash live there), verifies it, and yields rows that carry the states. Arrow has no
@@ -73,7 +73,7 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
     def model_dir(self) -> Path | None:
         """The local model directory the capture will use (None when it is not on this machine)."""
-        from hs_dataset.capture.model_info import ModelPathError, resolve_model_path
+        from hs_dataset.model.snapshot import ModelPathError, resolve_model_path
 
         card = self.resolved_card()
         path = self.model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
@@ -84,7 +84,7 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
     def cache_key(self) -> str:
         """sha256 over the card, the model's weights, the source's content and the run options."""
-        from hs_dataset.capture.model_info import model_fingerprint
+        from hs_dataset.model.snapshot import model_fingerprint
 
         model = self.model_dir()
         parts = {
@@ -105,7 +105,7 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
 def _source_identity(card: Card, source: Any) -> Any:
     """What the source's rows depend on: path, size and mtime_ns of every file (or a datasets fingerprint)."""
-    from hs_dataset.pipeline import resolve_source
+    from hs_dataset.build import resolve_source
 
     try:
         resolved = resolve_source(card, source)
@@ -123,7 +123,7 @@ def _source_identity(card: Card, source: Any) -> Any:
 
 
 def _hidden_size(model_dir: Path | None) -> int | None:
-    from hs_dataset.capture.model_info import load_text_config
+    from hs_dataset.model.snapshot import load_text_config
 
     size = load_text_config(model_dir).get("hidden_size") if model_dir is not None else None
     return int(size) if size else None
@@ -211,7 +211,7 @@ class HsDataset(datasets.ArrowBasedBuilder):
             progress=datasets.utils.is_progress_bar_enabled(),
         )
         if num_parts == 1:
-            from hs_dataset.pipeline import build_dataset
+            from hs_dataset.build import build_dataset
 
             build_dataset(self.card, part_dir, **kwargs)
         else:
@@ -306,7 +306,7 @@ def _build_part_from_stdin() -> None:
     import sys
 
     from hs_dataset.config import card_from_dict
-    from hs_dataset.pipeline import build_dataset
+    from hs_dataset.build import build_dataset
 
     job = json.loads(sys.stdin.read())
     build_dataset(card_from_dict(job["card"], job["card_path"]), job["part_dir"], **job["kwargs"])

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
-from hs_dataset.capture.model_info import model_fingerprint, resolve_model_path, text_config
-from hs_dataset.capture.text_model import load_causal_lm, loaded_module_path
+from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path, text_config
+from hs_dataset.model.text_model import load_causal_lm, loaded_module_path
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.sample import CapturedSample, TokenizedSample
 

@@ -64,7 +64,7 @@ def card_from_args(args: argparse.Namespace, *, default_backend: str = "hf") -> 
         if model:
             card = card.with_overrides(model={"path": model})
     elif model:
-        from hs_dataset.capture.card_from_model import card_from_model
+        from hs_dataset.model.card_from_model import card_from_model
 
         servers = getattr(args, "server", None)
         backend = getattr(args, "backend", None) or ("sglang" if servers else default_backend)

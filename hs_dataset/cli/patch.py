@@ -1,6 +1,6 @@
 """``hs-dataset patch check|apply|revert``: the source patch for SGLang <= 0.5.5.
 
-The work is done by hs_dataset.server_patch.legacy_patch, which is standard
+The work is done by hs_dataset.sglang.legacy.patch, which is standard
 library only so that it can also run (or be copied and run alone) inside the
 SGLang server's environment; this module only plugs it into ``hs-dataset``.
 See docs/LEGACY_PATCH.md.
@@ -26,12 +26,12 @@ EXAMPLES = """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hs_dataset.server_patch import legacy_patch
+    from hs_dataset.sglang.legacy import patch
 
-    legacy_patch.add_arguments(parser)
+    patch.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.server_patch import legacy_patch
+    from hs_dataset.sglang.legacy import patch
 
-    return legacy_patch.run(args)
+    return patch.run(args)

@@ -18,7 +18,7 @@ import torch
 
 from hs_dataset.dtypes import DTYPES, STATE_DTYPES, dtype_info, from_torch
 from hs_dataset.errors import FormatError, UnsupportedFormatError
-from hs_dataset.server_patch.protocol import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
+from hs_dataset.wire.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
 
 __all__ = [
     "Encoding",

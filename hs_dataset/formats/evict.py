@@ -1,6 +1,6 @@
 """Drop whole shards from a dataset: the manifest stops listing them first, then the files go.
 
-A bounded cache (``hs_dataset.streaming``) evicts its oldest shards this way. The order
+A bounded cache (``hs_dataset.streaming.stream``) evicts its oldest shards this way. The order
 keeps every instant consistent (docs/FORMAT.md: the manifest lists only complete
 shards): the manifest is rewritten atomically without the shards (``atomic.py``), and
 only then are the files unlinked. A crash between the two steps leaves complete shards

@@ -36,8 +36,8 @@ __all__ = [
 
 
 def bundled_conversations_path():
-    """Path of the conversations shipped with the package (``hs_dataset/data/conversations.jsonl``)."""
+    """Path of the conversations the embedded default ships (``hs_dataset/demo/data/conversations.jsonl``)."""
     from importlib import resources
     from pathlib import Path
 
-    return Path(str(resources.files("hs_dataset").joinpath("data", "conversations.jsonl")))
+    return Path(str(resources.files("hs_dataset.demo").joinpath("data", "conversations.jsonl")))

@@ -21,7 +21,7 @@ from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
-from hs_dataset.sources.remote_code import load_tokenizer
+from hs_dataset.model.tokenizer import load_tokenizer
 from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for

@@ -1,7 +1,0 @@
-"""The SGLang client: requests, dump collection and validation against the dump contract."""
-
-from __future__ import annotations
-
-from hs_dataset.capture.sglang.client import Endpoint, SGLangBackend
-
-__all__ = ["SGLangBackend", "Endpoint"]

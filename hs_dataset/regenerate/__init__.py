@@ -1,0 +1,1 @@
+"""Regeneration: every assistant turn rewritten by the target model before capture."""

@@ -1,6 +1,0 @@
-"""Launching SGLang with the capture hooks: the launch plan and the server process."""
-
-from hs_dataset.serve.plan import ServeError, ServerPlan, plan_server
-from hs_dataset.serve.process import ServerProcess, launch
-
-__all__ = ["ServeError", "ServerPlan", "ServerProcess", "plan_server", "launch"]

@@ -1,0 +1,7 @@
+"""The SGLang client: requests, dump collection and validation against the dump contract."""
+
+from __future__ import annotations
+
+from hs_dataset.sglang.client.backend import Endpoint, SGLangBackend
+
+__all__ = ["SGLangBackend", "Endpoint"]

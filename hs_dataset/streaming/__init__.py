@@ -1,0 +1,1 @@
+"""Online capture straight into training, through a bounded cache of verified shards."""

@@ -1,0 +1,1 @@
+"""End-to-end tests: real SGLang servers, the trainers' own code, the datasets builder, the Hub stand-in."""

@@ -1,0 +1,208 @@
+"""`hs-dataset serve` planning without a server environment (the probe of the server Python is faked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hs_dataset.sglang.launch import plan as serve
+
+
+OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        return hidden_states, residual\n"
+
+
+def fake_sglang(root, layer_source: str = OLD_LAYER) -> str:
+    """A stand-in ``sglang`` package directory holding only ``srt/models/deepseek_v2.py``."""
+    models = root / "sglang" / "srt" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "deepseek_v2.py").write_text(layer_source)
+    return str(root / "sglang")
+
+
+@pytest.fixture
+def fake_env(monkeypatch, tmp_path):
+    info = {"sglang": "0.5.23", "hs_dataset": True, "sgl_kernel": None, "sglang_dir": fake_sglang(tmp_path / "env")}
+    monkeypatch.setattr(serve, "_probe_server_env", lambda python: dict(info))
+    return info
+
+
+def _kimi_dir(tmp_path):
+    d = tmp_path / "kimi"
+    d.mkdir()
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "architectures": ["DeepseekV3ForCausalLM"]}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
+    from hs_dataset.config import load_card
+
+    plan = serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    argv = plan.argv
+    joined = " ".join(argv)
+    assert "--tp-size 8" in joined and "--dtype bfloat16" in joined
+    assert "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids 2 30 58" in joined
+    assert "--disable-radix-cache" in argv and "--disable-prefill-cuda-graph" in argv and "--device" not in argv
+    specs = json.loads(argv[argv.index("--forward-hooks") + 1])
+    targets = {s["name"]: s["target_modules"] for s in specs}
+    assert targets == {"hs_capture_final": ["language_model.model.norm"], "hs_capture": ["language_model.model"]}
+    assert specs[0]["config"]["hf_aux_layer_ids"] == [2, 30, 58] and specs[0]["config"]["sglang_aux_layer_ids"] == [2, 30, 58]
+    assert "PYTHONPATH" not in plan.env  # hs_dataset installed in the server env, real sgl_kernel on GPU
+
+
+@pytest.mark.parametrize("storage", ["native", "fp8"])
+def test_the_card_s_storage_reaches_the_server_hooks(fake_env, tmp_path, storage):
+    """fp8 storage is quantized on the device, so the server must be told, not only the writer."""
+    from hs_dataset.config import load_card
+
+    card = load_card("kimi-k25-sglang").with_overrides(shards={"storage": storage})
+    plan = serve.plan_server(card, model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    for spec in specs:
+        if spec["name"].startswith("hs_capture"):
+            assert spec["config"].get("storage", "native") == storage
+
+
+def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.config import load_card
+
+    card = load_card("tiny-deepseek-sglang")
+    fake_env.update(hs_dataset=False)
+    plan = serve.plan_server(card, port=31999, staging_dir=str(tmp_path / "st"))
+    assert plan.env["SGLANG_USE_CPU_ENGINE"] == "1" and "cpu_support" in plan.env["PYTHONPATH"]
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    assert [s["name"] for s in specs] == ["hs_cpu_mla", "hs_capture_final", "hs_capture"]
+    fake_env.update(sglang="0.5.9")
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    assert plan.mechanism == "layer_hooks" and "--enable-return-aux-hidden-states" not in plan.argv
+    assert {s["target_modules"][0] for s in specs if s["name"].startswith("hs_capture_aux")} == {"model.layers.1", "model.layers.2", "model.layers.3"}
+    assert "--disable-prefill-cuda-graph" not in plan.argv
+    fake_env.update(sglang="0.5.5")
+    with pytest.raises(serve.ServeError, match="hs-dataset patch"):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    fake_env.update(sglang="0.4.10")
+    with pytest.raises(serve.ServeError):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+
+
+def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path):
+    from hs_dataset.config import load_card
+
+    card = load_card("tiny-deepseek-sglang").with_overrides(layers={"aux": [1, 2]})
+    with pytest.raises(serve.ServeError, match="start with 1"):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+
+
+def test_serve_check_cli(fake_env, capsys):
+    from hs_dataset.cli.main import main
+
+    assert main(["serve", "--config", "tiny-deepseek-sglang", "--check", "--port", "31998", "--", "--log-level", "warning"]) == 0
+    out = capsys.readouterr().out
+    assert "mechanism: aux_return" in out and "--log-level warning" in out and "--port 31998" in out
+
+
+# ---------------------------------------------------------------------------- CPU ranks: one core range each
+
+
+@pytest.mark.parametrize(
+    "cores, ranks, expected",
+    [
+        ([0, 1], 2, "0|1"),
+        ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0-3|4-7"),
+        ([0, 1, 2, 3, 4, 5, 6], 3, "0-2|3-4|5-6"),  # sizes differ by at most one, every core used once
+        ([2, 3, 8, 9, 10], 2, "2-3,8|9-10"),  # a narrowed affinity mask (taskset, containers)
+        ([5, 1, 1, 3], 1, "1,3,5"),
+    ],
+)
+def test_core_split_is_disjoint_and_covers_the_usable_cores(cores, ranks, expected):
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    groups = cpu_ranks.split_cores(cores, ranks)
+    assert cpu_ranks.format_bind(groups) == expected
+    assert sorted(c for g in groups for c in g) == sorted(set(cores)) and all(groups)
+
+
+def test_core_split_refuses_more_ranks_than_cores():
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    with pytest.raises(ValueError, match="3 cores cannot give 4 ranks"):
+        cpu_ranks.split_cores([0, 1, 2], 4)
+
+
+@pytest.mark.parametrize(
+    "argv, ranks",
+    [
+        (["--tp-size", "2"], 2),
+        (["--tp-size", "2", "--dp-size", "2"], 4),  # two replicas of two TP ranks
+        (["--tp-size", "2", "--dp", "2", "--enable-dp-attention"], 2),  # DP groups partition the TP ranks
+        (["--tp=4", "--pp-size", "2"], 8),
+        (["--tp-size", "1", "--tensor-parallel-size", "2"], 2),  # the last one wins, as in argparse
+        (["--model-path", "m", "--forward-hooks", "[]"], 1),
+    ],
+)
+def test_cpu_rank_count_reads_sglang_flags(argv, ranks):
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    assert cpu_ranks.cpu_rank_count(argv) == ranks
+
+
+def _tiny_card(**sglang):
+    from hs_dataset.config import load_card
+
+    return load_card("tiny-deepseek-sglang").with_overrides(sglang=sglang) if sglang else load_card("tiny-deepseek-sglang")
+
+
+def test_multi_rank_cpu_plan_binds_one_core_range_per_rank(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1, 2, 3])
+    assert cpu_ranks.OMP_BIND_ENV not in serve.plan_server(_tiny_card(), staging_dir=str(tmp_path / "st")).env  # one rank
+    plan = serve.plan_server(_tiny_card(tp=2), staging_dir=str(tmp_path / "st"))
+    assert plan.env[cpu_ranks.OMP_BIND_ENV] == "0-1|2-3" and "--tp-size 2" in " ".join(plan.argv)
+    dp = _tiny_card(tp=2, args=["--dp-size", "2", "--enable-dp-attention"])
+    assert serve.plan_server(dp, staging_dir=str(tmp_path / "st")).env[cpu_ranks.OMP_BIND_ENV] == "0-1|2-3"
+    replicas = _tiny_card(tp=2, args=["--dp-size", "2"])
+    assert serve.plan_server(replicas, staging_dir=str(tmp_path / "st")).env[cpu_ranks.OMP_BIND_ENV] == "0|1|2|3"
+
+
+def test_a_bind_from_the_card_or_the_environment_is_kept(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    card = _tiny_card(tp=2, env={cpu_ranks.OMP_BIND_ENV: "0-7|8-15"})
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    assert plan.env[cpu_ranks.OMP_BIND_ENV] == "0-7|8-15" and any("kept from the card" in n for n in plan.notes)
+    monkeypatch.setenv(cpu_ranks.OMP_BIND_ENV, "1|0")
+    plan = serve.plan_server(_tiny_card(tp=2), staging_dir=str(tmp_path / "st"))
+    assert cpu_ranks.OMP_BIND_ENV not in plan.env and any("kept from the environment" in n for n in plan.notes)
+
+
+def test_fewer_usable_cores_than_ranks_is_refused(fake_env, monkeypatch, tmp_path):
+    from hs_dataset.sglang.launch import cpu_ranks
+
+    monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
+    monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1])
+    card = _tiny_card(tp=2, args=["--pp-size", "2"])
+    with pytest.raises(serve.ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"):
+        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+
+
+NEW_LAYER_TP = (
+    "from sglang.srt.layers.layer_boundary import LayerBoundary\n"
+    "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch):\n"
+    "        return (hidden_states, topk_indices)\n"
+)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_layer_hooks_under_tp_names_the_partial_sum_and_aux_return(fake_env, tmp_path, tp):
+    """0.5.23's layers defer the TP all-reduce (an OwedOutput): the refusal says so under TP, never 'CUDA graph'."""
+    fake_env.update(sglang_dir=fake_sglang(tmp_path / "new", NEW_LAYER_TP))
+    with pytest.raises(serve.ServeError) as err:
+        serve.plan_server(_tiny_card(tp=tp, mechanism="layer_hooks"), staging_dir=str(tmp_path / "st"))
+    msg = str(err.value)
+    assert "returns `(hidden_states, topk_indices)`" in msg and "'aux_return'" in msg and "CUDA graph" not in msg
+    assert ("tp 2" in msg and "OwedOutput" in msg and "un-reduced partial sum" in msg) == (tp == 2), msg
