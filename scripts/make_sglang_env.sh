@@ -70,7 +70,7 @@ CONS
         xxhash interegular dill einops gguf partial_json_parser jsonschema tiktoken anthropic watchfiles \
         zstandard nvidia-ml-py easydict ninja distro smg-grpc-servicer pyyaml
     # 4. CPU support files on every process's path (sitecustomize + sgl_kernel stand-in).
-    echo "$REPO/hs_dataset/server_patch/cpu_support" > "$SITE/hs_dataset_cpu_support.pth"
+    echo "$REPO/hs_dataset/sglang/cpu_support" > "$SITE/hs_dataset_cpu_support.pth"
 else
     "${PIP[@]}" install -q "sglang==$SGLANG_VERSION"
     rm -f "$SITE/hs_dataset_cpu_support.pth"

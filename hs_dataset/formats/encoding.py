@@ -108,7 +108,7 @@ def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor
     if not encoding.scaled:
         same = tensor.dtype == encoding.storage_torch_dtype  # no call into torch when there is nothing to do: see _scales_valid
         return (tensor if same else tensor.to(encoding.storage_torch_dtype)).contiguous(), None
-    # The one quantizer, shared with the server, which runs it on the GPU (server_patch.protocol).
+    # The one quantizer, shared with the server, which runs it on the GPU (``wire/fp8.py``).
     return quantize_fp8_per_token(tensor)
 
 

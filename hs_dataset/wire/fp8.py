@@ -29,8 +29,8 @@ def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tens
     on the GPU before the device-to-host copy (half the PCIe and staging bytes of
     bf16) and ``formats.encoding.encode_state`` runs it on the host, so a dataset's
     bytes do not depend on where the states were quantized (every step is IEEE
-    exact or correctly rounded on both). It lives here because ``server_patch`` may
-    import only itself, and the client side already imports this module.
+    exact or correctly rounded on both). It lives in the wire contract because both
+    sides run it, and the server side imports nothing else of hs_dataset.
     """
     import torch
 
