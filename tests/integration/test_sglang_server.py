@@ -248,7 +248,7 @@ def test_serve_check_prints_the_plan(capture_server):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "sglang_hooks:norm_hook", "--dtype float32"):
+    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "hs_dataset.sglang.server.hooks:norm_hook", "--dtype float32"):
         assert flag in out.stdout, flag
     assert "mechanism: aux_return" in out.stdout
 
