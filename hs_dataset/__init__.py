@@ -25,7 +25,7 @@ _LAZY = {
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
     "build_dataset": "hs_dataset.build",
-    "push_to_hub": "hs_dataset.hub.push",
+    "push_to_hub": "hs_dataset.hub.upload",
     "stream": "hs_dataset.streaming.stream",
 }
 

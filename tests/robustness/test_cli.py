@@ -100,7 +100,7 @@ def test_push_to_an_unreachable_endpoint(capsys, dataset, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    line = fails_cleanly(capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots"])
+    line = fails_cleanly(capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots", "--no-card"])
     assert line.startswith("hs-dataset push: error: cannot reach http://127.0.0.1:9 (ConnectError"), line
 
 
@@ -109,7 +109,7 @@ def test_push_offline_with_a_fake_token_through_the_installed_script(dataset, tm
         pytest.skip(f"{HS_DATASET} is not installed")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_TOKEN="hf_fake", HF_HOME=str(tmp_path / "hf"))
     env.pop("HS_DATASET_DEBUG", None)
-    proc = subprocess.run([str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots", "--no-card"], env=env, capture_output=True, text=True, timeout=300)
     assert_one_error_line(proc.returncode, proc.stderr, "push")
     assert "offline" in proc.stderr.lower()
 
