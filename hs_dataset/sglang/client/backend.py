@@ -122,7 +122,7 @@ class SGLangBackend(CaptureBackend):
         urls = list(servers or section.urls) or [f"http://{sg.host}:{sg.port}"]
         target = CaptureTarget.from_card(card, model_path=model_path)
         if batch_size:
-            section = SGLangBackendSection.model_validate({**section.model_dump(), "concurrency": int(batch_size)})
+            section = card.with_overrides(backend={"concurrency": int(batch_size)}).backend
         staging_dir = section.staging_dir or (sg.staging.dir if len(urls) == 1 else None)
         return cls(section, target, servers=urls, staging_dir=staging_dir)
 

@@ -124,8 +124,8 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     the file from its earlier rounds (``mapped_files``), or with ``readinto`` the first
     time a file is seen (it is mapped then, for its next round) and where no mapping can
     be made. Decoding a bytes object with safetensors instead would make two more copies
-    under the GIL (see docs/BENCHMARKS.md). The buffer is leased from a pool of memory
-    already touched (``host_buffers``), and comes back when the sample's tensors are gone.
+    under the GIL. The buffer is leased from a pool of memory already touched
+    (``host_buffers``), and comes back when the sample's tensors are gone.
     """
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb", buffering=0) as f:
