@@ -216,7 +216,7 @@ def main() -> int:
         modes = {"serial": 1, "concurrent": args.concurrency}
         be = {}
         for name, conc in modes.items():
-            b = SGLangBackend.from_card(card, model_path=str(model_dir), servers=[server.url], concurrency=conc)
+            b = SGLangBackend.from_card(card.with_overrides(backend={"concurrency": conc}), model_path=str(model_dir), servers=[server.url])
             backends.append(b)
             info = b.info()  # validation + probe, outside the timings
             be[name] = b

@@ -111,32 +111,17 @@ class RunReport:
 
 
 # ---------------------------------------------------------------------------- set-up
-def make_backend(card: Card, *, model_path: str | None = None, device: str | None = None, servers: list[str] | None = None, **extra: Any) -> CaptureBackend:
-    """Instantiate the backend a card names (``hf`` in-process, ``sglang`` client)."""
-    backend = card.backend
-    path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
-    if not path:
-        raise UsageError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
-    if isinstance(backend, HFBackendSection):
+def make_backend(
+    card: Card, *, model_path: str | None = None, device: str | None = None, servers: list[str] | None = None, batch_size: int | None = None
+) -> CaptureBackend:
+    """Instantiate the backend a card names (``hf`` in-process, ``sglang`` client); ``batch_size`` is the client's requests in flight."""
+    if isinstance(card.backend, HFBackendSection):
         from hs_dataset.capture.hf import HFBackend
-        from hs_dataset.model.snapshot import resolve_model_path
-        from hs_dataset.model.remote_code import check_remote_code
 
-        # the tokenizer is loaded after the model: refuse its remote code before minutes of loading
-        check_remote_code(resolve_model_path(path), card.model.trust_remote_code, ("tokenizer_config.json",))
-
-        return HFBackend(
-            path,
-            card.layers.aux,
-            dtype=card.dtype,
-            device=device or backend.device,
-            text_module=card.model.text_module,
-            model_revision=card.model.revision,
-            trust_remote_code=card.model.trust_remote_code,
-        )
+        return HFBackend.from_card(card, model_path=model_path, device=device)
     from hs_dataset.sglang.client.backend import SGLangBackend
 
-    return SGLangBackend.from_card(card, model_path=path, servers=servers, **extra)
+    return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
 
 
 _TOKENIZERS: dict[tuple, Any] = {}

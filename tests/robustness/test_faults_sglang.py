@@ -108,10 +108,13 @@ def _server(box, card):
     return box["server"]
 
 
-def _backend(card, urls, **kw):
+def _backend(card, urls, *, run_id=None, **kw):
+    """A client of ``urls`` with the CLIENT settings (``kw`` overrides keys of the card's backend section)."""
+    from hs_dataset.capture.base import CaptureTarget
     from hs_dataset.sglang.client.backend import SGLangBackend
 
-    return SGLangBackend.from_card(card, servers=urls, **{**CLIENT, **kw})
+    section = card.with_overrides(backend={**CLIENT, **kw}).backend
+    return SGLangBackend(section, CaptureTarget.from_card(card), servers=urls, run_id=run_id)
 
 
 def _stored(out: Path) -> int:
