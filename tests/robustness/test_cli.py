@@ -1,7 +1,7 @@
 """The command line's one error boundary: every command, fed bad input, says so in one line and exits 2.
 
 Known errors (HsDatasetError, OSError, Ctrl-C) -> one stderr line ``hs-dataset CMD: error: ...``,
-exit 2, no traceback unless ``--debug`` / ``HS_DATASET_DEBUG=1``; bugs -> traceback, exit 1.
+exit 2, no traceback unless ``--debug`` / ``HS_DATASET_DEBUG=1``; bugs -> traceback, exit 70 (not 1: verify's "found problems").
 """
 
 from __future__ import annotations
@@ -144,14 +144,14 @@ def test_debug_environment_variable(capsys, paths, monkeypatch):
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_a_bug_shows_the_traceback_and_exits_1(capsys, paths, monkeypatch):
+def test_a_bug_shows_the_traceback_and_exits_70(capsys, paths, monkeypatch):
     import hs_dataset.cli.info as info
 
     def broken(args):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(info, "run", broken)
-    assert main(["info", str(paths["empty"])]) == 1
+    assert main(["info", str(paths["empty"])]) == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err and "internal error" in err
 
