@@ -61,7 +61,7 @@ def _open_regeneration(session: CaptureSession, out_dir: Path, opts: BuildOption
 
 def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None, started: float) -> RunReport:
     """Tokenize, regenerate (when the card asks), capture and write; the report accounts for every row."""
-    card, info = session.card, session.info
+    card = session.card
     report = RunReport(config=card.name, out_dir=str(out_dir), rank=opts.rank, world_size=opts.world_size)
     source_report = SourceReport()
     rows = session.open_rows()
@@ -70,31 +70,11 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     samples: Iterable[TokenizedSample] = session.samples(
         rows, report=source_report, strict=opts.strict, rank=opts.rank, world_size=opts.world_size, depth=READ_AHEAD_WINDOWS * batch_size,
     )
-    metadata = dict(session.metadata)
     if regen is not None:
-        metadata["regeneration"] = regen.metadata()
-    with ShardWriter(
-        out_dir,
-        metadata,
-        final_norm_weight=info.final_norm_weight,
-        storage=card.shards.storage,
-        shard_bytes=card.shards.bytes,
-        shard_prefix=f"rank{opts.rank:05d}-" if opts.world_size > 1 else "",
-        writer_threads=opts.writer_threads,
-    ) as writer:
-        if regen is not None:
-            samples = regen.regenerate(batches(samples, card.regenerate.concurrency))
+        samples = regen.regenerate(batches(samples, card.regenerate.concurrency))
+    with _open_writer(session, out_dir, opts, regen) as writer:
         bar = _progress(_expected_samples(session.source, opts, rows.total)) if opts.progress else None
-        for result in _capture(session.backend, samples, batch_size, writer, report):
-            if isinstance(result, CaptureFailure):
-                report.capture_failures.append({"sample_id": result.sample_id, "reason": result.reason})
-            elif writer.add(result):
-                report.tokens_written += result.num_tokens
-            if bar is not None:
-                bar.update(1)
-                _update_postfix(bar, writer, report, started)
-        if bar is not None:
-            bar.close()
+        _store(_capture(session.backend, samples, batch_size, writer, report), writer, report, bar, started)
     report.take_writer(writer.report)
     report.take_source(source_report)
     if regen is not None:
@@ -103,6 +83,36 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     report.elapsed_s = time.perf_counter() - started
     save_run_report(out_dir, report)
     return report
+
+
+def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None) -> ShardWriter:
+    """The dataset directory, created or resumed; each rank of a split build writes its own shard names."""
+    metadata = dict(session.metadata)
+    if regen is not None:
+        metadata["regeneration"] = regen.metadata()
+    return ShardWriter(
+        out_dir,
+        metadata,
+        final_norm_weight=session.info.final_norm_weight,
+        storage=session.card.shards.storage,
+        shard_bytes=session.card.shards.bytes,
+        shard_prefix=f"rank{opts.rank:05d}-" if opts.world_size > 1 else "",
+        writer_threads=opts.writer_threads,
+    )
+
+
+def _store(results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float) -> None:
+    """Write each captured sample and count each capture failure; ``bar`` (if any) shows the progress."""
+    for result in results:
+        if isinstance(result, CaptureFailure):
+            report.capture_failures.append({"sample_id": result.sample_id, "reason": result.reason})
+        elif writer.add(result):
+            report.tokens_written += result.num_tokens
+        if bar is not None:
+            bar.update(1)
+            _update_postfix(bar, writer, report, started)
+    if bar is not None:
+        bar.close()
 
 
 def _capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_size: int, writer: ShardWriter, report: RunReport) -> Iterator[CaptureResult]:
