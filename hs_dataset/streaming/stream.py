@@ -9,9 +9,10 @@
         for item in ds: ...           # Eagle3Dataset items (training.shift_sample), as the trainer asks
         print(ds.stats.summary())     # samples/s, tokens/s, cache hit rate, requests
 
-Each epoch walks the source (the pipeline's source stage). A sample already in the cache
-is read from it; the others are captured from the server with many requests in flight
-(``capture_stream``), yielded, and written to the cache, a normal dataset directory
+Each epoch walks the source's samples exactly as ``build_dataset`` forms them (one
+``CaptureSession``, ``session.py``). A sample already in the cache is read from it; the
+others are captured from the server with many requests in flight (``capture_stream``),
+yielded, and written to the cache (``streaming/cache.py``), a normal dataset directory
 (``ShardWriter``: verified shards, atomic manifest) that ``open_dataset`` and
 ``hs-dataset verify`` read.
 
