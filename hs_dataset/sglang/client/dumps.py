@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
+from hs_dataset.errors import CaptureError
 from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
 from hs_dataset.formats.safetensors_layout import DTYPE_SIZES, read_header
 from hs_dataset.host_buffers import HostBufferPool
@@ -48,7 +49,7 @@ class Refusal:
     reason: str
 
 
-class DumpLost(Exception):
+class DumpLost(CaptureError):
     """The server answered the request, but its dump did not appear in time."""
 
 

@@ -8,6 +8,8 @@ import json
 import threading
 from typing import Any
 
+from hs_dataset.errors import CaptureError
+
 __all__ = ["LoopThread", "new_session", "HTTPStatusError", "connection_errors", "get_status", "get_json", "post_generate"]
 
 
@@ -43,7 +45,7 @@ def new_session(concurrency: int, timeout_s: float) -> Any:
     )
 
 
-class HTTPStatusError(Exception):
+class HTTPStatusError(CaptureError):
     """A server answered, but not 200; ``text`` is its whole answer, for the messages that quote it."""
 
     def __init__(self, status: int, text: str) -> None:
