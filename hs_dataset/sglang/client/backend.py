@@ -22,6 +22,7 @@ import concurrent.futures
 import itertools
 import logging
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -43,6 +44,7 @@ from hs_dataset.sglang.client.attempts import (
     refusal_verdict,
     retry_pause,
 )
+from hs_dataset.sglang.client.diagnose import GRACE_S, HookReport, diagnose, read_report
 from hs_dataset.sglang.client.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
 from hs_dataset.sglang.client.endpoints import Endpoint, EndpointPicker
 from hs_dataset.sglang.client.http import HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
@@ -106,6 +108,7 @@ class SGLangBackend(CaptureBackend):
         self._loop: LoopThread | None = None
         self._session = None
         self._abandoned: list[tuple[Endpoint, str]] = []
+        self._reports: dict[str, tuple[float, HookReport]] = {}  # url -> (when read, the hooks' status)
 
     @classmethod
     def from_card(
@@ -225,6 +228,7 @@ class SGLangBackend(CaptureBackend):
         return outcome
 
     async def _request(self, ep: Endpoint, rid: str, key: str, sample: TokenizedSample, ids: list[int]) -> CaptureResult | Verdict:
+        before = self._hook_report(ep)
         try:
             await self._post_generate(ep, rid, ids)
         except HTTPStatusError as exc:
@@ -232,8 +236,14 @@ class SGLangBackend(CaptureBackend):
         except connection_errors() as exc:
             return connection_verdict(ep.url, exc)
         ep.failures = 0
+        answered_at = time.time()
+
+        def explain() -> str | None:
+            after = self._hook_report(ep, fresh=True)
+            return diagnose(ep.url, ep.staging_dir, key, rid, before, after, answered_at=answered_at, late_s=time.time() - answered_at)
+
         try:
-            result = await self._await_dump(ep, key, sample)
+            result = await self._await_dump(ep, key, sample, explain=explain)
         except DumpLost as exc:
             return lost_dump_verdict(exc)
         if isinstance(result, Refusal):
@@ -255,9 +265,19 @@ class SGLangBackend(CaptureBackend):
         self._abandoned.append((ep, key))
         delete_staged(ep.staging_dir, key)
 
-    async def _await_dump(self, ep: Endpoint, key: str, sample: TokenizedSample) -> CaptureResult | Refusal:
+    async def _await_dump(self, ep: Endpoint, key: str, sample: TokenizedSample, explain=None) -> CaptureResult | Refusal:
         expected = ExpectedDump(tuple(self.aux_layer_ids), self.dtype, self._hidden_size)
-        return await await_dump(ep.staging_dir, key, sample, expected, self.section.dump_timeout_s)
+        return await await_dump(ep.staging_dir, key, sample, expected, self.section.dump_timeout_s, explain=explain, grace_s=GRACE_S)
+
+    def _hook_report(self, ep: Endpoint, *, fresh: bool = False) -> HookReport:
+        """The hooks' status of ``ep`` (read at most every 0.1 s for the "before" of each request: an older
+        reading only makes "no prefill pass since" harder to conclude, never wrongly)."""
+        now = time.monotonic()
+        cached = self._reports.get(ep.url)
+        if fresh or cached is None or now - cached[0] > 0.1:
+            cached = (now, read_report(ep.staging_dir))
+            self._reports[ep.url] = cached
+        return cached[1]
 
     # ------------------------------------------------------------------ CaptureBackend API
 

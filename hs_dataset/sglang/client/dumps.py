@@ -13,11 +13,13 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
 from hs_dataset.errors import CaptureError
+from hs_dataset.sglang.client.diagnose import CaptureStopped
 from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
 from hs_dataset.formats.safetensors_layout import DTYPE_SIZES, read_header
 from hs_dataset.host_buffers import HostBufferPool
@@ -53,15 +55,22 @@ class DumpLost(CaptureError):
     """The server answered the request, but its dump did not appear in time."""
 
 
-async def await_dump(staging_dir: str, key: str, sample: TokenizedSample, expected: ExpectedDump, timeout_s: float) -> CaptureResult | Refusal:
+async def await_dump(
+    staging_dir: str, key: str, sample: TokenizedSample, expected: ExpectedDump, timeout_s: float,
+    *, explain: Callable[[], str | None] | None = None, grace_s: float = 3.0,
+) -> CaptureResult | Refusal:
     """Poll ``staging_dir`` for the dump (or refusal) of request ``key``; read and check it off the event loop.
 
     A dump read is handed back to the server's spare pool (it may write the next dump
     over it) whatever the check found; raises :class:`DumpLost` after ``timeout_s``.
+    Once the dump is ``grace_s`` late, ``explain()`` is asked (twice a second) whether
+    the server can no longer write it; a cause it names raises :class:`CaptureStopped`.
     """
     dump = os.path.join(staging_dir, key + DUMP_SUFFIX)
     refused = os.path.join(staging_dir, key + REFUSED_SUFFIX)
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    next_look = started + min(grace_s, timeout_s)
     delay = 0.002
     while True:
         if os.path.exists(dump):
@@ -73,7 +82,13 @@ async def await_dump(staging_dir: str, key: str, sample: TokenizedSample, expect
                 _unlink_if_present(refused)
         if os.path.exists(refused):
             return _take_refusal(refused)
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if explain is not None and now >= next_look:
+            next_look = now + 0.5
+            cause = explain()
+            if cause is not None:
+                raise CaptureStopped(cause)
+        if now > deadline:
             raise DumpLost(
                 f"no dump for {key} in {staging_dir} within {timeout_s:.0f} s after the server answered "
                 "(server-side capture failed or is too slow: see its log)"

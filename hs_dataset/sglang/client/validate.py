@@ -22,13 +22,12 @@ from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sglang.client.endpoints import Endpoint
 from hs_dataset.sglang.client.http import HTTPStatusError, connection_errors, get_json, get_status
-from hs_dataset.sglang.support import UnsupportedVersionError, parse_version, support_for
+from hs_dataset.sglang.client.diagnose import read_report
 from hs_dataset.wire.private_dir import StagingError, check_private_dir
 
 __all__ = ["HOOKS_MODULE", "check_server", "server_mechanism", "probe_sample", "check_probe"]
 
 HOOKS_MODULE = "hs_dataset.sglang.server.hooks"
-RIDS_SINCE = (0, 5, 15)  # SGLang versions from this one hand the hooks request ids; older ones are keyed by content
 _SERVE_FIX = "start it with `hs-dataset serve --config <card>`"
 
 
@@ -37,13 +36,14 @@ async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection
     await check_health(ep.url, session)
     info = await read_server_info(ep.url, session)
     ep.server_info = info
-    ep.version, ep.uses_rids = check_version(ep.url, info)
+    ep.version = str(info.get("version") or "unknown")
     check_same_model(ep.url, str(info.get("model_path") or ""), model_path)
     config = capture_hook_config(ep.url, info)
     check_layer_ids(ep.url, config, aux_layer_ids)
     check_aux_return(ep.url, config, info)
     check_rid_prefix(ep.url, config, run_id)
     ep.staging_dir = check_staging_dir(ep.url, ep.staging_dir or config.get("staging_dir"))
+    ep.uses_rids = hooks_see_rids(ep.url, ep.staging_dir, config)
     check_radix_cache(ep.url, info, section)
     check_speculative(ep.url, info, section.max_new_tokens)
 
@@ -73,14 +73,17 @@ async def read_server_info(url: str, session: Any) -> dict:
     return info
 
 
-def check_version(url: str, info: dict) -> tuple[str, bool]:
-    """The server's SGLang version (a supported one), and whether its hooks see request ids."""
-    version = str(info.get("version") or "")
-    try:
-        support_for(version)
-    except (UnsupportedVersionError, ValueError) as exc:
-        raise ServerValidationError(f"SGLang server {url}: {exc}") from None
-    return version, parse_version(version) >= RIDS_SINCE
+def hooks_see_rids(url: str, staging_dir: str, config: dict) -> bool:
+    """Whether the server's hooks key dumps by request id: what they read from the SGLang they run in.
+
+    The hooks report it in their status file (``ForwardBatch.rids`` present or not, read from
+    the loaded class, never from the version number); a server whose hooks have not
+    reported yet is asked for request ids, and the probe request says the rest.
+    """
+    facts = read_report(staging_dir).facts
+    if "forward_batch_rids" in facts:
+        return bool(facts["forward_batch_rids"])
+    return not config.get("content_keys", False)
 
 
 def check_same_model(url: str, served: str, model_path: str) -> None:
