@@ -15,13 +15,17 @@ from typing import Sequence
 
 import torch
 
+from hs_dataset.errors import HsDatasetError
 from hs_dataset.wire.fp8 import quantize_fp8_per_token
 
 __all__ = ["UnusableStates", "normalize_states", "pass_states"]
 
 
-class UnusableStates(Exception):
-    """The pass's states cannot be stored; the message is the refusal reason of every request of ours in it."""
+class UnusableStates(HsDatasetError):
+    """The pass's states cannot be stored; the message is the refusal reason of every request of ours in it.
+
+    Caught by the capture core, which refuses those requests: it never reaches SGLang.
+    """
 
 
 def normalize_states(
