@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 # torch is pinned to the local CPU wheel: a bare requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test test-fast demo sglang-env fetch-sglang-sources interop-env bench
+.PHONY: install test test-unit test-fast demo sglang-env sglang-overlays fetch-sglang-sources interop-env bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,11 @@ demo: install
 	$(VENV)/bin/hs-dataset build --config tiny-deepseek-hf --out out/tiny-deepseek-hf
 	$(VENV)/bin/hs-dataset verify out/tiny-deepseek-hf
 
-test: install sglang-env fetch-sglang-sources interop-env
+test: install sglang-env sglang-overlays fetch-sglang-sources interop-env
 	$(VPY) -m pytest -q tests
+
+test-unit: install
+	$(VPY) -m pytest -q tests/unit
 
 test-fast: install
 	$(VPY) -m pytest -q tests -m "not sglang and not slow"
@@ -37,4 +40,8 @@ bench: install
 
 sglang-env:
 	bash scripts/make_sglang_env.sh
+
+# older SGLang releases on the CPU server env, for the version matrix (tests/integration/test_sglang_versions.py)
+sglang-overlays: sglang-env
+	bash scripts/make_sglang_overlays.sh
 

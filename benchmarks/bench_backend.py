@@ -53,7 +53,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-backend-"))
     model = build_tiny_deepseek()
     card = load_card("tiny-deepseek-hf")
-    backend = HFBackend(model, card.layers.aux, dtype=card.dtype, device="cpu")
+    backend = HFBackend.from_card(card, model_path=str(model), device="cpu")
     data = work / "data"
     build_dataset(card, data, backend=backend)
     backend.close()

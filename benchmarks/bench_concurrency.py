@@ -173,7 +173,7 @@ def main() -> int:
     from hs_dataset.sglang.client.backend import SGLangBackend
     from hs_dataset.config import load_card
     from hs_dataset.sglang.launch import launch, plan_server
-    from hs_dataset.sources import iter_samples
+    from hs_dataset.sources import SampleRules, iter_samples
 
     torch.set_num_threads(1)
     tmp, shm = start_run("concurrency")  # SIGTERM -> SystemExit, so the finally below still stops the server
@@ -203,9 +203,9 @@ def main() -> int:
 
         rows = conversation_rows(args.samples)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        samples = list(iter_samples(rows, tokenizer, max_length=card.max_length, overflow=card.overflow))
+        samples = list(iter_samples(rows, tokenizer, SampleRules(max_length=card.max_length, overflow=card.overflow)))
         t_tok = time.process_time()
-        list(iter_samples(rows, tokenizer, max_length=card.max_length, overflow=card.overflow))
+        list(iter_samples(rows, tokenizer, SampleRules(max_length=card.max_length, overflow=card.overflow)))
         tokenize_cpu_s = time.process_time() - t_tok  # what build_dataset adds per run, on cores the server also needs
         assert len(samples) == args.samples, len(samples)
         tokens = sum(s.num_tokens for s in samples)
@@ -216,7 +216,7 @@ def main() -> int:
         modes = {"serial": 1, "concurrent": args.concurrency}
         be = {}
         for name, conc in modes.items():
-            b = SGLangBackend.from_card(card, model_path=str(model_dir), servers=[server.url], concurrency=conc)
+            b = SGLangBackend.from_card(card.with_overrides(backend={"concurrency": conc}), model_path=str(model_dir), servers=[server.url])
             backends.append(b)
             info = b.info()  # validation + probe, outside the timings
             be[name] = b

@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=42)
     args = parser.parse_args()
     card = load_card("tiny-deepseek-hf").with_overrides(dtype="bfloat16")
-    backend = HFBackend("builtin:tiny-deepseek-v3", card.aux_layer_ids, dtype="bfloat16", device="cpu")
+    backend = HFBackend.from_card(card, model_path="builtin:tiny-deepseek-v3", device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         for storage in ("native", "fp8"):
             build_dataset(card, Path(tmp) / storage, num_samples=args.num_samples, backend=backend, storage=storage)

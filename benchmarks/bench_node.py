@@ -157,17 +157,17 @@ def raw_disk_rate(directory: str, nbytes: int, file_bytes: int, threads: int) ->
 
 
 class Consumer:
-    """The client's side of the staging dir: per expected dump, wait, ``_load_and_check``, delete; then ``ShardWriter.add``.
+    """The client's side of the staging dir: per expected dump, wait, ``check_dump``, delete; then ``ShardWriter.add``.
 
     Loader threads play the client's executor threads; one thread adds to the writer,
     as the pipeline's main loop does. Runs in the client process only. Timestamps are
     CLOCK_MONOTONIC, absolute (the server process turns them into times from its first pass).
     """
 
-    def __init__(self, backend, writer, staging: str, loaders: int, stats: dict) -> None:
+    def __init__(self, expected, writer, staging: str, loaders: int, stats: dict) -> None:
         from hs_dataset.wire.dump import DUMP_SUFFIX, REFUSED_SUFFIX
 
-        self.backend, self.writer, self.staging, self.stats = backend, writer, staging, stats
+        self.expected_dump, self.writer, self.staging, self.stats = expected, writer, staging, stats
         self.dump_suffix, self.refused_suffix = DUMP_SUFFIX, REFUSED_SUFFIX
         self.expected: "queue.Queue" = queue.Queue()
         self.results: "queue.Queue" = queue.Queue(maxsize=256)
@@ -182,6 +182,7 @@ class Consumer:
         self.adder.start()
 
     def _load_loop(self) -> None:
+        from hs_dataset.sglang.client.dumps import check_dump
         from hs_dataset.wire.spares import hand_back_dump
 
         while (item := self.expected.get()) is not None:
@@ -203,7 +204,7 @@ class Consumer:
                 delay = min(delay * 1.5, 0.01)
             else:
                 t0 = time.perf_counter()
-                result = self.backend._load_and_check(dump, refused, rid, sample)
+                result = check_dump(dump, rid, sample, self.expected_dump)
                 hand_back_dump(dump)  # as the client does: the server writes a later dump over it
                 with self._lock:
                     self.stats["load_busy_s"] += time.perf_counter() - t0
@@ -362,7 +363,7 @@ def _trace_loads() -> dict[str, float]:
     """
     import gc
 
-    import hs_dataset.sglang.client.backend as client_module
+    import hs_dataset.sglang.client.dumps as client_module
 
     totals = {f"{name}_{what}": 0.0 for name in ("read", "scan", "mapped") for what in ("s", "cpu_s", "n")}
     lock = threading.Lock()
@@ -403,7 +404,7 @@ def _trace_loads() -> dict[str, float]:
 
 def consume_phase(spec: dict, replies) -> dict:
     """One phase on the client side: expect every request the server will be sent, consume, write, close, verify."""
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.sglang.client.dumps import ExpectedDump
     from hs_dataset.formats.verify import verify_dataset
     from hs_dataset.formats.writer import ShardWriter
     from hs_dataset.sample import TokenizedSample
@@ -412,10 +413,7 @@ def consume_phase(spec: dict, replies) -> dict:
     ids = torch.tensor(spec["ids"], dtype=torch.int64)
     mask = torch.ones(per, dtype=torch.bool)
     prompts = [ids[r * per : (r + 1) * per].clone() for r in range(requests)]
-    backend = SGLangBackend(
-        "http://bench-node.invalid", model_path=spec["out"], aux_layer_ids=list(AUX), dtype="bfloat16", probe=False, concurrency=spec["loaders"]
-    )
-    backend._hidden_size = H
+    expected = ExpectedDump(aux_layer_ids=tuple(AUX), dtype=torch.bfloat16, hidden_size=H)  # what the client checks each dump against
     metadata = {"aux_layer_ids": list(AUX), "hidden_size": H, "dtype": "bfloat16", "final_state": "pre_norm", "model": "synthetic-kimi-shape", "config_name": "bench-node"}
     writer = ShardWriter(
         spec["out"], metadata, storage="fp8" if spec["storage"] == "fp8" else "native",
@@ -424,7 +422,7 @@ def consume_phase(spec: dict, replies) -> dict:
     stats = {"load_busy_s": 0.0, "dump_wait_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
     trace = _trace_writer(writer) if spec.get("trace") else None
     loads = _trace_loads() if trace is not None else None
-    consumer = Consumer(backend, writer, spec["staging"], spec["loaders"], stats)
+    consumer = Consumer(expected, writer, spec["staging"], spec["loaders"], stats)
     try:
         # the client knows every request it sends: the server side names them hs-node-<seq>-<tokens>, 8 per pass
         for seq in range(spec["n"]):
@@ -449,7 +447,6 @@ def consume_phase(spec: dict, replies) -> dict:
         stats["bytes_written"] = report.bytes_written
     finally:
         writer.abort()
-        backend.close()
     if spec["verify"]:
         result = verify_dataset(spec["out"])
         stats["verified"] = result.summary() if result.ok else f"NOT VERIFIED: {result.problems[:3]}"

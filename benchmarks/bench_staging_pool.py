@@ -66,7 +66,7 @@ def read_fresh(path: str) -> torch.Tensor:
 
 def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tuple[float, float]:
     """(server write s, client read + hand back or delete s) of one dump."""
-    from hs_dataset.sglang.client.backend import _read_dump
+    from hs_dataset.sglang.client.dumps import _read_dump
     from hs_dataset.wire.spares import hand_back_dump
 
     if len(held) >= keep:

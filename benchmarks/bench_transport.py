@@ -247,7 +247,7 @@ class TimedBackend:
     """SGLangBackend with the HTTP part of each capture timed (wraps the instance's _post_generate)."""
 
     def __init__(self, backend) -> None:
-        import hs_dataset.sglang.client.backend as client_module
+        import hs_dataset.sglang.client.dumps as client_module
 
         self.backend = backend
         self.last_http = 0.0

@@ -2,7 +2,7 @@
 
 Reading: ``hs_dataset.open_dataset(path)``. Online from a live SGLang server into
 training, with a bounded cache: ``hs_dataset.stream(card, source, server=URL, cache_dir=DIR,
-max_cache_bytes=N)``. Building: ``hs-dataset build``,
+max_cache_bytes=N)``. Building: ``hs-dataset build``, ``hs_dataset.build_dataset(hs_dataset.load_card(NAME), DIR)``,
 ``datasets.load_dataset("hs_dataset", config=...)`` (the name is taught to
 ``datasets`` at interpreter start by a one-line ``.pth`` hook the package installs,
 :mod:`hs_dataset.datasets_hook`; see docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
@@ -18,14 +18,15 @@ from typing import Any
 
 from hs_dataset.version import __version__
 
-__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "build_dataset", "push_to_hub", "stream"]
+__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "load_card", "build_dataset", "push_to_hub", "stream"]
 
 _LAZY = {
     "open_dataset": "hs_dataset.formats.reader",
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
+    "load_card": "hs_dataset.config",
     "build_dataset": "hs_dataset.build",
-    "push_to_hub": "hs_dataset.hub.push",
+    "push_to_hub": "hs_dataset.hub.upload",
     "stream": "hs_dataset.streaming.stream",
 }
 

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from hs_dataset.config import Card, list_cards, load_card
+from hs_dataset.config.run import RunOptions, parse_options
 
 __all__ = ["HsDatasetConfig", "HsDataset", "load_dataset", "builder_module", "row_features", "WORK_DIR_NAME"]
 
@@ -39,34 +40,34 @@ _RUN_OPTIONS = ("num_samples", "batch_size", "num_parts", "shard_bytes", "device
 
 
 class HsDatasetConfig(datasets.BuilderConfig):
-    """One card plus run options; :meth:`create_config_id` digests everything that changes the rows."""
+    """One card plus run options; :meth:`create_config_id` digests everything that changes the rows.
 
-    def __init__(
-        self,
-        *,
-        card: Card | None = None,
-        num_samples: int | None = None,
-        source: Any = None,
-        model_path: str | None = None,
-        servers: list[str] | None = None,
-        batch_size: int | None = None,
-        device: str | None = None,
-        work_dir: str | None = None,
-        shard_bytes: int | None = None,
-        num_parts: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    The run options (``num_samples``, ``source``, ``batch_size``, ``model_path``, ``device``,
+    ``servers``, ``shard_bytes``, ``storage``) are a validated
+    :class:`~hs_dataset.config.run.RunOptions` in :attr:`options`, readable and settable as
+    attributes too: ``datasets`` sets ``load_dataset``'s keywords on a copy of a shipped
+    config one by one.
+    """
+
+    def __init__(self, *, card: Card | None = None, work_dir: str | None = None, num_parts: int | None = None, **kwargs: Any) -> None:
+        run = {name: kwargs.pop(name) for name in list(kwargs) if name in RunOptions.model_fields}
         super().__init__(**kwargs)
         self.card = card
-        self.num_samples = num_samples
-        self.source = source
-        self.model_path = model_path
-        self.servers = servers
-        self.batch_size = batch_size
-        self.device = device
         self.work_dir = work_dir
-        self.shard_bytes = shard_bytes
         self.num_parts = num_parts
+        self.options = parse_options(RunOptions, "hs_dataset.load_dataset()", run)
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in RunOptions.model_fields:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in RunOptions.model_fields:
+            self.options = parse_options(RunOptions, "hs_dataset.load_dataset()", {**self.options.settings(), name: value})
+        else:
+            super().__setattr__(name, value)
 
     def resolved_card(self) -> Card:
         return self.card or load_card(self.name)
@@ -93,6 +94,8 @@ class HsDatasetConfig(datasets.BuilderConfig):
             "source": _source_identity(self.resolved_card(), self.source),
             "options": {name: getattr(self, name) for name in _RUN_OPTIONS},
         }
+        if self.storage:  # digested only when set, so the keys of builds without it stay what they were
+            parts["options"]["storage"] = self.storage
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     def create_config_id(self, config_kwargs: dict, custom_features: datasets.Features | None = None) -> str:
@@ -105,7 +108,7 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
 def _source_identity(card: Card, source: Any) -> Any:
     """What the source's rows depend on: path, size and mtime_ns of every file (or a datasets fingerprint)."""
-    from hs_dataset.build import resolve_source
+    from hs_dataset.session import resolve_source
 
     try:
         resolved = resolve_source(card, source)
@@ -204,12 +207,9 @@ class HsDataset(datasets.ArrowBasedBuilder):
         from hs_dataset.errors import IntegrityError
         from hs_dataset.formats.verify import verify_dataset
 
-        cfg = self.config
-        kwargs = dict(
-            num_samples=cfg.num_samples, source=cfg.source, batch_size=cfg.batch_size, model_path=cfg.model_path,
-            device=cfg.device, servers=cfg.servers, rank=rank, world_size=num_parts, shard_bytes=cfg.shard_bytes,
-            progress=datasets.utils.is_progress_bar_enabled(),
-        )
+        kwargs = {
+            **self.config.options.settings(), "rank": rank, "world_size": num_parts, "progress": datasets.utils.is_progress_bar_enabled(),
+        }
         if num_parts == 1:
             from hs_dataset.build import build_dataset
 

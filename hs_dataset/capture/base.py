@@ -3,20 +3,64 @@
 A backend turns :class:`TokenizedSample` s into :class:`CapturedSample` s. It also
 describes *exactly* what it captures (:class:`CaptureInfo`), because the meaning of
 "layer 30" and "final state" differs between tools; the description is copied into
-the dataset manifest.
+the dataset manifest. What a backend is asked to capture (:class:`CaptureTarget`) is
+the same for every backend, so it is one value built once from a card.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import torch
 
+from hs_dataset.errors import UsageError
+from hs_dataset.model.snapshot import resolve_model_path
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
-__all__ = ["CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend"]
+if TYPE_CHECKING:
+    from hs_dataset.config import Card
+
+__all__ = ["CaptureTarget", "CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend"]
+
+
+@dataclass(frozen=True)
+class CaptureTarget:
+    """What is captured, whatever the backend: the model snapshot, the aux layers and the dtype.
+
+    ``aux_layer_ids`` are HF ``hidden_states`` indexes (see :class:`CaptureInfo`);
+    ``dtype`` ``None`` means "whatever the backend produces" (the SGLang client takes
+    the server's, the in-process backend float32). A path-like ``model_path`` is kept
+    as its string, the ids as a tuple of ints.
+    """
+
+    model_path: str
+    aux_layer_ids: tuple[int, ...]
+    dtype: str | None = None
+    model_revision: str | None = None
+    text_module: str | None = None
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_path", str(self.model_path))
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+    @classmethod
+    def from_card(cls, card: "Card", model_path: str | os.PathLike | None = None) -> "CaptureTarget":
+        """The card's target; the model path is ``model_path``, else the card's, else ``$HS_DATASET_MODEL_PATH``, resolved."""
+        path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
+        if not path:
+            raise UsageError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
+        return cls(
+            model_path=str(resolve_model_path(str(path))),
+            aux_layer_ids=tuple(card.layers.aux),
+            dtype=card.dtype,
+            model_revision=card.model.revision,
+            text_module=card.model.text_module,
+            trust_remote_code=card.model.trust_remote_code,
+        )
 
 
 @dataclass

@@ -17,12 +17,13 @@ never see padding, and padded rows are cut off before anything is returned.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult
+from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
+from hs_dataset.config import Card, HFBackendSection
+from hs_dataset.model.remote_code import check_remote_code
 from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path, text_config
 from hs_dataset.model.text_model import load_causal_lm, loaded_module_path
 from hs_dataset.dtypes import state_dtype
@@ -56,37 +57,46 @@ def find_decoder(model: torch.nn.Module, module_path: str | None = None) -> torc
 
 
 class HFBackend(CaptureBackend):
-    """Capture with ``transformers`` in this process (CPU or CUDA)."""
+    """Capture with ``transformers`` in this process (CPU or CUDA).
+
+    Args:
+        section: the card's ``backend`` section (``name: hf``); its ``device`` is used
+            unless ``device`` is given.
+        target: the model, aux layers (HF ``hidden_states`` indexes) and dtype
+            (``None``: float32).
+        device: overrides ``section.device`` (``auto``, ``cpu``, ``cuda:N``).
+    """
 
     fixed_batches = True
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        aux_layer_ids: Sequence[int],
-        *,
-        dtype: str = "float32",
-        device: str = "auto",
-        text_module: str | None = None,
-        model_revision: str | None = None,
-        trust_remote_code: bool = False,
-    ) -> None:
-        self.model_path = resolve_model_path(str(model_path))
-        self.device = pick_device(device)
-        self.dtype = state_dtype(dtype)
-        model = load_causal_lm(self.model_path, dtype=self.dtype, trust_remote_code=trust_remote_code)
+    def __init__(self, section: HFBackendSection, target: CaptureTarget, *, device: str | None = None) -> None:
+        self.model_path = resolve_model_path(target.model_path)
+        self.device = pick_device(device or section.device)
+        self.dtype = state_dtype(target.dtype or "float32")
+        model = load_causal_lm(self.model_path, dtype=self.dtype, trust_remote_code=target.trust_remote_code)
         self.model = model.to(self.device).eval()
-        self.decoder = find_decoder(self.model, loaded_module_path(self.model_path, text_module))
+        self.decoder = find_decoder(self.model, loaded_module_path(self.model_path, target.text_module))
         self.num_layers = len(self.decoder.layers)
-        self.aux_layer_ids = list(aux_layer_ids)
+        self.aux_layer_ids = list(target.aux_layer_ids)
         bad = [i for i in self.aux_layer_ids if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(
                 f"aux layer ids {bad} are outside 0..{self.num_layers - 1} for this {self.num_layers}-layer model "
                 f"(HF hidden_states index; hidden_states[{self.num_layers}] is the final state, captured separately)"
             )
-        self.model_revision = model_revision
+        self.model_revision = target.model_revision
         self._fingerprint: str | None = None
+
+    @classmethod
+    def from_card(cls, card: Card, *, model_path: str | None = None, device: str | None = None) -> "HFBackend":
+        """Build from a card (see docs/CARDS.md); ``model_path`` and ``device`` override the card's."""
+        section = card.backend
+        if not isinstance(section, HFBackendSection):
+            raise ValueError(f"config {card.name!r} uses backend {section.name!r}; HFBackend needs `backend: {{name: hf}}`")
+        target = CaptureTarget.from_card(card, model_path=model_path)
+        # the tokenizer is loaded after the model: refuse its remote code before minutes of loading
+        check_remote_code(target.model_path, target.trust_remote_code, ("tokenizer_config.json",))
+        return cls(section, target, device=device)
 
     # ------------------------------------------------------------------ info
     def info(self) -> CaptureInfo:

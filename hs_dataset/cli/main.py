@@ -8,7 +8,8 @@ Command modules import torch, transformers and datasets only inside ``run``, so
 Errors are handled here and nowhere else: an error hs_dataset raises on purpose
 (:class:`~hs_dataset.errors.HsDatasetError`), an OS error or Ctrl-C prints one line
 ``hs-dataset CMD: error: MESSAGE`` and exits 2 (with the traceback under ``--debug``
-or ``HS_DATASET_DEBUG=1``); anything else is a bug: traceback, exit 1.
+or ``HS_DATASET_DEBUG=1``); anything else is a bug: traceback, exit 70 (sysexits' EX_SOFTWARE), so a
+script can tell it from exit 1, which ``verify`` (and ``merge``, ``patch check``) use for "found problems".
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hs_dataset.cli.style import HelpFormatter, Parser, add_global_flags, add_su
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.version import __version__
 
-__all__ = ["main", "COMMANDS", "EXIT_ERROR", "EXIT_BUG", "build_parser"]
+__all__ = ["main", "COMMANDS", "EXIT_PROBLEMS", "EXIT_ERROR", "EXIT_BUG", "build_parser"]
 
 # command name -> module (under hs_dataset.cli) holding HELP, EXAMPLES, add_arguments, run
 COMMANDS: dict[str, str] = {
@@ -42,8 +43,9 @@ COMMANDS: dict[str, str] = {
     "card": "hs_dataset.cli.card",
 }
 
+EXIT_PROBLEMS = 1  # verify / merge / patch check ran and found problems (listed above the status)
 EXIT_ERROR = 2  # a known error: bad input, missing file, refused operation, Ctrl-C
-EXIT_BUG = 1  # an unexpected exception (please report it, with --debug output)
+EXIT_BUG = 70  # an unexpected exception (EX_SOFTWARE): please report it, with the traceback
 
 _KNOWN_ERRORS = (HsDatasetError, OSError, KeyboardInterrupt)
 
@@ -55,8 +57,8 @@ _EPILOG = """examples:
   hs-dataset verify out/tiny
   hs-dataset CMD --help           # the options and examples of one command
 
-exit status: 0 success, 1 verify/check found problems (or a bug: traceback shown),
-2 error (one line on stderr; --debug or HS_DATASET_DEBUG=1 adds the traceback)."""
+exit status: 0 success, 1 verify/merge/check found problems (listed), 2 error (one line on
+stderr; --debug or HS_DATASET_DEBUG=1 adds the traceback), 70 a bug (traceback shown: please report it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

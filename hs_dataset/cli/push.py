@@ -12,6 +12,8 @@ EXAMPLES = """
   hs-dataset push out/kimi user/kimi-k25-eagle3
   hs-dataset push out/kimi user/kimi-k25-eagle3 --revision v2 --private --no-plots
   HF_TOKEN=... hs-dataset push out/kimi user/kimi-k25-eagle3 --endpoint https://hub.example.org
+  hs-dataset push out/mine user/mine-eagle3 --card my-card.yaml      # built from a card file of your own
+  hs-dataset push out/imported user/imported-eagle3 --no-card        # built from no card (an import)
 """
 
 def _positive_int(text: str) -> int:
@@ -24,6 +26,12 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json)")
     parser.add_argument("repo_id", help="dataset repository, e.g. user/kimi-k25-eagle3")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--card", help="the config card that built the dataset (a shipped name or a .yaml file); its dataset_card: keys "
+        "go into the README. Default: the shipped card the manifest names",
+    )
+    which.add_argument("--no-card", dest="card", action="store_false", default=None, help="push without a config card's metadata (a dataset built from no card)")
     parser.add_argument("--config", dest="config_name", help="config (repo folder and datasets config); default: the manifest's config_name")
     parser.add_argument("--revision", help="branch to push to (created from main if missing)")
     parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
@@ -50,17 +58,18 @@ def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
 
     from hs_dataset.errors import HubError
-    from hs_dataset.hub.push import push_to_hub
+    from hs_dataset.hub.upload import PushOptions, push_to_hub
     from hs_dataset.hub.timeouts import limit_hub_timeouts
 
     timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this
     api = HfApi(endpoint=args.endpoint, token=args.token)
     limits = {k: v for k, v in (("commit_bytes", args.commit_bytes), ("commit_files", args.commit_files)) if v is not None}
+    options = PushOptions(
+        config_name=args.config_name, revision=args.revision, private=args.private, plots=args.plots,
+        stats_samples=args.stats_samples, **limits,
+    )
     try:
-        report = push_to_hub(
-            args.path, args.repo_id, api=api, token=args.token, private=args.private, config_name=args.config_name,
-            revision=args.revision, plots=args.plots, stats_samples=args.stats_samples, **limits,
-        )
+        report = push_to_hub(args.path, args.repo_id, card=args.card, api=api, token=args.token, options=options)
     except _transport_errors() as exc:
         where = args.endpoint or "the Hub"
         raise HubError(

@@ -4,7 +4,7 @@ Its ``input_ids``, ``loss_mask`` (int64) and ``seq_len`` are the columns specula
 ``prepare-data`` writes, so an index is also speculators' Arrow dataset (the
 hs_dataset backend for speculators trains from it; the Hub's viewer shows them).
 
-The Hub layout (hs_dataset.hub.push) publishes these rows as parquet next to the
+The Hub push (hs_dataset.hub.upload) publishes these rows as parquet next to the
 shards; :class:`ShardTransform` turns index rows back into rows that carry zero-copy
 state tensors, read with the one shard reader. Imported on demand only: it needs
 ``datasets`` (the features), which ``import hs_dataset.formats`` must not pay for.

@@ -1,15 +1,12 @@
-"""The Hugging Face Hub: push a dataset (index, shards, manifest, card) and read it back."""
+"""The Hugging Face Hub: push a dataset (index, shards, manifest, card) and read it back.
 
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["push_to_hub", "download_pushed", "open_pushed", "PushReport"]
-
-
-def __getattr__(name: str) -> Any:  # lazy: huggingface_hub loads only when used
-    if name in __all__:
-        from hs_dataset.hub import push
-
-        return getattr(push, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+One module per job: :mod:`~hs_dataset.hub.upload` (``push_to_hub``, ``PushOptions``),
+:mod:`~hs_dataset.hub.download` (``open_pushed``, ``download_pushed``),
+:mod:`~hs_dataset.hub.index` (the parquet index), :mod:`~hs_dataset.hub.card` and
+:mod:`~hs_dataset.hub.front_matter` (the README), :mod:`~hs_dataset.hub.config_card`
+(which config card describes the dataset), :mod:`~hs_dataset.hub.public` (what may leave
+the machine), :mod:`~hs_dataset.hub.files` and :mod:`~hs_dataset.hub.remote` (what to
+upload), :mod:`~hs_dataset.hub.layout` (the repo layout) and
+:mod:`~hs_dataset.hub.timeouts`. Import what you need from its module; importing this
+package loads nothing (huggingface_hub only when used).
+"""

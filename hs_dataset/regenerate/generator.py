@@ -1,6 +1,6 @@
 """Generation by the target model: the interface, and the in-process transformers implementation.
 
-The regeneration stage (``hs_dataset/regenerate.py``) asks a :class:`Generator` to
+The regeneration stage (``regenerate/engine.py``) asks a :class:`Generator` to
 continue many prompts (token ids) at once; each answer is the token ids the model
 wrote, including the end-of-turn token when it stopped on one, and why it stopped.
 Two implementations: :class:`HFGenerator` here (``model.generate``, left-padded

@@ -5,7 +5,7 @@ See docs/SOURCES.md for the input formats, the loss-mask rules and the report.
 
 from __future__ import annotations
 
-from hs_dataset.sources.iterate import Overflow, iter_samples, load_samples
+from hs_dataset.sources.iterate import Overflow, SampleRules, iter_samples, load_samples
 from hs_dataset.sources.masking import KIMI_K25_RULE, MarkerSpanRule, MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import Conversation, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy
@@ -16,6 +16,7 @@ from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
 __all__ = [
     "iter_samples",
     "load_samples",
+    "SampleRules",
     "SourceReport",
     "RowIssue",
     "MalformedRowError",

@@ -9,6 +9,7 @@ limits"), rows with nothing to learn, and strict vs. lenient handling of bad row
 from __future__ import annotations
 
 from collections.abc import Container, Iterator, Mapping
+from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, Literal
 
@@ -27,7 +28,7 @@ from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
 from hs_dataset.sources.shapes import apply_columns, detect_shape, to_chat_row
 
-__all__ = ["BYTES_PER_CHAR", "Overflow", "iter_samples", "line_byte_cap", "load_samples"]
+__all__ = ["BYTES_PER_CHAR", "Overflow", "SampleRules", "iter_samples", "line_byte_cap", "load_samples"]
 
 BYTES_PER_CHAR = 64  # a JSONL line may hold this many bytes per capped character (escapes, markup)
 MIN_LINE_BYTES = 16 << 20
@@ -55,13 +56,53 @@ def line_byte_cap(max_length: int) -> int:
     return max(MIN_LINE_BYTES, BYTES_PER_CHAR * row_char_cap(max_length))
 
 
-class _Run:
-    """State of one pass: options, the lazily built chat encoder, seen ids and the report."""
+@dataclass(frozen=True)
+class SampleRules:
+    """How rows become samples: length policy, strictness, ids, loss-mask rule, template, columns.
 
-    def __init__(self, tokenizer: Any, report: SourceReport, opts: dict[str, Any], rows: RowSource) -> None:
+    ``max_length`` (default 4096, the card's default): rows longer than it are cut to it
+    (``overflow="truncate"``, sample marked ``truncated``) or dropped (``"drop"``).
+    ``strict``: the first bad row raises :class:`SourceError` instead of being reported.
+    ``id_policy``: how sample ids are formed (``index`` or ``content``). ``mask``: the
+    loss-mask rule (``auto``: from the template). ``chat_template``/``template_kwargs``:
+    rendering instead of the tokenizer's own. ``missing_loss_mask``: pre-tokenized rows
+    without a mask are supervised on every token (``all``) or refused (``reject``).
+    ``vocab_size``: ids must be below it (the model's vocabulary). ``columns`` maps our
+    field names to the source's (``{"messages": "dialog"}``; docs/SOURCES.md).
+    ``keep_conversation`` puts the normalized conversation in ``meta["conversation"]``
+    (for regeneration).
+    """
+
+    max_length: int = 4096
+    overflow: Overflow = "truncate"
+    strict: bool = False
+    id_policy: IdPolicy = "index"
+    mask: MaskRule = "auto"
+    chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+    missing_loss_mask: MissingMaskPolicy = "all"
+    vocab_size: int | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
+    keep_conversation: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_length, int) or self.max_length < 1:
+            raise ValueError(f"max_length must be a positive integer, got {self.max_length!r}")
+        if self.overflow not in ("truncate", "drop"):
+            raise ValueError(f"overflow must be 'truncate' or 'drop', got {self.overflow!r}")
+        if self.missing_loss_mask not in ("all", "reject"):
+            raise ValueError(f"missing_loss_mask must be 'all' or 'reject', got {self.missing_loss_mask!r}")
+        object.__setattr__(self, "columns", dict(self.columns or {}))
+
+
+class _Run:
+    """State of one pass: the rules, the lazily built chat encoder, seen ids and the report."""
+
+    def __init__(self, tokenizer: Any, report: SourceReport, rules: SampleRules, skip_ids: Container[str] | None, rows: RowSource) -> None:
         self.tokenizer = tokenizer
         self.report = report
-        self.opts = opts
+        self.rules = rules
+        self.skip_ids = skip_ids
         self.rows = rows
         self.seen: dict[str, int] = {}
         self._chat: ChatTokenizer | None = None
@@ -69,7 +110,7 @@ class _Run:
     def issue(self, row_index: int, kind: IssueKind, reason: str, sample_id: str | None) -> _Skip:
         issue = RowIssue(row_index, kind, reason, sample_id, file=self.rows.file, line=self.rows.line)
         self.report.add_issue(issue)
-        if self.opts["strict"] and kind != "dropped_too_long":
+        if self.rules.strict and kind != "dropped_too_long":
             raise SourceError(issue.describe(self.report.source_name) + " (strict mode; set strict=False to skip and report such rows)")
         return _Skip()
 
@@ -77,13 +118,13 @@ class _Run:
         if self._chat is None:
             if self.tokenizer is None:
                 raise SourceError("conversation rows need a tokenizer with a chat template; pass tokenizer=...")
-            rule = resolve_mask_rule(self.tokenizer, self.opts["mask"], self.opts["chat_template"])
-            self._chat = ChatTokenizer(self.tokenizer, rule, self.opts["chat_template"], self.opts["template_kwargs"])
+            rule = resolve_mask_rule(self.tokenizer, self.rules.mask, self.rules.chat_template)
+            self._chat = ChatTokenizer(self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs)
         return self._chat
 
     def vocab_size(self) -> int:
-        if self.opts["vocab_size"] is not None:
-            return int(self.opts["vocab_size"])
+        if self.rules.vocab_size is not None:
+            return int(self.rules.vocab_size)
         if self.tokenizer is None:
             raise SourceError("pre-tokenized rows are checked against the vocabulary; pass tokenizer=... or vocab_size=...")
         return len(self.tokenizer)
@@ -94,7 +135,7 @@ class _Run:
         if shape not in ("pretokenized", "unknown"):
             row = to_chat_row(row, shape)
         if is_pretokenized(row):
-            ids, mask, given = read_pretokenized(row, vocab_size=self.vocab_size(), missing_mask=self.opts["missing_loss_mask"])
+            ids, mask, given = read_pretokenized(row, vocab_size=self.vocab_size(), missing_mask=self.rules.missing_loss_mask)
             if not given:
                 self.report.pretokenized_default_mask += 1
                 self.report.add_note(_DEFAULT_MASK_NOTE)
@@ -103,13 +144,13 @@ class _Run:
             conv = normalize_conversation(row)
             chat = self.chat()
             meta = {"format": "chat", "shape": shape, "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
-            if self.opts["keep_conversation"]:
+            if self.rules.keep_conversation:
                 meta["conversation"] = conv  # the regeneration stage re-renders it turn by turn
-            limit = row_char_cap(self.opts["max_length"])
+            limit = row_char_cap(self.rules.max_length)
             if conversation_chars(conv) <= limit:
                 ids, mask = chat.encode(conv)
                 return ids, mask, meta
-            ids, mask = encode_capped(chat.encode, conv, limit, self.opts["max_length"])
+            ids, mask = encode_capped(chat.encode, conv, limit, self.rules.max_length)
             self.report.char_capped += 1
             return ids, mask, {**meta, "char_capped": limit}
         raise MalformedRowError(
@@ -120,17 +161,17 @@ class _Run:
     def sample(self, row_index: int, row: Mapping[str, Any] | BadRow) -> TokenizedSample | None:
         name = self.report.source_name
         if not isinstance(row, BadRow):
-            row = apply_columns(row, self.opts["columns"])
+            row = apply_columns(row, self.rules.columns)
         if isinstance(row, BadRow):
             raise self.issue(row_index, row.kind, row.reason, sample_id_for(None, row_index, name))  # type: ignore[arg-type]
         try:
-            sid = sample_id_for(row, row_index, name, self.opts["id_policy"])
+            sid = sample_id_for(row, row_index, name, self.rules.id_policy)
         except MalformedRowError as exc:
             raise self.issue(row_index, "malformed", str(exc), None) from None
         if sid in self.seen:
             raise self.issue(row_index, "malformed", f"duplicate sample id (first used by row {self.seen[sid]})", sid)
         self.seen[sid] = row_index
-        skip = self.opts["skip_ids"]
+        skip = self.skip_ids
         if skip is not None and sid in skip:
             self.report.skipped_existing += 1
             return None
@@ -150,8 +191,8 @@ class _Run:
 
     def check_vocab(self, ids: list[int]) -> None:
         """Rendered ids must fit the model too: a tokenizer may know more tokens than the model embeds."""
-        vocab = self.opts["vocab_size"]
-        window = ids[: self.opts["max_length"]]
+        vocab = self.rules.vocab_size
+        window = ids[: self.rules.max_length]
         if vocab is not None and window and max(window) >= vocab:
             pos = next(i for i, t in enumerate(window) if t >= vocab)
             raise MalformedRowError(
@@ -161,10 +202,10 @@ class _Run:
 
     def fit(self, row_index: int, sid: str, ids: list[int], mask: list[bool], meta: dict[str, Any]) -> TokenizedSample:
         """Apply the ``max_length`` overflow policy."""
-        max_length, full = self.opts["max_length"], len(ids)
+        max_length, full = self.rules.max_length, len(ids)
         truncated = full > max_length
         if truncated:
-            if self.opts["overflow"] == "drop":
+            if self.rules.overflow == "drop":
                 raise self.issue(row_index, "dropped_too_long", f"{full} tokens > max_length {max_length}", sid)
             ids, mask = ids[:max_length], mask[:max_length]
             if not any(mask):
@@ -185,57 +226,34 @@ class _Run:
 def iter_samples(
     source: Source,
     tokenizer: Any = None,
+    rules: SampleRules | None = None,
     *,
-    max_length: int,
-    overflow: Overflow = "truncate",
-    strict: bool = False,
     report: SourceReport | None = None,
     source_name: str | None = None,
-    id_policy: IdPolicy = "index",
-    mask: MaskRule = "auto",
-    chat_template: str | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
-    missing_loss_mask: MissingMaskPolicy = "all",
-    vocab_size: int | None = None,
     skip_ids: Container[str] | None = None,
-    columns: Mapping[str, str] | None = None,
-    keep_conversation: bool = False,
     trust_remote_code: bool = False,
 ) -> Iterator[TokenizedSample]:
-    """Yield one :class:`TokenizedSample` per usable row of ``source``, in source order.
+    """Yield one :class:`TokenizedSample` per usable row of ``source``, in source order, under ``rules``.
 
     ``source``: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory, a
     ``datasets.Dataset``/``IterableDataset`` or a list of dicts. ``tokenizer``: a
     transformers tokenizer or a local path to one (only pre-tokenized sources may
-    pass ``None``, with ``vocab_size``). Rows longer than
-    ``max_length`` are cut to it (``overflow="truncate"``, sample marked ``truncated``)
-    or dropped (``"drop"``). Malformed rows and rows without a supervised token are
-    recorded in ``report`` (pass your own :class:`SourceReport` to read it) and
-    skipped; with ``strict=True`` the first one raises :class:`SourceError`. Ids in
-    ``skip_ids`` (already stored, when resuming) are counted and not tokenized.
-    ``columns`` maps our field names to the source's (``{"messages": "dialog"}``); each
-    row's shape is counted in ``report.shapes`` (docs/SOURCES.md). ``keep_conversation``
-    puts the normalized conversation in ``meta["conversation"]`` (for regeneration).
+    pass ``None``, with ``rules.vocab_size``). ``rules``: how rows become samples
+    (:class:`SampleRules`; default ``SampleRules()``). Malformed rows and rows without a
+    supervised token are recorded in ``report`` (pass your own :class:`SourceReport` to
+    read it) and skipped; with ``rules.strict`` the first one raises :class:`SourceError`.
+    ``source_name`` names the source in sample ids and messages (default: from the source).
+    Ids in ``skip_ids`` (already stored, when resuming) are counted and not tokenized.
     ``trust_remote_code`` (the card's ``model.trust_remote_code``) lets a tokenizer given
     by path run the Python its snapshot ships (Kimi-K2.5's tiktoken tokenizer); without
     it such a snapshot is refused in one line naming ``--trust-remote-code``.
     """
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    if overflow not in ("truncate", "drop"):
-        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
-    if missing_loss_mask not in ("all", "reject"):
-        raise ValueError(f"missing_loss_mask must be 'all' or 'reject', got {missing_loss_mask!r}")
-    rows = open_source(source, source_name, max_line_bytes=line_byte_cap(max_length))
+    rules = rules if rules is not None else SampleRules()
+    rows = open_source(source, source_name, max_line_bytes=line_byte_cap(rules.max_length))
     report = report if report is not None else SourceReport()
     report.source_name = rows.name
     report.total_rows = rows.total
-    opts = dict(
-        max_length=max_length, overflow=overflow, strict=strict, id_policy=id_policy, mask=mask,
-        chat_template=chat_template, template_kwargs=template_kwargs, missing_loss_mask=missing_loss_mask,
-        vocab_size=vocab_size, skip_ids=skip_ids, columns=dict(columns or {}), keep_conversation=keep_conversation,
-    )
-    run = _Run(_load_tokenizer(tokenizer, trust_remote_code), report, opts, rows)
+    run = _Run(_load_tokenizer(tokenizer, trust_remote_code), report, rules, skip_ids, rows)
     for row_index, row in rows:
         report.rows_read += 1
         try:
@@ -249,8 +267,18 @@ def iter_samples(
         yield sample
 
 
-def load_samples(source: Source, tokenizer: Any = None, **kwargs: Any) -> tuple[list[TokenizedSample], SourceReport]:
+def load_samples(
+    source: Source,
+    tokenizer: Any = None,
+    rules: SampleRules | None = None,
+    *,
+    source_name: str | None = None,
+    skip_ids: Container[str] | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[list[TokenizedSample], SourceReport]:
     """Eager :func:`iter_samples`: all samples plus the finished report (small sources, tests)."""
     report = SourceReport()
-    samples = list(iter_samples(source, tokenizer, report=report, **kwargs))
+    samples = list(
+        iter_samples(source, tokenizer, rules, report=report, source_name=source_name, skip_ids=skip_ids, trust_remote_code=trust_remote_code)
+    )
     return samples, report

@@ -1,4 +1,4 @@
-"""hs_dataset.hub.push against a local stand-in of the Hub's HTTP API (tests/hub_standin.py).
+"""hs_dataset.hub (upload and download) against a local stand-in of the Hub's HTTP API (tests/fixtures/hub_standin.py).
 
 The real ``huggingface_hub.HfApi`` (LFS upload path, Xet off) and the real
 ``datasets.load_dataset`` talk HTTP to a server on 127.0.0.1. Every other host is
@@ -20,7 +20,8 @@ from hs_dataset.errors import IntegrityError
 from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.reader import open_dataset
-from hs_dataset.hub.push import download_pushed, open_pushed, push_to_hub
+from hs_dataset.hub.download import download_pushed, open_pushed
+from hs_dataset.hub.upload import push_to_hub
 
 from tests.fixtures.samples import make_metadata, make_sample
 from tests.fixtures.hub_standin import HubStandIn
@@ -250,7 +251,7 @@ def test_interrupted_push_resumes(tmp_path, standin, api, monkeypatch, where):
         monkeypatch.setattr(api, "create_commit", flaky)
         expected = KeyboardInterrupt
     with pytest.raises(expected):
-        push_to_hub(root, "me/resume", api=api, commit_files=1, plots=False)
+        push_to_hub(root, "me/resume", api=api, card=False, commit_files=1, plots=False)
     files = standin.files("me/resume")
     first = f"unit-test/hs_shards/{manifest.shards[0].file}"
     assert first in files and f"unit-test/hs_shards/{manifest.shards[1].file}" not in files
@@ -259,7 +260,7 @@ def test_interrupted_push_resumes(tmp_path, standin, api, monkeypatch, where):
 
     if where == "client":
         monkeypatch.setattr(api, "create_commit", real)
-    report = push_to_hub(root, "me/resume", api=api, commit_files=1, plots=False)
+    report = push_to_hub(root, "me/resume", api=api, card=False, commit_files=1, plots=False)
     assert first in report.skipped and first not in report.uploaded
     assert f"unit-test/hs_shards/{manifest.shards[1].file}" in report.uploaded
     # shard 1's bytes reached the Hub's LFS store before the interruption: not sent again
@@ -277,7 +278,7 @@ def test_corrupted_local_shard_is_never_committed(tmp_path, standin, api):
     data[-1] ^= 0xFF  # same size, different bytes
     shard.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="not published"):
-        push_to_hub(root, "me/bad", api=api, commit_files=1, plots=False)
+        push_to_hub(root, "me/bad", api=api, card=False, commit_files=1, plots=False)
     assert f"unit-test/hs_shards/{shard.name}" not in standin.files("me/bad")
 
 
@@ -286,15 +287,15 @@ def test_repush_replaces_stale_files_and_keeps_other_configs(tmp_path, standin, 
     import datasets
 
     big = _synthetic(tmp_path / "a", n=8, config="alpha")
-    push_to_hub(big, "me/multi", api=api, plots=False)
+    push_to_hub(big, "me/multi", api=api, card=False, plots=False)
     small = _synthetic(tmp_path / "b", n=3, config="alpha", seed=1)  # a different dataset, fewer shards
-    report = push_to_hub(small, "me/multi", api=api, plots=False)
+    report = push_to_hub(small, "me/multi", api=api, card=False, plots=False)
     files = standin.files("me/multi")
     shards = sorted(p for p in files if p.startswith("alpha/hs_shards/shard-"))
     assert shards == sorted(f"alpha/hs_shards/{r.file}" for r in open_dataset(small).manifest.shards)
     assert report.deleted  # the old dataset's extra shards are gone, in the same commit as the new manifest
     other = _synthetic(tmp_path / "c", n=2, config="beta")
-    push_to_hub(other, "me/multi", api=api, plots=False)
+    push_to_hub(other, "me/multi", api=api, card=False, plots=False)
     text = standin.read("me/multi", "README.md").decode()
     meta = _front_matter(text)
     assert [c["config_name"] for c in meta["configs"]] == ["alpha", "beta"]
@@ -308,7 +309,7 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
     from hs_dataset.cli.main import main
 
     root = _synthetic(tmp_path / "ds", n=3)
-    rc = main(["push", str(root), "me/cli", "--endpoint", standin.url, "--revision", "v1", "--no-plots", "--config", "renamed"])
+    rc = main(["push", str(root), "me/cli", "--endpoint", standin.url, "--revision", "v1", "--no-plots", "--no-card", "--config", "renamed"])
     assert rc == 0
     assert "renamed/hs_shards/manifest.json" in standin.files("me/cli", revision="v1")
     assert "renamed/hs_shards/manifest.json" not in standin.files("me/cli", revision="main")
@@ -316,6 +317,61 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
     assert manifest == json.loads((root / "manifest.json").read_text())
     ds = open_pushed("me/cli", "renamed", api=api, revision="v1", local_dir=tmp_path / "dl", cache_dir=tmp_path / "c")
     assert len(ds) == 3 and ds[0]["aux_hidden_states"].shape[1:] == (3, 16)
+
+
+# ---------------------------------------------------------------------------- the card that built the dataset
+@pytest.fixture(scope="module")
+def own_card(tmp_path_factory, tiny_card, hf_backend):
+    """A card file of the user's own (not a shipped name) with Hub metadata, and a dataset built from it."""
+    from hs_dataset.build import build_dataset
+    from hs_dataset.config import load_card
+
+    raw = tiny_card.to_dict()
+    raw["name"] = "my-tiny"
+    raw["dataset_card"] = {**raw["dataset_card"], "license": "mit", "pretty_name": "My tiny states", "tags": ["mine", "tiny"]}
+    where = tmp_path_factory.mktemp("own-card")
+    path = where / "my-tiny.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    out = where / "my-tiny"
+    build_dataset(load_card(path), out, num_samples=2, backend=hf_backend)
+    return path, out
+
+
+@pytest.mark.parametrize("given", ["path", "card"])
+def test_a_card_given_by_path_keeps_its_metadata(own_card, standin, api, given):
+    from hs_dataset.config import load_card
+
+    path, out = own_card
+    push_to_hub(out, "me/mine", api=api, card=path if given == "path" else load_card(path), plots=False)
+    text = standin.read("me/mine", "README.md").decode()
+    meta = _front_matter(text)
+    assert meta["license"] == "mit" and meta["pretty_name"] == "My tiny states"
+    assert meta["tags"][:2] == ["mine", "tiny"] and {"eagle3", "hs_dataset"} <= set(meta["tags"])
+    assert "\n# My tiny states\n" in text and "## Config `my-tiny`" in text
+
+
+def test_a_card_that_cannot_be_found_is_one_clear_error(own_card, standin, api):
+    from hs_dataset.errors import UsageError
+
+    path, out = own_card
+    with pytest.raises(UsageError, match=r"'my-tiny', which is not a card shipped with hs_dataset.*--card PATH.*--no-card"):
+        push_to_hub(out, "me/mine", api=api, plots=False)
+    with pytest.raises(UsageError, match=r"built by config 'my-tiny', but the card cards/tiny-deepseek-hf.yaml is 'tiny-deepseek-hf'"):
+        push_to_hub(out, "me/mine", api=api, card="tiny-deepseek-hf", plots=False)
+    assert standin.requests == [] and standin.commits == []  # refused before anything was sent
+
+
+def test_upload_settings_are_checked_before_anything_runs(tmp_path):
+    from hs_dataset.errors import UsageError
+    from hs_dataset.hub.upload import PushOptions
+
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['commit_file'\]"):
+        push_to_hub(tmp_path, "me/x", commit_file=1)
+    with pytest.raises(UsageError, match="commit_bytes and commit_files must be >= 1"):
+        push_to_hub(tmp_path, "me/x", commit_bytes=0)
+    with pytest.raises(UsageError, match="commit_files must be a whole number of files"):
+        PushOptions(commit_files="3")
+    assert PushOptions.of(PushOptions(commit_files=3), {"plots": False}) == PushOptions(commit_files=3, plots=False)
 
 
 # ---------------------------------------------------------------------------- statistics and pictures
@@ -356,12 +412,12 @@ def test_sigkill_mid_push_then_resume(tmp_path, standin, api, python_env, nth):
         HF_HUB_CACHE=str(tmp_path / "child-cache"), HF_HUB_OFFLINE="0",
     )
     cmd = [sys.executable, "-m", "hs_dataset.cli.main", "push", str(root), "me/killed", "--endpoint", standin.url,
-           "--commit-files", "1", "--no-plots"]
+           "--commit-files", "1", "--no-plots", "--no-card"]
     assert subprocess.run(cmd, env=env).returncode == -signal.SIGKILL
     files = standin.files("me/killed")
     assert "README.md" not in files and "unit-test/hs_shards/manifest.json" not in files
     assert sum(f.startswith("unit-test/hs_shards/") for f in files) == nth - 1  # only committed batches are visible
-    report = push_to_hub(root, "me/killed", api=api, commit_files=1, plots=False)
+    report = push_to_hub(root, "me/killed", api=api, card=False, commit_files=1, plots=False)
     assert len(report.skipped) >= nth - 1
     ds = open_pushed("me/killed", api=api, local_dir=tmp_path / "dl", cache_dir=tmp_path / "c")
     assert sorted(ds["sample_id"]) == sorted(open_dataset(root).sample_ids) and len(manifest.shards) >= 3

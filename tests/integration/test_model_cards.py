@@ -213,15 +213,15 @@ def test_processor_that_does_not_load_is_named_in_one_line(kimi_dir, tmp_path):
 
 def test_sources_load_a_tokenizer_by_path_through_the_one_loader(kimi_dir):
     """``iter_samples(source, PATH)``: remote code runs only when the card allows it; otherwise one line naming the flag."""
-    from hs_dataset.sources import load_samples
+    from hs_dataset.sources import SampleRules, load_samples
     rows = [{"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]}]
-    samples, report = load_samples(rows, str(kimi_dir), max_length=256, trust_remote_code=True)
+    samples, report = load_samples(rows, str(kimi_dir), SampleRules(max_length=256), trust_remote_code=True)
     assert report.samples_out == 1 and samples[0].loss_mask.any()
     from hs_dataset.model.tokenizer import load_tokenizer
 
     assert samples[0].input_ids.tolist() == load_tokenizer(kimi_dir, trust_remote_code=True).apply_chat_template(
         rows[0]["messages"], tokenize=True, return_dict=False)
     with pytest.raises(RemoteCodeError) as info:
-        load_samples(rows, str(kimi_dir), max_length=256)
+        load_samples(rows, str(kimi_dir), SampleRules(max_length=256))
     message = str(info.value)
     assert "\n" not in message and "--trust-remote-code" in message and str(kimi_dir / "tokenizer_config.json") in message

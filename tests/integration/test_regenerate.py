@@ -190,7 +190,7 @@ def test_kill_during_regeneration_then_resume_equals_uninterrupted(tmp_path, reg
 
 
 def test_push_publishes_the_regenerated_conversations(regenerated):
-    from hs_dataset.hub.push import _regenerated_files
+    from hs_dataset.hub.upload import _regenerated_files
 
     out, _ = regenerated
     manifest = json.loads((out / "manifest.json").read_text())

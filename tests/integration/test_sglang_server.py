@@ -57,11 +57,16 @@ def make_samples(n: int, lengths, seed: int = 0, vocab: int = 129000):
     return out
 
 
-def backend(card, server, **kw):
+def backend(card, server, *, servers=None, model_path=None, aux_layer_ids=None, dtype=None, **section):
+    """A client of ``server`` for ``card``; other keywords override keys of the card's backend section."""
     from hs_dataset.sglang.client.backend import SGLangBackend
 
-    kw.setdefault("servers", [server.url])
-    return SGLangBackend.from_card(card, **kw)
+    overrides = {"backend": section}
+    if aux_layer_ids is not None:
+        overrides["layers"] = {"aux": aux_layer_ids}
+    if dtype is not None:
+        overrides["dtype"] = dtype
+    return SGLangBackend.from_card(card.with_overrides(**overrides), model_path=model_path, servers=servers or [server.url])
 
 
 def post(url, body, timeout=60):
@@ -248,7 +253,7 @@ def test_serve_check_prints_the_plan(capture_server):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "sglang_hooks:norm_hook", "--dtype float32"):
+    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "hs_dataset.sglang.server.hooks:norm_hook", "--dtype float32"):
         assert flag in out.stdout, flag
     assert "mechanism: aux_return" in out.stdout
 

@@ -22,11 +22,11 @@ pytest.importorskip("specforge")
 def pairs(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from hs_dataset.sources import bundled_conversations_path, iter_samples
+    from hs_dataset.sources import SampleRules, bundled_conversations_path, iter_samples
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
     rows = [json.loads(line) for line in open(bundled_conversations_path(), encoding="utf-8") if line.strip()]
-    ours = {s.sample_id: s for s in iter_samples(bundled_conversations_path(), tok, max_length=100_000)}
+    ours = {s.sample_id: s for s in iter_samples(bundled_conversations_path(), tok, SampleRules(max_length=100_000))}
     return tok, rows, ours
 
 

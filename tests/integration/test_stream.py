@@ -169,9 +169,9 @@ SMALL = 2_500_000  # about half of the data
 
 def _source_samples(card, tiny_model):
     """The source's samples, tokenized independently of the stream (to get every sample's full token ids)."""
-    from hs_dataset.sources import bundled_conversations_path, load_samples
+    from hs_dataset.sources import SampleRules, bundled_conversations_path, load_samples
 
-    samples, _ = load_samples(bundled_conversations_path(), tiny_model, max_length=card.max_length, overflow=card.overflow)
+    samples, _ = load_samples(bundled_conversations_path(), tiny_model, SampleRules(max_length=card.max_length, overflow=card.overflow))
     return {s.sample_id: s for s in samples[:N]}
 
 

@@ -30,7 +30,7 @@ from hs_dataset.errors import FormatError, IntegrityError, SourceError, Unsuppor
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.build import build_dataset
 from hs_dataset.sample import CapturedSample
-from hs_dataset.sources import iter_samples, load_samples
+from hs_dataset.sources import SampleRules, iter_samples, load_samples
 
 GOOD_A = {"id": "good-a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 GOOD_B = {"id": "good-b", "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -263,7 +263,7 @@ def test_strict_mode_names_the_row(tiny_model_dir, tmp_path, name):
     _write_source(src, [GOOD_A, *case.rows, GOOD_B])
     tok = _tokenizer(str(tiny_model_dir), AutoTokenizer)
     with pytest.raises(SourceError, match=r"rows: row 1\b.*" + _re(case.reason)):
-        list(iter_samples(src, tok, max_length=case.card.get("max_length", 1024), strict=True, vocab_size=VOCAB))
+        list(iter_samples(src, tok, SampleRules(max_length=case.card.get("max_length", 1024), strict=True, vocab_size=VOCAB)))
 
 
 _TOKENIZERS: dict = {}
@@ -465,7 +465,7 @@ def test_tokenizer_ids_beyond_the_model_vocab_are_counted(tiny_model_dir):
     tok = _tokenizer(str(tiny_model_dir), AutoTokenizer)
     rows = [GOOD_A, {"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<|im_end|> x"}]}]
     top = max(tok.convert_tokens_to_ids(["<|im_end|>"]))
-    samples, report = load_samples(rows, tok, max_length=1024, vocab_size=top)  # the model "embeds" ids < <|im_end|>
+    samples, report = load_samples(rows, tok, SampleRules(max_length=1024, vocab_size=top))  # the model "embeds" ids < <|im_end|>
     assert [s.sample_id for s in samples] == [] and len(report.issues) == 2
     assert all("outside the model's vocabulary" in i.reason for i in report.issues)
 
@@ -487,11 +487,11 @@ def peak():
 kind, path, extra = sys.argv[1:4]
 if kind == "jsonl":
     from transformers import AutoTokenizer
-    from hs_dataset.sources import load_samples
+    from hs_dataset.sources import SampleRules, load_samples
     tok = AutoTokenizer.from_pretrained(extra)
-    load_samples([{"messages": [{"role": "user", "content": "warm"}, {"role": "assistant", "content": "up"}]}], tok, max_length=4096)
+    load_samples([{"messages": [{"role": "user", "content": "warm"}, {"role": "assistant", "content": "up"}]}], tok, SampleRules(max_length=4096))
     base = peak()
-    samples, report = load_samples(path, tok, max_length=4096)
+    samples, report = load_samples(path, tok, SampleRules(max_length=4096))
     out = {"stored": [s.sample_id for s in samples], "issues": [[i.kind, i.reason, i.line] for i in report.issues]}
 else:
     from hs_dataset.interop.imports import ImportError_, import_specforge

@@ -1,7 +1,7 @@
 """The command line's one error boundary: every command, fed bad input, says so in one line and exits 2.
 
 Known errors (HsDatasetError, OSError, Ctrl-C) -> one stderr line ``hs-dataset CMD: error: ...``,
-exit 2, no traceback unless ``--debug`` / ``HS_DATASET_DEBUG=1``; bugs -> traceback, exit 1.
+exit 2, no traceback unless ``--debug`` / ``HS_DATASET_DEBUG=1``; bugs -> traceback, exit 70 (not 1: verify's "found problems").
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_push_to_an_unreachable_endpoint(capsys, dataset, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    line = fails_cleanly(capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots"])
+    line = fails_cleanly(capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots", "--no-card"])
     assert line.startswith("hs-dataset push: error: cannot reach http://127.0.0.1:9 (ConnectError"), line
 
 
@@ -109,7 +109,7 @@ def test_push_offline_with_a_fake_token_through_the_installed_script(dataset, tm
         pytest.skip(f"{HS_DATASET} is not installed")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_TOKEN="hf_fake", HF_HOME=str(tmp_path / "hf"))
     env.pop("HS_DATASET_DEBUG", None)
-    proc = subprocess.run([str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots", "--no-card"], env=env, capture_output=True, text=True, timeout=300)
     assert_one_error_line(proc.returncode, proc.stderr, "push")
     assert "offline" in proc.stderr.lower()
 
@@ -144,14 +144,14 @@ def test_debug_environment_variable(capsys, paths, monkeypatch):
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_a_bug_shows_the_traceback_and_exits_1(capsys, paths, monkeypatch):
+def test_a_bug_shows_the_traceback_and_exits_70(capsys, paths, monkeypatch):
     import hs_dataset.cli.info as info
 
     def broken(args):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(info, "run", broken)
-    assert main(["info", str(paths["empty"])]) == 1
+    assert main(["info", str(paths["empty"])]) == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err and "internal error" in err
 

@@ -412,7 +412,7 @@ def test_speculators_export_killed_while_moving_its_arrow_index(forkserver, refe
 
 
 def test_push_kill_points_are_exercised():
-    """Push kill points run in tests/test_hub.py (they need the stand-in Hub fixture)."""
+    """Push kill points run in tests/integration/test_hub.py (they need the stand-in Hub fixture)."""
     hub_points = [p for p in CRASH_POINTS if p.startswith("push.")]
     assert hub_points == ["push.before_commit"]
-    assert "push.before_commit" in (REPO / "tests" / "test_hub.py").read_text()
+    assert "push.before_commit" in (REPO / "tests" / "integration" / "test_hub.py").read_text()

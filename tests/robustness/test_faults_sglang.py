@@ -64,11 +64,11 @@ def source_samples(card, tiny_model):
     """The bundled conversations tokenized exactly as the build does: sample id -> (input_ids, loss_mask)."""
     from transformers import AutoTokenizer
 
-    from hs_dataset.sources import bundled_conversations_path, iter_samples
+    from hs_dataset.sources import SampleRules, bundled_conversations_path, iter_samples
 
     tok = AutoTokenizer.from_pretrained(tiny_model, local_files_only=True)
     cfg = json.loads((Path(tiny_model) / "config.json").read_text())
-    samples = list(iter_samples(bundled_conversations_path(), tok, max_length=card.max_length, overflow=card.overflow, vocab_size=cfg["vocab_size"]))
+    samples = list(iter_samples(bundled_conversations_path(), tok, SampleRules(max_length=card.max_length, overflow=card.overflow, vocab_size=cfg["vocab_size"])))
     return samples
 
 
@@ -108,10 +108,13 @@ def _server(box, card):
     return box["server"]
 
 
-def _backend(card, urls, **kw):
+def _backend(card, urls, *, run_id=None, **kw):
+    """A client of ``urls`` with the CLIENT settings (``kw`` overrides keys of the card's backend section)."""
+    from hs_dataset.capture.base import CaptureTarget
     from hs_dataset.sglang.client.backend import SGLangBackend
 
-    return SGLangBackend.from_card(card, servers=urls, **{**CLIENT, **kw})
+    section = card.with_overrides(backend={**CLIENT, **kw}).backend
+    return SGLangBackend(section, CaptureTarget.from_card(card), servers=urls, run_id=run_id)
 
 
 def _stored(out: Path) -> int:

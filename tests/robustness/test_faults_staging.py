@@ -44,6 +44,7 @@ from hs_dataset.sglang.server.batch import BatchView
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.core import CaptureCore
 from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
+from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
 from hs_dataset.sglang.server.staging import StagingDir
 from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_private_dir
 
@@ -246,9 +247,14 @@ def test_symlink_planted_at_the_dump_name_is_not_written_through_nor_read(tmp_pa
 
 
 def _client(tmp_path):
-    from hs_dataset.sglang.client.backend import Endpoint, SGLangBackend
+    from hs_dataset.capture.base import CaptureTarget
+    from hs_dataset.config import SGLangBackendSection
+    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.sglang.client.endpoints import Endpoint
 
-    be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32", dump_timeout_s=0.5)
+    section = SGLangBackendSection(name="sglang", dump_timeout_s=0.5)
+    target = CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32")
+    be = SGLangBackend(section, target, servers=["http://127.0.0.1:9"])
     return be, Endpoint(url="http://127.0.0.1:9", staging_dir=str(tmp_path / "stage"))
 
 
@@ -265,7 +271,7 @@ def test_client_does_not_follow_a_planted_dump_symlink_even_to_a_valid_dump(tmp_
     try:
         real = stage / "hs-a-1-3.safetensors"  # control: the same bytes as a regular file would be accepted
         real.write_bytes(crafted.read_bytes())
-        assert isinstance(be._load_and_check(str(real), "", "hs-a-1-3", sample), CapturedSample)
+        assert isinstance(check_dump(str(real), "hs-a-1-3", sample, ExpectedDump(tuple(IDS), torch.float32)), CapturedSample)
         real.unlink()
         os.symlink(crafted, stage / "hs-a-1-3.safetensors")
         result = asyncio.run(be._await_dump(ep, "hs-a-1-3", sample))

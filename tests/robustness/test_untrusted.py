@@ -559,7 +559,7 @@ def test_specforge_import_refuses_a_symlinked_file(tmp_path, outside):
 
 
 def test_push_refuses_a_symlinked_norm_without_a_hash(tmp_path, outside):
-    from hs_dataset.hub.push import push_to_hub
+    from hs_dataset.hub.upload import push_to_hub
 
     root = build(tmp_path / "ds")
     symlink_norm_to_canary(root, outside)
@@ -570,13 +570,13 @@ def test_push_refuses_a_symlinked_norm_without_a_hash(tmp_path, outside):
 
 
 def test_push_refuses_a_symlinked_run_report(tmp_path, outside):
-    from hs_dataset.hub.push import push_to_hub
+    from hs_dataset.hub.upload import push_to_hub
 
     root = build(tmp_path / "ds")
     os.symlink(outside / "secret.txt", root / "run_report.json")
     api = mock.MagicMock()
     with pytest.raises(UnsafePathError, match="run_report.json"):
-        push_to_hub(root, "me/x", api=api, plots=False)
+        push_to_hub(root, "me/x", api=api, card=False, plots=False)
     assert not any("secret" in str(c) for c in api.method_calls)
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hs_dataset.capture.base import CaptureTarget
 from hs_dataset.capture.hf import HFBackend
+from hs_dataset.config import HFBackendSection
 from hs_dataset.sample import TokenizedSample
+
+ON_CPU = HFBackendSection(name="hf", device="cpu")
 
 # float32 on CPU; batched (padded) vs single forwards differ only by summation order.
 REL_TOL = 1e-6
@@ -73,7 +77,7 @@ def test_padding_never_leaks(hf_backend):
 
 
 def test_aux_layer_zero_is_the_embedding_output(tiny_model_dir):
-    backend = HFBackend(tiny_model_dir, [0, 5], dtype="float32", device="cpu")
+    backend = HFBackend(ON_CPU, CaptureTarget(tiny_model_dir, (0, 5), dtype="float32"))
     sample = _samples([9], seed=8)[0]
     result = backend.capture_batch([sample])[0]
     hidden, _ = _independent(backend.model, sample.input_ids)
@@ -83,7 +87,7 @@ def test_aux_layer_zero_is_the_embedding_output(tiny_model_dir):
 
 def test_out_of_range_layers_and_tokens_are_refused(tiny_model_dir, hf_backend):
     with pytest.raises(ValueError, match="outside 0..5"):
-        HFBackend(tiny_model_dir, [2, 6], dtype="float32", device="cpu")
+        HFBackend(ON_CPU, CaptureTarget(tiny_model_dir, (2, 6), dtype="float32"))
     bad = TokenizedSample("too-big", torch.tensor([1, 2, 999_999]), torch.ones(3, dtype=torch.bool))
     good = _samples([4])[0]
     results = hf_backend.capture_batch([bad, good])
@@ -95,4 +99,4 @@ def test_cuda_request_degrades_with_a_clear_error_on_cpu(tiny_model_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        HFBackend(tiny_model_dir, [2], device="cuda")
+        HFBackend(HFBackendSection(name="hf", device="cuda"), CaptureTarget(tiny_model_dir, (2,)))

@@ -21,8 +21,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hs_dataset.sglang.client import backend as client
-from hs_dataset.sglang.client.backend import _read_dump
+from hs_dataset.sglang.client import dumps as client
+from hs_dataset.sglang.client.dumps import _read_dump
 from hs_dataset.wire.mapped_files import FileMaps, copy_into, copy_out
 from hs_dataset.wire.safetensors_header import dump_header
 from hs_dataset.wire.spares import hand_back_dump

@@ -680,9 +680,12 @@ def test_server_side_modules_import_nothing_heavy():
 
 
 def test_client_reports_an_unreachable_server_clearly(tmp_path):
+    from hs_dataset.capture.base import CaptureTarget
+    from hs_dataset.config import SGLangBackendSection
     from hs_dataset.sglang.client.backend import SGLangBackend
 
-    be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, request_timeout_s=5)
+    section = SGLangBackendSection(name="sglang", request_timeout_s=5.0)
+    be = SGLangBackend(section, CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS), servers=["http://127.0.0.1:9"])
     try:
         with pytest.raises(ServerValidationError, match="unreachable.*hs-dataset serve"):
             be.validate()
@@ -694,10 +697,10 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     from safetensors.torch import save_file
 
     from hs_dataset.capture.base import CaptureFailure
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
     from hs_dataset.sample import CapturedSample, TokenizedSample
 
-    be = SGLangBackend(["http://127.0.0.1:9"], model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32")
+    expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.float32)
     ids = torch.tensor([3, 4, 5])
     sample = TokenizedSample("s", ids, torch.ones(3, dtype=torch.bool))
     meta = {"format": "hs_dataset.dump", "version": "1", "rid": "hs-a-1-3", "hf_aux_layer_ids": "[2, 3, 4]", "final_state": "pre_norm", "sglang_version": "x", "dtype": "float32"}
@@ -706,7 +709,7 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     def check(tensors, metadata=meta):
         path = str(tmp_path / "d.safetensors")
         save_file(tensors, path, metadata=metadata)
-        return be._load_and_check(path, "", "hs-a-1-3", sample)
+        return check_dump(path, "hs-a-1-3", sample, expected)
 
     assert isinstance(check(good), CapturedSample)
     assert "token ids differ" in check({**good, "input_ids": torch.tensor([3, 4, 6])}).reason
@@ -715,7 +718,6 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     assert "HF layers" in check(good, {**meta, "hf_aux_layer_ids": "[1, 2, 3]"}).reason
     assert "names request" in check(good, {**meta, "rid": "hs-a-2-3"}).reason
     assert isinstance(check(good, {**meta, "final_state": "post_norm"}), CaptureFailure)
-    be.close()
 
 
 # ---------------------------------------------------------------------------- CUDA path (runs where a GPU is present)

@@ -41,12 +41,12 @@ def tok(tiny_model_dir):
 
 
 def read(source, tok, **opts):
-    from hs_dataset.sources import SourceReport, iter_samples, open_source
+    from hs_dataset.sources import SampleRules, SourceReport, iter_samples, open_source
 
     report = SourceReport()
     hub = opts.pop("hub", None)
     rows = open_source(source, hub=hub) if hub is not None else source
-    samples = list(iter_samples(rows, tok, max_length=1024, report=report, **opts))
+    samples = list(iter_samples(rows, tok, SampleRules(max_length=1024, **opts), report=report))
     return samples, report
 
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hs_dataset.errors import SourceError
 from hs_dataset.sources import (
     MarkerSpanRule,
+    SampleRules,
     SourceReport,
     bundled_conversations_path,
     iter_samples,
@@ -162,7 +163,7 @@ def test_template_shape(tok):
 
 def test_kimi_mask_multiturn_with_tools(tok):
     row = {"id": "agent", "messages": AGENT_CHAT, "tools": WEATHER_TOOLS}
-    [sample], report = load_samples([row], tok, max_length=4096)
+    [sample], report = load_samples([row], tok, SampleRules(max_length=4096))
     assert report.counts()["samples_out"] == 1 and not report.issues
     assert sample.meta["mask_rule"] == "kimi-k2.5"
     texts = span_texts(tok, sample)
@@ -183,7 +184,7 @@ def test_kimi_mask_multiturn_with_tools(tok):
 def test_control_tokens_typed_in_messages_stay_text(tok):
     fake = "<|im_end|><|im_assistant|>assistant<|im_middle|>FAKE<|im_end|>"
     msgs = [{"role": "user", "content": "look: " + fake}, {"role": "assistant", "content": "ok " + fake}]
-    [sample], _ = load_samples([{"messages": msgs}], tok, max_length=4096)
+    [sample], _ = load_samples([{"messages": msgs}], tok, SampleRules(max_length=4096))
     assert span_texts(tok, sample) == [f"<think></think>ok {fake}<|im_end|>"]
     special = set(tok.convert_tokens_to_ids(list(KIMI_CHAT_TOKENS)))
     user_ids = sample.input_ids.tolist()[: spans(sample)[0][0]]
@@ -199,7 +200,7 @@ def test_reasoning_aliases_and_content_parts_render_alike(tok):
     ]
     rows = [{"messages": v} for v in variants]
     rows.append({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a b", "reasoning_content": "r"}]})
-    samples, report = load_samples(rows, tok, max_length=512)
+    samples, report = load_samples(rows, tok, SampleRules(max_length=512))
     assert len(samples) == 4 and not report.issues
     for s in samples[1:]:
         assert torch.equal(s.input_ids, samples[0].input_ids) and torch.equal(s.loss_mask, samples[0].loss_mask)
@@ -215,7 +216,7 @@ GENERATION_TEMPLATE = (
 
 def test_generation_marker_templates_use_transformers_mask(tok):
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "two"}]
-    [sample], _ = load_samples([{"messages": msgs}], tok, max_length=512, chat_template=GENERATION_TEMPLATE)
+    [sample], _ = load_samples([{"messages": msgs}], tok, SampleRules(max_length=512, chat_template=GENERATION_TEMPLATE))
     assert sample.meta["mask_rule"] == "generation"
     assert span_texts(tok, sample) == ["one<|im_end|>", "two<|im_end|>"]
 
@@ -224,9 +225,9 @@ def test_custom_marker_rule_and_unknown_template(tok):
     plain = "{%- for m in messages -%}<|im_user|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>{%- endfor -%}"
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
     with pytest.raises(SourceError, match="MarkerSpanRule"):
-        load_samples(rows, tok, max_length=64, chat_template=plain)
+        load_samples(rows, tok, SampleRules(max_length=64, chat_template=plain))
     rule = MarkerSpanRule(name="plain", header="<|im_user|>assistant<|im_middle|>", end="<|im_end|>")
-    [sample], _ = load_samples(rows, tok, max_length=64, chat_template=plain, mask=rule)
+    [sample], _ = load_samples(rows, tok, SampleRules(max_length=64, chat_template=plain, mask=rule))
     assert span_texts(tok, sample) == ["yo<|im_end|>"]
 
 
@@ -244,7 +245,7 @@ def test_pretokenized_rows(tok):
         {"id": "p-float", "input_ids": [1.5, 2.0]},
         {"id": "p-empty", "input_ids": []},
     ]
-    samples, report = load_samples(rows, tok, max_length=16)
+    samples, report = load_samples(rows, tok, SampleRules(max_length=16))
     assert [s.sample_id for s in samples] == ["p-mask", "p-nomask"]
     assert samples[0].loss_mask.tolist() == [False, False, True, True]
     assert samples[1].loss_mask.tolist() == [True, True, True]  # default policy: all supervised
@@ -254,10 +255,10 @@ def test_pretokenized_rows(tok):
     assert "outside the vocabulary" in report.malformed[2] and "outside the vocabulary" in report.malformed[3]
     assert report.no_supervised_token == {5: "loss_mask is all zero"}
     assert accounted(report)
-    _, strict_mask = load_samples(rows[:2], tok, max_length=16, missing_loss_mask="reject")
+    _, strict_mask = load_samples(rows[:2], tok, SampleRules(max_length=16, missing_loss_mask="reject"))
     assert list(strict_mask.malformed) == [1]
     # no tokenizer: the vocabulary size must be given
-    samples, _ = load_samples(rows[:2], None, max_length=16, vocab_size=100)
+    samples, _ = load_samples(rows[:2], None, SampleRules(max_length=16, vocab_size=100))
     assert len(samples) == 2
 
 
@@ -274,14 +275,14 @@ def test_truncate_vs_drop_are_counted(tok):
         {"id": "long-answer", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "many words " * 40}]},
         {"id": "long-prompt", **_long_chat(200)},
     ]
-    samples, report = load_samples(rows, tok, max_length=40)
+    samples, report = load_samples(rows, tok, SampleRules(max_length=40))
     assert [s.sample_id for s in samples] == ["short", "long-answer"]
     assert not samples[0].truncated and samples[1].truncated and samples[1].num_tokens == 40
     assert samples[1].loss_mask[-1].item() and samples[1].meta["full_length"] > 40
     assert report.truncated == 1 and report.samples_out == 2
     assert "beyond max_length" in report.no_supervised_token[2]  # prompt alone filled the budget
 
-    samples, report = load_samples(rows, tok, max_length=40, overflow="drop")
+    samples, report = load_samples(rows, tok, SampleRules(max_length=40, overflow="drop"))
     assert [s.sample_id for s in samples] == ["short"]
     assert set(report.dropped_too_long) == {1, 2} and report.truncated == 0
     assert report.counts()["dropped_too_long"] == 2 and report.rows_read == 3
@@ -293,10 +294,10 @@ def test_rows_without_supervision_are_reported(tok):
         {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "only a question"}]},
         {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
     ]
-    samples, report = load_samples(rows, tok, max_length=64)
+    samples, report = load_samples(rows, tok, SampleRules(max_length=64))
     assert len(samples) == 1 and report.no_supervised_token == {0: "conversation has no assistant message"}
     with pytest.raises(SourceError, match="row 0"):
-        load_samples(rows, tok, max_length=64, strict=True)
+        load_samples(rows, tok, SampleRules(max_length=64, strict=True))
 
 
 def test_malformed_rows_are_reported_with_index(tok, tmp_path):
@@ -322,7 +323,7 @@ def test_malformed_rows_are_reported_with_index(tok, tmp_path):
     ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    samples, report = load_samples(path, tok, max_length=64)
+    samples, report = load_samples(path, tok, SampleRules(max_length=64))
     assert [s.sample_id for s in samples] == ["mixed:0", "dup", "mixed:15"]
     bad = report.malformed
     assert sorted(bad) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14]
@@ -343,7 +344,7 @@ def test_malformed_rows_are_reported_with_index(tok, tmp_path):
     assert all(i.sample_id is None or i.sample_id.startswith(("mixed:", "dup")) for i in report.issues)
     json.dumps(report.to_dict())  # serializable
     with pytest.raises(SourceError, match=r"row 1 .*unknown role"):
-        list(iter_samples(path, tok, max_length=64, strict=True))
+        list(iter_samples(path, tok, SampleRules(max_length=64, strict=True)))
 
 
 # ---------------------------------------------------------------- ids and input kinds
@@ -352,12 +353,12 @@ def test_malformed_rows_are_reported_with_index(tok, tmp_path):
 def test_sample_ids_are_deterministic(tok):
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(4)]
     rows[2]["id"] = 7
-    a, _ = load_samples(rows, tok, max_length=64, source_name="chats")
-    b, _ = load_samples(rows, tok, max_length=64, source_name="chats")
+    a, _ = load_samples(rows, tok, SampleRules(max_length=64), source_name="chats")
+    b, _ = load_samples(rows, tok, SampleRules(max_length=64), source_name="chats")
     assert [s.sample_id for s in a] == ["chats:0", "chats:1", "7", "chats:3"]
     assert all(same(x, y) for x, y in zip(a, b))
-    c, _ = load_samples(rows, tok, max_length=64, source_name="chats", id_policy="content")
-    d, _ = load_samples(list(reversed(rows)), tok, max_length=64, source_name="chats", id_policy="content")
+    c, _ = load_samples(rows, tok, SampleRules(max_length=64, id_policy="content"), source_name="chats")
+    d, _ = load_samples(list(reversed(rows)), tok, SampleRules(max_length=64, id_policy="content"), source_name="chats")
     assert {s.sample_id for s in c} == {s.sample_id for s in d}
     assert c[0].sample_id.startswith("chats:") and len(c[0].sample_id) == len("chats:") + 16
 
@@ -365,7 +366,7 @@ def test_sample_ids_are_deterministic(tok):
 def test_skip_ids_for_resume(tok):
     rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": str(i)}]} for i in range(3)]
     report = SourceReport()
-    got = list(iter_samples(rows, tok, max_length=64, skip_ids={"r0", "r2"}, report=report))
+    got = list(iter_samples(rows, tok, SampleRules(max_length=64), skip_ids={"r0", "r2"}, report=report))
     assert [s.sample_id for s in got] == ["r1"] and report.skipped_existing == 2 and report.rows_read == 3
     assert accounted(report)
 
@@ -378,7 +379,7 @@ def test_bundled_conversations(tok):
     path = bundled_conversations_path()
     rows = _rows_of(path)
     assert len(rows) >= 36 and len({r["id"] for r in rows}) == len(rows)
-    samples, report = load_samples(path, tok, max_length=4096, strict=True)
+    samples, report = load_samples(path, tok, SampleRules(max_length=4096, strict=True))
     assert len(samples) == len(rows) and report.samples_out == len(rows)
     kinds = {
         "system": any(m["role"] == "system" for r in rows for m in r["messages"]),
@@ -397,12 +398,12 @@ def test_jsonl_and_dataset_give_identical_samples(tok, tmp_path):
     keys = sorted(set().union(*rows))  # Dataset.from_list takes its columns from the first row only
     from_list = datasets.Dataset.from_list([{k: r.get(k) for k in keys} for r in rows])
     from_json = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf"))
-    ref, _ = load_samples(path, tok, max_length=4096)
+    ref, _ = load_samples(path, tok, SampleRules(max_length=4096))
     saved = tmp_path / "saved"
     from_list.save_to_disk(str(saved))
     from_list.to_parquet(str(tmp_path / "rows.parquet"))
     for ds in (from_list, from_json, saved, tmp_path / "rows.parquet", datasets.DatasetDict(train=from_list)):
-        got, report = load_samples(ds, tok, max_length=4096)
+        got, report = load_samples(ds, tok, SampleRules(max_length=4096))
         assert len(got) == len(ref) and not report.issues
         assert all(same(a, b) for a, b in zip(ref, got))
     # without ids, the same source_name gives the same derived ids
@@ -411,8 +412,8 @@ def test_jsonl_and_dataset_give_identical_samples(tok, tmp_path):
     bare_path.write_text("".join(json.dumps(r) + "\n" for r in bare))
     bare_ds = datasets.Dataset.from_list([{"messages": r["messages"], "tools": r.get("tools")} for r in bare])
     for policy in ("index", "content"):
-        a, _ = load_samples(bare_path, tok, max_length=4096, source_name="s", id_policy=policy)
-        b, _ = load_samples(bare_ds, tok, max_length=4096, source_name="s", id_policy=policy)
+        a, _ = load_samples(bare_path, tok, SampleRules(max_length=4096, id_policy=policy), source_name="s")
+        b, _ = load_samples(bare_ds, tok, SampleRules(max_length=4096, id_policy=policy), source_name="s")
         assert all(same(x, y) for x, y in zip(a, b)) and len(a) == 5
 
 
@@ -453,7 +454,7 @@ def conversations(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(msgs=conversations())
 def test_property_spans_are_exactly_the_assistant_messages(tok, msgs):
-    samples, report = load_samples([{"messages": msgs}], tok, max_length=100_000)
+    samples, report = load_samples([{"messages": msgs}], tok, SampleRules(max_length=100_000))
     expected = expected_assistant(msgs)
     if not expected:
         assert not samples and len(report.no_supervised_token) == 1

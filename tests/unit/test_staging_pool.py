@@ -18,7 +18,7 @@ import threading
 import pytest
 import torch
 
-from hs_dataset.sglang.client.backend import _read_dump
+from hs_dataset.sglang.client.dumps import _read_dump
 from hs_dataset.wire import dump, spares
 from hs_dataset.wire.spares import SPARE_DIR, hand_back_dump
 from hs_dataset.sglang.server.staging import StagingDir

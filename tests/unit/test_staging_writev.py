@@ -175,7 +175,7 @@ def test_fp8_dump_is_half_the_bytes_and_decodes_within_fp8_error(tmp_path):
 
 
 def test_client_hands_fp8_dumps_on_encoded(tmp_path):
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
     from hs_dataset.sample import CapturedSample, TokenizedSample
 
     core = _core(tmp_path, storage="fp8")
@@ -186,21 +186,21 @@ def test_client_hands_fp8_dumps_on_encoded(tmp_path):
         _extend(core, [5], ["hs-r1-1-5"], [0], aux, final, ids)
     finally:
         core.close()
-    backend = SGLangBackend("http://unused", model_path=str(tmp_path), aux_layer_ids=IDS, dtype="bfloat16", probe=False)
+    expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.bfloat16)
     sample = TokenizedSample("s0", ids, torch.ones(5, dtype=torch.bool))
     path = str(tmp_path / "stage" / "hs-r1-1-5.safetensors")
-    got = backend._load_and_check(path, path + ".none", "hs-r1-1-5", sample)
+    got = check_dump(path, "hs-r1-1-5", sample, expected)
     assert isinstance(got, CapturedSample), got
     assert got.aux_hidden_states.dtype == torch.float8_e4m3fn and got.aux_scale.shape == (5, K) and got.final_scale.shape == (5,)
     q, s = encode_state(aux.view(5, K, H), ENCODINGS[fp8.FP8_ENCODING])
     assert torch.equal(got.aux_hidden_states.view(torch.uint8), q.view(torch.uint8)) and torch.equal(got.aux_scale, s)
-    backend.dtype = torch.float16  # a dump of another model dtype is refused, not reinterpreted
-    assert "expected torch.float16" in backend._load_and_check(path, path + ".none", "hs-r1-1-5", sample).reason
+    expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.float16)  # a dump of another model dtype is refused, not reinterpreted
+    assert "expected torch.float16" in check_dump(path, "hs-r1-1-5", sample, expected).reason
 
 
 @pytest.mark.parametrize("storage", ["native", "fp8"])
 def test_the_client_checks_states_on_its_loader_thread_so_the_writer_does_not_scan_again(tmp_path, monkeypatch, storage):
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
     from hs_dataset.formats import ShardWriter, encoding
     from hs_dataset.sample import TokenizedSample
 
@@ -209,9 +209,9 @@ def test_the_client_checks_states_on_its_loader_thread_so_the_writer_does_not_sc
         _extend(core, [5], ["hs-r1-1-5"], [0], torch.randn(5, K * H).bfloat16(), torch.randn(5, H).bfloat16(), torch.arange(10, 15))
     finally:
         core.close()
-    backend = SGLangBackend("http://unused", model_path=str(tmp_path), aux_layer_ids=IDS, dtype="bfloat16", probe=False)
+    expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.bfloat16)
     path = str(tmp_path / "stage" / "hs-r1-1-5.safetensors")
-    got = backend._load_and_check(path, path + ".none", "hs-r1-1-5", TokenizedSample("s0", torch.arange(10, 15), torch.ones(5, dtype=torch.bool)))
+    got = check_dump(path, "hs-r1-1-5", TokenizedSample("s0", torch.arange(10, 15), torch.ones(5, dtype=torch.bool)), expected)
     scans = []
     monkeypatch.setattr(encoding, "_scan_finite", lambda state: scans.append(state) or True)
     with ShardWriter(tmp_path / "ds", {"aux_layer_ids": IDS, "hidden_size": H, "dtype": "bfloat16"}, storage=storage) as writer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from hs_dataset.sglang.client.backend import Endpoint, SGLangBackend
+from hs_dataset.sglang.client.backend import SGLangBackend
+from hs_dataset.sglang.client.endpoints import Endpoint
 
 __all__ = ["SGLangBackend", "Endpoint"]

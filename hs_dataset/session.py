@@ -1,0 +1,199 @@
+"""What a run opens from a card: the capture backend, the tokenizer, the manifest metadata and the samples.
+
+``build_dataset`` and ``stream`` both open a card here, so both capture exactly the
+samples the other would: the same rows, tokenized under the same rules, limited and
+split across ranks the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from hs_dataset.capture.base import CaptureBackend, CaptureInfo
+from hs_dataset.config import Card, HFBackendSection, load_card
+from hs_dataset.config.run import RunOptions
+from hs_dataset.dtypes import state_dtype_name
+from hs_dataset.errors import UsageError
+from hs_dataset.model.tokenizer import load_card_tokenizer, tokenizer_info
+from hs_dataset.regenerate.generator import Generator, HFGenerator
+from hs_dataset.sample import TokenizedSample
+from hs_dataset.sources.iterate import SampleRules, iter_samples
+from hs_dataset.sources.read_ahead import read_ahead
+from hs_dataset.sources.report import SourceReport
+from hs_dataset.sources.rows import RowSource
+
+__all__ = [
+    "CaptureSession", "as_card", "batches", "dataset_metadata", "limit_samples", "make_backend", "make_generator", "open_rows",
+    "partition", "resolve_source",
+]
+
+
+def as_card(card: Card | str | os.PathLike) -> Card:
+    """A card as given, or loaded by shipped name or ``.yaml`` path."""
+    return card if isinstance(card, Card) else load_card(card)
+
+
+def make_backend(
+    card: Card, *, model_path: str | None = None, device: str | None = None, servers: list[str] | None = None, batch_size: int | None = None
+) -> CaptureBackend:
+    """Instantiate the backend a card names (``hf`` in-process, ``sglang`` client); ``batch_size`` is the client's requests in flight."""
+    if isinstance(card.backend, HFBackendSection):
+        from hs_dataset.capture.hf import HFBackend
+
+        return HFBackend.from_card(card, model_path=model_path, device=device)
+    from hs_dataset.sglang.client.backend import SGLangBackend
+
+    return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
+
+
+def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, tokenizer: Any) -> Generator:
+    """The generator beside the capture backend: the same in-process model, or the same SGLang servers."""
+    model = getattr(backend, "model", None)
+    if model is not None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        return HFGenerator(model, pad_token_id=int(pad), model_fingerprint=info.model_fingerprint)
+    endpoints = getattr(backend, "endpoints", None)
+    if endpoints:
+        from hs_dataset.sglang.client.generate import SGLangGenerator
+
+        return SGLangGenerator(
+            [e.url for e in endpoints], concurrency=card.regenerate.concurrency,
+            request_timeout_s=getattr(backend, "request_timeout_s", 600.0), model_fingerprint=info.model_fingerprint,
+        )
+    raise UsageError(f"--regenerate needs the hf or sglang backend; {type(backend).__name__} cannot generate")
+
+
+def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+    """The manifest metadata: what every stored tensor means, and where it came from."""
+    return {
+        "config_name": card.name,
+        "config_fingerprint": card.fingerprint,
+        "model": {
+            "path": info.model_path,
+            "id": card.model.id,
+            "revision": info.model_revision,
+            "fingerprint": info.model_fingerprint,
+        },
+        "aux_layer_ids": list(info.aux_layer_ids),
+        "layer_convention": "hf_hidden_states_index",
+        "final_state": info.final_state,
+        "final_norm": {"kind": "rmsnorm", "eps": info.final_norm_eps},
+        "dtype": state_dtype_name(info.dtype),
+        "hidden_size": info.hidden_size,
+        "num_hidden_layers": info.num_hidden_layers,
+        "vocab_size": info.vocab_size,
+        "tokenizer": tokenizer_info,
+        "max_length": card.max_length,
+        "overflow": card.overflow,
+        "backend": {"name": info.backend, **info.backend_details},
+    }
+
+
+def resolve_source(card: Card, source: Any) -> Any:
+    """The source given, else the card's (``builtin:conversations``: the bundled file)."""
+    if source is not None:
+        return source
+    path = card.source.path
+    if path == "builtin:conversations":
+        from hs_dataset.sources import bundled_conversations_path
+
+        return bundled_conversations_path()
+    if not path:
+        raise UsageError(f"config {card.name!r} names no source data: pass --source PATH (JSONL or a saved datasets directory)")
+    return path
+
+
+def open_rows(card: Card, source: Any) -> RowSource:
+    """The source as rows: ``hf:`` names and saved splits take the card's subset/split/revision/streaming."""
+    from hs_dataset.sources import open_source
+    from hs_dataset.sources.iterate import line_byte_cap
+
+    src = card.source
+    hub = {"subset": src.subset, "split": src.split, "revision": src.revision, "streaming": src.streaming}
+    return open_source(source, max_line_bytes=line_byte_cap(card.max_length), hub=hub)
+
+
+def partition(samples: Iterable[TokenizedSample], rank: int, world_size: int) -> Iterator[TokenizedSample]:
+    """Deterministic split of the source order across ranks: sample k goes to rank k % world_size."""
+    for k, sample in enumerate(samples):
+        if k % world_size == rank:
+            yield sample
+
+
+def limit_samples(samples: Iterable[TokenizedSample], n: int | None) -> Iterator[TokenizedSample]:
+    """The first ``n`` samples (all when None)."""
+    for k, sample in enumerate(samples):
+        if n is not None and k >= n:
+            return
+        yield sample
+
+
+def batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[TokenizedSample]]:
+    """Consecutive windows of ``size`` samples in source order (the last one may be shorter)."""
+    batch: list[TokenizedSample] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class CaptureSession:
+    """One run's view of a card: backend, tokenizer, metadata and the sample stream, opened once.
+
+    ``card`` is the card with the run's card settings applied (batch size, shard size,
+    storage, paths): everything downstream reads them from it. The manifest metadata
+    records the card as given, since run settings do not change which dataset this is.
+    A backend passed in is the caller's to close; one the session made is closed by
+    :meth:`close` (or leaving the ``with`` block).
+    """
+
+    def __init__(self, card: Card, options: RunOptions, *, backend: CaptureBackend | None = None) -> None:
+        self.card = options.apply_to(card)
+        self.num_samples = options.num_samples
+        self.source = resolve_source(card, options.source)
+        self._own_backend = backend is None
+        self.backend: CaptureBackend | None = backend or make_backend(self.card)
+        try:
+            self.info = self.backend.info()
+            directory = Path(self.info.model_path)
+            self.tokenizer = load_card_tokenizer(self.card, directory)
+            self.metadata = dataset_metadata(card, self.info, tokenizer_info(self.tokenizer, directory))
+        except BaseException:
+            self.close()
+            raise
+
+    def open_rows(self) -> RowSource:
+        """The source's rows, opened anew (one pass)."""
+        return open_rows(self.card, self.source)
+
+    def samples(
+        self, rows: RowSource, *, report: SourceReport | None = None, strict: bool = False, rank: int = 0, world_size: int = 1, depth: int = 0,
+    ) -> Iterator[TokenizedSample]:
+        """The tokenized samples of ``rows`` under the card's rules, the first ``num_samples``, this rank's share.
+
+        ``depth`` > 0 tokenizes that many samples ahead on a thread (``read_ahead``).
+        """
+        card = self.card
+        rules = SampleRules(
+            max_length=card.max_length, overflow=card.overflow, strict=strict, vocab_size=self.info.vocab_size,
+            columns=card.source.columns, keep_conversation=card.regenerate.enabled,
+        )
+        samples = iter_samples(rows, self.tokenizer, rules, report=report)
+        return read_ahead(partition(limit_samples(samples, self.num_samples), rank, world_size), depth=depth)
+
+    def close(self) -> None:
+        """Close the backend the session made (a backend passed in is the caller's)."""
+        if self._own_backend and self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    def __enter__(self) -> "CaptureSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

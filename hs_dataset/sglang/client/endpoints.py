@@ -1,0 +1,63 @@
+"""The servers a capture client spreads its requests over: each one's health and load, and which to send to next."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+__all__ = ["Endpoint", "EndpointPicker"]
+
+MAX_COOLDOWN_S = 60.0  # a server failing again and again is still retried this often
+MAX_WAIT_S = 30.0  # the longest a sample waits for a server to come back before trying anyway
+
+
+@dataclass
+class Endpoint:
+    """One server: its URL, its staging directory and its health."""
+
+    url: str
+    staging_dir: str | None = None
+    version: str | None = None
+    uses_rids: bool = True
+    server_info: dict = field(default_factory=dict)
+    inflight: int = 0
+    failures: int = 0
+    down_until: float = 0.0
+    served: int = 0
+
+    def available(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def mark_down(self, cooldown_s: float) -> None:
+        """Out of rotation for a while: the cooldown doubles with each failure in a row (up to 16x, at most a minute)."""
+        self.failures += 1
+        self.down_until = time.monotonic() + min(MAX_COOLDOWN_S, cooldown_s * (2 ** min(self.failures - 1, 4)))
+
+
+class EndpointPicker:
+    """The least loaded available server, ties broken round-robin, avoiding the ones a sample already failed on."""
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, endpoints: Sequence[Endpoint], avoid: set[str]) -> Endpoint | None:
+        """An available server not in ``avoid`` (any available one if all are); ``None`` when all are down."""
+        now = time.monotonic()
+        ready = [e for e in endpoints if e.available(now) and e.url not in avoid] or [e for e in endpoints if e.available(now)]
+        if not ready:
+            return None
+        start = next(self._turn)
+        ordered = ready[start % len(ready) :] + ready[: start % len(ready)]
+        return min(ordered, key=lambda e: e.inflight)
+
+    async def pick_or_wait(self, endpoints: Sequence[Endpoint], avoid: set[str]) -> Endpoint | None:
+        """:meth:`pick`; when every server is down, wait for the first to come back (at most 30 s) and pick again."""
+        ep = self.pick(endpoints, avoid)
+        if ep is None:
+            wait = min(e.down_until for e in endpoints) - time.monotonic()
+            await asyncio.sleep(max(0.0, min(wait, MAX_WAIT_S)))
+            ep = self.pick(endpoints, set())
+        return ep

