@@ -80,7 +80,7 @@ def pinned_ceiling(nbytes: int, device: torch.device) -> tuple[float, float]:
 
 
 def run_steps(model: SyntheticPrefill, steps: int, tokens: int, requests: int, core=None, step_offset: int = 0) -> float:
-    from hs_dataset.sglang.server.core import BatchView
+    from hs_dataset.sglang.server.batch import BatchView
 
     per = tokens // requests
     device = model.w1[0].device
@@ -115,7 +115,8 @@ def main() -> None:
         print("no CUDA device: P4 needs a GPU (run it through the device tool); nothing measured")
         return
 
-    from hs_dataset.sglang.server.core import CaptureConfig, CaptureCore
+    from hs_dataset.sglang.server.config import CaptureConfig
+    from hs_dataset.sglang.server.core import CaptureCore
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True

@@ -506,7 +506,9 @@ class Client:
 def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None) -> Phase:
     """One (rate, storage) phase. ``copier``: the server's pinned-memory copier, shared across phases as one
     server process keeps it for its lifetime (so its pinned pool is allocated once, in the warm-up); None: a new one."""
-    from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
+    from hs_dataset.sglang.server.batch import BatchView
+    from hs_dataset.sglang.server.config import CaptureConfig
+    from hs_dataset.sglang.server.core import CaptureCore
 
     phase = Phase(rate, storage)
     device = model.w1[0].device

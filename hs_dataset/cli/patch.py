@@ -1,8 +1,9 @@
 """``hs-dataset patch check|apply|revert``: the source patch for SGLang <= 0.5.5.
 
-The work is done by hs_dataset.sglang.legacy.patch, which is standard
-library only so that it can also run (or be copied and run alone) inside the
-SGLang server's environment; this module only plugs it into ``hs-dataset``.
+The work is done by hs_dataset.sglang.legacy (its command line:
+hs_dataset.sglang.legacy.patch), which is standard library only so that it can also
+run as a script inside the SGLang server's environment; this module only plugs it
+into ``hs-dataset``.
 See docs/LEGACY_PATCH.md.
 """
 

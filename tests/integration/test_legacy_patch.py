@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.sglang.legacy import patch as lp
-from hs_dataset.sglang.legacy.patch import LegacyPatchError, PatchState
+from hs_dataset.sglang.legacy import edit as lp
+from hs_dataset.sglang.legacy.edit import LegacyPatchError, PatchState
 
 from tests.fixtures.paths import REPO  # noqa: E402
 CACHE = Path(os.environ.get("HS_DATASET_CACHE", "~/.cache/hs_dataset")).expanduser() / "sglang-wheels"

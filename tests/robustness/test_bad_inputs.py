@@ -712,6 +712,7 @@ MECHANISM_CASES = {
 @pytest.mark.parametrize("name", list(MECHANISM_CASES))
 def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
     from hs_dataset.sglang.launch import plan as serve
+    from hs_dataset.sglang.launch import probe
 
     version, layer_source, archs, match = MECHANISM_CASES[name]
     sglang_dir = tmp_path / "env" / "sglang"
@@ -719,7 +720,7 @@ def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
     if layer_source is not None:
         (sglang_dir / "srt" / "models" / "deepseek_v2.py").write_text(layer_source)
     info = {"sglang": version, "hs_dataset": True, "sgl_kernel": None, "sglang_dir": str(sglang_dir)}
-    monkeypatch.setattr(serve, "_probe_server_env", lambda python: dict(info))
+    monkeypatch.setattr(probe, "probe_server_env", lambda python: dict(info))
     monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": archs, "num_hidden_layers": 8})
     from hs_dataset.config import load_card
 

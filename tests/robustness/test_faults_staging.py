@@ -40,10 +40,13 @@ from safetensors.torch import save
 
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample, TokenizedSample
-from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
+from hs_dataset.sglang.server.batch import BatchView
+from hs_dataset.sglang.server.config import CaptureConfig
+from hs_dataset.sglang.server.core import CaptureCore
 from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
 from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
-from hs_dataset.sglang.server.staging import StagingDir, StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.sglang.server.staging import StagingDir
+from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_private_dir
 
 from tests.unit.test_sglang_capture_core import IDS, H, K, fake_batch, make_core, states
 

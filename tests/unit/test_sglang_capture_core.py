@@ -21,10 +21,14 @@ from safetensors import safe_open
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.wire import layer_ids as L
 from hs_dataset.wire.sglang_version import parse_version
-from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore, content_key
+from hs_dataset.sglang.server.batch import BatchView
+from hs_dataset.sglang.server.config import CaptureConfig
+from hs_dataset.sglang.server.core import CaptureCore
 from hs_dataset.wire.dump import refused_name
-from hs_dataset.wire.rid import make_rid, validate_rid
-from hs_dataset.sglang.server.staging import StagingBudget, StagingDir, StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.wire.rid import content_key, make_rid, validate_rid
+from hs_dataset.sglang.server.budget import StagingBudget
+from hs_dataset.sglang.server.staging import StagingDir
 
 K, H = 3, 8
 IDS = [2, 3, 4]

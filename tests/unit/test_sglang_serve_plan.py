@@ -7,6 +7,8 @@ import json
 import pytest
 
 from hs_dataset.sglang.launch import plan as serve
+from hs_dataset.sglang.launch import probe
+from hs_dataset.sglang.launch.errors import ServeError
 
 
 OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        return hidden_states, residual\n"
@@ -23,7 +25,7 @@ def fake_sglang(root, layer_source: str = OLD_LAYER) -> str:
 @pytest.fixture
 def fake_env(monkeypatch, tmp_path):
     info = {"sglang": "0.5.23", "hs_dataset": True, "sgl_kernel": None, "sglang_dir": fake_sglang(tmp_path / "env")}
-    monkeypatch.setattr(serve, "_probe_server_env", lambda python: dict(info))
+    monkeypatch.setattr(probe, "probe_server_env", lambda python: dict(info))
     return info
 
 
@@ -80,10 +82,10 @@ def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
     assert {s["target_modules"][0] for s in specs if s["name"].startswith("hs_capture_aux")} == {"model.layers.1", "model.layers.2", "model.layers.3"}
     assert "--disable-prefill-cuda-graph" not in plan.argv
     fake_env.update(sglang="0.5.5")
-    with pytest.raises(serve.ServeError, match="hs-dataset patch"):
+    with pytest.raises(ServeError, match="hs-dataset patch"):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
     fake_env.update(sglang="0.4.10")
-    with pytest.raises(serve.ServeError):
+    with pytest.raises(ServeError):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
 
 
@@ -91,7 +93,7 @@ def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path)
     from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang").with_overrides(layers={"aux": [1, 2]})
-    with pytest.raises(serve.ServeError, match="start with 1"):
+    with pytest.raises(ServeError, match="start with 1"):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
 
 
@@ -186,7 +188,7 @@ def test_fewer_usable_cores_than_ranks_is_refused(fake_env, monkeypatch, tmp_pat
     monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
     monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1])
     card = _tiny_card(tp=2, args=["--pp-size", "2"])
-    with pytest.raises(serve.ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"):
+    with pytest.raises(ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
 
 
@@ -201,7 +203,7 @@ NEW_LAYER_TP = (
 def test_layer_hooks_under_tp_names_the_partial_sum_and_aux_return(fake_env, tmp_path, tp):
     """0.5.23's layers defer the TP all-reduce (an OwedOutput): the refusal says so under TP, never 'CUDA graph'."""
     fake_env.update(sglang_dir=fake_sglang(tmp_path / "new", NEW_LAYER_TP))
-    with pytest.raises(serve.ServeError) as err:
+    with pytest.raises(ServeError) as err:
         serve.plan_server(_tiny_card(tp=tp, mechanism="layer_hooks"), staging_dir=str(tmp_path / "st"))
     msg = str(err.value)
     assert "returns `(hidden_states, topk_indices)`" in msg and "'aux_return'" in msg and "CUDA graph" not in msg

@@ -23,7 +23,9 @@ from safetensors.torch import load, save
 from hs_dataset.formats.encoding import ENCODINGS, decode_state, encode_state
 from hs_dataset.wire import fp8, safetensors_header
 from hs_dataset.sglang.server import staging as staging_mod
-from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
+from hs_dataset.sglang.server.batch import BatchView
+from hs_dataset.sglang.server.config import CaptureConfig
+from hs_dataset.sglang.server.core import CaptureCore
 from hs_dataset.sglang.server.copier import host_bytes
 from hs_dataset.sglang.server.staging import StagingDir
 

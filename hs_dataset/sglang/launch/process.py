@@ -9,7 +9,8 @@ import time
 import urllib.error
 import urllib.request
 
-from hs_dataset.sglang.launch.plan import ServeError, ServerPlan
+from hs_dataset.sglang.launch.errors import ServeError
+from hs_dataset.sglang.launch.plan import ServerPlan
 from hs_dataset.wire.private_dir import ensure_private_dir
 
 __all__ = ["ServerProcess", "launch"]

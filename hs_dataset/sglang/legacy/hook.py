@@ -1,11 +1,11 @@
-"""Adapter between the SGLang <= 0.5.5 source patch (``legacy_patch.py``) and the capture core.
+"""Adapter between the SGLang <= 0.5.5 source patch (:mod:`hs_dataset.sglang.legacy.patch`) and the capture core.
 
 The patched ``DeepseekV2Model.forward`` calls :func:`wants` at the start of a pass
 and :func:`on_forward` after the layer loop, with the aux states it captured
 (``hidden_states + residual`` entering each layer in ``layer_ids`` = HF
 ``hidden_states`` indexes) and the pre-norm final state. Configuration comes from
 ``HS_CAPTURE_*`` environment variables (``HS_CAPTURE_STAGING_DIR``,
-``HS_CAPTURE_LAYER_IDS``, ... see :class:`~hs_dataset.sglang.server.core.CaptureConfig`).
+``HS_CAPTURE_LAYER_IDS``, ... see :class:`~hs_dataset.sglang.server.config.CaptureConfig`).
 
 SGLang 0.5.5's ForwardBatch has no request ids, so dumps are named by content key
 (``ck-`` + sha256 of the prompt's int64 ids; the client computes the same) and
@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
+from hs_dataset.sglang.server.batch import BatchView
+from hs_dataset.sglang.server.config import CaptureConfig
+from hs_dataset.sglang.server.core import CaptureCore
 
 __all__ = ["wants", "on_forward"]
 

@@ -8,9 +8,13 @@ side, because the server runs in its own environment (``make sglang-env``);
 imports nothing.
 
 * :mod:`.hooks` -- ``--forward-hooks`` factories (SGLang 0.5.9+), one runtime per process;
-* :mod:`.core` -- the capture core (EXTEND filter, per-request split, chunk assembly,
-  refusals, writer threads);
-* :mod:`.staging` -- the private staging directory, atomic writes, the budget;
+* :mod:`.config` -- :class:`~.config.CaptureConfig`, from the hook config or ``HS_CAPTURE_*`` env vars;
+* :mod:`.core` -- the capture core (EXTEND filter, chunk assembly, refusals, flush/close);
+* :mod:`.batch` -- a forward pass as the core sees it, split into per-request rows;
+* :mod:`.states` -- the pass's states checked into one layout (and fp8-quantized);
+* :mod:`.dump_writer` -- the writer threads: header + tensor bytes in one ``writev``;
+* :mod:`.staging` -- the private staging directory: atomic writes, spares, refusals, sweeping;
+* :mod:`.budget` -- the bounded staging budget and its background meter;
 * :mod:`.copier` -- device -> host copies (pinned pool + side stream on CUDA).
 
 The SGLang <= 0.5.5 source patch calls the same core through :mod:`hs_dataset.sglang.legacy.hook`.

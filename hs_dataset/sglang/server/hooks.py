@@ -10,7 +10,7 @@ siblings of this package only. ``hs-dataset serve`` writes the hook specs; by ha
        "hook_factory": "hs_dataset.sglang.server.hooks:model_hook", "config": CFG}]'
 
 (``model`` -> ``language_model.model`` for Kimi-K2.5.) All specs of one server must carry
-the same ``CFG`` (see :class:`~hs_dataset.sglang.server.core.CaptureConfig`).
+the same ``CFG`` (see :class:`~hs_dataset.sglang.server.config.CaptureConfig`).
 
 Mechanisms (``CFG["mechanism"]``):
 
@@ -42,7 +42,9 @@ from typing import Any, Mapping
 import torch
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.sglang.server.core import BatchView, CaptureConfig, CaptureCore
+from hs_dataset.sglang.server.batch import BatchView
+from hs_dataset.sglang.server.config import CaptureConfig
+from hs_dataset.sglang.server.core import CaptureCore
 from hs_dataset.wire.layer_outputs import layer_hooks_problem
 
 __all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]

@@ -1,0 +1,63 @@
+"""Facts about the server's Python and the SGLang installed there, read without importing SGLang here.
+
+The server runs in its own environment (``make sglang-env``), so what it has installed
+is asked of its interpreter (:func:`probe_server_env`: one short subprocess), and the
+source of an installed SGLang module is read from its file (:func:`installed_source`),
+never imported into this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from hs_dataset.sglang.launch.errors import ServeError
+
+__all__ = ["probe_server_env", "installed_source"]
+
+_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, json, os\n"
+    "out = {'sglang': None}\n"
+    "try:\n    out['sglang'] = m.version('sglang')\nexcept m.PackageNotFoundError:\n    pass\n"
+    "out['hs_dataset'] = u.find_spec('hs_dataset') is not None\n"
+    "s = u.find_spec('sgl_kernel')\nout['sgl_kernel'] = s.origin if s else None\n"
+    "s = u.find_spec('sglang')\nout['sglang_dir'] = os.path.dirname(s.origin) if s and s.origin else None\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def probe_server_env(python: str) -> dict:
+    """``{"sglang": version, "hs_dataset": importable, "sgl_kernel": path or None, "sglang_dir": path or None}``.
+
+    :class:`ServeError` where the interpreter is missing, fails, or has no SGLang.
+    """
+    if not os.path.exists(python):
+        raise ServeError(f"server Python {python} does not exist: run `make sglang-env` (or set HS_SGLANG_PYTHON)")
+    try:
+        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ServeError(f"cannot run the server Python {python}: {exc}") from None
+    if res.returncode != 0:
+        raise ServeError(f"the server Python {python} failed: {res.stderr.strip()[-500:]}")
+    info = json.loads(res.stdout.strip().splitlines()[-1])
+    if not info.get("sglang"):
+        raise ServeError(f"sglang is not installed in {python}: run `make sglang-env`")
+    return info
+
+
+def installed_source(sglang_dir: str | None) -> Callable[[str, str], str | None]:
+    """``read_source`` for :func:`~hs_dataset.wire.layer_outputs.layer_hooks_problem`: a module's file in the server env, unimported."""
+
+    def read(module: str, class_name: str) -> str | None:
+        if not sglang_dir or not module.startswith("sglang."):
+            return None
+        path = Path(sglang_dir, *module.split(".")[1:]).with_suffix(".py")
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    return read

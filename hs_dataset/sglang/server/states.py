@@ -1,0 +1,78 @@
+"""The states of one forward pass: checked into one layout, and quantized for fp8 storage.
+
+Runs inside SGLang scheduler processes (stdlib and torch only). The glue hands over
+the aux states as SGLang made them -- ``[N, K*H]`` packed, ``[N, K, H]``, or ``K``
+tensors ``[N, H]`` -- and the pre-norm final state ``[N, H]``;
+:func:`normalize_states` turns them into ``[N, K, H]`` + ``[N, H]`` views (no copy
+where SGLang packed them) or says, as :class:`UnusableStates`, why they cannot be
+used. :func:`pass_states` then quantizes the whole pass at once where the card stores
+fp8, so each request's rows are plain slices of the result.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from hs_dataset.errors import HsDatasetError
+from hs_dataset.wire.fp8 import quantize_fp8_per_token
+
+__all__ = ["UnusableStates", "normalize_states", "pass_states"]
+
+
+class UnusableStates(HsDatasetError):
+    """The pass's states cannot be stored; the message is the refusal reason of every request of ours in it.
+
+    Caught by the capture core, which refuses those requests: it never reaches SGLang.
+    """
+
+
+def normalize_states(
+    aux: torch.Tensor | Sequence[torch.Tensor] | None,
+    final: torch.Tensor | None,
+    layer_ids: Sequence[int],
+    total_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(aux [N, K, H], final [N, H])`` for the ``K = len(layer_ids)`` configured layers, or :class:`UnusableStates`."""
+    k = len(layer_ids)
+    if final is None:
+        raise UnusableStates("no pre-norm final state was captured for this pass")
+    if aux is None:
+        raise UnusableStates("no aux hidden states were captured for this pass (is aux capture enabled on the server?)")
+    if final.dim() != 2:
+        raise UnusableStates(f"pre-norm final state has shape {tuple(final.shape)}, expected [tokens, hidden]")
+    h = final.shape[1]
+    if isinstance(aux, (list, tuple)):
+        if len(aux) != k:
+            raise UnusableStates(f"captured {len(aux)} aux layers, configured {k} ({list(layer_ids)})")
+        aux = torch.stack([a.reshape(a.shape[0], -1) for a in aux], dim=1)
+    if aux.dim() == 2:
+        if aux.shape[1] != k * h:
+            raise UnusableStates(
+                f"aux hidden states are {aux.shape[1]} wide, expected {k} layers x {h} = {k * h}: the server "
+                f"captures a different number of layers than configured ({list(layer_ids)})"
+            )
+        aux = aux.view(aux.shape[0], k, h)
+    if aux.dim() != 3 or aux.shape[1] != k or aux.shape[2] != h:
+        raise UnusableStates(f"aux hidden states have shape {tuple(aux.shape)}, expected [tokens, {k}, {h}]")
+    if aux.shape[0] < total_rows or final.shape[0] < total_rows:
+        raise UnusableStates(
+            f"states cover {min(aux.shape[0], final.shape[0])} tokens but the batch extends {total_rows}: "
+            "the states are token-scattered across ranks (DP-attention / sequence-parallel layouts are not supported)"
+        )
+    return aux, final
+
+
+def pass_states(aux: torch.Tensor, final: torch.Tensor, total_rows: int, fp8: bool) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """The tensors each request's rows are sliced from, and the names of those made here (``owned``: no snapshot needed).
+
+    With ``fp8``, one quantization for the whole pass, on the device: per-token scales
+    make it row-wise, so each request's rows of the result are its own encoding.
+    """
+    if not fp8:
+        return {"aux": aux, "final": final}, ()
+    aux_q, aux_s = quantize_fp8_per_token(aux[:total_rows])
+    final_q, final_s = quantize_fp8_per_token(final[:total_rows])
+    states = {"aux": aux_q, "aux_scale": aux_s, "final": final_q, "final_scale": final_s}
+    return states, tuple(states)
