@@ -43,6 +43,7 @@ from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.sglang.server.batch import BatchView
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.core import CaptureCore
+from hs_dataset.wire.status import is_status_name, status_name
 from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
 from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
 from hs_dataset.sglang.server.staging import StagingDir
@@ -50,6 +51,11 @@ from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_
 
 from tests.unit.test_sglang_capture_core import IDS, H, K, fake_batch, make_core, states
 
+
+
+def listing(path) -> list[str]:
+    """A staging dir's entries, sorted, without the hooks' status file (the core keeps one there)."""
+    return sorted(n for n in os.listdir(path) if not is_status_name(n))
 
 def tree(root) -> dict[str, str]:
     """Every path under root (relative) -> kind; symlinks are not followed."""
@@ -212,8 +218,8 @@ def test_hostile_rids_write_nothing_anywhere(tmp_path, mode):
         else:
             extend(core, lens, rids, missing_reason="the final-norm hook did not fire")
             expected = ["hs-r1-1-3.refused.json"]
-        assert sorted(os.listdir(tmp_path / "stage")) == expected
-        assert sorted(tree(tmp_path)) == ["stage"] + [f"stage/{e}" for e in expected]
+        assert listing(tmp_path / "stage") == expected
+        assert sorted(tree(tmp_path)) == ["stage"] + sorted([f"stage/{e}" for e in expected] + ["stage/" + status_name("dp0")])
         assert set(os.listdir(watched)) == before_outside
         assert not os.path.exists("/tmp/hs-evil") and not os.path.exists("/tmp/hs-r1-1-3")
         assert core.stats["invalid_rids"] == n - 1 and core.stats["foreign_skipped"] == 1  # "/tmp/..." lacks the prefix
@@ -369,7 +375,7 @@ def test_sustained_back_pressure_is_bounded_and_loses_nothing(tmp_path):
         stop.set()
         for t in threads:
             t.join()
-    left = set(os.listdir(stage))
+    left = set(listing(stage))
     refused = {r for r in rids if f"{r}.refused.json" in left}
     dumped = {r for r in rids if f"{r}.safetensors" in left or f"{r}.safetensors" in drained}
     header_slack = 1024 * peak["files"]  # the budget reserves tensor bytes; each file adds its JSON header (~0.5 KB)
@@ -427,7 +433,7 @@ def test_disk_full_in_the_server_dump_write(tmp_path, monkeypatch, what_fails):
     _enospc_for(stage, names, monkeypatch)
     try:
         extend(core, [3, 4], ["hs-r1-1-3", "hs-r1-2-4"])
-        left = sorted(os.listdir(stage))
+        left = listing(stage)
         if what_fails.startswith("dump"):
             assert left == ["hs-r1-1-3.refused.json", "hs-r1-2-4.refused.json"]
             reason = json.loads((tmp_path / "stage" / left[0]).read_text())["reason"]
@@ -437,7 +443,7 @@ def test_disk_full_in_the_server_dump_write(tmp_path, monkeypatch, what_fails):
         assert core.budget.snapshot()["inflight_bytes"] == 0
         monkeypatch.undo()  # space is freed: the next request is stored
         extend(core, [3], ["hs-r1-3-3"])
-        assert "hs-r1-3-3.safetensors" in os.listdir(stage)
+        assert "hs-r1-3-3.safetensors" in listing(stage)
     finally:
         monkeypatch.undo()
         core.close()
@@ -502,7 +508,7 @@ def test_sweeper_cleans_a_crashed_runs_leftovers_but_not_young_files_nor_symlink
     os.utime(stage / "notes.txt", (old, old))
     try:
         core.sweep()
-        assert sorted(os.listdir(stage)) == ["hs-r1-4-3.safetensors", "hs-r1-5-3.safetensors", "notes.txt"]
+        assert listing(stage) == ["hs-r1-4-3.safetensors", "hs-r1-5-3.safetensors", "notes.txt"]
         assert outside.read_bytes() == b"precious"
     finally:
         core.close()
@@ -520,4 +526,4 @@ def test_client_close_deletes_late_dumps_of_abandoned_requests(tmp_path):
         (stage / "hs-b-1-3.safetensors").write_bytes(b"another client's")
     finally:
         be.close()
-    assert sorted(os.listdir(stage)) == ["hs-b-1-3.safetensors"]
+    assert listing(stage) == ["hs-b-1-3.safetensors"]

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.wire import layer_ids as L
 from hs_dataset.wire.sglang_version import parse_version
+from hs_dataset.wire.status import is_status_name
 from hs_dataset.sglang.server.batch import BatchView
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.core import CaptureCore
@@ -72,7 +73,8 @@ def make_core(tmp_path, **overrides):
 
 
 def files(core):
-    return sorted(os.listdir(core.config.staging_dir))
+    """The dumps and refusal markers (and strangers) in the staging dir; not the hooks' status file."""
+    return sorted(n for n in os.listdir(core.config.staging_dir) if not is_status_name(n))
 
 
 def read(core, rid):

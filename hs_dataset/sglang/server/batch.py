@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from hs_dataset.wire.rid import RID_RE
+from hs_dataset.wire.status import RECENT_IDS
 
 __all__ = ["BatchView", "RequestSlice", "BatchSplit", "split_requests"]
 
@@ -66,6 +67,7 @@ class BatchSplit:
     requests: int  # requests in the pass
     rows: int  # rows the pass extends, over all its requests
     foreign: int = 0  # rids without our prefix (warm-up, health checks, other clients)
+    foreign_rids: list[str] = field(default_factory=list)  # the first few of them, as strings (for the status file)
     invalid_rids: list[str] = field(default_factory=list)  # our prefix, but not hs-<run>-<seq>-<T>
 
 
@@ -84,6 +86,8 @@ def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> Bat
             key = rids[i]
             if not isinstance(key, str) or not key.startswith(rid_prefix):
                 split.foreign += 1
+                if len(split.foreign_rids) < RECENT_IDS:
+                    split.foreign_rids.append(str(key)[:120])
             elif RID_RE.match(key) is None:
                 split.invalid_rids.append(key)
             else:

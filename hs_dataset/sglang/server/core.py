@@ -47,6 +47,7 @@ from hs_dataset.sglang.server.budget import StagingBudget
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.copier import HostCopier, HostPiece
 from hs_dataset.sglang.server.dump_writer import DumpJob, DumpWriter
+from hs_dataset.sglang.server.reporter import StatusReporter
 from hs_dataset.sglang.server.staging import StagingDir
 from hs_dataset.sglang.server.states import UnusableStates, normalize_states, pass_states
 from hs_dataset.wire.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
@@ -113,7 +114,11 @@ class CaptureCore:
         extra_metadata: Mapping[str, str] | None = None,
         copier: HostCopier | None = None,
         start_threads: bool = True,
+        status_writer: str = "dp0",
+        facts: Mapping[str, object] | None = None,
     ) -> None:
+        """``status_writer``: this process's name in the status file (``dp<attention-DP rank>``); ``facts``: what the
+        glue read of the SGLang it runs in, reported there (``wire/status.py``)."""
         self.config = config
         self.sglang_version = str(sglang_version)
         self.extra_metadata = dict(extra_metadata or {})
@@ -131,11 +136,17 @@ class CaptureCore:
             "refused": 0,
             "max_batch_requests": 0,
             "chunks_assembled": 0,
+            "hook_errors": 0,
         }
+        self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
+            "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
+            "hf_aux_layer_ids": list(config.hf_aux_layer_ids), "content_keys": bool(config.content_keys),
+        })
         self.verified: dict | None = None
         self.writer = DumpWriter(
             config, self.staging, self.budget,
             sglang_version=self.sglang_version, extra_metadata=self.extra_metadata, stats=self.stats, refuse=self._refuse,
+            written=self.reporter.recent_dumps.append,
         )
         self._lock = threading.Lock()
         self._assemblies: dict[str, _Assembly] = {}
@@ -148,6 +159,7 @@ class CaptureCore:
             self._sweeper = threading.Thread(target=self._sweeper_loop, name="hs-dump-sweeper", daemon=True)
             self._sweeper.start()
             self.budget.start_meter(name_os_thread)  # the forward thread never scans the directory
+            self.reporter.start(name_os_thread)
 
     # ------------------------------------------------------------------ forward thread
 
@@ -207,6 +219,7 @@ class CaptureCore:
         """The pass's requests in the stats; the first invalid rids in the log."""
         self.stats["max_batch_requests"] = max(self.stats["max_batch_requests"], split.requests)
         self.stats["foreign_skipped"] += split.foreign
+        self.reporter.recent_foreign.extend(split.foreign_rids)
         self.stats["invalid_rids"] += len(split.invalid_rids)
         for rid in split.invalid_rids:
             if self._warned_invalid < _INVALID_RID_WARNINGS:
@@ -329,8 +342,14 @@ class CaptureCore:
             p.release()
         self.budget.release(asm.reserved, 1)
 
+    def hook_failed(self, message: str) -> None:
+        """The glue's hook raised (the forward went on): counted and reported, so a waiting client can say why."""
+        self.stats["hook_errors"] += 1
+        self.reporter.error(message)
+
     def _refuse(self, rid: str, reason: str) -> None:
         self.stats["refused"] += 1
+        self.reporter.recent_refused.append(rid)
         logger.warning("hs_dataset capture: refused %s: %s", rid, reason)
         if not rid or RID_RE.match(rid) is None:
             return
@@ -375,4 +394,5 @@ class CaptureCore:
         if self._sweeper is not None:
             self._sweeper.join(timeout=5)  # a sweep in progress finishes before its fd closes
         self.budget.stop_meter()  # likewise its scan
+        self.reporter.stop()
         self.staging.close()

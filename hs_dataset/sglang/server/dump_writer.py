@@ -62,8 +62,10 @@ class DumpWriter:
         extra_metadata: Mapping[str, str],
         stats: dict,
         refuse: Callable[[str, str], None],
+        written: Callable[[str], None] = lambda rid: None,
     ) -> None:
-        """``stats``: the core's counters (dumps written, their bytes), updated here; ``refuse``: the core's refusal."""
+        """``stats``: the core's counters (dumps written, their bytes), updated here; ``refuse``: the core's refusal;
+        ``written(rid)``: told of each dump published (the status file lists the last few)."""
         self.config = config
         self.staging = staging
         self.budget = budget
@@ -71,6 +73,7 @@ class DumpWriter:
         self.extra_metadata = dict(extra_metadata)
         self.stats = stats
         self._refuse = refuse
+        self._written = written
         self._queue: "queue.Queue[DumpJob | None]" = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._pending = 0
@@ -149,6 +152,7 @@ class DumpWriter:
             self.budget.committed(job.reserved, 1)
             self.stats["dumps_written"] += 1
             self.stats["dump_bytes"] += size
+            self._written(job.rid)
         else:  # a dump for this rid already exists (the request was prefilled twice): keep the first
             self.budget.release(job.reserved, 1)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import threading
 from typing import Any, Mapping
 
@@ -113,6 +114,40 @@ def _attention_ranks() -> tuple[int, int, str]:
     return int(get_tensor_model_parallel_rank()), 0, "tensor_parallel"
 
 
+ALLOW_PREFILL_GRAPH_ENV = "HS_CAPTURE_ALLOW_PREFILL_GRAPH"  # "1": start even with a prefill CUDA graph on (diagnostics only)
+
+
+def forward_batch_rids() -> bool | None:
+    """Whether the loaded ``ForwardBatch`` carries request ids (a field ``rids``); ``None`` if it cannot be found.
+
+    Read from the class this server imported, not from its version: without rids the
+    hooks key dumps by content, and the client must know which (the status file says).
+    """
+    try:
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    except Exception:
+        return None
+    fields = getattr(ForwardBatch, "__dataclass_fields__", None)
+    return "rids" in (fields if fields is not None else getattr(ForwardBatch, "__annotations__", {}))
+
+
+def prefill_cuda_graph(args: Any) -> str:
+    """``on``, ``off``, ``absent`` (this SGLang has no prefill CUDA graph) or ``unknown``, from the resolved server args.
+
+    A prefill replayed in a CUDA graph runs no Python hook at all (SGLang 0.5.14 by default)
+    or only the outer model's (0.5.15+: no final-norm or layer hook), so capture cannot work.
+    """
+    if args is None:
+        return "unknown"
+    backend = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", None)
+    if backend is not None:
+        return "off" if str(getattr(backend, "value", backend)).lower() in ("disabled", "backend.disabled") else "on"
+    if hasattr(args, "disable_prefill_cuda_graph"):
+        off = bool(getattr(args, "disable_prefill_cuda_graph", False) or getattr(args, "disable_cuda_graph", False))
+        return "off" if off else "on"
+    return "absent"
+
+
 def check_server_args(args: Any, mechanism: str) -> list[str]:
     """Problems that make captured states partial or token-scattered (empty list: fine)."""
     if args is None:
@@ -147,7 +182,14 @@ class _Runtime:
         self.raw_config = {k: v for k, v in dict(config).items() if k != "hook_hf_id"}
         self.config = CaptureConfig.from_sources(self.raw_config)
         self.version = sglang_version()
-        problems = check_server_args(_server_args(), self.config.mechanism)
+        args = _server_args()
+        self.facts = {"forward_batch_rids": forward_batch_rids(), "prefill_cuda_graph": prefill_cuda_graph(args)}
+        problems = check_server_args(args, self.config.mechanism)
+        if self.facts["prefill_cuda_graph"] == "on" and os.environ.get(ALLOW_PREFILL_GRAPH_ENV) != "1":
+            problems.append(
+                "the prefill runs in a CUDA graph, which replays the model without running the capture hooks; start the "
+                "server with --disable-prefill-cuda-graph (hs-dataset serve passes it; decode graphs stay on)"
+            )
         if problems:
             raise SetupError(
                 "hs_dataset capture cannot produce complete hidden states with this server set-up: "
@@ -167,6 +209,10 @@ class _Runtime:
             list(self.config.hf_aux_layer_ids),
             self.config.staging_dir,
         )
+        try:
+            self.writes()  # now, so the status file is there before the first request (the client reads its facts)
+        except Exception:  # pragma: no cover -- parallel state not ready: decided at the first pass instead
+            self._writes = None
 
     def writes(self) -> bool:
         if self._writes is None:
@@ -177,6 +223,8 @@ class _Runtime:
                     self.config,
                     sglang_version=self.version,
                     extra_metadata={"attn_dp_rank": str(dp)},
+                    status_writer=f"dp{dp}",
+                    facts=self.facts,
                 )
             logger.info(
                 "hs_dataset capture: attention-TP rank %d, DP rank %d (%s): %s",
@@ -257,8 +305,10 @@ class _Runtime:
     def guard(self, fn, *args) -> None:
         try:
             fn(*args)
-        except Exception:
+        except Exception as exc:
             self._errors += 1
+            if self.core is not None:
+                self.core.hook_failed(f"{type(exc).__name__}: {exc}")
             if self._errors <= 10:
                 logger.exception("hs_dataset capture: hook failed (the forward pass goes on; affected requests get no dump)")
 
