@@ -24,7 +24,8 @@ from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import UsageError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import atomic_write_bytes
-from hs_dataset.formats.writer import ShardWriter, WriterReport
+from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.formats.writer_session import WriterReport
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.read_ahead import read_ahead
 

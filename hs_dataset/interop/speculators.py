@@ -107,14 +107,15 @@ def write_token_freq(dest: Path, freq: dict[int, int]) -> None:
 
 def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.formats.safetensors_layout import build_header
+    from hs_dataset.wire.safetensors_header import dump_header
 
     entries = [
         ("token_ids", "I64", tuple(token_ids.shape), token_ids.numel() * 8),
         ("hidden_states", safetensors_dtype(hidden_states.dtype), tuple(hidden_states.shape), hidden_states.numel() * hidden_states.element_size()),
     ]
-    header, _ = build_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
-    return [header, tensor_bytes(token_ids), tensor_bytes(hidden_states)]
+    header, order = dump_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
+    data = {"token_ids": tensor_bytes(token_ids), "hidden_states": tensor_bytes(hidden_states)}
+    return [header] + [data[name] for name in order]
 
 
 def _valid_hs_file(path: Path, *, sample_id: str, input_ids: torch.Tensor, shape: tuple[int, ...], dtype: str) -> bool:
@@ -204,10 +205,10 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
     except (FormatError, KeyError, ValueError, TypeError):
         return None
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.formats.safetensors_layout import build_header
+    from hs_dataset.wire.safetensors_header import dump_header
 
     weight = weight.detach().to("cpu").contiguous()
-    header, _ = build_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
+    header, _ = dump_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
     write_file_atomic(dest / NORM_WEIGHT_FILE, [header, tensor_bytes(weight)])
     return {"kind": "rmsnorm", "eps": eps, "weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY}
 
