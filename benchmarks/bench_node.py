@@ -318,11 +318,11 @@ _TRACE: list[_WriterTrace] = []  # the phase being traced (one at a time in the 
 
 def _trace_writer(writer) -> _WriterTrace:
     """Wrap one ShardWriter's in-flight wait and shard writes with timers (benchmark-only instrumentation)."""
-    import hs_dataset.formats.writer as writer_module
+    import hs_dataset.formats.shard_flusher as flusher_module
 
     trace = _WriterTrace()
     _TRACE[:] = [trace]
-    semaphore = writer._in_flight
+    semaphore = writer._flusher._in_flight
 
     class TimedSemaphore:
         def acquire(self, *a, **k):
@@ -337,8 +337,8 @@ def _trace_writer(writer) -> _WriterTrace:
         def release(self):
             semaphore.release()
 
-    if not getattr(writer_module._write_shard, "_traced", False):
-        write_shard = writer_module._write_shard
+    if not getattr(flusher_module.write_shard, "_traced", False):
+        write_shard = flusher_module.write_shard
 
         def timed_write(*a, **k):
             t0 = _now()
@@ -349,8 +349,8 @@ def _trace_writer(writer) -> _WriterTrace:
                     _TRACE[0].spans.append((t0, _now()))
 
         timed_write._traced = True
-        writer_module._write_shard = timed_write
-    writer._in_flight = TimedSemaphore()
+        flusher_module.write_shard = timed_write
+    writer._flusher._in_flight = TimedSemaphore()
     return trace
 
 

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from hs_dataset.formats.writer import WRITEBACK_BYTES
+from hs_dataset.formats.shard_file import WRITEBACK_BYTES
 from hs_dataset.libc import start_writeback
 
 CHUNK = 8 << 20  # the writer's write size (its hashing chunk)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.formats.atomic import atomic_write_bytes
-from hs_dataset.formats.writer import WriterReport
+from hs_dataset.formats.writer_session import WriterReport
 from hs_dataset.sources.report import SourceReport
 
 __all__ = ["RUN_REPORT_NAME", "RunReport", "save_run_report"]

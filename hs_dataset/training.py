@@ -13,7 +13,8 @@ Pieces (all picklable, so ``DataLoader(num_workers>0)`` works under fork and spa
         batches.set_epoch(epoch)                          # forwards to the sampler
         for batch in loader: ...
 
-or ``make_loader(path, max_tokens, rank=..., world_size=...)`` for the same wiring.
+or ``make_loader(path, max_tokens, rank=..., world_size=...)`` for the same wiring
+(``packing=PackingOptions(...)`` for the oversize policy and the padding).
 
 The shift (mirrors speculators' ``shift_batch``)
 -----------------------------------------------
@@ -79,6 +80,7 @@ copies nothing more.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -92,11 +94,17 @@ __all__ = [
     "PackingBatchSampler",
     "SeededShuffleSampler",
     "PackedCollator",
+    "PackingOptions",
     "make_loader",
 ]
 
 _ALIGNMENTS = ("next", "current")
 _OVERSIZE = ("truncate", "drop", "error")
+
+
+def _check_oversize(oversize: str) -> None:
+    if oversize not in _OVERSIZE:
+        raise ValueError(f"oversize must be one of {_OVERSIZE}, got {oversize!r}")
 
 
 def shift_sample(sample: dict[str, Any], *, final_alignment: str = "next") -> dict[str, Any]:
@@ -188,8 +196,7 @@ class PackingBatchSampler(Sampler[list[int]]):
     def __init__(self, sampler: Sampler[int] | Iterable[int], lengths: Sequence[int], max_tokens: int, *, oversize: str = "truncate", drop_last: bool = False) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if oversize not in _OVERSIZE:
-            raise ValueError(f"oversize must be one of {_OVERSIZE}, got {oversize!r}")
+        _check_oversize(oversize)
         self.sampler = sampler
         self.lengths = lengths
         self.max_tokens = int(max_tokens)
@@ -313,6 +320,22 @@ class PackedCollator:
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class PackingOptions:
+    """How :func:`make_loader` packs: ``oversize`` (``"truncate"``, ``"drop"`` or ``"error"``, see
+    :class:`PackingBatchSampler`) and the padding of :class:`PackedCollator` (``pad_to_multiple_of``, ``pad_to_max``)."""
+
+    oversize: str = "truncate"
+    pad_to_multiple_of: int | None = None
+    pad_to_max: bool = False
+
+    def __post_init__(self) -> None:
+        _check_oversize(self.oversize)
+
+
+_PACKING_FIELDS = tuple(f.name for f in fields(PackingOptions))
+
+
 def make_loader(
     path: str | os.PathLike | HiddenStateDataset,
     max_tokens: int,
@@ -323,9 +346,7 @@ def make_loader(
     world_size: int | None = None,
     num_workers: int = 0,
     final_alignment: str = "next",
-    oversize: str = "truncate",
-    pad_to_multiple_of: int | None = None,
-    pad_to_max: bool = False,
+    packing: PackingOptions = PackingOptions(),
     **loader_kwargs: Any,
 ) -> torch.utils.data.DataLoader:
     """A ``DataLoader`` of packed EAGLE-3 rows; ``loader.batch_sampler.set_epoch(e)`` reshuffles.
@@ -333,7 +354,11 @@ def make_loader(
     ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialized;
     with more than one rank each gets a ``DistributedSampler`` share (seeded, disjoint;
     ``DistributedSampler`` repeats a few samples so that every rank gets the same count).
+    ``loader_kwargs`` go to the ``DataLoader``.
     """
+    misplaced = [k for k in loader_kwargs if k in _PACKING_FIELDS]
+    if misplaced:
+        raise TypeError(f"make_loader: {misplaced[0]} is a packing option; pass packing=PackingOptions({misplaced[0]}=...)")
     dataset = Eagle3Dataset(path, final_alignment=final_alignment)
     if world_size is None and torch.distributed.is_available() and torch.distributed.is_initialized():
         world_size = torch.distributed.get_world_size()
@@ -344,6 +369,6 @@ def make_loader(
         sampler: Sampler[int] = DistributedSampler(dataset, num_replicas=world_size, rank=rank or 0, shuffle=shuffle, seed=seed)
     else:
         sampler = SeededShuffleSampler(len(dataset), seed=seed, shuffle=shuffle)
-    batches = PackingBatchSampler(sampler, dataset.lengths, max_tokens, oversize=oversize)
-    collate = PackedCollator(max_tokens, pad_to_multiple_of=pad_to_multiple_of, pad_to_max=pad_to_max)
+    batches = PackingBatchSampler(sampler, dataset.lengths, max_tokens, oversize=packing.oversize)
+    collate = PackedCollator(max_tokens, pad_to_multiple_of=packing.pad_to_multiple_of, pad_to_max=packing.pad_to_max)
     return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=num_workers, **loader_kwargs)

@@ -68,25 +68,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.target == "speculators":
-        from hs_dataset.interop.speculators import export_speculators
+        from hs_dataset.interop.speculators.export import export_speculators
 
         report = export_speculators(
             args.src,
             args.dest,
             overwrite=args.overwrite,
-            aux_layers=args.aux_layer_ids,
+            aux_layer_ids=args.aux_layer_ids,
             num_hidden_layers_override=args.num_hidden_layers,
             verify_hashes=args.verify_hashes,
             token_freq=not args.no_token_freq,
         )
     else:
-        from hs_dataset.interop.specforge import export_specforge
+        from hs_dataset.interop.specforge.export import export_specforge
 
         report = export_specforge(
             args.src,
             args.dest,
             overwrite=args.overwrite,
-            aux_layers=args.aux_layer_ids,
+            aux_layer_ids=args.aux_layer_ids,
             group_size=args.group_size,
             verify_hashes=args.verify_hashes,
             keep_dtype=args.keep_dtype,

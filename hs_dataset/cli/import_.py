@@ -60,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.interop.imports import import_specforge, import_speculators
+    from hs_dataset.interop.importing import ImportSettings
 
-    common = dict(
+    settings = ImportSettings(
         config=args.config,
         aux_layer_ids=args.aux_layer_ids,
         num_hidden_layers=args.num_hidden_layers,
@@ -73,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if args.source_format == "speculators":
-        report = import_speculators(args.src, args.dest, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing, **common)
+        from hs_dataset.interop.speculators.import_ import import_speculators
+
+        report = import_speculators(args.src, args.dest, settings, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing)
     else:
-        report = import_specforge(args.src, args.dest, **common)
+        from hs_dataset.interop.specforge.import_ import import_specforge
+
+        report = import_specforge(args.src, args.dest, settings)
     print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.summary())
     return 0

@@ -46,7 +46,7 @@ def trainer_argv(dataset: str, rows_dir: Path, trainer_args: list[str], aux_laye
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.formats.reader import open_dataset
-    from hs_dataset.interop.speculators_backend import register, trainer_entry, write_rows
+    from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
 
     register()  # before speculators' config module is imported: it reads backend flags once
     aux = [int(i) for i in open_dataset(args.dataset).manifest.aux_layer_ids]

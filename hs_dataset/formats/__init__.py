@@ -2,7 +2,8 @@
 
 from hs_dataset.formats.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, ShardRecord
 from hs_dataset.formats.reader import HiddenStateDataset, ShardReader, open_dataset
-from hs_dataset.formats.writer import ShardWriter, WriterReport
+from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.formats.writer_session import WriterReport
 
 __all__ = [
     "FORMAT_NAME",

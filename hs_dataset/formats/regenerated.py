@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from hs_dataset.errors import FormatError, IntegrityError

@@ -1,12 +1,15 @@
-"""Byte layout of a safetensors file, written and parsed without going through pickle.
+"""The one safetensors header parser: every shard, dump and export file we read goes through it.
 
-We write shards ourselves (instead of ``safetensors.torch.save_file``) so that the
-bytes can be streamed straight from each sample's tensor into the file while the
-sha256 is computed, with no concatenated copy of a 2 GiB shard in memory. The
-result is a standard safetensors file: ``safetensors.safe_open`` reads it.
+The files are written with :func:`hs_dataset.wire.safetensors_header.dump_header` (the one
+builder) followed by the tensors' own bytes, so the bytes can be streamed straight from
+each sample's tensor into the file while it is hashed, with no concatenated copy of a
+2 GiB shard in memory. The result is a standard safetensors file: ``safetensors.safe_open``
+reads it.
 
 Layout: 8-byte little-endian header length N, N bytes of JSON (space padded so the
-data starts 8-byte aligned), then the tensors' bytes back to back, no holes.
+data starts 8-byte aligned), then the tensors' bytes back to back, no holes. Any
+tensor order is read (shards written before the one builder put ``sample_offsets``
+first); the ranges must tile the data section.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import BinaryIO
 
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 
-__all__ = ["TensorSpec", "build_header", "parse_header", "read_header", "MAX_HEADER_BYTES", "DTYPE_SIZES"]
+__all__ = ["TensorSpec", "parse_header", "read_header", "MAX_HEADER_BYTES", "DTYPE_SIZES"]
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _MAX_DIMS = 16
@@ -30,7 +33,6 @@ DTYPE_SIZES = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 }
-_ALIGN = 8
 
 
 @dataclass(frozen=True)
@@ -46,23 +48,6 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
-
-
-def build_header(tensors: list[tuple[str, str, tuple[int, ...], int]], metadata: dict[str, str]) -> tuple[bytes, list[TensorSpec]]:
-    """Serialise a header for ``(name, dtype, shape, nbytes)`` entries laid out in the given order.
-
-    Returns the full prefix (length + JSON + padding) and the resulting specs.
-    """
-    header: dict[str, object] = {"__metadata__": metadata}
-    specs: list[TensorSpec] = []
-    offset = 0
-    for name, dtype, shape, nbytes in tensors:
-        specs.append(TensorSpec(name, dtype, tuple(shape), offset, offset + nbytes))
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    body = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    body += b" " * ((-len(body) - 8) % _ALIGN)
-    return struct.pack("<Q", len(body)) + body, specs
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:

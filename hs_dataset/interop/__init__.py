@@ -1,1 +1,68 @@
-"""Trainer formats: export to and import from speculators and SpecForge layouts."""
+"""Trainer formats: export to and import from the speculators and SpecForge layouts (docs/EXPORTS.md).
+
+The public facade, lazy so that importing it (the CLI does, to build its parser) loads
+neither torch nor the trainers' modules:
+
+* :func:`export_speculators` -- speculators 0.9.0 (``speculators/train/data.py``
+  ``ArrowDataset``): an Arrow dataset (``save_to_disk``, torch format) plus
+  ``hidden_states/hs_{idx}.safetensors`` holding ``hidden_states`` [T, K+1, H] (aux
+  ascending, PRE-norm final last) and ``token_ids`` [T].
+* :func:`export_specforge` -- SpecForge 0.2.0 offline data
+  (``OfflineManifestReader``): ``rows_{g}-{g+2000}/data_{idx}.ckpt`` with
+  ``input_ids``, ``loss_mask``, ``aux_hidden_state`` [1, T, K*H] and ``hidden_state``
+  [1, T, H] POST-norm, derived from the stored pre-norm state with the recorded norm.
+* :func:`import_speculators`, :func:`import_specforge` -- their data back into our
+  format, with :class:`ImportSettings` stating what neither layout records.
+
+The parts, by trainer: :mod:`.speculators` (``export``, ``import_``, ``backend``) and
+:mod:`.specforge` (``export``, ``import_``); shared: :mod:`.common` (export helpers and
+errors) and :mod:`.importing` (the import machinery).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "export_speculators",
+    "export_specforge",
+    "import_speculators",
+    "import_specforge",
+    "ImportSettings",
+    "ImportReport",
+    "ImportDataError",
+    "ExportError",
+    "ExportMismatchError",
+    "ExportReport",
+    "EXPORT_RECORD_NAME",
+    "read_export_record",
+    "derive_post_norm",
+]
+
+_HOME = {
+    "export_speculators": "hs_dataset.interop.speculators.export",
+    "export_specforge": "hs_dataset.interop.specforge.export",
+    "import_speculators": "hs_dataset.interop.speculators.import_",
+    "import_specforge": "hs_dataset.interop.specforge.import_",
+    "ImportSettings": "hs_dataset.interop.importing",
+    "ImportReport": "hs_dataset.interop.importing",
+    "ImportDataError": "hs_dataset.interop.importing",
+    "ExportError": "hs_dataset.interop.common",
+    "ExportMismatchError": "hs_dataset.interop.common",
+    "ExportReport": "hs_dataset.interop.common",
+    "EXPORT_RECORD_NAME": "hs_dataset.interop.common",
+    "read_export_record": "hs_dataset.interop.common",
+    "derive_post_norm": "hs_dataset.interop.common",
+}
+
+
+def __getattr__(name: str) -> Any:  # lazy: a name's module loads when the name is first used
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,13 +1,4 @@
-"""Exports of a dataset into the layouts other trainers read (docs/EXPORTS.md).
-
-* :func:`export_speculators` -- speculators 0.9.0 (``speculators/train/data.py``
-  ``ArrowDataset``): an Arrow dataset (``save_to_disk``, torch format) plus
-  ``hidden_states/hs_{idx}.safetensors`` holding ``hidden_states`` [T, K+1, H] (aux
-  ascending, PRE-norm final last) and ``token_ids`` [T].
-* :func:`export_specforge` -- SpecForge 0.2.0 offline data
-  (``OfflineManifestReader``): ``rows_{g}-{g+2000}/data_{idx}.ckpt`` with
-  ``input_ids``, ``loss_mask``, ``aux_hidden_state`` [1, T, K*H] and ``hidden_state``
-  [1, T, H] POST-norm, derived from the stored pre-norm state with the recorded norm.
+"""What the exports (and the imports) to the trainers' layouts share (docs/EXPORTS.md).
 
 Shared rules, implemented here:
 
@@ -22,7 +13,7 @@ Shared rules, implemented here:
   refused with a :class:`ExportMismatchError` naming the mismatch, never converted
   silently.
 
-This module stays light at import time (the CLI imports it to build its parser).
+This module stays light at import time (torch and the formats load when used).
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hs_dataset.errors import HsDatasetError
 
@@ -46,10 +37,20 @@ __all__ = [
     "ExportMismatchError",
     "ExportReport",
     "EXPORT_RECORD_NAME",
-    "export_speculators",
-    "export_specforge",
+    "temp_path",
+    "write_file_atomic",
+    "remove_temp_files",
     "derive_post_norm",
+    "trainer_default_aux_layer_ids",
+    "quarantined_count",
+    "check_layer_convention",
+    "select_aux_layers",
+    "num_hidden_layers",
     "read_export_record",
+    "write_export_record",
+    "refuse_to_wipe_dataset",
+    "prepare_destination",
+    "base_record",
 ]
 
 EXPORT_RECORD_NAME = "hs_dataset_export.json"
@@ -126,8 +127,6 @@ def write_file_atomic(final: Path, chunks: Sequence[memoryview | bytes]) -> int:
 
 def remove_temp_files(root: Path) -> int:
     """Remove export temp files and temp directories (staged Arrow indexes) a crash left under ``root``."""
-    import shutil
-
     from hs_dataset.formats.atomic import is_temp_name
 
     removed = 0
@@ -160,6 +159,13 @@ def derive_post_norm(pre: "torch.Tensor", weight: "torch.Tensor", eps: float, ou
     variance = x.pow(2).mean(dim=-1, keepdim=True)
     y = x * torch.rsqrt(variance + float(eps)) * weight.to(torch.float32)
     return y.to(out_dtype or pre.dtype)
+
+
+# ---------------------------------------------------------------------------- layers
+def trainer_default_aux_layer_ids(num_layers: int) -> list[int]:
+    """Both trainers' default aux layers as HF ``hidden_states`` ids, ``[2, L//2, L-3]``
+    (speculators' ``resolve_target_layer_ids``; SpecForge's ``[1, L//2-1, L-4]`` of layer outputs, +1)."""
+    return [2, num_layers // 2, num_layers - 3]
 
 
 # ---------------------------------------------------------------------------- source checks
@@ -318,19 +324,3 @@ def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any
         **extra,
     }
 
-
-def iter_indexed(ds: "HiddenStateDataset") -> Iterable[tuple[int, dict[str, Any]]]:
-    """(export index, sample) in manifest order: the index every export file is named by."""
-    return enumerate(ds)
-
-
-def __getattr__(name: str) -> Any:  # lazy: the heavy modules load only when used
-    if name == "export_speculators":
-        from hs_dataset.interop.speculators import export_speculators
-
-        return export_speculators
-    if name == "export_specforge":
-        from hs_dataset.interop.specforge import export_specforge
-
-        return export_specforge
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -55,7 +55,7 @@ def test_final_norm_reparameterisation_keeps_the_function(lib, ci_verifier: Path
 
     import torch
 
-    from hs_dataset.interop.common import derive_post_norm
+    from hs_dataset.interop import derive_post_norm
     from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS, final_norm_factor, reparameterise_final_norm
 
     verifier = lib.Verifier(ci_verifier, VERIFIER_AUX_LAYERS)

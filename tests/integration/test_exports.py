@@ -18,15 +18,18 @@ from safetensors.torch import load_file
 
 from tests.fixtures.interop import require_interop
 from tests.fixtures.samples import PYTHON, make_metadata, make_sample
-from hs_dataset.interop.common import (
+from hs_dataset.interop import (
     EXPORT_RECORD_NAME,
     ExportError,
     ExportMismatchError,
+    ImportDataError,
+    ImportSettings,
     derive_post_norm,
     export_specforge,
     export_speculators,
+    import_specforge,
+    import_speculators,
 )
-from hs_dataset.interop.imports import ImportError_, import_specforge, import_speculators
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
@@ -119,7 +122,7 @@ def test_speculators_refuses_post_norm_and_bad_layers(tmp_path: Path) -> None:
         export_speculators(post, tmp_path / "out1")
     src = _write(tmp_path / "src")
     with pytest.raises(ExportMismatchError, match=r"aux layer\(s\) \[5\] are not in the data"):
-        export_speculators(src, tmp_path / "out2", aux_layers=[2, 5])
+        export_speculators(src, tmp_path / "out2", aux_layer_ids=[2, 5])
     with pytest.raises(ExportMismatchError, match="contradicts the manifest's num_hidden_layers 6"):
         export_speculators(src, tmp_path / "out3", num_hidden_layers_override=3)
     nolayers = _write(tmp_path / "nolayers", num_hidden_layers=None)
@@ -213,7 +216,7 @@ def test_specforge_refusals(tmp_path: Path) -> None:
     four = _write(tmp_path / "four", k=4)
     with pytest.raises(ExportMismatchError, match="exactly 3 aux layers.*4"):
         export_specforge(four, tmp_path / "o1")
-    report = export_specforge(four, tmp_path / "o2", aux_layers=[2, 3, 5])
+    report = export_specforge(four, tmp_path / "o2", aux_layer_ids=[2, 3, 5])
     assert report.layers["aux layers (HF hidden_states ids)"] == [2, 3, 5]
     raw = torch.load(tmp_path / "o2" / "rows_0-2000" / "data_0.ckpt", weights_only=True)
     assert torch.equal(raw["aux_hidden_state"][0].reshape(-1, 3, H), open_dataset(four)[0]["aux_hidden_states"][:, [0, 1, 3]])
@@ -309,7 +312,7 @@ def _samples(root: Path) -> list[dict]:
 
 def test_import_speculators_round_trip(src: Path, tmp_path: Path) -> None:
     export_speculators(src, tmp_path / "spec")
-    report = import_speculators(tmp_path / "spec", tmp_path / "back", config="unit-test")
+    report = import_speculators(tmp_path / "spec", tmp_path / "back", ImportSettings(config="unit-test"))
     assert report.samples_written == len(LENGTHS)
     back, orig = open_dataset(tmp_path / "back"), open_dataset(src)
     md = back.manifest.metadata
@@ -321,15 +324,15 @@ def test_import_speculators_round_trip(src: Path, tmp_path: Path) -> None:
     w1, e1 = back.final_norm()
     w2, e2 = orig.final_norm()
     assert torch.equal(w1, w2) and e1 == e2  # carried through final_norm.safetensors
-    again = import_speculators(tmp_path / "spec", tmp_path / "back", config="unit-test")
+    again = import_speculators(tmp_path / "spec", tmp_path / "back", ImportSettings(config="unit-test"))
     assert again.samples_written == 0 and again.skipped_existing == len(LENGTHS)
-    with pytest.raises(ImportError_, match="layer ids disagree"):
-        import_speculators(tmp_path / "spec", tmp_path / "back2", config="unit-test", aux_layer_ids=[1, 2, 3])
+    with pytest.raises(ImportDataError, match="layer ids disagree"):
+        import_speculators(tmp_path / "spec", tmp_path / "back2", ImportSettings(config="unit-test", aux_layer_ids=[1, 2, 3]))
 
 
 def test_import_specforge_stores_post_norm(src: Path, tmp_path: Path) -> None:
     export_specforge(src, tmp_path / "forge")
-    import_specforge(tmp_path / "forge", tmp_path / "back", config="unit-test")
+    import_specforge(tmp_path / "forge", tmp_path / "back", ImportSettings(config="unit-test"))
     back, orig = open_dataset(tmp_path / "back"), open_dataset(src)
     assert back.manifest.metadata["final_state"] == "post_norm"
     assert back.manifest.identity != orig.manifest.identity
@@ -359,22 +362,22 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
              "hidden_state": s.final_hidden_state[None]},
             forge / f"data_{i}.ckpt",
         )
-    with pytest.raises(ImportError_, match="nothing says which"):
-        import_specforge(tmp_path / "forge", tmp_path / "a", config="peer")
-    report = import_specforge(tmp_path / "forge", tmp_path / "b", config="peer", num_hidden_layers=32)
+    with pytest.raises(ImportDataError, match="nothing says which"):
+        import_specforge(tmp_path / "forge", tmp_path / "a", ImportSettings(config="peer"))
+    report = import_specforge(tmp_path / "forge", tmp_path / "b", ImportSettings(config="peer", num_hidden_layers=32))
     assert report.metadata["aux_layer_ids"] == [2, 16, 29] and [s["sample_id"] for s in _samples(tmp_path / "b")] == [
         "specforge-00000000", "specforge-00000001",
     ]
-    with pytest.raises(ImportError_, match="hold 3 aux layers but the layer ids are"):
-        import_specforge(tmp_path / "forge", tmp_path / "c", config="peer", aux_layer_ids=[2, 3])
+    with pytest.raises(ImportDataError, match="hold 3 aux layers but the layer ids are"):
+        import_specforge(tmp_path / "forge", tmp_path / "c", ImportSettings(config="peer", aux_layer_ids=[2, 3]))
     bad = make_sample("bad", 5, k=3, h=H)
     torch.save({"input_ids": bad.input_ids, "loss_mask": bad.loss_mask.long(), "aux_hidden_state": bad.aux_hidden_states.reshape(1, 5, 3 * H)[:, :4],
                 "hidden_state": bad.final_hidden_state[None]}, forge / "data_2.ckpt")
-    with pytest.raises(ImportError_, match=r"data_2\.ckpt: aux_hidden_state has shape"):
-        import_specforge(tmp_path / "forge", tmp_path / "d", config="peer", num_hidden_layers=32)
+    with pytest.raises(ImportDataError, match=r"data_2\.ckpt: aux_hidden_state has shape"):
+        import_specforge(tmp_path / "forge", tmp_path / "d", ImportSettings(config="peer", num_hidden_layers=32))
     (forge / "data_2.ckpt").write_bytes(b"not a zip")
-    with pytest.raises(ImportError_, match=r"data_2\.ckpt: cannot be read with torch\.load\(weights_only=True\)"):
-        import_specforge(tmp_path / "forge", tmp_path / "e", config="peer", num_hidden_layers=32)
+    with pytest.raises(ImportDataError, match=r"data_2\.ckpt: cannot be read with torch\.load\(weights_only=True\)"):
+        import_specforge(tmp_path / "forge", tmp_path / "e", ImportSettings(config="peer", num_hidden_layers=32))
 
     # speculators: token_ids that do not match the Arrow row are refused, naming the file
     src = _write(tmp_path / "src")
@@ -383,22 +386,22 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
     f = load_file(hs_path)
     f["token_ids"] = f["token_ids"].flip(0)
     save_file(f, hs_path)
-    with pytest.raises(ImportError_, match=r"hs_2\.safetensors: token_ids differ"):
-        import_speculators(tmp_path / "spec", tmp_path / "f", config="unit-test")
+    with pytest.raises(ImportDataError, match=r"hs_2\.safetensors: token_ids differ"):
+        import_speculators(tmp_path / "spec", tmp_path / "f", ImportSettings(config="unit-test"))
     f["token_ids"] = f["token_ids"][:-1]
     save_file(f, hs_path)
-    with pytest.raises(ImportError_, match=r"hs_2\.safetensors: hidden_states has 5 tokens, token_ids 4"):
-        import_speculators(tmp_path / "spec", tmp_path / "g", config="unit-test")
+    with pytest.raises(ImportDataError, match=r"hs_2\.safetensors: hidden_states has 5 tokens, token_ids 4"):
+        import_speculators(tmp_path / "spec", tmp_path / "g", ImportSettings(config="unit-test"))
     hs_path.unlink()
-    with pytest.raises(ImportError_, match=r"hs_2\.safetensors: missing"):
-        import_speculators(tmp_path / "spec", tmp_path / "h", config="unit-test")
-    report = import_speculators(tmp_path / "spec", tmp_path / "i", config="unit-test", skip_missing=True)
+    with pytest.raises(ImportDataError, match=r"hs_2\.safetensors: missing"):
+        import_speculators(tmp_path / "spec", tmp_path / "h", ImportSettings(config="unit-test"))
+    report = import_speculators(tmp_path / "spec", tmp_path / "i", ImportSettings(config="unit-test"), skip_missing=True)
     assert report.samples_written == len(LENGTHS) - 1 and len(report.skipped_missing) == 1
     # a destination holding another dataset is refused; --overwrite refuses to delete it too (as export does)
     with pytest.raises(Exception, match="different dataset"):
-        import_speculators(tmp_path / "spec", tmp_path / "b", config="unit-test", skip_missing=True)
+        import_speculators(tmp_path / "spec", tmp_path / "b", ImportSettings(config="unit-test"), skip_missing=True)
     with pytest.raises(ExportError, match="--overwrite will not delete it"):
-        import_speculators(tmp_path / "spec", tmp_path / "b", config="unit-test", skip_missing=True, overwrite=True)
+        import_speculators(tmp_path / "spec", tmp_path / "b", ImportSettings(config="unit-test", overwrite=True), skip_missing=True)
     assert verify_dataset(tmp_path / "b").ok
 
 

@@ -8,7 +8,6 @@ refused at the socket level, so nothing here can reach the real Hub.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 from pathlib import Path
 

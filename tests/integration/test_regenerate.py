@@ -10,7 +10,6 @@ resumed equals an uninterrupted one; the file is hashed in the manifest and push
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -20,7 +20,6 @@ weights (relative error <= 1e-6); ``-s`` prints the worst errors quoted in the R
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time

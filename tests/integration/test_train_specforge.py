@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.fixtures.interop import require_interop
 
-from hs_dataset.interop.specforge import export_specforge
+from hs_dataset.interop import export_specforge
 
 MAX_LEN = 48  # tokens per sample fed to the step: the full vocab (129,536) makes logits the cost
 TTT_LENGTH = 2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.fixtures.interop import require_interop
 
-from hs_dataset.interop.speculators import export_speculators
+from hs_dataset.interop import export_speculators
 
 STEPS_ARGS = ["--epochs", "2", "--total-seq-len", "512", "--seed", "0", "--log-freq", "1"]
 
@@ -41,7 +41,7 @@ def _files(root: Path) -> set[str]:
 
 def test_backend_route_trains_like_the_export(trainer, tiny_default_dataset: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     from hs_dataset.cli.main import main
-    from hs_dataset.interop.speculators_backend import BACKEND_NAME, register, trainer_entry
+    from hs_dataset.interop.speculators.backend import BACKEND_NAME, register, trainer_entry
 
     register()
     export = tmp_path / "export"
@@ -74,7 +74,7 @@ def test_interface_mismatch_is_refused(monkeypatch) -> None:
     from hs_connectors import HiddenStatesTransfer
 
     from hs_dataset.errors import UsageError
-    from hs_dataset.interop import speculators_backend
+    from hs_dataset.interop.speculators import backend as speculators_backend
 
     monkeypatch.setattr(HiddenStatesTransfer, "__abstractmethods__", frozenset({"get_cached", "get_generated", "get_batch"}))
     with pytest.raises(UsageError, match="interface differs.*hs-connectors 0.9.0"):

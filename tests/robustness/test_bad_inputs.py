@@ -494,12 +494,12 @@ if kind == "jsonl":
     samples, report = load_samples(path, tok, SampleRules(max_length=4096))
     out = {"stored": [s.sample_id for s in samples], "issues": [[i.kind, i.reason, i.line] for i in report.issues]}
 else:
-    from hs_dataset.interop.imports import ImportError_, import_specforge
+    from hs_dataset.interop import ImportDataError, ImportSettings, import_specforge
     base = peak()
     try:
-        import_specforge(path, extra, config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8)
+        import_specforge(path, extra, ImportSettings(config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8))
         out = {"error": None}
-    except ImportError_ as exc:
+    except ImportDataError as exc:
         out = {"error": str(exc)}
 out.update(base_mib=base, peak_mib=peak())
 print(json.dumps(out))
@@ -563,13 +563,13 @@ def test_a_20mb_ckpt_gz_bomb_is_refused_with_bounded_memory(tmp_path):
 def test_unreadable_ckpt_gz_is_a_named_error(tmp_path, content, match):
     import gzip
 
-    from hs_dataset.interop.imports import ImportError_, import_specforge
+    from hs_dataset.interop import ImportDataError, ImportSettings, import_specforge
 
     path = tmp_path / "sf" / "data_0.ckpt.gz"
     path.parent.mkdir()
     path.write_bytes(content if content is not None else gzip.compress(os.urandom(4096))[:2000])
-    with pytest.raises(ImportError_, match=f"{re.escape(str(path))}: {match}"):
-        import_specforge(tmp_path / "sf", tmp_path / "dest", config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8)
+    with pytest.raises(ImportDataError, match=f"{re.escape(str(path))}: {match}"):
+        import_specforge(tmp_path / "sf", tmp_path / "dest", ImportSettings(config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8))
 
 
 # ---------------------------------------------------------------------------- read-only file systems

@@ -193,9 +193,9 @@ def crash_consistent(root: Path) -> int:
         assert path.is_file() and path.stat().st_size == record.bytes, f"{record.file} listed but missing or partial"
         with open(path, "rb") as f:
             assert file_digests(f, (record.hash_algorithm,))[record.hash_algorithm] == record.digest, f"{record.file} listed but corrupt"
-        from hs_dataset.formats.writer import _shard_sample_ids
+        from hs_dataset.formats.shard_file import shard_sample_ids
 
-        ids.extend(_shard_sample_ids(path))
+        ids.extend(shard_sample_ids(path))
     assert len(ids) == len(set(ids)) == manifest.num_samples, "a sample is listed twice"
     return len(ids)
 

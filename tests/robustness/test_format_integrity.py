@@ -314,12 +314,12 @@ def test_second_writer_on_the_same_directory_is_refused(tmp_path):
 
 
 def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, monkeypatch):
-    import hs_dataset.formats.writer as writer_module
+    import hs_dataset.formats.shard_file as shard_file
 
     with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:
         writer.add_many(make_sample(f"pre-{i}", 8) for i in range(6))
     before = open_dataset(tmp_path).sample_ids
-    real_write = writer_module.write_all
+    real_write = shard_file.write_all
     calls = {"n": 0}
 
     def failing_write(fd, view):
@@ -328,7 +328,7 @@ def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, mon
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(fd, view)
 
-    monkeypatch.setattr(writer_module, "write_all", failing_write)
+    monkeypatch.setattr(shard_file, "write_all", failing_write)
     writer = ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000)
     with pytest.raises(DiskFullError, match="resume"):
         for i in range(20):
@@ -338,7 +338,7 @@ def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, mon
     assert verify_dataset(tmp_path).ok
     assert open_dataset(tmp_path).sample_ids == before
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".hs-tmp-")]
-    monkeypatch.setattr(writer_module, "write_all", real_write)
+    monkeypatch.setattr(shard_file, "write_all", real_write)
     with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:
         for i in range(20):
             writer.add(make_sample(f"post-{i}", 8))
@@ -506,8 +506,7 @@ def test_shards_are_written_while_the_manifest_write_waits_and_listed_together(t
     for s in samples[2:8]:  # three more shards through the one writer thread while the listing waits
         writer.add(s)
     writer.flush()
-    for future in list(writer._futures):
-        future.result()
+    writer._flusher.wait_written()
     on_disk = sorted(p.name for p in (tmp_path / "ds").glob("*.safetensors") if not p.name.startswith("."))
     assert len(on_disk) == 4, on_disk  # all written, though only the first listing has started
     assert not writer.contains("nope") and all(writer.contains(s.sample_id) for s in samples)  # pending: never taken twice
@@ -523,9 +522,9 @@ def test_an_older_manifest_state_never_overwrites_a_newer_one(tmp_path):
     import json
 
     writer = ShardWriter(tmp_path / "ds", make_metadata(k=2, h=64))
-    older, newer = writer._manifest_edit_locked(), writer._manifest_edit_locked()
+    older, newer = writer._session.numbered_state(), writer._session.numbered_state()
     newer = (newer[0], newer[1].replace(b'"created_by"', b'"created_by_newer"', 1))
-    writer._save_manifest(*newer)
-    writer._save_manifest(*older)
+    writer._session.save_manifest(*newer)
+    writer._session.save_manifest(*older)
     assert "created_by_newer" in json.loads((tmp_path / "ds" / "manifest.json").read_text())
     writer.close()

@@ -493,8 +493,7 @@ def test_remerge_replaces_stale_files_of_the_same_size(tmp_path):
 
 # ---------------------------------------------------------------------------- import / export / push
 def test_import_overwrite_refuses_to_delete_a_dataset(tmp_path):
-    from hs_dataset.interop.common import ExportError, export_speculators
-    from hs_dataset.interop.imports import import_speculators
+    from hs_dataset.interop import ExportError, ImportSettings, export_speculators, import_speculators
 
     src = build(tmp_path / "src")
     exported = tmp_path / "exp"
@@ -502,14 +501,14 @@ def test_import_overwrite_refuses_to_delete_a_dataset(tmp_path):
     victim = build(tmp_path / "victim", ids=("v0", "v1", "v2", "v3", "v4"))
     before = snapshot(victim)
     with pytest.raises(ExportError, match="will not delete it"):
-        import_speculators(exported, victim, config="unit-test", overwrite=True)
+        import_speculators(exported, victim, ImportSettings(config="unit-test", overwrite=True))
     with pytest.raises(ExportError, match="will not delete it"):
         export_speculators(src, victim, overwrite=True)
     assert snapshot(victim) == before and verify_dataset(victim).ok
 
 
 def _speculators_export(tmp_path: Path) -> Path:
-    from hs_dataset.interop.common import export_speculators
+    from hs_dataset.interop import export_speculators
 
     exported = tmp_path / "exp"
     export_speculators(build(tmp_path / "src"), exported)
@@ -517,37 +516,36 @@ def _speculators_export(tmp_path: Path) -> Path:
 
 
 def test_import_refuses_an_export_record_naming_a_file_outside(tmp_path, outside):
-    from hs_dataset.interop.imports import import_speculators
+    from hs_dataset.interop import ImportSettings, import_speculators
 
     exported = _speculators_export(tmp_path)
     record = json.loads((exported / "hs_dataset_export.json").read_text())
     record["final_norm"]["weight_file"] = "../outside/secret.txt"
     (exported / "hs_dataset_export.json").write_text(json.dumps(record))
     with pytest.raises(HsDatasetError, match=r"final_norm\.weight_file") as caught:
-        import_speculators(exported, tmp_path / "in", config="unit-test")
+        import_speculators(exported, tmp_path / "in", ImportSettings(config="unit-test"))
     assert SECRET.decode().strip() not in str(caught.value)
 
 
 def test_import_refuses_symlinked_source_files(tmp_path, outside):
-    from hs_dataset.interop.imports import import_speculators
+    from hs_dataset.interop import ImportSettings, import_speculators
 
     exported = _speculators_export(tmp_path)
     os.replace(exported / "final_norm.safetensors", outside / "norm.safetensors")
     os.symlink(outside / "norm.safetensors", exported / "final_norm.safetensors")
     with pytest.raises(UnsafePathError, match="symbolic link"):
-        import_speculators(exported, tmp_path / "in1", config="unit-test")
+        import_speculators(exported, tmp_path / "in1", ImportSettings(config="unit-test"))
     os.unlink(exported / "final_norm.safetensors")
     os.replace(outside / "norm.safetensors", exported / "final_norm.safetensors")
     hs = exported / "hidden_states" / "hs_1.safetensors"
     os.replace(hs, outside / "hs_1.safetensors")
     os.symlink(outside / "hs_1.safetensors", hs)
     with pytest.raises(UnsafePathError, match=r"hs_1\.safetensors.*symbolic link"):
-        import_speculators(exported, tmp_path / "in2", config="unit-test")
+        import_speculators(exported, tmp_path / "in2", ImportSettings(config="unit-test"))
 
 
 def test_specforge_import_refuses_a_symlinked_file(tmp_path, outside):
-    from hs_dataset.interop.common import export_specforge
-    from hs_dataset.interop.imports import import_specforge
+    from hs_dataset.interop import ImportSettings, export_specforge, import_specforge
 
     exported = tmp_path / "sf"
     export_specforge(build(tmp_path / "src"), exported)
@@ -555,7 +553,7 @@ def test_specforge_import_refuses_a_symlinked_file(tmp_path, outside):
     os.replace(victim, outside / "data_1.ckpt")
     os.symlink(outside / "data_1.ckpt", victim)
     with pytest.raises(UnsafePathError, match="symbolic link"):
-        import_specforge(exported, tmp_path / "in", config="unit-test")
+        import_specforge(exported, tmp_path / "in", ImportSettings(config="unit-test"))
 
 
 def test_push_refuses_a_symlinked_norm_without_a_hash(tmp_path, outside):
@@ -616,7 +614,7 @@ def test_unknown_dtype_is_reported_as_unsupported(tmp_path, outside):
 
 @pytest.mark.parametrize("target", ["speculators", "specforge"])
 def test_export_refuses_a_symlinked_norm(target, tmp_path, outside):
-    from hs_dataset.interop.common import export_specforge, export_speculators
+    from hs_dataset.interop import export_specforge, export_speculators
 
     root = build(tmp_path / "ds")
     symlink_norm_to_canary(root, outside)

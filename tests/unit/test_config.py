@@ -191,7 +191,7 @@ def test_with_overrides_returns_a_new_validated_card():
 
 
 def test_a_shipped_card_must_carry_its_file_name(monkeypatch, sglang_raw):
-    import hs_dataset.config as config
+    import hs_dataset.config.loading as loading
 
     class Entry:
         name = "other-name.yaml"
@@ -199,7 +199,7 @@ def test_a_shipped_card_must_carry_its_file_name(monkeypatch, sglang_raw):
         def read_text(self, encoding="utf-8"):
             return yaml.safe_dump(sglang_raw)
 
-    monkeypatch.setattr(config, "_builtin_cards", lambda: {"other-name": Entry()})
+    monkeypatch.setattr(loading, "_builtin_cards", lambda: {"other-name": Entry()})
     with pytest.raises(CardError, match="cards/other-name.yaml: name: 'tiny-deepseek-sglang' must match the file name"):
         load_card("other-name")
 

@@ -28,7 +28,7 @@ def _public_exceptions(module) -> list[type]:
 
 def test_the_walk_finds_the_modules_that_define_errors():
     names = _module_names()
-    for expected in ("hs_dataset.config", "hs_dataset.sglang.legacy.edit", "hs_dataset.interop.common", "hs_dataset.cli.main"):
+    for expected in ("hs_dataset.config", "hs_dataset.config.problems", "hs_dataset.sglang.legacy.edit", "hs_dataset.interop.common", "hs_dataset.interop.importing", "hs_dataset.cli.main"):
         assert expected in names
 
 

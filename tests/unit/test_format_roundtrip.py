@@ -15,6 +15,7 @@ from hs_dataset import open_dataset
 from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.verify import verify_dataset
 
+from tests.fixtures.paths import FIXTURES
 from tests.fixtures.samples import make_metadata, make_sample
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -165,3 +166,75 @@ def test_fp8_scale_check_matches_its_defining_formula(values, transpose):
         scale = scale.view(2, -1).t()  # not contiguous: the torch path
     defining = bool(((scale > 0) & torch.isfinite(scale * FP8_MAX)).all())
     assert _scales_valid(scale) == defining
+
+
+# ---------------------------------------------------------------------- the one header builder
+OLD_LAYOUT = FIXTURES / "old_layout"  # written by the writer before it used the one header builder
+OLD_SAMPLES = [("old-0", 5), ("old-1", 3), ("old-2", 7), ("old-3", 4), ("old-4", 6)]
+
+
+def _tensor_order(path) -> list[str]:
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    return [name for name in json.loads(data[8 : 8 + n]) if name != "__metadata__"]
+
+
+def test_new_shards_are_laid_out_as_safetensors_lays_them_out(tmp_path):
+    """The shard header is the one builder's: safetensors' own tensor order, offsets and bytes."""
+    import json
+    import struct
+
+    from safetensors.torch import save
+
+    samples = [make_sample(f"s{i}", 5 + i) for i in range(3)]
+    with ShardWriter(tmp_path, make_metadata(), storage="fp8") as writer:
+        writer.add_many(samples)
+    shard = tmp_path / json.loads((tmp_path / "manifest.json").read_text())["shards"][0]["file"]
+    data = shard.read_bytes()
+    with safe_open(str(shard), framework="pt") as f:
+        tensors, metadata = {name: f.get_tensor(name) for name in f.keys()}, f.metadata()
+    reference = save(tensors, metadata={"only": "one key"})
+    (n_ref,) = struct.unpack("<Q", reference[:8])
+    (n,) = struct.unpack("<Q", data[:8])
+    ref_header, header = json.loads(reference[8 : 8 + n_ref]), json.loads(data[8 : 8 + n])
+    assert header.pop("__metadata__") == metadata and ref_header.pop("__metadata__") == {"only": "one key"}
+    assert list(header.items()) == list(ref_header.items())  # tensor order, dtypes, shapes, offsets
+    assert data[8 + n :] == reference[8 + n_ref :] and (8 + n) % 8 == 0
+
+
+@pytest.mark.parametrize("storage", ["native", "fp8"])
+def test_shards_of_the_old_layout_still_read_verify_and_resume(tmp_path, storage):
+    """Shards written before the one header builder (``sample_offsets`` first) read, verify and take new shards."""
+    import shutil
+
+    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding
+
+    root = tmp_path / storage
+    shutil.copytree(OLD_LAYOUT / storage, root)
+    assert _tensor_order(root / "shard-000000.safetensors")[0] == "sample_offsets"
+    assert verify_dataset(root).ok
+    encoding = get_encoding("bf16" if storage == "native" else "fp8_e4m3_per_token")
+
+    def expected_states(sample):
+        return [decode_state(*encode_state(state, encoding), encoding) for state in (sample.aux_hidden_states, sample.final_hidden_state)]
+
+    def check(ds, samples):
+        assert ds.sample_ids == [s.sample_id for s in samples]
+        for item, ref in zip(ds, samples):
+            assert torch.equal(item["input_ids"], ref.input_ids) and torch.equal(item["loss_mask"], ref.loss_mask)
+            aux, final = expected_states(ref)
+            assert torch.equal(item["aux_hidden_states"], aux) and torch.equal(item["final_hidden_state"], final)
+
+    old = [make_sample(sid, n, k=2, h=8) for sid, n in OLD_SAMPLES]
+    check(open_dataset(root, verify_hashes=True), old)
+    new = [make_sample(f"new-{i}", 4 + i, k=2, h=8) for i in range(3)]
+    with ShardWriter(root, make_metadata(k=2, h=8), storage=storage, shard_bytes=600, writer_threads=1) as writer:
+        assert not writer.add(old[0])  # already stored in an old shard
+        writer.add_many(new)
+    assert verify_dataset(root).ok
+    check(open_dataset(root, verify_hashes=True), old + new)
+    newest = sorted(root.glob("shard-*.safetensors"))[-1]
+    assert _tensor_order(newest)[:2] == ["input_ids", "sample_offsets"]

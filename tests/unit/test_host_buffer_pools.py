@@ -122,8 +122,7 @@ def test_the_writer_stores_leased_states_without_a_copy_and_their_buffers_come_b
     gc.collect()
     assert client.idle_bytes == 0  # still in the writer's buffer
     writer.flush()
-    for future in list(writer._futures):
-        future.result()
+    writer._flusher.wait_written()
     # the shard is on disk: back in the pool once the writer thread has let go of the batch
     # (its work item outlives the future's result by a moment)
     deadline = time.monotonic() + 10

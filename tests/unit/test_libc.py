@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from hs_dataset import libc, open_dataset
-from hs_dataset.formats import ShardWriter, writer as writer_module
+from hs_dataset.formats import ShardWriter, shard_file
 from hs_dataset.formats.verify import verify_dataset
 
 from tests.fixtures.samples import make_metadata, make_sample
@@ -75,8 +75,8 @@ def _write_with_recorded_writeback(tmp_path, monkeypatch, answer: bool):
         calls.append((os.readlink(f"/proc/self/fd/{fd}") if sys.platform.startswith("linux") else str(fd), offset, length))
         return answer
 
-    monkeypatch.setattr(writer_module, "start_writeback", record)
-    monkeypatch.setattr(writer_module, "WRITEBACK_BYTES", 2048)
+    monkeypatch.setattr(shard_file, "start_writeback", record)
+    monkeypatch.setattr(shard_file, "WRITEBACK_BYTES", 2048)
     root = tmp_path / "ds"
     with ShardWriter(root, make_metadata(h=64), shard_bytes=40_000, writer_threads=2) as w:
         w.add_many(make_sample(f"s{i:03d}", 20 + i, h=64) for i in range(24))

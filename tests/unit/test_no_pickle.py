@@ -34,8 +34,8 @@ import hs_dataset
 PACKAGE = Path(hs_dataset.__file__).resolve().parent
 BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
 TORCH_SAVE_ALLOWED = {
-    "interop/specforge.py": "SpecForge reads its offline data as torch.save'd .ckpt dicts",
-    "interop/speculators.py": "speculators reads token_freq.pt with torch.load(weights_only=True)",
+    "interop/specforge/export.py": "SpecForge reads its offline data as torch.save'd .ckpt dicts",
+    "interop/speculators/export.py": "speculators reads token_freq.pt with torch.load(weights_only=True)",
 }
 
 

@@ -11,6 +11,7 @@ from hs_dataset.training import (
     Eagle3Dataset,
     PackedCollator,
     PackingBatchSampler,
+    PackingOptions,
     SeededShuffleSampler,
     make_loader,
     shift_sample,
@@ -169,9 +170,19 @@ def test_make_loader(tmp_path):
     _write(tmp_path, [4, 9, 3, 12, 6, 5])
     seen = []
     for rank in range(2):
-        loader = make_loader(tmp_path, 16, rank=rank, world_size=2, seed=0, pad_to_max=True)
+        loader = make_loader(tmp_path, 16, rank=rank, world_size=2, seed=0, packing=PackingOptions(pad_to_max=True))
         loader.batch_sampler.set_epoch(3)
         for batch in loader:
             assert batch["input_ids"].shape == (1, 16) and batch["num_tokens"] <= 16
             seen.extend(batch["sample_ids"])
     assert sorted(seen) == [f"s{i:03d}" for i in range(6)]
+
+
+def test_packing_options_are_typed_and_named(tmp_path):
+    _write(tmp_path, [4, 9])
+    with pytest.raises(TypeError, match=r"pad_to_max is a packing option; pass packing=PackingOptions"):
+        make_loader(tmp_path, 16, pad_to_max=True)
+    with pytest.raises(ValueError, match="oversize must be one of"):
+        PackingOptions(oversize="split")
+    with pytest.raises(TypeError):
+        PackingOptions(padding=8)  # unknown keys are refused

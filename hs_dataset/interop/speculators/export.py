@@ -46,13 +46,13 @@ from hs_dataset.interop.common import (
     remove_temp_files,
     select_aux_layers,
     temp_path,
+    trainer_default_aux_layer_ids,
     write_export_record,
     write_file_atomic,
 )
 
 __all__ = [
     "export_speculators",
-    "speculators_default_layer_ids",
     "HIDDEN_STATES_DIR",
     "hs_file_name",
     "check_final_state",
@@ -69,11 +69,6 @@ _META_SOURCE = "hs_dataset.source_dataset_id"
 
 def hs_file_name(idx: int) -> str:
     return f"hs_{idx}.safetensors"
-
-
-def speculators_default_layer_ids(num_layers: int) -> list[int]:
-    """speculators' default aux ids (``resolve_target_layer_ids``); the final is id ``num_layers``."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def check_final_state(ds: Any) -> None:
@@ -107,14 +102,15 @@ def write_token_freq(dest: Path, freq: dict[int, int]) -> None:
 
 def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.formats.safetensors_layout import build_header
+    from hs_dataset.wire.safetensors_header import dump_header
 
     entries = [
         ("token_ids", "I64", tuple(token_ids.shape), token_ids.numel() * 8),
         ("hidden_states", safetensors_dtype(hidden_states.dtype), tuple(hidden_states.shape), hidden_states.numel() * hidden_states.element_size()),
     ]
-    header, _ = build_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
-    return [header, tensor_bytes(token_ids), tensor_bytes(hidden_states)]
+    header, order = dump_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
+    data = {"token_ids": tensor_bytes(token_ids), "hidden_states": tensor_bytes(hidden_states)}
+    return [header] + [data[name] for name in order]
 
 
 def _valid_hs_file(path: Path, *, sample_id: str, input_ids: torch.Tensor, shape: tuple[int, ...], dtype: str) -> bool:
@@ -204,10 +200,10 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
     except (FormatError, KeyError, ValueError, TypeError):
         return None
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.formats.safetensors_layout import build_header
+    from hs_dataset.wire.safetensors_header import dump_header
 
     weight = weight.detach().to("cpu").contiguous()
-    header, _ = build_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
+    header, _ = dump_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
     write_file_atomic(dest / NORM_WEIGHT_FILE, [header, tensor_bytes(weight)])
     return {"kind": "rmsnorm", "eps": eps, "weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY}
 
@@ -217,19 +213,23 @@ def export_speculators(
     dest: str | os.PathLike,
     *,
     overwrite: bool = False,
-    aux_layers: Sequence[int] | None = None,
+    aux_layer_ids: Sequence[int] | None = None,
     num_hidden_layers_override: int | None = None,
     verify_hashes: bool = False,
     token_freq: bool = True,
 ) -> ExportReport:
-    """Export dataset ``src`` to ``dest`` in speculators 0.9.0's offline training layout."""
+    """Export dataset ``src`` to ``dest`` in speculators 0.9.0's offline training layout.
+
+    ``aux_layer_ids`` (HF ``hidden_states`` ids) picks stored aux layers, default all;
+    ``num_hidden_layers_override`` is L when the manifest does not record it.
+    """
     from hs_dataset.formats.reader import open_dataset
 
     src, dest = Path(src), Path(dest)
     ds = open_dataset(src, verify_hashes=verify_hashes)
     check_layer_convention(ds, "speculators")
     check_final_state(ds)
-    positions, layer_ids = select_aux_layers(ds, aux_layers, "speculators")
+    positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "speculators")
     num_layers = num_hidden_layers(ds, num_hidden_layers_override, "speculators")
     bad = [i for i in layer_ids if not 0 <= i < num_layers]
     if bad:
@@ -238,7 +238,7 @@ def export_speculators(
             f"decoder layer k (HF hidden_states[k]) and id {num_layers} is the pre-norm final state, stored last"
         )
     hidden = int(ds.manifest.hidden_size)
-    defaults = speculators_default_layer_ids(num_layers)
+    defaults = trainer_default_aux_layer_ids(num_layers)  # the final is id num_layers
     resume_key = {
         "target": "speculators",
         "source_dataset_id": ds.manifest.dataset_id,

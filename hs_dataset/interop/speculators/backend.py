@@ -165,7 +165,7 @@ def _verified_positions(root: str, target_layer_ids: Sequence[int] | None) -> li
     """Check every shard's hash once (BLAKE3; sha256 for format-1 shards); the positions of the aux layers speculators will train on."""
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.interop.common import check_layer_convention, select_aux_layers
-    from hs_dataset.interop.speculators import check_final_state
+    from hs_dataset.interop.speculators.export import check_final_state
 
     ds = open_dataset(root, verify_hashes=True)
     for i in range(len(ds.manifest.shards)):
@@ -220,7 +220,7 @@ def register() -> type:
     if "speculators.train.config.resolution" in sys.modules:
         raise UsageError(
             "speculators' train config was imported before the hs_dataset backend was registered, so --hs-dataset-path "
-            "would be unknown to it; call hs_dataset.interop.speculators_backend.register() first"
+            "would be unknown to it; call hs_dataset.interop.speculators.backend.register() first"
         )
     return HiddenStatesBackend.register(BACKEND_NAME)(_backend_class())
 
@@ -235,7 +235,7 @@ def write_rows(src: str | Path, dest: str | Path) -> int:
     """
     from hs_dataset.formats.index import index_rows
     from hs_dataset.formats.reader import open_dataset
-    from hs_dataset.interop.speculators import token_frequencies, write_arrow_index, write_token_freq
+    from hs_dataset.interop.speculators.export import token_frequencies, write_arrow_index, write_token_freq
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,7 @@ def export_specforge(
     dest: str | os.PathLike,
     *,
     overwrite: bool = False,
-    aux_layers: Sequence[int] | None = None,
+    aux_layer_ids: Sequence[int] | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
     verify_hashes: bool = False,
     keep_dtype: bool = False,
@@ -137,11 +137,11 @@ def export_specforge(
     src, dest = Path(src), Path(dest)
     ds = open_dataset(src, verify_hashes=verify_hashes)
     check_layer_convention(ds, "SpecForge")
-    positions, layer_ids = select_aux_layers(ds, aux_layers, "SpecForge")
+    positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "SpecForge")
     if len(layer_ids) != SPECFORGE_NUM_AUX:
         raise ExportMismatchError(
             f"SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers, the export would hold {len(layer_ids)} "
-            f"({layer_ids}); pick three with --aux-layers"
+            f"({layer_ids}); pick three with --aux-layer-ids"
         )
     if min(layer_ids) < 1:
         raise ExportMismatchError(

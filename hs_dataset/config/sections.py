@@ -1,0 +1,319 @@
+"""The card's sections: one typed, frozen pydantic model per YAML section, every key described.
+
+Every section refuses unknown keys and does not coerce types (``"512"`` is not 512).
+The field descriptions are the one place the card schema is written down:
+docs/CARDS.md is rendered from them (scripts/render_card_docs.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from hs_dataset.dtypes import STATE_DTYPES
+
+__all__ = [
+    "Section",
+    "ModelSection",
+    "LayersSection",
+    "SourceSection",
+    "RegenerateSection",
+    "HFBackendSection",
+    "SGLangBackendSection",
+    "BackendSection",
+    "ShardsSection",
+    "DatasetCardSection",
+    "StagingSection",
+    "SGLangServerSection",
+    "StateDtypeName",
+    "LAYER_CONVENTION",
+    "MAX_SHARD_BYTES",
+]
+
+LAYER_CONVENTION = "hf_hidden_states_index"
+MAX_SHARD_BYTES = 4 * 1024**3 - 1  # shards stay < 4 GiB (32-bit offsets in some readers)
+
+StateDtypeName = Literal[STATE_DTYPES]  # type: ignore[valid-type]  # one list: hs_dataset.dtypes
+
+
+def _scalar_to_str(value: Any) -> Any:
+    """Numbers in ``env``/``args`` become strings (YAML reads ``4`` as an int); the rest is checked as is."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _one_to_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+CommandWord = Annotated[str, BeforeValidator(_scalar_to_str)]
+
+
+class Section(BaseModel):
+    """Every card section: unknown keys refused, immutable, no type coercion (``"512"`` is not 512)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSection(Section):
+    """The target model whose hidden states are captured."""
+
+    path: str | None = Field(
+        None,
+        description="Local snapshot directory (holding config.json), or `builtin:NAME` for a model built on first use "
+        "(`builtin:tiny-deepseek-v3`). null: pass `--model-path` or set `HS_DATASET_MODEL_PATH`; hs_dataset never downloads weights.",
+    )
+    id: str | None = Field(
+        None,
+        description="Hub repository id (e.g. `moonshotai/Kimi-K2.5`), recorded in the manifest; `hs-dataset serve` "
+        "falls back to it as the model path when no path is given.",
+    )
+    revision: str | None = Field(None, description="Model revision (branch, tag or commit), recorded in the manifest. Default null.")
+    text_module: str | None = Field(
+        None,
+        description="Dotted path of the decoder stack (the module with `embed_tokens`, `layers`, `norm`), e.g. "
+        "`language_model.model` for Kimi-K2.5. Default null: auto-detected (hf) or `model` (serve).",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the Python code a snapshot ships (`auto_map`: Kimi-K2.5's tiktoken tokenizer, its processor) when "
+        "loading its tokenizer, config or model, and pass `--trust-remote-code` to SGLang. Only for snapshots you trust. "
+        "`--trust-remote-code` overrides it. Default false: a snapshot that needs remote code is refused by name.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja file rendering the conversations instead of the tokenizer's own chat template "
+        "(`--chat-template FILE` overrides it). Default null: the tokenizer's own template.",
+    )
+
+
+class LayersSection(Section):
+    """Which hidden states are captured, and what the indexes mean."""
+
+    convention: Literal["hf_hidden_states_index"] = Field(
+        LAYER_CONVENTION,
+        description="How `aux` is counted: indexes into transformers' `output_hidden_states` tuple "
+        "(`hidden_states[0]` = embedding output, `hidden_states[i]` = output of decoder layer `i-1`). The only value.",
+    )
+    aux: list[int] = Field(
+        description="The EAGLE-3 aux layers as HF `hidden_states` indexes, e.g. `[2, 30, 58]` for Kimi-K2.5. Required.",
+        json_schema_extra={"constraint": "non-empty, ascending, distinct, each >= 0"},
+    )
+    final: Literal["pre_norm", "post_norm"] = Field(
+        "pre_norm",
+        description="The final state the config asks for: `pre_norm` (input of the final norm, what speculators trains on) "
+        "or `post_norm` (what SpecForge trains on). Captures store the pre-norm state plus the norm's weight and eps, "
+        "from which the post-norm state is derived exactly. Default `pre_norm`.",
+    )
+
+    @field_validator("aux")
+    @classmethod
+    def _ascending_indexes(cls, aux: list[int]) -> list[int]:
+        if not aux:
+            raise ValueError("must list at least one HF hidden_states index, e.g. [2, 3, 4]")
+        if min(aux) < 0:
+            raise ValueError(f"must be HF hidden_states indexes >= 0 (0 is the embedding output), got {aux}")
+        if any(b <= a for a, b in zip(aux, aux[1:])):
+            raise ValueError(f"must be ascending distinct HF hidden_states indexes, got {aux}")
+        return aux
+
+
+class SourceSection(Section):
+    """Where the conversations (or pre-tokenized rows) come from."""
+
+    kind: str = Field(
+        "conversations",
+        description="What the rows hold, for readers of the card (`conversations`); rows are recognised one by one "
+        "(chat messages or pre-tokenized `input_ids`), see docs/SOURCES.md. Default `conversations`.",
+    )
+    path: str | None = Field(
+        None,
+        description="A JSONL file, a saved `datasets` directory, or `builtin:conversations` (the bundled 42 "
+        "conversations). null: pass `--source PATH`.",
+    )
+    subset: str | None = Field(
+        None, description="`hf:` sources: the dataset's config (subset) name (`--subset`). Default null: the dataset's default."
+    )
+    split: str | None = Field(
+        None, description="`hf:` sources (and saved `DatasetDict`s): the split to read (`--split`, e.g. `train_sft`). Default null: `train`."
+    )
+    revision: str | None = Field(None, description="`hf:` sources: branch, tag or commit of the dataset repo (`--revision`). Default null: main.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Our field name -> the source's column name, for sources that name them differently "
+        "(`--columns messages=dialog`). Fields: `messages`, `conversations`, `prompt`, `response`, `system`, `tools`, "
+        "`id`, `input_ids`, `loss_mask`. Default none.",
+    )
+    streaming: bool = Field(
+        True,
+        description="`hf:` sources: stream rows instead of downloading the whole split first (the local cache is used "
+        "when offline). Default true.",
+    )
+
+
+class RegenerateSection(Section):
+    """Regenerate every assistant turn with the target model before capture (`--regenerate`); see docs/SOURCES.md."""
+
+    enabled: bool = Field(False, description="Regenerate assistant turns before capture (`--regenerate` sets it). Default false.")
+    max_new_tokens: int = Field(512, gt=0, description="Most tokens the model may write per assistant turn. Default 512.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy. Default 0.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (with temperature > 0). Default 1.")
+    seed: int = Field(0, ge=0, description="Sampling seed (with temperature > 0), so a rerun writes the same turns. Default 0.")
+    thinking: Literal["on", "off"] | None = Field(
+        None,
+        description="For templates with a thinking switch (`thinking` template variable): `on` or `off`. "
+        "Default null: the template's default.",
+    )
+    turns: int | None = Field(
+        None, ge=1, description="Regenerate at most this many assistant turns per conversation; the conversation ends after the last one. Default null: all."
+    )
+    policy: Literal["keep", "drop"] = Field(
+        "keep",
+        description="A turn that hit `max_new_tokens`, came back empty or failed: `keep` the conversation up to "
+        "and including it (failed turns end it before), or `drop` the whole conversation. Counted either way. Default `keep`.",
+    )
+    concurrency: int = Field(16, ge=1, description="Conversations regenerated together (SGLang: requests in flight; HF: batch rows). Default 16.")
+
+
+class HFBackendSection(Section):
+    """In-process transformers capture (`name: hf`)."""
+
+    name: Literal["hf"] = Field(description="Selects this backend.")
+    device: str = Field(
+        "auto",
+        description="Torch device: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`. `--device` overrides it. Default `auto`.",
+    )
+    batch_size: int = Field(1, gt=0, description="Samples per forward pass (`--batch-size` overrides it). Default 1.")
+
+
+class SGLangBackendSection(Section):
+    """Capture through hs_dataset-enabled SGLang servers (`name: sglang`); see docs/SGLANG.md."""
+
+    name: Literal["sglang"] = Field(description="Selects this backend.")
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Server URLs (`http://host:port`); load is spread over them. Default empty: "
+        "`http://{sglang.host}:{sglang.port}`. `--server URL` (repeatable) overrides it.",
+    )
+    batch_size: int = Field(
+        1, gt=0, description="Samples handed to the client per step; requests in flight are max(batch_size, concurrency). Default 1."
+    )
+    concurrency: int = Field(8, ge=1, description="Requests in flight, all servers together (`--batch-size` overrides it). Default 8.")
+    request_timeout_s: float = Field(120.0, gt=0, description="Seconds one HTTP request may take. Default 120.")
+    dump_timeout_s: float = Field(60.0, gt=0, description="Seconds to wait for a request's dump file to appear. Default 60.")
+    retries: int = Field(2, ge=0, description="Extra attempts per sample for retryable failures (server errors, timeouts, staging full). Default 2.")
+    backoff_s: float = Field(0.5, ge=0, description="First back-off between retries in seconds; doubles per attempt. Default 0.5.")
+    max_new_tokens: Literal[0, 1] = Field(
+        1, description="Tokens generated per request: 1 (safest) or 0 (prefill only; not with speculative decoding). Default 1."
+    )
+    allow_radix_cache: bool = Field(
+        False,
+        description="Accept a server whose prefix cache is on (prompts that hit it are refused by the server and reported as failures). Default false.",
+    )
+    force_full_prefill: bool = Field(
+        False,
+        description="Send `return_logprob` with `logprob_start_len=0` so SGLang recomputes every prompt token even with the "
+        "prefix cache on (costs logits for every prompt token). Default false.",
+    )
+    staging_dir: str | None = Field(
+        None,
+        description="Where the server's dumps appear. Default null: `sglang.staging.dir` for a single server, else what each server reports.",
+    )
+    endpoint_cooldown_s: float = Field(
+        5.0, ge=0, description="Seconds a failing server stays out of rotation (grows with repeated failures). Default 5."
+    )
+
+
+BackendSection = Annotated[Union[HFBackendSection, SGLangBackendSection], Field(discriminator="name")]
+
+
+class ShardsSection(Section):
+    """How the captured states are laid out on disk."""
+
+    bytes: int = Field(
+        2 * 1024**3,
+        gt=0,
+        le=MAX_SHARD_BYTES,
+        description="Target shard size in bytes (`--shard-bytes` overrides it). Default 2147483648 (2 GiB).",
+    )
+    storage: Literal["native", "fp8", "fp8_e4m3_per_token"] = Field(
+        "native",
+        description="State encoding on disk: `native` (the capture dtype) or `fp8` (float8 e4m3 plus a float32 scale per "
+        "token, half the bytes of bf16; `fp8_e4m3_per_token` is its full name). `--storage` overrides it. Default `native`.",
+    )
+
+
+class DatasetCardSection(Section):
+    """Front-matter keys of the Hub dataset card written by `hs-dataset push` (see docs/HUB.md)."""
+
+    license: str | None = Field(None, description="Hub license id (`apache-2.0`, `other`, ...). Default null: none written.")
+    license_name: str | None = Field(None, description="Name of a custom license (with `license: other`). Default null.")
+    license_link: str | None = Field(None, description="Link to a custom license's text (with `license: other`). Default null.")
+    pretty_name: str | None = Field(None, description="Human-readable dataset title; also the README's heading. Default null: the repo id.")
+    language: Annotated[list[str], BeforeValidator(_one_to_list)] | None = Field(
+        None, description="Language codes of the text (`en`, or a list). Default null."
+    )
+    tags: list[str] | None = Field(
+        None, description="Extra Hub tags; `eagle3`, `speculative-decoding`, `hidden-states`, `hs_dataset` are always added. Default null."
+    )
+    task_categories: list[str] | None = Field(None, description="Hub task categories. Default null.")
+    size_categories: list[str] | None = Field(None, description="Hub size categories (`1K<n<10K`, ...). Default null.")
+
+    def front_matter(self) -> dict[str, Any]:
+        """The keys this card sets (nulls left out), ready for the README's YAML front matter."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class StagingSection(Section):
+    """The server's private directory of per-request dumps and its limits (see docs/SGLANG.md)."""
+
+    dir: str | None = Field(
+        None, description="Staging directory (`--staging-dir` overrides it). Default null: `/dev/shm/hs_dataset-<uid>/<host>-<port>`."
+    )
+    max_bytes: int | None = Field(None, ge=1, description="Bytes of dumps waiting for the client before new ones are refused. Default null: 16 GiB.")
+    max_files: int | None = Field(None, ge=1, description="Dump files waiting for the client before new ones are refused. Default null: 4096.")
+    max_wait_s: float | None = Field(None, ge=0, description="Seconds one forward pass may wait, in total, for staging room or pinned memory before its dumps are refused. Default null: 2.0.")
+    writer_threads: int | None = Field(None, ge=1, description="Threads writing dumps off the forward path (each dump one `writev` from its pinned buffer). Default null: 4.")
+    pinned_pool_bytes: int | None = Field(None, ge=0, description="Host memory for the capture copies, in bytes: pinned for device-to-host copies, plain on a CPU server. Default null: 2 GiB.")
+    orphan_ttl_s: float | None = Field(None, gt=0, description="Seconds after which unclaimed dumps and temporaries are deleted. Default null: 3600.")
+    rid_prefix: str | None = Field(
+        None, pattern=r"^hs-[A-Za-z0-9-]*$", description="Request-id prefix whose requests are captured. Default null: `hs-`."
+    )
+
+
+class SGLangServerSection(Section):
+    """How `hs-dataset serve` starts the SGLang capture server."""
+
+    python: str | None = Field(
+        None,
+        description="Server interpreter; a relative path with a `/` is relative to the repository. `--python` overrides it. "
+        "Default null: `$HS_SGLANG_PYTHON` or `<repo>/.sglang-venv/bin/python`.",
+    )
+    device: Literal["cuda", "cpu"] = Field("cuda", description="`cuda`, or `cpu` for CPU test servers (adds the CPU support files). Default `cuda`.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (`--tp-size`). Default 1.")
+    host: str = Field("127.0.0.1", description="Listen address (`--host` overrides it). Default `127.0.0.1`.")
+    port: int = Field(30000, ge=1, le=65535, description="Listen port (`--port` overrides it). Default 30000.")
+    module_path: str | None = Field(
+        None, description="Decoder-stack module the hooks attach to. Default null: `model.text_module`, else `model`."
+    )
+    mechanism: Literal["auto", "aux_return", "layer_hooks"] = Field(
+        "auto",
+        description="How aux states leave the server: `auto` (what the installed SGLang supports), `aux_return` "
+        "(`--enable-return-aux-hidden-states`) or `layer_hooks` (forward hooks on the layers). Default `auto`.",
+    )
+    radix_cache: bool = Field(False, description="Keep SGLang's prefix cache on. Default false (`--disable-radix-cache`).")
+    chunked_prefill_size: int | None = Field(
+        None, gt=0, description="`--chunked-prefill-size`; chunks of a long prompt are assembled into one dump. Default null: SGLang's default."
+    )
+    startup_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for `/health` after starting. Default 900.")
+    env: dict[str, CommandWord] = Field(default_factory=dict, description="Extra environment variables for the server (numbers become strings). Default none.")
+    args: list[CommandWord] = Field(
+        default_factory=list, description="Extra SGLang command-line arguments (numbers become strings); `-- ARGS` on the command line adds more. Default none."
+    )
+    staging: StagingSection = Field(default_factory=StagingSection, description="The dump staging directory and its limits (section below).")
+    architectures: list[str] | None = Field(
+        None, description="Model architectures, only used when the model directory has no readable config.json. Default null."
+    )
+    num_hidden_layers: int | None = Field(
+        None, gt=0, description="Decoder layers, only used when the model directory has no readable config.json. Default null."
+    )

@@ -1,0 +1,186 @@
+"""Open a dataset directory for writing: a new dataset, or the resumption of the one it holds.
+
+Resuming removes temp files, refuses another dataset (identity or state encoding),
+checks that every listed shard is present and whole, adopts complete shards that a
+crash left out of the manifest (renaming another dataset's ``*.rejected``), and
+collects the sample ids already stored so that none is stored twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hs_dataset.errors import ForeignDatasetError, FormatError, IntegrityError
+from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
+from hs_dataset.formats.dirlock import LOCK_NAME
+from hs_dataset.formats.encoding import Encoding
+from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
+from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.safetensors_layout import read_header
+from hs_dataset.formats.shard_file import shard_sample_ids
+from hs_dataset.formats.shard_layout import (
+    AUX_KEY,
+    FINAL_KEY,
+    INPUT_IDS_KEY,
+    LOSS_MASK_KEY,
+    NORM_WEIGHT_FILE,
+    NORM_WEIGHT_KEY,
+    OFFSETS_KEY,
+    SHARD_FORMAT,
+    SHARD_NAME_RE,
+)
+from hs_dataset.formats.writer_session import WriterReport
+
+__all__ = ["WriteTarget", "OpenedDataset", "open_or_resume"]
+
+
+@dataclass(frozen=True)
+class WriteTarget:
+    """What a writer writes into ``root``: the dataset it must be (metadata, state encoding) and its shards' prefix."""
+
+    root: Path
+    metadata: dict[str, Any]
+    encoding: Encoding
+    shard_prefix: str
+
+
+@dataclass
+class OpenedDataset:
+    """The manifest to extend, the sample ids already stored, and the next shard number of this prefix."""
+
+    manifest: Manifest
+    stored_ids: set[str]
+    next_seq: int
+
+
+def open_or_resume(target: WriteTarget, report: WriterReport, final_norm_weight: torch.Tensor | None, created_by: str | None) -> OpenedDataset:
+    """Create the dataset in an empty directory, or resume the one it holds (counting what was cleaned in ``report``)."""
+    root = target.root
+    entries = [e for e in os.listdir(root) if e != LOCK_NAME]
+    for name in entries:
+        if is_temp_name(name):
+            remove_quietly(root / name)
+            report.removed_temp_files += 1
+    entries = [e for e in entries if not is_temp_name(e)]
+    if MANIFEST_NAME in entries:
+        opened = _resume(target, report, entries)
+        fsync_dir(root)
+        return opened
+    if entries == [NORM_WEIGHT_FILE]:
+        # a crash between publishing the norm weight and the first manifest: nothing else was written
+        remove_quietly(root / NORM_WEIGHT_FILE)
+        entries = []
+    if entries:
+        raise ForeignDatasetError(
+            f"{root} is not empty and holds no hs_dataset manifest ({len(entries)} entries, e.g. {sorted(entries)[:3]}); "
+            "choose an empty or new output directory"
+        )
+    return OpenedDataset(_create(target, final_norm_weight, created_by), set(), 0)
+
+
+def _tensor_table(target: WriteTarget) -> dict[str, dict[str, Any]]:
+    state = {"encoding": target.encoding.name}
+    num_aux, hidden_size = len(target.metadata["aux_layer_ids"]), int(target.metadata["hidden_size"])
+    return {
+        OFFSETS_KEY: {"encoding": "int64", "shape": ["samples+1"]},
+        INPUT_IDS_KEY: {"encoding": "int64", "shape": ["tokens"]},
+        LOSS_MASK_KEY: {"encoding": "bool", "shape": ["tokens"]},
+        AUX_KEY: {**state, "shape": ["tokens", num_aux, hidden_size]},
+        FINAL_KEY: {**state, "shape": ["tokens", hidden_size]},
+    }
+
+
+def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created_by: str | None) -> Manifest:
+    from hs_dataset.version import __version__
+
+    metadata = dict(target.metadata)
+    if final_norm_weight is not None:
+        metadata["final_norm"] = {**metadata.get("final_norm", {}), **_write_norm_weight(target.root, final_norm_weight)}
+    manifest = Manifest(
+        dataset_id=uuid.uuid4().hex,
+        metadata=metadata,
+        tensors=_tensor_table(target),
+        created_by=created_by or f"hs_dataset {__version__}",
+        identity=identity_fingerprint(target.metadata),
+    )
+    manifest.save(target.root)
+    return manifest
+
+
+def _write_norm_weight(root: Path, weight: torch.Tensor) -> dict[str, Any]:
+    from safetensors.torch import save_file
+
+    final = root / NORM_WEIGHT_FILE
+    temp = temp_path_for(final)
+    save_file({NORM_WEIGHT_KEY: weight.detach().to("cpu").contiguous()}, str(temp))
+    os.chmod(temp, 0o644)
+    with open(temp, "rb") as f:
+        os.fsync(f.fileno())
+        digest = sha256_fileobj(f)
+    publish(temp, final)
+    return {"weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY, "weight_sha256": digest}
+
+
+def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> OpenedDataset:
+    root = target.root
+    manifest = Manifest.load(root)
+    wanted = identity_fingerprint(target.metadata)
+    if manifest.identity != wanted:
+        raise ForeignDatasetError(
+            f"{root} already holds a different dataset (config {manifest.metadata.get('config_name')!r}, "
+            f"model {manifest.metadata.get('model')!r}); write to another directory or delete this one"
+        )
+    if manifest.tensors.get(AUX_KEY, {}).get("encoding") != target.encoding.name:
+        raise ForeignDatasetError(
+            f"{root} stores states as {manifest.tensors.get(AUX_KEY, {}).get('encoding')!r} but this run asks for "
+            f"{target.encoding.name!r}; use the same --storage as the first run or another directory"
+        )
+    listed = {s.file for s in manifest.shards}
+    for index, record in enumerate(manifest.shards):
+        path = resolve_member(root, record.file, what=f"shards[{index}].file")
+        if not path.is_file() or path.stat().st_size != record.bytes:
+            raise IntegrityError(
+                f"{path}: listed in the manifest but missing or of the wrong size; run `hs-dataset verify {root}` "
+                "and restore the file (or start a new output directory)"
+            )
+    for name in sorted(entries):
+        match = SHARD_NAME_RE.match(name)
+        if match and name not in listed and match.group("prefix") == target.shard_prefix:
+            _adopt_orphan(root, manifest, name, report)
+    opened = OpenedDataset(manifest, set(), 0)
+    for record in manifest.shards:
+        match = SHARD_NAME_RE.match(Path(record.file).name)
+        opened.stored_ids.update(shard_sample_ids(resolve_member(root, record.file, what="shards[].file")))
+        if match and match.group("prefix") == target.shard_prefix:
+            opened.next_seq = max(opened.next_seq, int(match.group("seq")) + 1)
+    opened.stored_ids.update(q["sample_id"] for q in manifest.quarantine)
+    return opened
+
+
+def _adopt_orphan(root: Path, manifest: Manifest, name: str, report: WriterReport) -> None:
+    """A crash between rename and manifest update leaves a complete shard: hash it and list it."""
+    path = root / name
+    try:
+        with open_regular(path, what="unlisted shard") as f:
+            specs, meta, _ = read_header(f, str(path))
+            if meta.get("dataset_id") != manifest.dataset_id or meta.get("format") != SHARD_FORMAT:
+                raise FormatError(f"{path}: belongs to another dataset")
+            digest = file_digests(f, (SHARD_HASH,))[SHARD_HASH]
+        ids = json.loads(meta["sample_ids"])
+        record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, blake3=digest)
+    except (FormatError, KeyError, ValueError, OSError):
+        os.replace(path, root / f"{name}.rejected")
+        report.rejected_shards.append(name)
+        return
+    manifest.shards.append(record)
+    manifest.shards.sort(key=lambda s: s.file)
+    manifest.save(root)
+    report.adopted_shards.append(name)

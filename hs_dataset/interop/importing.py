@@ -1,0 +1,367 @@
+"""The machinery both imports share: their settings, what the data means, and the loop into a ShardWriter.
+
+The trainers' own layouts are read by :mod:`hs_dataset.interop.speculators.import_` and
+:mod:`hs_dataset.interop.specforge.import_`; each yields its samples to :func:`run_import`.
+
+Neither layout records what its states mean, so an import states it:
+
+* speculators 0.9.0 (``hidden_states/hs_{idx}.safetensors`` + Arrow dataset): the last
+  of ``hidden_states``' layers is the final state BEFORE the norm -> stored
+  ``final_state: "pre_norm"``; the others are aux layers, HF ``hidden_states`` indexes
+  (speculators uses the same convention; default ``[2, L//2, L-3]``).
+* SpecForge 0.2.0 (``rows_*/data_{idx}.ckpt``): ``hidden_state`` is AFTER the final norm
+  -> stored ``final_state: "post_norm"`` (a different dataset identity than a pre-norm
+  capture, on purpose); ``aux_hidden_state`` is K aux layers concatenated, HF ids = the
+  SGLang capture ids + 1 (default ``[2, L//2, L-3]``).
+
+Where the layer ids come from, first match wins: :attr:`ImportSettings.aux_layer_ids`; the
+``hs_dataset_export.json`` record if the directory is one of our exports; the config
+card named by ``config`` (if it is a card); speculators'/SpecForge's default from
+``num_hidden_layers`` (:func:`~hs_dataset.interop.common.trainer_default_aux_layer_ids`).
+Contradictions between these, or with the files, are refused.
+
+Inconsistent files are refused by name (:class:`ImportDataError`): missing keys, shape
+mismatches between tensors or with the first file, token_ids != input_ids, mixed dtypes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from hs_dataset.dtypes import state_dtype_name
+from hs_dataset.errors import HsDatasetError, UsageError
+from hs_dataset.interop.common import read_export_record, refuse_to_wipe_dataset, trainer_default_aux_layer_ids
+
+__all__ = [
+    "IMPORT_FORMATS",
+    "ImportDataError",
+    "ImportReport",
+    "ImportSettings",
+    "ResolvedImport",
+    "SampleItem",
+    "resolve_settings",
+    "prepare_import_dest",
+    "run_import",
+    "check_mask",
+]
+
+IMPORT_FORMATS = ("speculators", "specforge")
+
+
+class ImportDataError(HsDatasetError, ValueError):
+    """An input directory or file cannot be imported (named in the message)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportSettings:
+    """What an import states about the data (neither trainer's layout records it) and how it is stored.
+
+    ``config``: a config card name or ``.yaml`` path (supplies layer ids, dtype, model), or
+    a free-form name for the imported dataset. ``aux_layer_ids``: the aux layers as HF
+    ``hidden_states`` indexes, ascending. ``num_hidden_layers``: L, for the trainers'
+    default ``[2, L//2, L-3]`` when no ids are given. ``model_path``: a local model
+    directory whose fingerprint and final-norm weight/eps are recorded; ``model_id``:
+    the model id to record. ``storage``, ``shard_bytes``: as for ``ShardWriter``
+    (``None``: its default size). ``overwrite``: delete whatever the destination holds first.
+    Unknown keys are refused (``TypeError`` naming the key).
+    """
+
+    config: str
+    aux_layer_ids: Sequence[int] | None = None
+    num_hidden_layers: int | None = None
+    model_path: str | None = None
+    model_id: str | None = None
+    storage: str = "native"
+    shard_bytes: int | None = None
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, str) or not self.config:
+            raise UsageError(f"ImportSettings.config must name a config card or the imported dataset, got {self.config!r}")
+
+
+@dataclass
+class ImportReport:
+    source_format: str
+    source: str
+    dest: str
+    files_read: int = 0
+    samples_written: int = 0
+    skipped_existing: int = 0
+    skipped_missing: list[str] = field(default_factory=list)
+    tokens_written: int = 0
+    quarantined: list[dict[str, str]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        md = self.metadata
+        lines = [
+            f"imported {self.source_format} data {self.source} -> {self.dest}",
+            f"  samples written   {self.samples_written} ({self.tokens_written} tokens); already stored {self.skipped_existing}",
+            f"  aux layers        {md.get('aux_layer_ids')} (HF hidden_states indexes); final state {md.get('final_state')}",
+            f"  dtype / hidden    {md.get('dtype')} / {md.get('hidden_size')}",
+        ]
+        if self.skipped_missing:
+            lines.append(f"  missing files skipped: {len(self.skipped_missing)} (e.g. {self.skipped_missing[:3]})")
+        for q in self.quarantined[:10]:
+            lines.append(f"  quarantined {q['sample_id']}: {q['reason']}")
+        return "\n".join(lines)
+
+
+@dataclass
+class ResolvedImport:
+    """What the settings, the export record and the card resolve to."""
+
+    config_name: str
+    config_fingerprint: str
+    model: dict[str, Any]
+    aux_layer_ids: list[int] | None
+    num_hidden_layers: int | None
+    norm_weight: torch.Tensor | None
+    norm_eps: float | None
+    card_dtype: str | None
+
+
+# ---------------------------------------------------------------------------- settings
+def _load_card_or_none(config: str) -> Any:
+    from hs_dataset.config import CardError, load_card
+
+    looks_like_path = Path(config).suffix in (".yaml", ".yml")
+    try:
+        return load_card(config)
+    except CardError as exc:
+        if looks_like_path or "unknown config" not in str(exc):
+            raise ImportDataError(str(exc)) from None
+        return None
+
+
+def _record_of(src: Path, fmt: str) -> dict[str, Any] | None:
+    record = read_export_record(src)
+    return record if record and record.get("target") == fmt else None
+
+
+def resolve_settings(src: Path, fmt: str, settings: ImportSettings) -> ResolvedImport:
+    """Layer ids, model, norm and names for the import of ``src``; contradictions are refused by name."""
+    card = _load_card_or_none(settings.config)
+    record = _record_of(src, fmt) or {}
+    layers = record.get("layers") or {}
+    sources = _layer_id_sources(src, settings.aux_layer_ids, layers, card)
+    model, norm_weight, norm_eps, num_hidden_layers = _model_and_norm(settings, card, record)
+    recorded_layers = layers.get("num_hidden_layers")
+    if num_hidden_layers is not None and recorded_layers is not None and int(recorded_layers) != int(num_hidden_layers):
+        raise ImportDataError(f"num_hidden_layers {num_hidden_layers} contradicts {src}/hs_dataset_export.json ({recorded_layers})")
+    num_hidden_layers = num_hidden_layers if num_hidden_layers is not None else recorded_layers
+    if norm_weight is None and fmt == "speculators":
+        norm = record.get("final_norm")
+        if isinstance(norm, dict) and "weight_file" in norm:
+            norm_weight, norm_eps = _recorded_norm(src, norm)
+    ids = sources[0][1] if sources else (trainer_default_aux_layer_ids(int(num_hidden_layers)) if num_hidden_layers else None)
+    if card is not None:
+        fingerprint = card.fingerprint
+        name = card.name
+    else:
+        name = settings.config
+        fingerprint = hashlib.sha256(json.dumps({"import": fmt, "config": settings.config}, sort_keys=True).encode()).hexdigest()
+    return ResolvedImport(
+        config_name=name,
+        config_fingerprint=fingerprint,
+        model=model,
+        aux_layer_ids=ids,
+        num_hidden_layers=int(num_hidden_layers) if num_hidden_layers is not None else None,
+        norm_weight=norm_weight,
+        norm_eps=norm_eps,
+        card_dtype=card.dtype if card is not None else None,
+    )
+
+
+def _layer_id_sources(src: Path, aux_layer_ids: Sequence[int] | None, layers: dict[str, Any], card: Any) -> list[tuple[str, list[int]]]:
+    """(where, ids) of every statement of the layer ids, first wins; the settings and the export record must agree."""
+    sources: list[tuple[str, list[int]]] = []
+    if aux_layer_ids is not None:
+        sources.append(("--aux-layer-ids", [int(i) for i in aux_layer_ids]))
+    recorded_ids = layers.get("target_layer_ids") or layers.get("aux_layer_ids_hf")
+    if recorded_ids is not None:
+        sources.append((f"{src}/hs_dataset_export.json", [int(i) for i in recorded_ids]))
+    if card is not None:
+        sources.append((f"config {card.name}", list(card.layers.aux)))
+    # The explicit value and the export record describe the files; they must agree.
+    hard = [s for s in sources if not s[0].startswith("config ")]
+    if len({tuple(ids) for _, ids in hard}) > 1:
+        raise ImportDataError("layer ids disagree: " + "; ".join(f"{where} says {ids}" for where, ids in hard))
+    return sources
+
+
+def _model_and_norm(settings: ImportSettings, card: Any, record: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None, float | None, int | None]:
+    """(model record, final-norm weight and eps, num_hidden_layers) from the settings, the card and the export record."""
+    model_path, model_id, num_hidden_layers = settings.model_path, settings.model_id, settings.num_hidden_layers
+    norm_weight = norm_eps = None
+    model: dict[str, Any] = {"path": None, "id": model_id, "revision": None, "fingerprint": None}
+    if card is not None:
+        model.update(path=card.model.path, id=model_id or card.model.id, revision=card.model.revision)
+    source_model = (record.get("source") or {}).get("model")
+    if isinstance(source_model, dict) and model_path is None:
+        model.update({k: source_model.get(k) for k in ("path", "id", "revision", "fingerprint")})
+    if model_path is not None:
+        from hs_dataset.model.snapshot import load_text_config, model_fingerprint, read_final_norm, resolve_model_path
+
+        local = resolve_model_path(model_path)
+        model.update(path=str(local), fingerprint=model_fingerprint(local))
+        weight, eps = read_final_norm(local)
+        norm_weight, norm_eps = weight, float(eps)  # type: ignore[assignment]
+        model_layers = load_text_config(local).get("num_hidden_layers")
+        if num_hidden_layers is not None and model_layers is not None and int(model_layers) != int(num_hidden_layers):
+            raise ImportDataError(f"--num-hidden-layers {num_hidden_layers} contradicts {local}/config.json ({model_layers})")
+        num_hidden_layers = num_hidden_layers or model_layers
+    return model, norm_weight, norm_eps, num_hidden_layers
+
+
+def _recorded_norm(src: Path, norm: dict[str, Any]) -> tuple[torch.Tensor | None, float | None]:
+    """The final norm an export record names (through the one norm reader: no links, inside ``src``)."""
+    from hs_dataset.formats.reader import load_norm_weight
+
+    where = str(src / "hs_dataset_export.json")
+    try:
+        weight = load_norm_weight(src, norm, where=where)
+    except FileNotFoundError:
+        return None, None
+    eps = norm.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+        raise ImportDataError(f"{where}: final_norm.eps must be a small non-negative number, got {str(eps)[:40]}")
+    return weight, float(eps)
+
+
+def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: int, dtype: torch.dtype, where: str) -> dict[str, Any]:
+    ids = resolved.aux_layer_ids
+    if ids is None:
+        raise ImportDataError(
+            f"{where}: {k} aux layers, but nothing says which: pass --aux-layer-ids (HF hidden_states indexes) or "
+            "--num-hidden-layers L for the trainer's default [2, L//2, L-3], or name a config card that lists them"
+        )
+    if len(ids) != k:
+        raise ImportDataError(f"{where}: the files hold {k} aux layers but the layer ids are {ids} ({len(ids)} layers)")
+    if sorted(set(ids)) != ids or min(ids) < 0:
+        raise ImportDataError(f"aux layer ids {ids} must be ascending, distinct, non-negative HF hidden_states indexes")
+    if resolved.num_hidden_layers is not None and max(ids) >= resolved.num_hidden_layers:
+        raise ImportDataError(f"aux layer ids {ids} reach past the {resolved.num_hidden_layers} decoder layers (id L is the final state)")
+    try:
+        dtype_name = state_dtype_name(dtype)
+    except ValueError:
+        raise ImportDataError(f"{where}: states are {dtype}; only bfloat16, float16 and float32 can be stored") from None
+    if resolved.card_dtype is not None and resolved.card_dtype != dtype_name:
+        raise ImportDataError(
+            f"{where}: states are {dtype_name} but config {resolved.config_name!r} captures {resolved.card_dtype}; "
+            "name another config (or a free-form name with --aux-layer-ids)"
+        )
+    if resolved.norm_weight is not None and tuple(resolved.norm_weight.shape) != (hidden,):
+        raise ImportDataError(f"the final-norm weight has shape {tuple(resolved.norm_weight.shape)}, the data's hidden size is {hidden}")
+    md: dict[str, Any] = {
+        "config_name": resolved.config_name,
+        "config_fingerprint": resolved.config_fingerprint,
+        "model": resolved.model,
+        "aux_layer_ids": ids,
+        "layer_convention": "hf_hidden_states_index",
+        "final_state": "pre_norm" if fmt == "speculators" else "post_norm",
+        "dtype": dtype_name,
+        "hidden_size": hidden,
+        "num_hidden_layers": resolved.num_hidden_layers,
+        "backend": {"name": "import", "format": {"speculators": "speculators 0.9.0", "specforge": "specforge 0.2.0"}[fmt], "source": str(src)},
+    }
+    if resolved.norm_eps is not None:
+        md["final_norm"] = {"kind": "rmsnorm", "eps": resolved.norm_eps}
+    return md
+
+
+def prepare_import_dest(src: Path, dest: Path, overwrite: bool) -> None:
+    """Refuse a destination overlapping the source; with ``overwrite``, empty it (never an hs_dataset dataset)."""
+    src_r, dest_r = src.resolve(), dest.resolve()
+    for a, b in ((dest_r, src_r), (src_r, dest_r)):
+        if a == b or b in a.parents:
+            raise ImportDataError(f"destination {dest} overlaps the source {src}; import into a separate directory")
+    if overwrite and dest.exists() and any(dest.iterdir()):
+        refuse_to_wipe_dataset(dest)
+        for entry in dest.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+# ---------------------------------------------------------------------------- the shared loop
+# (sample id, file name, loader -> (input_ids, loss_mask, aux [T, K, H], final [T, H]))
+SampleItem = tuple[str, str, Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]]
+
+
+def run_import(
+    fmt: str,
+    src: Path,
+    dest: Path,
+    resolved: ResolvedImport,
+    items: Iterator[SampleItem],
+    report: ImportReport,
+    settings: ImportSettings,
+) -> ImportReport:
+    """Write every sample ``items`` yields into ``dest``; samples already stored there are skipped (a resumed import)."""
+    from hs_dataset.formats.writer import ShardWriter
+    from hs_dataset.sample import CapturedSample
+
+    writer = None
+    shape: tuple[int, int, torch.dtype] | None = None
+    try:
+        for sid, where, load in items:
+            if writer is not None and writer.contains(sid):
+                report.skipped_existing += 1
+                continue
+            ids, mask, aux, final = load()
+            report.files_read += 1
+            if shape is None:
+                shape = (int(aux.shape[1]), int(aux.shape[2]), aux.dtype)
+                md = _metadata(resolved, fmt, src, k=shape[0], hidden=shape[1], dtype=shape[2], where=where)
+                report.metadata = md
+                kwargs: dict[str, Any] = {"final_norm_weight": resolved.norm_weight, "storage": settings.storage}
+                if settings.shard_bytes is not None:
+                    kwargs["shard_bytes"] = settings.shard_bytes
+                writer = ShardWriter(dest, md, **kwargs)
+                if writer.contains(sid):
+                    report.skipped_existing += 1
+                    continue
+            elif (int(aux.shape[1]), int(aux.shape[2]), aux.dtype) != shape:
+                raise ImportDataError(
+                    f"{where}: aux states are [T, {aux.shape[1]}, {aux.shape[2]}] {aux.dtype}, the first file's are "
+                    f"[T, {shape[0]}, {shape[1]}] {shape[2]} (mixed layouts in one directory)"
+                )
+            sample = CapturedSample(sid, ids.to(torch.int64), mask.to(torch.bool), aux.contiguous(), final.contiguous())
+            if writer.add(sample):  # type: ignore[union-attr]
+                report.tokens_written += int(ids.shape[0])
+        if writer is not None:
+            wr = writer.close()
+            report.samples_written = wr.written
+            report.quarantined = list(wr.quarantined)
+            report.tokens_written = wr.tokens
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if writer is None and not report.skipped_missing:
+        raise ImportDataError(f"{src}: no {fmt} sample files found")
+    return report
+
+
+def check_mask(mask: torch.Tensor, t: int, where: str) -> torch.Tensor:
+    mask = mask.reshape(-1) if mask.dim() == 2 and mask.shape[0] == 1 else mask
+    if mask.dim() != 1 or int(mask.shape[0]) != t:
+        raise ImportDataError(f"{where}: loss_mask has shape {tuple(mask.shape)}, input_ids has {t} tokens")
+    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+        raise ImportDataError(f"{where}: loss_mask holds values other than 0/1")
+    return mask
+
+
