@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from hs_dataset.config import MAX_SHARD_BYTES, Card
+from hs_dataset.config.card import Card
+from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.errors import UsageError
 
 __all__ = ["BuildOptions", "RunOptions", "StreamOptions", "parse_options"]

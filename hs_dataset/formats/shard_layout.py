@@ -15,7 +15,6 @@ __all__ = [
     "STATE_KEYS",
     "NORM_WEIGHT_FILE",
     "NORM_WEIGHT_KEY",
-    "MAX_SHARD_BYTES",
     "DEFAULT_SHARD_BYTES",
     "shard_file_name",
     "SHARD_NAME_RE",
@@ -32,7 +31,6 @@ STATE_KEYS = (AUX_KEY, FINAL_KEY)
 NORM_WEIGHT_FILE = "final_norm.safetensors"
 NORM_WEIGHT_KEY = "weight"
 
-MAX_SHARD_BYTES = 4 * 1024**3 - 1  # consumers with 32-bit offsets (and FAT-style limits) stay safe
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 
 SHARD_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]*?)shard-(?P<seq>\d{6})\.safetensors$")

@@ -34,7 +34,8 @@ from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
-from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES, MAX_SHARD_BYTES
+from hs_dataset.config.sections import MAX_SHARD_BYTES
+from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES
 from hs_dataset.formats.writer_resume import WriteTarget, open_or_resume
 from hs_dataset.formats.writer_session import WriterReport, WriterSession
 from hs_dataset.host_buffers import HostBufferPool, lease_pool

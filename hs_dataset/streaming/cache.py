@@ -26,7 +26,8 @@ from hs_dataset.formats.evict import evict_shards
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint, is_dataset_dir
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.formats.reader import ShardReader
-from hs_dataset.formats.shard_layout import MAX_SHARD_BYTES, SHARD_NAME_RE
+from hs_dataset.config.sections import MAX_SHARD_BYTES
+from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample
 
