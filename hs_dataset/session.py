@@ -88,6 +88,7 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         "max_length": card.max_length,
         "overflow": card.overflow,
         "backend": {"name": info.backend, **info.backend_details},
+        "capture": dict(info.verification),
     }
 
 

@@ -87,6 +87,8 @@ class CaptureInfo:
     vocab_size: int | None = None
     backend: str = ""
     backend_details: dict = field(default_factory=dict)
+    # {"verified": bool, "by": what ran this capture path against an independent forward, or why none did}
+    verification: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

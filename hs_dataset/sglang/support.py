@@ -1,34 +1,78 @@
-"""Which SGLang versions capture works with, and by which mechanism."""
+"""Which capture mechanism an installed SGLang allows, and which releases a test of this repository ran.
+
+The mechanism follows from what the installed source provides
+(:class:`~hs_dataset.sglang.launch.facts.SGLangFacts`), never from the version number:
+``aux_return`` where SGLang returns the aux states itself (``--enable-return-aux-hidden-states``)
+and takes forward hooks, ``layer_hooks`` where it takes forward hooks only, the source patch
+(``hs-dataset patch``) where it takes neither.
+
+"Verified" is a narrower word: a release, mechanism and device that a test or check of this
+repository ran against a real server, comparing its states with an independent forward
+(:data:`VERIFIED` names which). Everything else is reported *unverified* -- by
+``hs-dataset serve --check``, in the launch log and in the manifest (``capture.verified``) --
+even when the facts say it should work.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.wire.sglang_version import parse_version
 
-__all__ = ["SUPPORTED", "UnsupportedVersionError", "support_for"]
+__all__ = ["MECHANISMS", "VERIFIED", "UnsupportedVersionError", "mechanism_for", "verification"]
 
-# (lowest, highest-exclusive, mechanism, status)
-SUPPORTED: list[tuple[tuple[int, int, int], tuple[int, int, int], str, str]] = [
-    ((0, 5, 23), (0, 6, 0), "aux_return", "verified (0.5.23, CPU, tiny DeepseekV3, float32)"),
-    ((0, 5, 15), (0, 5, 23), "layer_hooks", "read from source, not run (request ids available)"),
-    ((0, 5, 9), (0, 5, 15), "layer_hooks", "read from source, not run (no request ids: dumps keyed by content)"),
-]
+MECHANISMS = ("aux_return", "layer_hooks")
+
+# (release, mechanism, device) -> what ran it: a real server, its states vs an independent forward
+VERIFIED: dict[tuple[str, str, str], str] = {
+    ("0.5.23", "aux_return", "cpu"): "tests/integration/test_sglang_server.py, test_sglang_parallel.py (tp 2, DP attention), "
+                                     "test_kimi_sglang.py (float32, CPU)",
+    ("0.5.19", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
+    ("0.5.14", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
+}
 
 
 class UnsupportedVersionError(HsDatasetError, ValueError):
-    """This SGLang version cannot be captured from (the message names the fix)."""
+    """This SGLang cannot be captured from as asked (the message names the fix)."""
 
 
-def support_for(version: str) -> tuple[str, str]:
-    """(mechanism, status) for an SGLang version; raises :class:`UnsupportedVersionError` if unsupported."""
-    v = parse_version(version)
-    for low, high, mechanism, status in SUPPORTED:
-        if low <= v < high:
-            return mechanism, status
-    if v <= (0, 5, 5):
+class _Facts(Protocol):
+    version: str
+    forward_hooks: bool
+    aux_return: bool
+
+
+def mechanism_for(facts: _Facts, requested: str = "auto") -> str:
+    """The mechanism to use on this SGLang: the card's choice where the source allows it, else the best it allows."""
+    available = [m for m, ok in (("aux_return", facts.forward_hooks and facts.aux_return), ("layer_hooks", facts.forward_hooks)) if ok]
+    if not available:
         raise UnsupportedVersionError(
-            f"SGLang {version} has no forward hooks: patch it with `hs-dataset patch apply` and start it with "
-            "HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set (docs/SGLANG.md, 'SGLang <= 0.5.5')"
+            f"SGLang {facts.version} has no forward hooks (its server arguments define no forward_hooks): patch it with "
+            "`hs-dataset patch apply` and start it with HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set "
+            "(docs/LEGACY_PATCH.md; unverified: no test here ran a patched server)"
         )
-    supported = ", ".join(f"{'.'.join(map(str, lo))} <= v < {'.'.join(map(str, hi))}" for lo, hi, _, _ in SUPPORTED)
-    raise UnsupportedVersionError(f"SGLang {version} is not supported by this hs_dataset (supported: {supported})")
+    if requested == "auto":
+        return available[0]
+    if requested not in available:
+        raise UnsupportedVersionError(f"mechanism {requested!r} is not available on SGLang {facts.version} (use {available[0]!r})")
+    return requested
+
+
+def _release(version: str) -> str:
+    try:
+        return ".".join(map(str, parse_version(version)))
+    except ValueError:
+        return str(version)
+
+
+def verification(version: str, mechanism: str, device: str) -> tuple[bool, str]:
+    """(verified, the words for it): which test ran this release, mechanism and device, or that none did."""
+    ran = VERIFIED.get((_release(version), mechanism, device))
+    if ran is not None:
+        return True, f"verified by {ran}"
+    known = "; ".join(f"{v} {m} on {d}" for v, m, d in VERIFIED)
+    return False, (
+        f"unverified: no test of this repository ran SGLang {version} with {mechanism} on {device} (verified: {known}); "
+        "the mechanism was chosen from what the installed source provides"
+    )

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.wire.sglang_version import parse_version
 
-__all__ = ["LayerIdError", "model_family", "validate_hf_ids", "sglang_eagle3_ids", "captured_hf_ids", "layer_hook_targets"]
+__all__ = ["SHIFT_RULES", "LayerIdError", "model_family", "validate_hf_ids", "sglang_eagle3_ids", "captured_hf_ids", "layer_hook_targets"]
 
 # ---------------------------------------------------------------- layer ids: HF hidden_states <-> SGLang
 # Translate our aux layer ids (HF ``hidden_states`` indexes) into what SGLang needs.
@@ -21,18 +20,18 @@ __all__ = ["LayerIdError", "model_family", "validate_hf_ids", "sglang_eagle3_ids
 # aux id here: the final state is captured separately (pre-norm).
 #
 # SGLang captures "at layer ``c``" = the stream entering layer ``c`` = HF index ``c``.
-# What it does with the ids it is given differs by version and model family:
+# What its ``set_eagle3_layers_to_capture`` does with the ids it is given is read from the
+# installed source (``sglang/launch/facts.py``), per model family, as a *shift rule*:
 #
-# =====================  ====================================  ==========================
-# SGLang                  DeepseekV2/V3 (Kimi-K2, K2.5)          Llama / Qwen2/3 (+MoE)
-# =====================  ====================================  ==========================
-# 0.5.15 - 0.5.23         ``+1`` only when the first id is 1     always ``+1``
-# <= 0.5.9 (0.5.5 read)   always ``+1``                          always ``+1``
-# =====================  ====================================  ==========================
+# * ``always``: ``+1`` to every id (Llama / Qwen on every release read; DeepseekV2 up to 0.5.9);
+# * ``first_is_one``: ``+1`` only when the first id is 1, ids as given otherwise
+#   (DeepseekV2/V3, Kimi-K2/K2.5, from 0.5.14 at least).
 #
-# So some HF indexes cannot be asked for on some set-ups (e.g. a first id of 1 on
-# DeepseekV3 0.5.15+, or id 0 wherever SGLang always adds 1); those raise
-# :class:`LayerIdError` with the reason, instead of silently capturing a neighbour.
+# So some HF indexes cannot be asked for under some rules (a first id of 1 under
+# ``first_is_one``, id 0 under ``always``); those raise :class:`LayerIdError` with the
+# reason, instead of silently capturing a neighbour.
+
+SHIFT_RULES = ("always", "first_is_one")
 
 
 _DEEPSEEK_ARCHS = {
@@ -81,53 +80,49 @@ def validate_hf_ids(hf_ids: Iterable[int], num_hidden_layers: int) -> list[int]:
     return ids
 
 
-def _shifts_when_first_is_one(family: str, version: tuple[int, int, int]) -> bool:
-    return family == "deepseek" and version >= (0, 5, 15)
-
-
-def sglang_eagle3_ids(
-    hf_ids: Sequence[int], architectures: Sequence[str] | str, sglang_version: str, num_hidden_layers: int
-) -> list[int]:
-    """The ``--return-aux-hidden-state-layer-ids`` (EAGLE3 convention) that capture ``hf_ids``.
-
-    Raises :class:`LayerIdError` when no argument captures exactly those indexes.
-    """
-    ids = validate_hf_ids(hf_ids, num_hidden_layers)
+def _family(architectures: Sequence[str] | str, shift: str) -> str:
     family = model_family(architectures)
-    version = parse_version(sglang_version)
     if family == "unknown":
         raise LayerIdError(
             f"no known SGLang layer-id convention for architectures {architectures!r}; "
             "supported: DeepseekV2/V3, Kimi-K2/K2.5, Llama, Qwen2/3"
         )
-    if _shifts_when_first_is_one(family, version):
+    if shift not in SHIFT_RULES:
+        raise LayerIdError(
+            f"cannot tell what the installed SGLang's set_eagle3_layers_to_capture does to {family} layer ids "
+            f"(read {shift!r} from its source); use mechanism 'layer_hooks', which passes no ids to SGLang"
+        )
+    return family
+
+
+def sglang_eagle3_ids(hf_ids: Sequence[int], architectures: Sequence[str] | str, shift: str, num_hidden_layers: int) -> list[int]:
+    """The ``--return-aux-hidden-state-layer-ids`` (EAGLE3 convention) that capture ``hf_ids`` under ``shift``.
+
+    Raises :class:`LayerIdError` when no argument captures exactly those indexes.
+    """
+    ids = validate_hf_ids(hf_ids, num_hidden_layers)
+    family = _family(architectures, shift)
+    if shift == "first_is_one":
         if ids[0] == 1:
             raise LayerIdError(
-                f"HF aux ids {ids} start with 1: SGLang {sglang_version} DeepseekV2/V3 adds 1 to every id when the "
-                "first is 1 (giving hidden_states[2]...) and uses ids as given otherwise, so hidden_states[1] "
-                "cannot be the first aux layer; choose another first layer (e.g. 0 or 2)"
+                f"HF aux ids {ids} start with 1: the installed SGLang adds 1 to every {family} id when the first is 1 "
+                "(giving hidden_states[2]...) and uses ids as given otherwise, so hidden_states[1] cannot be the "
+                "first aux layer; choose another first layer (e.g. 0 or 2)"
             )
-        # Passed as given (a first id of 2 is kept; passing 1, ... would also give 2, ...).
-        return list(ids)
-    # Always +1 (Llama/Qwen on every version, DeepseekV2 before 0.5.15).
+        return list(ids)  # passed as given (a first id of 2 is kept; passing 1, ... would also give 2, ...)
     if ids[0] == 0:
         raise LayerIdError(
-            f"HF aux id 0 (the embedding output) cannot be captured on {family} with SGLang {sglang_version}: "
-            "it adds 1 to every EAGLE3 layer id"
+            f"HF aux id 0 (the embedding output) cannot be captured on {family}: the installed SGLang adds 1 to every "
+            "EAGLE3 layer id"
         )
     return [i - 1 for i in ids]
 
 
-def captured_hf_ids(
-    sglang_ids: Sequence[int], architectures: Sequence[str] | str, sglang_version: str
-) -> list[int]:
-    """Inverse of :func:`sglang_eagle3_ids`: which HF indexes SGLang captures for ``sglang_ids``."""
-    family = model_family(architectures)
-    version = parse_version(sglang_version)
+def captured_hf_ids(sglang_ids: Sequence[int], architectures: Sequence[str] | str, shift: str) -> list[int]:
+    """Inverse of :func:`sglang_eagle3_ids`: which HF indexes SGLang captures for ``sglang_ids`` under ``shift``."""
+    _family(architectures, shift)
     ids = list(sglang_ids)
-    if family == "unknown":
-        raise LayerIdError(f"no known SGLang layer-id convention for architectures {architectures!r}")
-    if _shifts_when_first_is_one(family, version):
+    if shift == "first_is_one":
         return [i + 1 for i in ids] if ids and ids[0] == 1 else ids
     return [i + 1 for i in ids]
 

@@ -86,28 +86,30 @@ def read(core, rid):
 # ---------------------------------------------------------------------------- layer ids
 
 
-def test_layer_ids_deepseek_0523_passes_ids_as_given_except_first_one():
+def test_layer_ids_first_is_one_passes_ids_as_given_except_a_first_one():
     ds = ["DeepseekV3ForCausalLM"]
-    assert L.sglang_eagle3_ids([2, 30, 58], ds, "0.5.23", 61) == [2, 30, 58]
-    assert L.sglang_eagle3_ids([0, 1, 2], ds, "0.5.23", 6) == [0, 1, 2]
-    assert L.captured_hf_ids([2, 30, 58], ds, "0.5.23") == [2, 30, 58]
-    assert L.captured_hf_ids([1, 2], ds, "0.5.23") == [2, 3]
+    assert L.sglang_eagle3_ids([2, 30, 58], ds, "first_is_one", 61) == [2, 30, 58]
+    assert L.sglang_eagle3_ids([0, 1, 2], ds, "first_is_one", 6) == [0, 1, 2]
+    assert L.captured_hf_ids([2, 30, 58], ds, "first_is_one") == [2, 30, 58]
+    assert L.captured_hf_ids([1, 2], ds, "first_is_one") == [2, 3]
     with pytest.raises(L.LayerIdError, match="start with 1"):
-        L.sglang_eagle3_ids([1, 3], ds, "0.5.23", 6)
-    assert L.sglang_eagle3_ids([2, 30, 58], ["KimiK25ForConditionalGeneration"], "0.5.23", 61) == [2, 30, 58]
+        L.sglang_eagle3_ids([1, 3], ds, "first_is_one", 6)
+    assert L.sglang_eagle3_ids([2, 30, 58], ["KimiK25ForConditionalGeneration"], "first_is_one", 61) == [2, 30, 58]
 
 
-def test_layer_ids_always_plus_one_families_and_old_versions():
-    assert L.sglang_eagle3_ids([2, 3], ["LlamaForCausalLM"], "0.5.23", 4) == [1, 2]
-    assert L.sglang_eagle3_ids([2, 30, 58], ["DeepseekV3ForCausalLM"], "0.5.5", 61) == [1, 29, 57]
+def test_layer_ids_under_the_always_plus_one_rule():
+    assert L.sglang_eagle3_ids([2, 3], ["LlamaForCausalLM"], "always", 4) == [1, 2]
+    assert L.sglang_eagle3_ids([2, 30, 58], ["DeepseekV3ForCausalLM"], "always", 61) == [1, 29, 57]
     with pytest.raises(L.LayerIdError, match="embedding"):
-        L.sglang_eagle3_ids([0, 2], ["Qwen3ForCausalLM"], "0.5.23", 4)
+        L.sglang_eagle3_ids([0, 2], ["Qwen3ForCausalLM"], "always", 4)
     with pytest.raises(L.LayerIdError, match="out of range"):
-        L.sglang_eagle3_ids([2, 6], ["DeepseekV3ForCausalLM"], "0.5.23", 6)
+        L.sglang_eagle3_ids([2, 6], ["DeepseekV3ForCausalLM"], "first_is_one", 6)
     with pytest.raises(L.LayerIdError, match="ascending"):
         L.validate_hf_ids([3, 2], 6)
     with pytest.raises(L.LayerIdError, match="no known"):
-        L.sglang_eagle3_ids([2], ["GPT2LMHeadModel"], "0.5.23", 6)
+        L.sglang_eagle3_ids([2], ["GPT2LMHeadModel"], "always", 6)
+    with pytest.raises(L.LayerIdError, match="cannot tell"):
+        L.sglang_eagle3_ids([2], ["DeepseekV3ForCausalLM"], "unknown", 6)
     assert L.layer_hook_targets([0, 2], "model", 6) == {"model.embed_tokens": 0, "model.layers.1": 2}
     assert parse_version("0.5.23.post1") == (0, 5, 23)
 

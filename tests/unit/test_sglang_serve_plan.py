@@ -12,13 +12,26 @@ from hs_dataset.sglang.launch.errors import ServeError
 
 
 OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        return hidden_states, residual\n"
+FIRST_IS_ONE = (
+    "class DeepseekV2ForCausalLM:\n    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
+    "        if layer_ids and layer_ids[0] == 1:\n            self.model.layers_to_capture = [v + 1 for v in layer_ids]\n"
+    "        else:\n            self.model.layers_to_capture = list(layer_ids)\n"
+)
+ALWAYS = "class DeepseekV2ForCausalLM:\n    def set_eagle3_layers_to_capture(self, layer_ids=None):\n        self.model.layers_to_capture = [v + 1 for v in layer_ids]\n"
+# what each kind of release provides, as its source says (sglang/launch/facts.py reads these files)
+ALL_FEATURES = ("forward_hooks", "enable_return_aux_hidden_states", "disable_prefill_cuda_graph")
 
 
-def fake_sglang(root, layer_source: str = OLD_LAYER) -> str:
-    """A stand-in ``sglang`` package directory holding only ``srt/models/deepseek_v2.py``."""
-    models = root / "sglang" / "srt" / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    (models / "deepseek_v2.py").write_text(layer_source)
+def fake_sglang(root, layer_source: str = OLD_LAYER, *, args=ALL_FEATURES, rids: bool = True, eagle3: str = FIRST_IS_ONE) -> str:
+    """A stand-in ``sglang`` package: the server arguments, ``ForwardBatch`` and ``deepseek_v2.py`` the facts are read from."""
+    srt = root / "sglang" / "srt"
+    (srt / "models").mkdir(parents=True, exist_ok=True)
+    (srt / "model_executor").mkdir(parents=True, exist_ok=True)
+    (srt / "models" / "deepseek_v2.py").write_text(layer_source + eagle3)
+    (srt / "server_args.py").write_text("class ServerArgs:\n" + "".join(f"    {a}: bool = False\n" for a in args) + "    tp_size: int = 1\n")
+    (srt / "model_executor" / "forward_batch_info.py").write_text(
+        "class ForwardBatch:\n    batch_size: int\n" + ("    rids: list = None\n" if rids else "")
+    )
     return str(root / "sglang")
 
 
@@ -66,7 +79,7 @@ def test_the_card_s_storage_reaches_the_server_hooks(fake_env, tmp_path, storage
             assert spec["config"].get("storage", "native") == storage
 
 
-def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
+def test_tiny_cpu_plan_and_what_older_sources_provide(fake_env, monkeypatch, tmp_path):
     from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang")
@@ -75,18 +88,35 @@ def test_tiny_cpu_plan_and_old_versions(fake_env, monkeypatch, tmp_path):
     assert plan.env["SGLANG_USE_CPU_ENGINE"] == "1" and "cpu_support" in plan.env["PYTHONPATH"]
     specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
     assert [s["name"] for s in specs] == ["hs_cpu_mla", "hs_capture_final", "hs_capture"]
-    fake_env.update(sglang="0.5.9")
+    # a release whose source has forward hooks but neither the aux return nor the prefill-graph flag, whatever its number
+    fake_env.update(sglang="0.5.23", sglang_dir=fake_sglang(tmp_path / "hooks-only", args=("forward_hooks",), rids=False, eagle3=ALWAYS))
     plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
     specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
     assert plan.mechanism == "layer_hooks" and "--enable-return-aux-hidden-states" not in plan.argv
     assert {s["target_modules"][0] for s in specs if s["name"].startswith("hs_capture_aux")} == {"model.layers.1", "model.layers.2", "model.layers.3"}
     assert "--disable-prefill-cuda-graph" not in plan.argv
-    fake_env.update(sglang="0.5.5")
+    assert "unverified" in plan.support_status  # 0.5.23 with layer_hooks on CPU: no test ran it
+    fake_env.update(sglang="0.5.5", sglang_dir=fake_sglang(tmp_path / "no-hooks", args=(), rids=False, eagle3=ALWAYS))
     with pytest.raises(ServeError, match="hs-dataset patch"):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
-    fake_env.update(sglang="0.4.10")
-    with pytest.raises(ServeError):
-        serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    fake_env.update(sglang="9.9.9", sglang_dir=fake_sglang(tmp_path / "future"))  # a release the table never heard of
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    assert plan.mechanism == "aux_return" and plan.support_status.startswith("unverified") and "--disable-prefill-cuda-graph" in plan.argv
+
+
+def test_the_verified_release_says_which_test_ran_it(fake_env, tmp_path):
+    plan = serve.plan_server(_tiny_card(), staging_dir=str(tmp_path / "st"))
+    assert plan.support_status.startswith("verified by tests/integration/test_sglang_server.py"), plan.support_status
+    assert any("read from the installed source" in n for n in plan.notes)
+
+
+def test_the_eagle3_ids_follow_the_shift_rule_of_the_source(fake_env, tmp_path):
+    from hs_dataset.config import load_card
+
+    card = load_card("kimi-k25-sglang")
+    fake_env.update(sglang_dir=fake_sglang(tmp_path / "always", eagle3=ALWAYS))
+    plan = serve.plan_server(card, model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    assert "--return-aux-hidden-state-layer-ids 1 29 57" in " ".join(plan.argv)
 
 
 def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path):

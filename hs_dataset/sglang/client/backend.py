@@ -48,6 +48,7 @@ from hs_dataset.sglang.client.diagnose import GRACE_S, HookReport, diagnose, rea
 from hs_dataset.sglang.client.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
 from hs_dataset.sglang.client.endpoints import Endpoint, EndpointPicker
 from hs_dataset.sglang.client.http import HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
+from hs_dataset.sglang.support import verification
 from hs_dataset.sglang.client.validate import check_probe, check_server, probe_sample, server_mechanism
 from hs_dataset.wire.rid import content_key, make_rid
 
@@ -316,8 +317,16 @@ class SGLangBackend(CaptureBackend):
                 "run_id": self.run_id,
                 "max_new_tokens": self.section.max_new_tokens,
             },
+            verification=self._verification(ep),
         )
         return self._info
+
+    @staticmethod
+    def _verification(ep: Endpoint) -> dict:
+        """Whether a test of this repository ran this server's SGLang release, mechanism and device (``sglang.support``)."""
+        device = str(ep.server_info.get("device") or "cuda")
+        verified, words = verification(str(ep.version), str(server_mechanism(ep)), device)
+        return {"verified": verified, "by": words, "sglang_version": ep.version, "mechanism": server_mechanism(ep), "device": device}
 
     def capture_batch(self, samples: Sequence[TokenizedSample]) -> list[CaptureResult]:
         if not samples:

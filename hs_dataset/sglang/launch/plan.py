@@ -1,10 +1,11 @@
 """The launch plan of an SGLang server with everything capture needs.
 
 The server runs in its own environment (``make sglang-env`` -> ``.sglang-venv``);
-this module builds its command line and environment from a card and checks the
-installed SGLang (asked by :mod:`hs_dataset.sglang.launch.probe`) against
-:data:`hs_dataset.sglang.support.SUPPORTED`; :mod:`hs_dataset.sglang.launch.process`
-starts it and waits for health.
+this module builds its command line and environment from a card and from what the
+installed SGLang provides, read from its source (:mod:`hs_dataset.sglang.launch.facts`,
+located by :mod:`hs_dataset.sglang.launch.probe`): the mechanism, the layer ids, the
+prefill-graph flag. :func:`hs_dataset.sglang.support.verification` says whether a test
+ran that release; :mod:`hs_dataset.sglang.launch.process` starts it and waits for health.
 
 :func:`plan_server` goes step by step: where the server runs and what it serves
 (:func:`_target`), the probe of its Python, the mechanism and the layer ids
@@ -43,15 +44,13 @@ from typing import Any, Mapping, Sequence
 from hs_dataset.config import Card, SGLangServerSection, card_from_dict
 from hs_dataset.sglang.launch import cpu_ranks, probe
 from hs_dataset.sglang.launch.errors import ServeError
-from hs_dataset.sglang.support import UnsupportedVersionError
-from hs_dataset.sglang.support import support_for as _table_support_for
+from hs_dataset.sglang.launch.facts import SGLangFacts, read_facts
+from hs_dataset.sglang.support import UnsupportedVersionError, mechanism_for, verification
 from hs_dataset.wire.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.wire.layer_outputs import layer_hooks_problem
-from hs_dataset.wire.sglang_version import parse_version
 
 __all__ = [
     "ServerPlan",
-    "support_for",
     "plan_server",
     "default_server_python",
     "default_staging_dir",
@@ -74,14 +73,6 @@ _STAGING_KEYS = (
     ("orphan_ttl_s", "orphan_ttl_s"),
     ("rid_prefix", "rid_prefix"),
 )
-
-
-def support_for(version: str) -> tuple[str, str]:
-    """(mechanism, status) for an SGLang version, from the protocol's table; :class:`ServeError` if unsupported."""
-    try:
-        return _table_support_for(version)
-    except UnsupportedVersionError as exc:
-        raise ServeError(str(exc)) from None
 
 
 def default_server_python() -> str:
@@ -117,7 +108,7 @@ class ServerPlan:
     staging_dir: str
     sglang_version: str
     mechanism: str
-    support_status: str
+    support_status: str  # "verified by <test>" or "unverified: ..." (hs_dataset.sglang.support.verification)
     hf_aux_layer_ids: list[int]
     sglang_aux_layer_ids: list[int] | None
     hook_config: dict
@@ -130,7 +121,7 @@ class ServerPlan:
 
     def describe(self) -> str:
         lines = [
-            f"SGLang {self.sglang_version} ({self.support_status})",
+            f"SGLang {self.sglang_version}: {self.support_status}",
             f"mechanism: {self.mechanism}",
             f"model: {self.model_path}",
             f"aux layers: HF hidden_states {self.hf_aux_layer_ids}"
@@ -247,41 +238,46 @@ def _model_config(model_path: str) -> dict:
 class _Capture:
     """How the server captures: the installed SGLang, the mechanism, the layers."""
 
-    version: str
+    facts: SGLangFacts  # what the installed source provides
     mechanism: str
-    status: str  # the support table's word on this version
+    status: str  # verified by which test, or unverified (hs_dataset.sglang.support)
     hf_ids: list[int]
     sglang_ids: list[int] | None  # --return-aux-hidden-state-layer-ids (aux_return only)
 
+    @property
+    def version(self) -> str:
+        return self.facts.version
+
 
 def _capture(card: Card, target: _Target, info: dict, extra_args: Sequence[str], notes: list[str]) -> _Capture:
-    version = info["sglang"]
-    mechanism, status = _choose_mechanism(card.sglang, target, info, extra_args, notes)
+    facts = read_facts(info.get("sglang_dir"), info["sglang"])
+    notes.append(f"SGLang {facts.version} {facts.describe()}")
+    mechanism = _choose_mechanism(card.sglang, target, info, facts, extra_args, notes)
+    _verified, status = verification(facts.version, mechanism, card.sglang.device)
+    shift = facts.eagle3_shift.get(model_family(target.architectures), "unknown")
     try:
         hf_ids = validate_hf_ids(list(card.layers.aux), target.num_layers)
-        sglang_ids = sglang_eagle3_ids(hf_ids, target.architectures, version, target.num_layers) if mechanism == "aux_return" else None
+        sglang_ids = sglang_eagle3_ids(hf_ids, target.architectures, shift, target.num_layers) if mechanism == "aux_return" else None
     except LayerIdError as exc:
         raise ServeError(str(exc)) from None
-    return _Capture(version, mechanism, status, hf_ids, sglang_ids)
+    return _Capture(facts, mechanism, status, hf_ids, sglang_ids)
 
 
-def _choose_mechanism(sg: SGLangServerSection, target: _Target, info: dict, extra_args: Sequence[str], notes: list[str]) -> tuple[str, str]:
-    """(mechanism, status): the version's own, or ``layer_hooks`` where the card forces it and the layers allow it."""
-    version = info["sglang"]
-    mechanism, status = support_for(version)
-    if sg.mechanism not in ("auto", mechanism):
-        requested = sg.mechanism
-        if requested == "layer_hooks" and mechanism == "aux_return":
-            mechanism = "layer_hooks"
-            notes.append("mechanism forced to layer_hooks by the card")
-        else:
-            raise ServeError(f"mechanism {requested!r} is not available on SGLang {version} (use {mechanism!r})")
+def _choose_mechanism(sg: SGLangServerSection, target: _Target, info: dict, facts: SGLangFacts, extra_args: Sequence[str], notes: list[str]) -> str:
+    """The card's mechanism where the installed SGLang allows it, else what it allows (``layer_hooks`` where its layers return the residual)."""
+    version = facts.version
+    try:
+        mechanism = mechanism_for(facts, sg.mechanism)
+    except UnsupportedVersionError as exc:
+        raise ServeError(str(exc)) from None
+    if sg.mechanism == "layer_hooks" and facts.aux_return:
+        notes.append("mechanism forced to layer_hooks by the card")
     if mechanism == "layer_hooks":
         tp_size = cpu_ranks.parallel_sizes(["--tp-size", str(sg.tp), *sg.args, *extra_args])[0]["tp"]
         _refuse_wrong_layer_outputs(target.architectures, info, version, tp_size)
         if model_family(target.architectures) != "deepseek":
             notes.append("layer_hooks on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
-    return mechanism, status
+    return mechanism
 
 
 def _refuse_wrong_layer_outputs(architectures: Sequence[str], info: dict, version: str, tp_size: int = 1) -> None:
@@ -353,8 +349,8 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
     if capture.mechanism == "aux_return":
         argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids"]
         argv += [str(i) for i in capture.sglang_ids]
-    if parse_version(capture.version) >= (0, 5, 15):
-        argv += ["--disable-prefill-cuda-graph"]  # the final-norm hook must run at prefill
+    if capture.facts.prefill_graph_flag:
+        argv += ["--disable-prefill-cuda-graph"]  # a prefill replayed in a CUDA graph runs no hook (decode graphs stay on)
     if not sg.radix_cache:
         argv += ["--disable-radix-cache"]
     else:
