@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = [
     "STATUS_FORMAT", "STATUS_VERSION", "STATUS_PREFIX", "STATUS_SUFFIX", "MAX_STATUS_BYTES", "RECENT_IDS",
-    "STATUS_INTERVAL_S", "status_name", "is_status_name", "write_status", "read_statuses",
+    "STATUS_INTERVAL_S", "STATUS_HEARTBEAT_S", "status_name", "is_status_name", "write_status", "read_statuses",
 ]
 
 STATUS_FORMAT = "hs_dataset.status"
@@ -35,6 +35,7 @@ STATUS_SUFFIX = ".json"
 MAX_STATUS_BYTES = 64 * 1024  # a status file is a few hundred bytes; anything larger is not ours
 RECENT_IDS = 8  # request ids kept per list (skipped as foreign, dumped, refused)
 STATUS_INTERVAL_S = 0.25  # how often a changed status is rewritten
+STATUS_HEARTBEAT_S = 1.0  # ... and an unchanged one, so a reader always has counters newer than its request
 _WRITER_RE = re.compile(r"\A[a-z0-9-]{1,40}\Z")
 
 

@@ -17,6 +17,11 @@ Steps, each timed, all in one run (the server start dominates):
    ``--slack``), and when the neighbours a wrong convention would store (aux layer i-1 and i+1, the post-norm final
    instead of the pre-norm one) are at least 10x further than the server's states.
 
+4. fail fast, with two more servers started beside the first: one by hand with the prefill CUDA graph left on
+   must be refused at start by the hooks (its log names ``--disable-prefill-cuda-graph``); one with the graph on
+   and the hooks told to allow it (``HS_CAPTURE_ALLOW_PREFILL_GRAPH=1``, diagnostics only) must make a build
+   stop in under 30 s with the cause, instead of waiting out ``dump_timeout_s`` times the retries.
+
 The result is ``DIR/check_server.json`` and a table on stdout; the exit status is 0 only if every check passed.
 """
 
@@ -140,6 +145,60 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# ---------------------------------------------------------------------------- fail fast
+def start_graph_servers(card: Path, out: Path, port: int) -> dict:
+    """Two servers with SGLang's prefill CUDA graph left on (hand-started: the plan's flag removed).
+
+    ``refused``: the hooks as shipped, which must refuse to start; ``allowed``: the hooks told to
+    allow the graph, so a build against it shows how fast the client names the cause.
+    """
+    from hs_dataset.config import load_card
+    from hs_dataset.sglang.launch.plan import plan_server
+
+    started = {}
+    for name, offset, env in (("refused", 1, {}), ("allowed", 2, {"HS_CAPTURE_ALLOW_PREFILL_GRAPH": "1"})):
+        plan = plan_server(load_card(str(card)), port=port + offset, staging_dir=f"/dev/shm/hs-gpu-check-{name}")
+        argv = [a for a in plan.argv if a != "--disable-prefill-cuda-graph"]
+        argv[argv.index("--mem-fraction-static") + 1] = "0.2"
+        log = out / f"server-graph-{name}.log"
+        proc = subprocess.Popen([plan.python, *argv], env={**os.environ, **plan.env, **env}, cwd=REPO, start_new_session=True,
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        started[name] = {"proc": proc, "url": plan.url, "log": log, "t0": time.monotonic(), "staging": plan.staging_dir}
+    return started
+
+
+def judge_graph_servers(started: dict, card: Path, source: Path, out: Path) -> tuple[dict, list[str]]:
+    problems, result = [], {}
+    refused = started["refused"]
+    try:
+        refused["proc"].wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        stop(refused["proc"])
+    text = refused["log"].read_text(errors="replace")
+    result["refused_at_start"] = {"exit": refused["proc"].returncode, "after_s": round(time.monotonic() - refused["t0"], 1),
+                                  "names_the_flag": "--disable-prefill-cuda-graph" in text and "CUDA graph" in text}
+    if refused["proc"].returncode in (None, 0) or not result["refused_at_start"]["names_the_flag"]:
+        problems.append(f"a server with the prefill CUDA graph on was not refused at start by the hooks: {result['refused_at_start']}")
+    allowed = started["allowed"]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not _healthy(allowed["url"]) and allowed["proc"].poll() is None:
+        time.sleep(1)
+    if not _healthy(allowed["url"]):
+        problems.append(f"the server with the graph allowed did not come up; see {allowed['log']}")
+        stop(allowed["proc"])
+        return result, problems
+    t0 = time.monotonic()
+    built = _cli("build", "--config", str(card), "--server", allowed["url"], "--source", str(source), "--num-samples", "4",
+                 "--out", str(out / "ds-graph"), log=out / "build-graph.log", timeout=600)
+    took = time.monotonic() - t0
+    stop(allowed["proc"])
+    said = (out / "build-graph.log").read_text(errors="replace").strip().splitlines()[-1:]
+    result["build_against_graph"] = {"exit": built.returncode, "after_s": round(took, 1), "said": said}
+    if built.returncode == 0 or took > 30 or not said or "prefill CUDA graph" not in said[0]:
+        problems.append(f"a build against a server whose prefill runs in a CUDA graph did not stop in < 30 s naming it: {result['build_against_graph']}")
+    return result, problems
+
+
 # ---------------------------------------------------------------------------- the comparison
 def _reference(model, ids):
     """HF hidden_states (a tuple, post-norm last) and the pre-norm final state (the final norm's input)."""
@@ -237,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=8, help="long conversations added to the bundled ones")
     p.add_argument("--slack", type=float, default=1.5)
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
+    p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     card = write_card(out / "gpu-check.yaml", model, args, args.port, Path("/dev/shm") / f"hs-gpu-check-{args.port}")
     source = write_source(out / "source.jsonl", args.long)
     t0 = time.monotonic()
+    graph_servers = None if args.no_fail_fast or args.device != "cuda" else start_graph_servers(card, out, args.port)
     server = serve(card, out / "server.log", url, 900)
     timings["server_start_s"] = time.monotonic() - t0
     try:
@@ -267,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(report["compare"]))
     else:
         report["problems"] = [f"build exit {built.returncode}, verify exit {verified.returncode}: see build.log / verify.log"]
+    if graph_servers is not None:
+        report["fail_fast"], problems = judge_graph_servers(graph_servers, card, source, out)
+        report["problems"] += problems
+        print("fail fast:", json.dumps(report["fail_fast"]))
     (out / "check_server.json").write_text(json.dumps(report, indent=1))
     for line in report["problems"]:
         print("PROBLEM:", line)

@@ -2,8 +2,10 @@
 
 The forward thread only bumps counters (the core's ``stats``) and appends request ids to
 short deques (appends are atomic under the GIL); this thread copies them and rewrites
-the file when something changed, at most every ``STATUS_INTERVAL_S``. ``counted_at`` is
-taken when the counters are copied, so a reader knows which passes the file can speak for.
+the file when something changed, at most every ``STATUS_INTERVAL_S``, and at least every
+``STATUS_HEARTBEAT_S`` even when nothing did: ``counted_at`` is taken when the counters are
+copied, so a reader knows which passes the file can speak for -- "no prefill reached the
+hooks since my request" needs a reading taken after it, which a quiet server must still give.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from hs_dataset.wire.status import RECENT_IDS, STATUS_INTERVAL_S, write_status
+from hs_dataset.wire.status import RECENT_IDS, STATUS_HEARTBEAT_S, STATUS_INTERVAL_S, write_status
 
 __all__ = ["StatusReporter"]
 
@@ -35,6 +37,7 @@ class StatusReporter:
         self.recent_refused: deque[str] = deque(maxlen=RECENT_IDS)
         self.last_error: str | None = None
         self._last: tuple | None = None
+        self._written_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -46,13 +49,14 @@ class StatusReporter:
         counts = dict(self._stats)
         lists = (tuple(self.recent_foreign), tuple(self.recent_dumps), tuple(self.recent_refused))
         state = (tuple(sorted(counts.items())), lists, self.last_error)
-        if state == self._last:
+        if state == self._last and time.monotonic() - self._written_at < STATUS_HEARTBEAT_S:
             return
         write_status(self.staging_dir, self.writer, {
             **self._static, "counted_at": time.time(), "counts": counts, "recent_foreign": list(lists[0]),
             "recent_dumps": list(lists[1]), "recent_refused": list(lists[2]), "last_error": self.last_error,
         })
         self._last = state
+        self._written_at = time.monotonic()
 
     def start(self, name_thread: Callable[[str], None] | None = None) -> None:
         self.write()

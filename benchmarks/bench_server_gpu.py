@@ -1,0 +1,248 @@
+"""The real server's own cost of capture: prefill throughput of one GPU SGLang server with our hooks and a client
+consuming the dumps, against the same server and model without hooks, in one run.
+
+Two Kimi-wide models (hidden 7168, Kimi-K2.5's MLA dims, dense layers, bf16, random weights, fixed seed):
+``--stress-layers`` (4) prefills as fast as the GPU allows, far above a Kimi-K2.5 node's state rate;
+``--kimi-layers`` (16) prefills at about a Kimi node's rate (~26-30k tokens/s, 1.5-1.7 GB/s of aux + final
+states). For each model both servers start side by side on the GPU (``hs-dataset serve``'s own plan; the plain
+one is the same command line without ``--forward-hooks``), then each gets ``--prompts`` random prompts of
+``--tokens`` tokens with ``--in-flight`` requests in flight, ``--repeats`` times:
+
+* with hooks: :class:`~hs_dataset.sglang.client.backend.SGLangBackend` (reads, checks and hands back every dump);
+* without: plain ``/generate`` requests, the same ids and concurrency.
+
+Printed per model, best run of each side: SGLang's own prefill throughput (the median "input throughput" of its
+"Prefill batch" log lines during the run) and end-to-end tokens/s, and the capture overhead on each
+(``1 - hooks / plain``). The target is at most 3% at both rates. GPU only.
+
+    python benchmarks/bench_server_gpu.py --out DIR [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+KIMI_WIDE = {
+    "hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "vocab_size": 32768, "max_position_embeddings": 8192, "initializer_range": 0.02,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "n_group": 1, "topk_group": 1,
+}
+SEED = 7168
+_THROUGHPUT = re.compile(r"Prefill batch.*#new-token: (\d+).*input throughput \(token/s\): ([0-9.]+)")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def build_model(directory: Path, layers: int) -> Path:
+    """A Kimi-wide dense DeepseekV3 with ``layers`` layers, initialised on the GPU (minutes on a CPU at this size)."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG
+
+    if (directory / "config.json").is_file():
+        return directory
+    raw = {**TINY_DEEPSEEK_CONFIG, **KIMI_WIDE, "num_hidden_layers": layers, "first_k_dense_replace": layers}
+    config = DeepseekV3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(SEED)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # initialised in bf16: a float32 copy of the larger model would not fit twice
+    try:
+        with torch.device("cuda"):
+            model = DeepseekV3ForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(directory, safe_serialization=True)
+    del model
+    torch.cuda.empty_cache()
+    saved = json.loads((directory / "config.json").read_text())
+    rope = dict(raw["rope_parameters"])
+    saved.update({k: raw[k] for k in ("topk_method", "scoring_func", "moe_layer_freq", "ep_size")})
+    saved["rope_theta"] = rope.pop("rope_theta")
+    saved["rope_scaling"] = {**rope, "type": "yarn"}
+    saved["architectures"] = ["DeepseekV3ForCausalLM"]
+    saved["torch_dtype"] = "bfloat16"
+    (directory / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+    return directory
+
+
+def card_for(model: Path, port: int, staging: Path, args: argparse.Namespace):
+    from hs_dataset.config import card_from_dict
+
+    return card_from_dict({
+        "name": "bench-server-gpu", "model": {"path": str(model)}, "layers": {"aux": [1, 2, 3]}, "dtype": "bfloat16",
+        "max_length": args.tokens,
+        "backend": {"name": "sglang", "concurrency": args.in_flight, "request_timeout_s": 600, "dump_timeout_s": 120},
+        "sglang": {
+            "python": sys.executable, "device": "cuda", "port": port, "startup_timeout_s": 900,
+            "args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+                     "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.in_flight),
+                     "--chunked-prefill-size", str(args.chunk)],
+            "staging": {"dir": str(staging), "max_bytes": 64 << 30, "max_files": 8192, "writer_threads": 8,
+                        "pinned_pool_bytes": 24 << 30, "max_wait_s": 10.0},
+        },
+    }, "benchmarks/bench_server_gpu.py")
+
+
+def start_pair(model: Path, args: argparse.Namespace, out: Path, tag: str):
+    """The hooked server and the plain one (same argv without --forward-hooks), started side by side."""
+    import dataclasses
+
+    from hs_dataset.sglang.launch import launch, plan_server
+
+    staging = Path("/dev/shm") / f"hs-bench-{tag}"
+    hooked = plan_server(card_for(model, args.port, staging, args))
+    argv = list(hooked.argv)
+    i = argv.index("--forward-hooks")
+    plain_argv = argv[:i] + argv[i + 2:]
+    plain_argv[plain_argv.index("--port") + 1] = str(args.port + 1)
+    plain = dataclasses.replace(hooked, argv=plain_argv, port=args.port + 1, url=f"http://127.0.0.1:{args.port + 1}",
+                                staging_dir=str(staging) + "-plain")
+    t0 = time.monotonic()
+    servers = {}
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(launch, plan, log_path=str(out / f"{tag}-{name}.log"), timeout=900)
+                   for name, plan in (("hooks", hooked), ("plain", plain))}
+        for name, fut in futures.items():
+            servers[name] = fut.result()
+    log(f"{tag}: both servers healthy after {time.monotonic() - t0:.0f} s ({hooked.mechanism}, {hooked.support_status})")
+    return servers, card_for(model, args.port, staging, args)
+
+
+def prompts(args: argparse.Namespace, seed: int):
+    import torch
+
+    from hs_dataset.sample import TokenizedSample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(args.prompts):
+        ids = torch.randint(10, KIMI_WIDE["vocab_size"] - 10, (args.tokens,), generator=g)
+        out.append(TokenizedSample(f"p{seed}-{i}", ids, torch.ones(args.tokens, dtype=torch.bool)))
+    return out
+
+
+def run_hooked(card, server, samples, args) -> float:
+    from hs_dataset.sglang.client.backend import SGLangBackend
+
+    be = SGLangBackend.from_card(card, servers=[server.url])
+    try:
+        be.validate()
+        t0 = time.monotonic()
+        got = sum(r.num_tokens for r in be.capture_stream(samples, args.in_flight) if hasattr(r, "aux_hidden_states"))
+        took = time.monotonic() - t0
+    finally:
+        be.close()
+    if got != sum(s.num_tokens for s in samples):
+        raise SystemExit(f"the hooked server captured {got} of {sum(s.num_tokens for s in samples)} tokens")
+    return got / took
+
+
+def run_plain(server, samples, args) -> float:
+    import aiohttp
+
+    async def go() -> float:
+        sem = asyncio.Semaphore(args.in_flight)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+            async def one(s):
+                async with sem:
+                    body = {"input_ids": s.input_ids.tolist(), "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+                    async with session.post(server.url + "/generate", json=body) as resp:
+                        resp.raise_for_status()
+                        await resp.read()
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(s) for s in samples))
+            return sum(s.num_tokens for s in samples) / (time.monotonic() - t0)
+
+    return asyncio.run(go())
+
+
+def prefill_rate(log_path: str, start: int) -> float:
+    """Median of SGLang's own "input throughput" over the full prefill batches logged since byte ``start``."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    rates = [(int(n), float(r)) for n, r in _THROUGHPUT.findall(text)]
+    big = [r for n, r in rates if n >= max(n for n, _ in rates) * 0.5] if rates else []
+    return statistics.median(big) if big else float("nan")
+
+
+def measure(tag: str, servers, card, args) -> dict:
+    results: dict[str, list[dict]] = {"hooks": [], "plain": []}
+    for rep in range(args.repeats):
+        for name in ("plain", "hooks") if rep % 2 else ("hooks", "plain"):  # alternate who goes first
+            server = servers[name]
+            samples = prompts(args, seed=1000 * rep + (name == "hooks"))
+            start = os.path.getsize(server.log_path)
+            e2e = run_hooked(card, server, samples, args) if name == "hooks" else run_plain(server, samples, args)
+            rate = prefill_rate(server.log_path, start)
+            results[name].append({"end_to_end_tok_s": e2e, "sglang_prefill_tok_s": rate})
+            log(f"{tag} run {rep} {name:5}: SGLang prefill {rate:9.0f} tok/s, end to end {e2e:9.0f} tok/s")
+    best = {name: {k: max(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
+    overhead = {k: 1 - best["hooks"][k] / best["plain"][k] for k in best["plain"]}
+    state_gbs = best["hooks"]["sglang_prefill_tok_s"] * 4 * KIMI_WIDE["hidden_size"] * 2 / 1e9
+    return {"runs": results, "best": best, "overhead": overhead, "state_rate_GB_s": state_gbs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--stress-layers", type=int, default=4)
+    p.add_argument("--kimi-layers", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=160)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--in-flight", type=int, default=64)
+    p.add_argument("--chunk", type=int, default=16384)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--mem-fraction", type=float, default=0.35)
+    p.add_argument("--port", type=int, default=32000)
+    p.add_argument("--only", choices=["stress", "kimi"], default=None)
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_server_gpu: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": torch.cuda.get_device_name(0), "args": {k: str(v) for k, v in vars(args).items()}}
+    for tag, layers in (("stress", args.stress_layers), ("kimi", args.kimi_layers)):
+        if args.only and tag != args.only:
+            continue
+        t0 = time.monotonic()
+        model = build_model(Path(f"/tmp/hs-bench-kimi-wide-{layers}"), layers)
+        log(f"{tag}: model with {layers} layers ready in {time.monotonic() - t0:.0f} s")
+        servers, card = start_pair(model, args, out, tag)
+        try:
+            report[tag] = measure(tag, servers, card, args)
+        finally:
+            for s in servers.values():
+                s.stop(timeout=10)
+        r = report[tag]
+        print(f"{tag} ({layers} layers): best SGLang prefill {r['best']['hooks']['sglang_prefill_tok_s']:.0f} tok/s with hooks vs "
+              f"{r['best']['plain']['sglang_prefill_tok_s']:.0f} without (overhead {r['overhead']['sglang_prefill_tok_s']:+.1%}); "
+              f"end to end {r['best']['hooks']['end_to_end_tok_s']:.0f} vs {r['best']['plain']['end_to_end_tok_s']:.0f} "
+              f"({r['overhead']['end_to_end_tok_s']:+.1%}); states {r['state_rate_GB_s']:.2f} GB/s", flush=True)
+        (out / "bench_server_gpu.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
