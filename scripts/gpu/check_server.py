@@ -262,13 +262,18 @@ def _summary(e: dict[str, list]) -> dict[str, dict[str, float]]:
     return out
 
 
+FLOAT32_LIMIT = 1e-6  # a float32 capture is compared with float32 transformers: rounding only
+
+
 def judge(result: dict, slack: float) -> list[str]:
+    """Server errors within ``slack`` x transformers' own capture-dtype errors (float32: within 1e-6), neighbours 10x off."""
     problems = []
     for name, s in result["layers"].items():
         server, low = s["server"], s["hf_low"]
         for stat in ("median", "max"):
-            if server[stat] > low[stat] * slack:
-                problems.append(f"{name}: server {stat} error {server[stat]:.3g} > {slack} x transformers' own {low[stat]:.3g}")
+            limit = max(low[stat] * slack, FLOAT32_LIMIT)
+            if server[stat] > limit:
+                problems.append(f"{name}: server {stat} error {server[stat]:.3g} > {limit:.3g} ({slack} x transformers' own {low[stat]:.3g})")
         nearest = min(s["prev"]["median"], s["next"]["median"])
         if nearest < 10 * server["median"]:
             problems.append(f"{name}: a neighbour is only {nearest / max(server['median'], 1e-30):.1f}x further than the server's states")
