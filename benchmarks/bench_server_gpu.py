@@ -92,8 +92,8 @@ def card_for(model: Path, port: int, staging: Path, args: argparse.Namespace):
             "args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
                      "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.in_flight),
                      "--chunked-prefill-size", str(args.chunk)],
-            "staging": {"dir": str(staging), "max_bytes": 64 << 30, "max_files": 8192, "writer_threads": 8,
-                        "pinned_pool_bytes": 24 << 30, "max_wait_s": 10.0},
+            "staging": {"dir": str(staging), "max_bytes": 24 << 30, "max_files": 8192, "writer_threads": 8,
+                        "pinned_pool_bytes": 16 << 30, "max_wait_s": 10.0},
         },
     }, "benchmarks/bench_server_gpu.py")
 
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mem-fraction", type=float, default=0.35)
     p.add_argument("--port", type=int, default=32000)
     p.add_argument("--only", choices=["stress", "kimi"], default=None)
+    p.add_argument("--wait-for", type=Path, default=None, help="wait (up to 400 s) for this file before the first measurement")
     args = p.parse_args(argv)
     import torch
 
@@ -230,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(Path(f"/tmp/hs-bench-kimi-wide-{layers}"), layers)
         log(f"{tag}: model with {layers} layers ready in {time.monotonic() - t0:.0f} s")
         servers, card = start_pair(model, args, out, tag)
+        if args.wait_for is not None:
+            deadline = time.monotonic() + 400
+            while not args.wait_for.exists() and time.monotonic() < deadline:
+                time.sleep(1)
+            args.wait_for = None
         try:
             report[tag] = measure(tag, servers, card, args)
         finally:

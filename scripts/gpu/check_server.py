@@ -146,30 +146,47 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 # ---------------------------------------------------------------------------- fail fast
-def start_graph_servers(card: Path, out: Path, port: int) -> dict:
+def start_graph_servers(card: Path, out: Path, port: int, only: tuple[str, ...] = ("refused", "allowed")) -> dict:
     """Two servers with SGLang's prefill CUDA graph left on (hand-started: the plan's flag removed).
 
     ``refused``: the hooks as shipped, which must refuse to start; ``allowed``: the hooks told to
     allow the graph, so a build against it shows how fast the client names the cause.
     """
+    import yaml
+
     from hs_dataset.config import load_card
     from hs_dataset.sglang.launch.plan import plan_server
 
     started = {}
     for name, offset, env in (("refused", 1, {}), ("allowed", 2, {"HS_CAPTURE_ALLOW_PREFILL_GRAPH": "1"})):
-        plan = plan_server(load_card(str(card)), port=port + offset, staging_dir=f"/dev/shm/hs-gpu-check-{name}")
+        if name not in only:
+            continue
+        raw = yaml.safe_load(card.read_text())  # its own card: its own port and staging dir, which its client reads
+        raw["sglang"].update(port=port + offset, staging={**raw["sglang"]["staging"], "dir": f"/dev/shm/hs-gpu-check-{name}-{port}"})
+        raw["backend"]["urls"] = [f"http://127.0.0.1:{port + offset}"]
+        own = out / f"graph-{name}.yaml"
+        own.write_text(yaml.safe_dump(raw, sort_keys=False))
+        plan = plan_server(load_card(str(own)))
         argv = [a for a in plan.argv if a != "--disable-prefill-cuda-graph"]
         argv[argv.index("--mem-fraction-static") + 1] = "0.2"
         log = out / f"server-graph-{name}.log"
         proc = subprocess.Popen([plan.python, *argv], env={**os.environ, **plan.env, **env}, cwd=REPO, start_new_session=True,
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-        started[name] = {"proc": proc, "url": plan.url, "log": log, "t0": time.monotonic(), "staging": plan.staging_dir}
+        started[name] = {"proc": proc, "url": plan.url, "log": log, "t0": time.monotonic(), "card": own}
     return started
 
 
 def judge_graph_servers(started: dict, card: Path, source: Path, out: Path) -> tuple[dict, list[str]]:
     problems, result = [], {}
-    refused = started["refused"]
+    if "refused" in started:
+        problems += _judge_refused(started["refused"], result)
+    if "allowed" in started:
+        problems += _judge_allowed(started["allowed"], card, source, out, result)
+    return result, problems
+
+
+def _judge_refused(refused: dict, result: dict) -> list[str]:
+    problems = []
     try:
         refused["proc"].wait(timeout=600)
     except subprocess.TimeoutExpired:
@@ -179,16 +196,20 @@ def judge_graph_servers(started: dict, card: Path, source: Path, out: Path) -> t
                                   "names_the_flag": "--disable-prefill-cuda-graph" in text and "CUDA graph" in text}
     if refused["proc"].returncode in (None, 0) or not result["refused_at_start"]["names_the_flag"]:
         problems.append(f"a server with the prefill CUDA graph on was not refused at start by the hooks: {result['refused_at_start']}")
-    allowed = started["allowed"]
+    return problems
+
+
+def _judge_allowed(allowed: dict, card: Path, source: Path, out: Path, result: dict) -> list[str]:
+    problems = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not _healthy(allowed["url"]) and allowed["proc"].poll() is None:
         time.sleep(1)
     if not _healthy(allowed["url"]):
         problems.append(f"the server with the graph allowed did not come up; see {allowed['log']}")
         stop(allowed["proc"])
-        return result, problems
+        return problems
     t0 = time.monotonic()
-    built = _cli("build", "--config", str(card), "--server", allowed["url"], "--source", str(source), "--num-samples", "4",
+    built = _cli("build", "--config", str(allowed["card"]), "--server", allowed["url"], "--source", str(source), "--num-samples", "4",
                  "--out", str(out / "ds-graph"), log=out / "build-graph.log", timeout=600)
     took = time.monotonic() - t0
     stop(allowed["proc"])
@@ -196,7 +217,7 @@ def judge_graph_servers(started: dict, card: Path, source: Path, out: Path) -> t
     result["build_against_graph"] = {"exit": built.returncode, "after_s": round(took, 1), "said": said}
     if built.returncode == 0 or took > 30 or not said or "prefill CUDA graph" not in said[0]:
         problems.append(f"a build against a server whose prefill runs in a CUDA graph did not stop in < 30 s naming it: {result['build_against_graph']}")
-    return result, problems
+    return problems
 
 
 # ---------------------------------------------------------------------------- the comparison

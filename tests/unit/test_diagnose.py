@@ -42,12 +42,15 @@ def test_no_prefill_pass_since_the_request_names_the_prefill_graph(tmp_path):
     assert "prefill CUDA graph" in why and "--disable-prefill-cuda-graph" in why
 
 
-def test_counters_older_than_the_answer_prove_nothing(tmp_path):
-    """A status writer running late (a loaded machine) must not be taken for a missing pass."""
+def test_counters_older_than_the_answer_prove_nothing_until_they_stay_old(tmp_path):
+    """A status writer running late (a loaded machine) must not be taken for a missing pass; one that never reports
+    again (a dead server's file, another server's dir) is the hooks not running there."""
     answered = time.time()
     _status(tmp_path, passes=4, counted_at=answered - 1)
     before = read_report(str(tmp_path))
     assert _why(tmp_path, before, answered_at=answered) is None
+    why = _why(tmp_path, before, answered_at=answered, late_s=NO_REPORT_S + 1)
+    assert "no capture hook has reported for" in why and str(tmp_path) in why
 
 
 def test_a_pass_seen_means_wait_for_the_dump(tmp_path):

@@ -73,12 +73,13 @@ def diagnose(url: str, staging_dir: str, key: str, rid: str, before: HookReport,
     *not* seen, so a status writer running late (a loaded machine) is never taken for a
     cause. ``late_s``: how long the dump has been missing since the answer.
     """
-    if after.writers == 0:
+    if after.writers == 0 or after.counted_at <= answered_at:
         if late_s < NO_REPORT_S:
             return None
+        what = "no capture hook reports" if after.writers == 0 else f"no capture hook has reported for {late_s:.0f} s"
         return (
-            f"SGLang server {url} answered request {rid}, but no capture hook reports into {staging_dir}: hs_dataset's "
-            "hooks are not running there (they failed to load, see the server log for 'hs_dataset capture', or the server "
+            f"SGLang server {url} answered request {rid}, but {what} into {staging_dir}: hs_dataset's hooks are not "
+            "running there (they failed to load or are stuck, see the server log for 'hs_dataset capture', or the server "
             "writes to another staging directory); restart it with `hs-dataset serve --config <card>`"
         )
     if rid in after.recent_foreign or key in after.recent_foreign:
@@ -92,8 +93,6 @@ def diagnose(url: str, staging_dir: str, key: str, rid: str, before: HookReport,
             f"SGLang server {url} wrote the dump of request {rid} under its request id, but this client waited for the "
             f"content key {key}: its hooks see request ids (ForwardBatch.rids); this is a bug, please report it"
         )
-    if after.counted_at <= answered_at:
-        return None  # the hooks have not reported since the answer: no conclusion yet
     if after.count("hook_errors") > before.count("hook_errors"):
         return (
             f"SGLang server {url}: the capture hooks failed while it ran request {rid} ({after.last_error or 'see the server log'}); "

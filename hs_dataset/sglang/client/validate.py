@@ -42,7 +42,7 @@ async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection
     check_layer_ids(ep.url, config, aux_layer_ids)
     check_aux_return(ep.url, config, info)
     check_rid_prefix(ep.url, config, run_id)
-    ep.staging_dir = check_staging_dir(ep.url, ep.staging_dir or config.get("staging_dir"))
+    ep.staging_dir = check_staging_dir(ep.url, same_staging_dir(ep.url, ep.staging_dir, config.get("staging_dir")))
     ep.uses_rids = hooks_see_rids(ep.url, ep.staging_dir, config)
     check_radix_cache(ep.url, info, section)
     check_speculative(ep.url, info, section.max_new_tokens)
@@ -71,6 +71,23 @@ async def read_server_info(url: str, session: Any) -> dict:
     if not isinstance(info, dict):
         raise ServerValidationError(f"SGLang server {url} answers no /server_info: is this an SGLang server?")
     return info
+
+
+def same_staging_dir(url: str, mine: str | None, servers: str | None) -> str | None:
+    """The staging dir to read: the server's own, which a configured one must name too (the same directory)."""
+    if not mine or not servers:
+        return mine or servers
+    try:
+        same = os.path.samefile(mine, servers)
+    except OSError:
+        same = os.path.abspath(mine) == os.path.abspath(servers)
+    if not same:
+        raise ServerValidationError(
+            f"SGLang server {url} writes its dumps to {servers}, but this client was told to read them from {mine} "
+            "(backend.staging_dir or sglang.staging.dir): start the server with the same card, or drop the setting so "
+            "the client reads where the server writes"
+        )
+    return mine
 
 
 def hooks_see_rids(url: str, staging_dir: str, config: dict) -> bool:
