@@ -83,15 +83,22 @@ def build_model(directory: Path, layers: int) -> Path:
 def card_for(model: Path, port: int, staging: Path, args: argparse.Namespace):
     from hs_dataset.config import card_from_dict
 
+    if args.cpu_smoke:  # the same code paths on the CPU server and the tiny model, to try the script before a GPU run
+        device, dtype, python, backend_args = "cpu", "float32", args.cpu_smoke, [
+            "--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192"]
+        env = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
+    else:
+        device, dtype, python, backend_args = "cuda", "bfloat16", sys.executable, [
+            "--attention-backend", "triton", "--mem-fraction-static", str(args.mem_fraction)]
+        env = {}
     return card_from_dict({
-        "name": "bench-server-gpu", "model": {"path": str(model)}, "layers": {"aux": [1, 2, 3]}, "dtype": "bfloat16",
+        "name": "bench-server-gpu", "model": {"path": str(model)}, "layers": {"aux": [1, 2, 3]}, "dtype": dtype,
         "max_length": args.tokens,
         "backend": {"name": "sglang", "concurrency": args.in_flight, "request_timeout_s": 600, "dump_timeout_s": 120},
         "sglang": {
-            "python": sys.executable, "device": "cuda", "port": port, "startup_timeout_s": 900,
-            "args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-                     "--mem-fraction-static", str(args.mem_fraction), "--max-running-requests", str(args.in_flight),
-                     "--chunked-prefill-size", str(args.chunk)],
+            "python": python, "device": device, "port": port, "startup_timeout_s": 900, "env": env,
+            "args": [*backend_args, "--sampling-backend", "pytorch", "--grammar-backend", "none",
+                     "--max-running-requests", str(args.in_flight), "--chunked-prefill-size", str(args.chunk)],
             "staging": {"dir": str(staging), "max_bytes": 24 << 30, "max_files": 8192, "writer_threads": 8,
                         "pinned_pool_bytes": 16 << 30, "max_wait_s": 10.0},
         },
@@ -108,19 +115,20 @@ def start_pair(model: Path, args: argparse.Namespace, out: Path, tag: str):
     hooked = plan_server(card_for(model, args.port, staging, args))
     argv = list(hooked.argv)
     i = argv.index("--forward-hooks")
-    plain_argv = argv[:i] + argv[i + 2:]
+    others = [s for s in json.loads(argv[i + 1]) if not s["name"].startswith("hs_capture")]  # the CPU MLA handler stays
+    plain_argv = argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2:]
     plain_argv[plain_argv.index("--port") + 1] = str(args.port + 1)
     plain = dataclasses.replace(hooked, argv=plain_argv, port=args.port + 1, url=f"http://127.0.0.1:{args.port + 1}",
                                 staging_dir=str(staging) + "-plain")
     t0 = time.monotonic()
     servers = {}
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(launch, plan, log_path=str(out / f"{tag}-{name}.log"), timeout=900)
-                   for name, plan in (("hooks", hooked), ("plain", plain))}
-        for name, fut in futures.items():
-            servers[name] = fut.result()
+    try:  # one after the other: SGLang sizes its KV cache from the GPU memory free when it starts
+        for name, plan in (("hooks", hooked), ("plain", plain)):
+            servers[name] = launch(plan, log_path=str(out / f"{tag}-{name}.log"), timeout=900)
+    except BaseException:
+        for s in servers.values():
+            s.stop(timeout=10)
+        raise
     log(f"{tag}: both servers healthy after {time.monotonic() - t0:.0f} s ({hooked.mechanism}, {hooked.support_status})")
     return servers, card_for(model, args.port, staging, args)
 
@@ -133,7 +141,7 @@ def prompts(args: argparse.Namespace, seed: int):
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(args.prompts):
-        ids = torch.randint(10, KIMI_WIDE["vocab_size"] - 10, (args.tokens,), generator=g)
+        ids = torch.randint(10, 30000, (args.tokens,), generator=g)  # within both the Kimi-wide and the tiny vocab
         out.append(TokenizedSample(f"p{seed}-{i}", ids, torch.ones(args.tokens, dtype=torch.bool)))
     return out
 
@@ -211,24 +219,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", type=int, default=64)
     p.add_argument("--chunk", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--mem-fraction", type=float, default=0.35)
+    p.add_argument("--mem-fraction", type=float, default=0.4)
     p.add_argument("--port", type=int, default=32000)
     p.add_argument("--only", choices=["stress", "kimi"], default=None)
     p.add_argument("--wait-for", type=Path, default=None, help="wait (up to 400 s) for this file before the first measurement")
+    p.add_argument("--cpu-smoke", default=None, metavar="SERVER_PYTHON", help="try the script on the CPU server and the tiny model")
     args = p.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.cpu_smoke:
         print("bench_server_gpu: needs a CUDA GPU", file=sys.stderr)
         return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report = {"device": torch.cuda.get_device_name(0), "args": {k: str(v) for k, v in vars(args).items()}}
+    report = {"device": torch.cuda.get_device_name(0) if not args.cpu_smoke else "cpu", "args": {k: str(v) for k, v in vars(args).items()}}
     for tag, layers in (("stress", args.stress_layers), ("kimi", args.kimi_layers)):
         if args.only and tag != args.only:
             continue
         t0 = time.monotonic()
-        model = build_model(Path(f"/tmp/hs-bench-kimi-wide-{layers}"), layers)
+        if args.cpu_smoke:
+            from hs_dataset.demo.tiny_model import build_tiny_deepseek
+
+            model = build_tiny_deepseek()
+        else:
+            model = build_model(Path(f"/tmp/hs-bench-kimi-wide-{layers}"), layers)
         log(f"{tag}: model with {layers} layers ready in {time.monotonic() - t0:.0f} s")
         servers, card = start_pair(model, args, out, tag)
         if args.wait_for is not None:
