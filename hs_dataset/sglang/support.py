@@ -30,6 +30,8 @@ VERIFIED: dict[tuple[str, str, str], str] = {
                                      "test_kimi_sglang.py (float32, CPU)",
     ("0.5.19", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
     ("0.5.14", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
+    ("0.5.14", "layer_hooks", "cuda"): "scripts/gpu/check_server.py on an H200, 2026-12-01 (bf16, decode CUDA graphs on; "
+                                      "benchmarks/results/check_server_gpu.txt)",
 }
 
 
