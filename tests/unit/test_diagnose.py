@@ -70,6 +70,17 @@ def test_a_request_skipped_as_foreign_names_the_prefix(tmp_path):
     assert "skipped request" in why and "'hs-'" in why
 
 
+def test_unusable_passes_are_named_even_without_our_rid(tmp_path):
+    """A graph replay may hand the hooks a pass without rids: no refusal names the request, the status still does."""
+    write_status(str(tmp_path), "dp0", {"counted_at": time.time(), "counts": {"extend_passes": 1, "unusable_passes": 0}})
+    before = read_report(str(tmp_path))
+    answered = time.time()
+    write_status(str(tmp_path), "dp0", {"counted_at": answered + 0.1, "counts": {"extend_passes": 2, "unusable_passes": 1},
+                                        "last_unusable": "the final-norm hook did not fire in this pass (prefill CUDA graph replay)"})
+    why = _why(tmp_path, before, answered_at=answered)
+    assert "unusable" in why and "prefill CUDA graph replay" in why
+
+
 def test_a_hook_error_is_named(tmp_path):
     _status(tmp_path, passes=1)
     before = read_report(str(tmp_path))

@@ -39,6 +39,7 @@ class HookReport:
     facts: dict[str, Any] = field(default_factory=dict)
     rid_prefix: str = "hs-"
     last_error: str | None = None
+    last_unusable: str | None = None
     counted_at: float = 0.0  # wall-clock time of the oldest writer's counters (0: no writer)
 
     def count(self, name: str) -> int:
@@ -61,6 +62,7 @@ def read_report(staging_dir: str) -> HookReport:
         writers=len(statuses), counts=counts, recent_foreign=tuple(foreign), recent_dumps=tuple(dumps),
         facts=dict(first.get("facts") or {}), rid_prefix=str(first.get("rid_prefix") or "hs-"),
         last_error=next((str(s["last_error"])[:500] for s in statuses if s.get("last_error")), None),
+        last_unusable=next((str(s["last_unusable"])[:500] for s in statuses if s.get("last_unusable")), None),
         counted_at=min((float(s.get("counted_at") or 0.0) for s in statuses), default=0.0),
     )
 
@@ -97,6 +99,11 @@ def diagnose(url: str, staging_dir: str, key: str, rid: str, before: HookReport,
         return (
             f"SGLang server {url}: the capture hooks failed while it ran request {rid} ({after.last_error or 'see the server log'}); "
             "the forward pass went on without them, so no dump will come: fix the cause in the server log and restart it"
+        )
+    if after.count("unusable_passes") > before.count("unusable_passes"):
+        return (
+            f"SGLang server {url}: the prefill passes reaching the capture hooks are unusable ({after.last_unusable}), so "
+            f"no dump of request {rid} will come"
         )
     if after.count("extend_passes") == before.count("extend_passes"):
         return (

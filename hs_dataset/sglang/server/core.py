@@ -137,6 +137,7 @@ class CaptureCore:
             "max_batch_requests": 0,
             "chunks_assembled": 0,
             "hook_errors": 0,
+            "unusable_passes": 0,
         }
         self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
             "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
@@ -180,6 +181,9 @@ class CaptureCore:
         if batch.mode != "EXTEND":
             return
         self.stats["extend_passes"] += 1
+        if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
+            self.stats["unusable_passes"] += 1
+            self.reporter.unusable(missing_reason)
         if batch.extend_seq_lens is None:
             return
         split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)

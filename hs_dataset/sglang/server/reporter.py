@@ -36,6 +36,7 @@ class StatusReporter:
         self.recent_dumps: deque[str] = deque(maxlen=RECENT_IDS)
         self.recent_refused: deque[str] = deque(maxlen=RECENT_IDS)
         self.last_error: str | None = None
+        self.last_unusable: str | None = None  # why the last prefill pass's states could not be used
         self._last: tuple | None = None
         self._written_at = 0.0
         self._stop = threading.Event()
@@ -44,16 +45,20 @@ class StatusReporter:
     def error(self, message: str) -> None:
         self.last_error = message[:500]
 
+    def unusable(self, reason: str) -> None:
+        self.last_unusable = reason[:500]
+
     def write(self) -> None:
         """Rewrite the file now if anything changed since the last write."""
         counts = dict(self._stats)
         lists = (tuple(self.recent_foreign), tuple(self.recent_dumps), tuple(self.recent_refused))
-        state = (tuple(sorted(counts.items())), lists, self.last_error)
+        state = (tuple(sorted(counts.items())), lists, self.last_error, self.last_unusable)
         if state == self._last and time.monotonic() - self._written_at < STATUS_HEARTBEAT_S:
             return
         write_status(self.staging_dir, self.writer, {
             **self._static, "counted_at": time.time(), "counts": counts, "recent_foreign": list(lists[0]),
             "recent_dumps": list(lists[1]), "recent_refused": list(lists[2]), "last_error": self.last_error,
+            "last_unusable": self.last_unusable,
         })
         self._last = state
         self._written_at = time.monotonic()
