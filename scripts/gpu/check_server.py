@@ -222,17 +222,11 @@ def _judge_allowed(allowed: dict, card: Path, source: Path, out: Path, result: d
 
 # ---------------------------------------------------------------------------- the comparison
 def _reference(model, ids):
-    """HF hidden_states (a tuple, post-norm last) and the pre-norm final state (the final norm's input)."""
-    import torch
+    """HF hidden_states (post-norm last) and the pre-norm final state: the tests' independent forward, in float32."""
+    from tests.fixtures.reference import independent_forward
 
-    seen = {}
-    handle = model.model.norm.register_forward_pre_hook(lambda _m, a: seen.__setitem__("pre", a[0]))
-    try:
-        with torch.no_grad():
-            out = model.model(ids[None], output_hidden_states=True)
-    finally:
-        handle.remove()
-    return [h[0].float() for h in out.hidden_states], seen["pre"][0].float()
+    hidden, pre = independent_forward(model, ids)
+    return [h.float() for h in hidden], pre.float()
 
 
 def _token_errors(a, b):

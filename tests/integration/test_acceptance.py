@@ -39,14 +39,9 @@ def _independent(model, ids):
 
     from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
-    seen = {}
-    handle = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("pre", args[0]))
-    try:
-        with torch.no_grad():
-            out = model(torch.as_tensor(ids)[None], output_hidden_states=True)
-    finally:
-        handle.remove()
-    return torch.stack([out.hidden_states[i][0] for i in VERIFIER_AUX_LAYERS], dim=1), seen["pre"][0]
+    from tests.fixtures.reference import aux_and_prenorm
+
+    return aux_and_prenorm(model, torch.as_tensor(ids), VERIFIER_AUX_LAYERS)
 
 
 def test_final_norm_reparameterisation_keeps_the_function(lib, ci_verifier: Path) -> None:

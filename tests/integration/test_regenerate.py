@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixtures.reference import aux_and_prenorm
+
 AUX = [2, 3, 4]
 NEW_TOKENS = 6
 CONVERSATIONS = [
@@ -135,15 +137,8 @@ def test_states_equal_an_independent_forward(regenerated, tiny_model_dir):
     worst = 0.0
     for i in range(len(data)):
         row = data[i]
-        seen = {}
-        handle = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("pre", args[0]))
-        try:
-            with torch.no_grad():
-                ref = model.model(row["input_ids"][None], output_hidden_states=True)
-        finally:
-            handle.remove()
-        aux = torch.stack([ref.hidden_states[k][0] for k in AUX], dim=1)
-        for got, want in ((row["aux_hidden_states"], aux), (row["final_hidden_state"], seen["pre"][0])):
+        aux, pre = aux_and_prenorm(model, row["input_ids"], AUX)
+        for got, want in ((row["aux_hidden_states"], aux), (row["final_hidden_state"], pre)):
             worst = max(worst, float(((got - want).abs().max() / want.abs().max())))
     print(f"regenerated states vs transformers: max relative error {worst:.2e}")
     assert worst < 1e-6
