@@ -43,8 +43,8 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.model.processor import check_processor_files
     from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.sglang.launch.probe import check_processor_in_server
 
     card = card_from_args(args, default_backend="sglang")
     plan = plan_server(
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         python=args.python,
         extra_args=_extra_args(args),
     )
-    check_processor_files(plan.model_path, card.model.trust_remote_code)
+    check_processor_in_server(plan.python, plan.env, plan.model_path, card.model.trust_remote_code)
     if args.check:
         print(plan.describe())
         return 0

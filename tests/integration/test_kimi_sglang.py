@@ -221,3 +221,15 @@ def test_serve_check_refuses_processor_code_that_does_not_load(snapshot, tmp_pat
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "processing_kimi.py" in err[0] and "does not load" in err[0], err
+
+
+def test_serve_check_loads_the_processor_in_the_server_python(snapshot, tmp_path, capsys):
+    """The processor check runs in the server's interpreter (its packages), not in the builder's."""
+    _require_env()
+    calls = tmp_path / "calls.log"
+    wrapper = tmp_path / "server-python"
+    wrapper.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\nexec {SERVER_PYTHON} "$@"\n')
+    wrapper.chmod(0o755)
+    argv = ["serve", "--model", str(snapshot), "--trust-remote-code", "--check", "--python", str(wrapper), "--port", str(_free_port())]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "check_processor_files" in calls.read_text(), calls.read_text()[:500]

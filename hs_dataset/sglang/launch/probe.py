@@ -16,7 +16,7 @@ from typing import Callable
 
 from hs_dataset.sglang.launch.errors import ServeError
 
-__all__ = ["probe_server_env", "installed_source"]
+__all__ = ["probe_server_env", "installed_source", "check_processor_in_server"]
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u, json, os\n"
@@ -61,3 +61,38 @@ def installed_source(sglang_dir: str | None) -> Callable[[str, str], str | None]
             return None
 
     return read
+
+
+_PROCESSOR_CHECK = (
+    "import json, sys\n"
+    "from hs_dataset.model.processor import check_processor_files\n"
+    "try:\n"
+    "    check_processor_files(sys.argv[1], sys.argv[2] == '1')\n"
+    "except Exception as exc:\n"
+    "    print(json.dumps({'error': str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}))\n"
+    "    sys.exit(3)\n"
+    "print(json.dumps({'ok': True}))\n"
+)
+
+
+def check_processor_in_server(python: str, env: dict[str, str], model_path: str, trust_remote_code: bool) -> None:
+    """The multimodal processor check (:func:`hs_dataset.model.processor.check_processor_files`), run where SGLang
+    will load the processor: in the server's interpreter, whose packages (torchvision, the snapshot's remote code's
+    needs) may differ from the builder's. A text model is answered here without starting it."""
+    from hs_dataset.model.snapshot import text_config
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if text_config(config) is config:
+        return
+    try:
+        res = subprocess.run([python, "-c", _PROCESSOR_CHECK, model_path, "1" if trust_remote_code else "0"],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ServeError(f"cannot run the processor check in the server Python {python}: {exc}") from None
+    lines = res.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {"error": res.stderr.strip()[-500:] or "no answer"}
+    if "error" in answer:
+        raise ServeError(f"the server Python {python}: {answer['error']}")
