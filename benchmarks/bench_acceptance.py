@@ -1,6 +1,6 @@
 """Proof by training: a drafter trained on our data speeds up its target; broken data does not.
 
-The trained tiny verifier (``builtin:tiny-verifier``) writes its own greedy answers to
+The trained tiny verifier (``tests/fixtures/tiny_verifier.py``) writes its own greedy answers to
 task prompts through ``build_dataset`` (HF backend, regenerate); broken copies of that
 dataset are written with ``ShardWriter``; speculators' own trainer trains a 1-layer
 EAGLE-3 drafter on each (same seed, same steps); on held-out prompts we measure
@@ -13,7 +13,7 @@ plain greedy). Repeated for each drafter seed; the last line is the mean over se
 ``.sglang-venv``, chain of ``k`` drafts) with a drafter trained on our data, and prints the
 accept length SGLang reports next to our loop's tau for the same drafter and prompts.
 SGLang's draft layer has no ``norm_before_residual`` (speculators' default), so that
-drafter is trained with ``--no-norm-before-residual`` (see ``acceptance_lib.sglang_draft_dir``).
+drafter is trained with ``--no-norm-before-residual`` (see ``tests/fixtures/acceptance.py`` ``sglang_draft_dir``).
 """
 
 from __future__ import annotations
@@ -61,12 +61,11 @@ def main() -> None:
     import torch
 
     from tests.fixtures import acceptance as A
-    from hs_dataset.model.snapshot import resolve_model_path
-    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
+    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS, build_tiny_verifier
 
     torch.set_num_threads(1)  # small ops: OpenMP threads on a shared 2-core VM mostly wait on each other
     started = time.perf_counter()
-    verifier_dir = resolve_model_path("builtin:tiny-verifier")
+    verifier_dir = build_tiny_verifier()
     print(f"verifier {verifier_dir.name}: {(verifier_dir / 'training.json').read_text()}")
     work = A.scratch("bench-acceptance-")
     datasets = {"ours": A.build_ours(verifier_dir, work / "ours", opts.samples, seed=7)}
