@@ -714,11 +714,12 @@ def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
     from hs_dataset.sglang.launch import plan as serve
     from hs_dataset.sglang.launch import probe
 
+    from tests.fixtures.fake_sglang import fake_sglang
+
     version, layer_source, archs, match = MECHANISM_CASES[name]
-    sglang_dir = tmp_path / "env" / "sglang"
-    (sglang_dir / "srt" / "models").mkdir(parents=True)
-    if layer_source is not None:
-        (sglang_dir / "srt" / "models" / "deepseek_v2.py").write_text(layer_source)
+    sglang_dir = Path(fake_sglang(tmp_path / "env", layer_source or ""))
+    if layer_source is None:
+        (sglang_dir / "srt" / "models" / "deepseek_v2.py").unlink()
     info = {"sglang": version, "hs_dataset": True, "sgl_kernel": None, "sglang_dir": str(sglang_dir)}
     monkeypatch.setattr(probe, "probe_server_env", lambda python: dict(info))
     monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": archs, "num_hidden_layers": 8})

@@ -11,28 +11,7 @@ from hs_dataset.sglang.launch import probe
 from hs_dataset.sglang.launch.errors import ServeError
 
 
-OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        return hidden_states, residual\n"
-FIRST_IS_ONE = (
-    "class DeepseekV2ForCausalLM:\n    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
-    "        if layer_ids and layer_ids[0] == 1:\n            self.model.layers_to_capture = [v + 1 for v in layer_ids]\n"
-    "        else:\n            self.model.layers_to_capture = list(layer_ids)\n"
-)
-ALWAYS = "class DeepseekV2ForCausalLM:\n    def set_eagle3_layers_to_capture(self, layer_ids=None):\n        self.model.layers_to_capture = [v + 1 for v in layer_ids]\n"
-# what each kind of release provides, as its source says (sglang/launch/facts.py reads these files)
-ALL_FEATURES = ("forward_hooks", "enable_return_aux_hidden_states", "disable_prefill_cuda_graph")
-
-
-def fake_sglang(root, layer_source: str = OLD_LAYER, *, args=ALL_FEATURES, rids: bool = True, eagle3: str = FIRST_IS_ONE) -> str:
-    """A stand-in ``sglang`` package: the server arguments, ``ForwardBatch`` and ``deepseek_v2.py`` the facts are read from."""
-    srt = root / "sglang" / "srt"
-    (srt / "models").mkdir(parents=True, exist_ok=True)
-    (srt / "model_executor").mkdir(parents=True, exist_ok=True)
-    (srt / "models" / "deepseek_v2.py").write_text(layer_source + eagle3)
-    (srt / "server_args.py").write_text("class ServerArgs:\n" + "".join(f"    {a}: bool = False\n" for a in args) + "    tp_size: int = 1\n")
-    (srt / "model_executor" / "forward_batch_info.py").write_text(
-        "class ForwardBatch:\n    batch_size: int\n" + ("    rids: list = None\n" if rids else "")
-    )
-    return str(root / "sglang")
+from tests.fixtures.fake_sglang import ALWAYS, fake_sglang  # noqa: E402
 
 
 @pytest.fixture
