@@ -18,7 +18,12 @@ from hs_dataset.wire.rid import validate_rid
 __all__ = [
     "DUMP_FORMAT", "DUMP_VERSION", "DUMP_SUFFIX", "REFUSED_SUFFIX", "TMP_PREFIX", "REFUSED_STAGING_FULL",
     "REFUSED_NO_HOST_BUFFER", "REFUSED_WRITE_FAILED", "RETRYABLE_REFUSALS", "REQUIRED_METADATA", "dump_name", "refused_name",
+    "HOOKS_MODULE",
 ]
+
+# The module whose ``--forward-hooks`` factories write dumps: ``serve`` names it in the specs it writes, the client
+# finds it in a server's ``/server_info`` (a string on both sides: neither imports the server side).
+HOOKS_MODULE = "hs_dataset.sglang.server.hooks"
 
 DUMP_FORMAT = "hs_dataset.dump"
 DUMP_VERSION = "1"

@@ -23,11 +23,11 @@ from hs_dataset.sample import TokenizedSample
 from hs_dataset.sglang.client.endpoints import Endpoint
 from hs_dataset.sglang.client.http import HTTPStatusError, connection_errors, get_json, get_status
 from hs_dataset.sglang.client.diagnose import read_report
+from hs_dataset.wire.dump import HOOKS_MODULE
 from hs_dataset.wire.private_dir import StagingError, check_private_dir
 
-__all__ = ["HOOKS_MODULE", "check_server", "server_mechanism", "probe_sample", "check_probe"]
+__all__ = ["check_server", "server_mechanism", "probe_sample", "check_probe"]
 
-HOOKS_MODULE = "hs_dataset.sglang.server.hooks"
 _SERVE_FIX = "start it with `hs-dataset serve --config <card>`"
 
 

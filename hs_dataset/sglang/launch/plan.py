@@ -46,6 +46,7 @@ from hs_dataset.sglang.launch import cpu_ranks, probe
 from hs_dataset.sglang.launch.errors import ServeError
 from hs_dataset.sglang.launch.facts import SGLangFacts, read_facts
 from hs_dataset.sglang.support import UnsupportedVersionError, mechanism_for, verification
+from hs_dataset.wire.dump import HOOKS_MODULE
 from hs_dataset.wire.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.wire.layer_outputs import layer_hooks_problem
 
@@ -59,7 +60,6 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "cpu_support"
-HOOKS_MODULE = "hs_dataset.sglang.server.hooks"
 CPU_MLA_FACTORY = "hs_dataset.sglang.cpu_support.mla_torch_native:factory"
 DATASETS_HOOK_OFF = "HS_DATASET_DATASETS_HOOK"  # hs_dataset.datasets_hook.OFF_SWITCH (a string: launch must not import the hook)
 
