@@ -27,11 +27,13 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 KIMI_WIDE = {
     "hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 64, "num_key_value_heads": 64,
@@ -192,21 +194,84 @@ def prefill_rate(log_path: str, start: int) -> float:
     return statistics.median(big) if big else float("nan")
 
 
+def hook_counts(card) -> dict:
+    """The hooked server's own counters (its status file): passes, and the forward-thread time its hooks took."""
+    from hs_dataset.wire.status import read_statuses
+
+    counts: dict = {}
+    for status in read_statuses(card.sglang.staging.dir):
+        for key in ("extend_passes", "hook_wall_ns", "reserve_ns", "copy_ns", "dumps_written"):
+            counts[key] = counts.get(key, 0) + int(status.get("counts", {}).get(key, 0))
+    return counts
+
+
+def hook_cost(before: dict, after: dict) -> dict:
+    passes = max(after.get("extend_passes", 0) - before.get("extend_passes", 0), 1)
+    return {
+        "extend_passes": passes,
+        "hook_ms_per_pass": (after.get("hook_wall_ns", 0) - before.get("hook_wall_ns", 0)) / passes / 1e6,
+        "reserve_ms_per_pass": (after.get("reserve_ns", 0) - before.get("reserve_ns", 0)) / passes / 1e6,
+        "copy_ms_per_pass": (after.get("copy_ns", 0) - before.get("copy_ns", 0)) / passes / 1e6,
+    }
+
+
+def run_once(name: str, server, card, samples, args) -> dict:
+    start = os.path.getsize(server.log_path)
+    before = hook_counts(card) if name == "hooks" else {}
+    e2e = run_hooked(card, server, samples, args) if name == "hooks" else run_plain(server, samples, args)
+    result = {"end_to_end_tok_s": e2e, "sglang_prefill_tok_s": prefill_rate(server.log_path, start)}
+    if name == "hooks":
+        time.sleep(1.5)  # the status file is rewritten every 0.25 s: let it catch the last pass
+        result.update(hook_cost(before, hook_counts(card)))
+    return result
+
+
 def measure(tag: str, servers, card, args) -> dict:
     results: dict[str, list[dict]] = {"hooks": [], "plain": []}
     for rep in range(args.repeats):
         for name in ("plain", "hooks") if rep % 2 else ("hooks", "plain"):  # alternate who goes first
-            server = servers[name]
-            samples = prompts(args, seed=1000 * rep + (name == "hooks"))
-            start = os.path.getsize(server.log_path)
-            e2e = run_hooked(card, server, samples, args) if name == "hooks" else run_plain(server, samples, args)
-            rate = prefill_rate(server.log_path, start)
-            results[name].append({"end_to_end_tok_s": e2e, "sglang_prefill_tok_s": rate})
-            log(f"{tag} run {rep} {name:5}: SGLang prefill {rate:9.0f} tok/s, end to end {e2e:9.0f} tok/s")
-    best = {name: {k: max(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
-    overhead = {k: 1 - best["hooks"][k] / best["plain"][k] for k in best["plain"]}
+            r = run_once(name, servers[name], card, prompts(args, seed=1000 * rep + (name == "hooks")), args)
+            results[name].append(r)
+            extra = (f", hooks {r['hook_ms_per_pass']:.2f} ms/pass (reserving {r['reserve_ms_per_pass']:.2f}, copies "
+                     f"{r['copy_ms_per_pass']:.2f})" if name == "hooks" else "")
+            log(f"{tag} run {rep} {name:5}: SGLang prefill {r['sglang_prefill_tok_s']:9.0f} tok/s, end to end "
+                f"{r['end_to_end_tok_s']:9.0f} tok/s{extra}")
+    keys = ("end_to_end_tok_s", "sglang_prefill_tok_s")
+    best = {name: {k: max(r[k] for r in runs) for k in keys} for name, runs in results.items()}
+    overhead = {k: 1 - best["hooks"][k] / best["plain"][k] for k in keys}
     state_gbs = best["hooks"]["sglang_prefill_tok_s"] * 4 * KIMI_WIDE["hidden_size"] * 2 / 1e9
-    return {"runs": results, "best": best, "overhead": overhead, "state_rate_GB_s": state_gbs}
+    report = {"runs": results, "best": best, "overhead": overhead, "state_rate_GB_s": state_gbs}
+    if args.profile_steps:
+        report["profile"] = {}
+        for name in ("plain", "hooks"):
+            try:
+                report["profile"][name] = profile_run(name, servers[name], card, args, tag)
+            except Exception as exc:  # the measured runs above stand without it
+                report["profile"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"{tag} {name} profile: {json.dumps(report['profile'][name])[:3000]}")
+    return report
+
+
+def profile_run(name: str, server, card, args, tag: str) -> dict:
+    """One more run with SGLang's torch profiler on for ``--profile-steps`` steps; the trace summarised (trace_summary)."""
+    import urllib.request
+
+    from _trace_summary import summarize_trace
+
+    trace_dir = args.out.resolve() / f"trace-{tag}-{name}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"output_dir": str(trace_dir), "num_steps": args.profile_steps, "start_step": 4,
+                       "activities": ["CPU"] if args.cpu_smoke else ["CPU", "GPU"], "with_stack": False, "record_shapes": False}).encode()
+    request = urllib.request.Request(server.url + "/start_profile", data=body, headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    starter = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=600).read(), daemon=True)
+    starter.start()  # the call returns only once the profile is written
+    time.sleep(0.5)
+    run_once(name, server, card, prompts(args, seed=99), args)
+    starter.join(timeout=300)
+    traces = sorted(trace_dir.rglob("*.json*"))
+    log(f"{tag} {name}: profiled in {time.monotonic() - started:.0f} s, traces {[t.name for t in traces]}")
+    return summarize_trace(traces[0]) if traces else {"error": "no trace written"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mem-fraction", type=float, default=0.4)
     p.add_argument("--port", type=int, default=32000)
     p.add_argument("--only", choices=["stress", "kimi"], default=None)
+    p.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps of one more run of each server")
     p.add_argument("--wait-for", type=Path, default=None, help="wait (up to 400 s) for this file before the first measurement")
     p.add_argument("--cpu-smoke", default=None, metavar="SERVER_PYTHON", help="try the script on the CPU server and the tiny model")
     args = p.parse_args(argv)

@@ -7,6 +7,7 @@ import gc
 import threading
 import time
 
+import pytest
 import torch
 
 from hs_dataset.host_buffers import HostBufferPool
@@ -79,17 +80,42 @@ def test_concurrent_leases_never_share_memory():
     assert pool.stats["reused"] > 0
 
 
-def test_the_servers_pinned_pool_hands_out_a_later_free_buffer():
-    """The server's pinned pool picks among buffers of different sizes (it once compared tensors with ==)."""
+def test_the_servers_pool_hands_out_ranges_of_one_slab_best_fit_and_merges_them_back():
+    """One slab, allocated once; the best-fitting free range is taken; released neighbours merge (no fragmentation)."""
     from hs_dataset.sglang.server.copier import PinnedPool
 
-    pool = PinnedPool(64 * MIB)
-    small, big, mid = (torch.zeros(n, dtype=torch.uint8) for n in (2 * MIB, 8 * MIB, 4 * MIB))
-    for buf in (small, big, mid):
-        pool.release(buf)  # free buffers, as after three dumps
-    assert pool.acquire(3 * MIB, timeout=0) is mid
-    assert pool.acquire(5 * MIB, timeout=0) is big
-    assert pool.acquire(MIB, timeout=0) is small
+    pool = PinnedPool(16 * MIB, granularity=MIB, pin_memory=False)
+    a, b, c = (pool.acquire(n * MIB, timeout=0) for n in (4, 2, 6))
+    slab = a.data_ptr()
+    assert (b.data_ptr() - slab, c.data_ptr() - slab) == (4 * MIB, 6 * MIB)
+    assert pool.acquire(5 * MIB, timeout=0) is None  # 4 MiB left
+    pool.release(b)  # free: 2 MiB at 4, 4 MiB at 12
+    d = pool.acquire(MIB + 1, timeout=0)  # rounded to 2 MiB: the hole at 4 fits best
+    assert d.data_ptr() - slab == 4 * MIB
+    pool.release(a)
+    pool.release(c)  # 6-12 merges with 12-16
+    assert pool.free_bytes() == 14 * MIB
+    merged = pool.acquire(10 * MIB, timeout=0)
+    assert merged is not None and merged.data_ptr() - slab == 6 * MIB
+    pool.release(d)
+    pool.release(merged)
+    everything = pool.acquire(16 * MIB, timeout=0)
+    assert everything.data_ptr() == slab  # everything merged back into one range
+    pool.release(everything)
+    with pytest.raises(ValueError, match="twice"):
+        pool.release(d)
+
+
+def test_the_servers_pool_waits_for_a_release_then_gives_up_at_its_timeout():
+    from hs_dataset.sglang.server.copier import PinnedPool
+
+    pool = PinnedPool(4 * MIB, granularity=MIB, pin_memory=False)
+    held = pool.acquire(4 * MIB, timeout=0)
+    started = time.monotonic()
+    assert pool.acquire(MIB, timeout=0.2) is None and time.monotonic() - started >= 0.2
+    threading.Timer(0.1, pool.release, args=(held,)).start()
+    assert pool.acquire(4 * MIB, timeout=5) is not None
+    assert pool.acquire(5 * MIB, timeout=5) is None  # more than the whole pool: refused at once
 
 
 def _leased_sample(pool: HostBufferPool, sid: str, t: int = 64, k: int = 3, h: int = 4096, seed: int = 0):

@@ -740,7 +740,9 @@ def test_cuda_snapshot_is_asynchronous_and_survives_buffer_reuse(tmp_path):
         ids = torch.arange(t, device=dev)
         expected_aux, expected_final = aux.cpu(), final.cpu()
         b = BatchView.from_forward_batch(fake_batch("EXTEND", [t], rids=[f"hs-cuda-1-{t}"], ids=ids))
-        core.process(b, aux=aux, final_prenorm=final)  # warm-up: pinned buffer and side stream creation
+        assert core.copier.prepare_pinned() < 30
+        core.process(b, aux=aux, final_prenorm=final)  # warm-up: side stream creation
+        assert core.copier.pinned_slab_is_pinned(), "the device-copy pool is not page-locked: its copies would be synchronous"
         core.flush()
         os.unlink(tmp_path / "stage" / f"hs-cuda-1-{t}.safetensors")
         torch.cuda.synchronize()
@@ -763,6 +765,35 @@ def test_cuda_snapshot_is_asynchronous_and_survives_buffer_reuse(tmp_path):
         del sync_copy
     finally:
         core.close()
+
+
+@needs_cuda
+def test_cuda_capture_copies_do_not_hold_up_the_servers_own_small_copy():
+    """SGLang waits for a small device-to-host copy at the end of every pass; ours (~1 GB a pass) must not queue ahead of it."""
+    from hs_dataset.sglang.server.copier import HostCopier
+
+    copier = HostCopier(pinned_pool_bytes=3 << 30)
+    copier.prepare_pinned()
+    states = torch.randn(16384, 4 * 7168, device="cuda", dtype=torch.bfloat16)  # one 16k-token Kimi-wide pass: 940 MB
+    tokens = torch.arange(16, device="cuda")
+    try:
+        copier.snapshot({"aux": states}, timeout=5, owned=("aux",)).release()  # warm-up: the pump thread, the stream
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        whole = states.cpu()
+        bulk_s = time.perf_counter() - started
+        torch.cuda.synchronize()
+        piece = copier.snapshot({"aux": states}, timeout=5, owned=("aux",))
+        time.sleep(0.002)  # the pump has queued its first slices
+        started = time.perf_counter()
+        tokens.cpu()  # the server's own copy, as at the end of a prefill pass
+        small_s = time.perf_counter() - started
+        assert torch.equal(piece.wait()["aux"], whole)
+        piece.release()
+        print(f"CUDA: the server's small copy took {small_s * 1e3:.2f} ms while ours ran ({bulk_s * 1e3:.1f} ms for 940 MB alone)")
+        assert small_s < bulk_s / 4, f"the server's small copy waited {small_s * 1e3:.1f} ms behind the capture copies"
+    finally:
+        copier.close()
 
 
 @needs_cuda

@@ -138,6 +138,9 @@ class CaptureCore:
             "chunks_assembled": 0,
             "hook_errors": 0,
             "unusable_passes": 0,
+            "hook_wall_ns": 0,  # forward-thread wall time inside the hooks (all of them, waits included)
+            "reserve_ns": 0,  # of which reserving staging room (waits for the client included: back-pressure)
+            "copy_ns": 0,  # and taking host memory and issuing the copies to it (waits for a free range included)
         }
         self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
             "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
@@ -171,8 +174,12 @@ class CaptureCore:
         aux: torch.Tensor | Sequence[torch.Tensor] | None,
         final_prenorm: torch.Tensor | None,
         missing_reason: str | None = None,
+        aux_owned: bool = False,
     ) -> None:
         """Handle one forward pass. ``aux``: [N, K*H] packed, [N, K, H], or K tensors [N, H].
+
+        ``aux_owned``: ``aux`` was made for this capture (the layer hooks' buffer), so
+        nothing else writes it and its rows are copied without a device snapshot.
 
         ``missing_reason``: set by the glue when it knows the states are unusable for
         this pass (e.g. the final-norm hook did not fire); our requests are refused with it.
@@ -204,7 +211,7 @@ class CaptureCore:
         if self.verified is None:
             self._verify_first(aux3)
 
-        states, owned = pass_states(aux3, final, split.rows, self.config.fp8)
+        states, owned = pass_states(aux3, final, split.rows, self.config.fp8, aux_owned=aux_owned)
         pass_ = _PassInfo(split.requests, str(aux3.dtype).replace("torch.", ""), owned, time.monotonic() + self.config.max_wait_s)
         rows_ours = sum(request.length for request in split.ours)
         pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
@@ -281,12 +288,17 @@ class CaptureCore:
             asm = None  # dropped above if there was one
         left = max(0.0, pass_.deadline - time.monotonic())
         first = rows.prefix == 0
-        if not self.budget.reserve(nbytes, left, nfiles=1 if first else 0):
+        staged = time.perf_counter_ns()
+        reserved = self.budget.reserve(nbytes, left, nfiles=1 if first else 0)
+        self.stats["reserve_ns"] += time.perf_counter_ns() - staged
+        if not reserved:
             if asm is not None:
                 self._drop_assembly_locked(rows.rid)
             self._refuse(rows.rid, self._staging_full_reason())
             return None
+        staged = time.perf_counter_ns()
         piece = self.copier.snapshot(rows.tensors, left, owned=pass_.owned)
+        self.stats["copy_ns"] += time.perf_counter_ns() - staged
         if piece is None:
             self.budget.release(nbytes, 1 if first else 0)
             if asm is not None:
@@ -400,3 +412,4 @@ class CaptureCore:
         self.budget.stop_meter()  # likewise its scan
         self.reporter.stop()
         self.staging.close()
+        self.copier.close()

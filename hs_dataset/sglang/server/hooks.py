@@ -38,6 +38,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from typing import Any, Mapping
 
 import torch
@@ -199,7 +200,9 @@ class _Runtime:
         self._writes: bool | None = None
         self.core: CaptureCore | None = None
         self.pending_final: torch.Tensor | None = None
-        self.pending_layers: dict[int, torch.Tensor] = {}
+        self.pending_aux: torch.Tensor | None = None  # [N, K, H] the layer hooks of this pass write into
+        self.pending_layers: set[int] = set()  # HF ids written into it in this pass
+        self.aux_slot = {hf: k for k, hf in enumerate(self.config.hf_aux_layer_ids)}
         self.layer_problem: str | None = None
         self._errors = 0
         logger.info(
@@ -226,6 +229,9 @@ class _Runtime:
                     status_writer=f"dp{dp}",
                     facts=self.facts,
                 )
+                if str(getattr(_server_args(), "device", "")).startswith("cuda"):
+                    took = self.core.copier.prepare_pinned()
+                    logger.info("hs_dataset capture: pinned %d bytes for device copies in %.1f s", self.config.pinned_pool_bytes, took)
             logger.info(
                 "hs_dataset capture: attention-TP rank %d, DP rank %d (%s): %s",
                 tp,
@@ -255,11 +261,33 @@ class _Runtime:
             )
             return
         residual = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-        self.pending_layers[hf_id] = hidden + residual if isinstance(residual, torch.Tensor) else hidden.clone()
+        residual = residual if isinstance(residual, torch.Tensor) else None
+        slot = self._aux_buffer(hidden, residual)[:, self.aux_slot[hf_id]]
+        if residual is not None:
+            torch.add(hidden, residual, out=slot)
+        else:
+            slot.copy_(hidden)
+        self.pending_layers.add(hf_id)
+
+    def _aux_buffer(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The pass's ``[N, K, H]`` aux states, made by its first layer hook.
+
+        Why one buffer: each layer's sum lands in the layout the dump stores, so the pass
+        needs no stack, and the core copies its rows to the host without a device
+        snapshot first (nothing but these hooks writes the buffer).
+        """
+        dtype = torch.result_type(hidden, residual) if residual is not None else hidden.dtype
+        shape = (hidden.shape[0], len(self.aux_slot), hidden.shape[-1])
+        buf = self.pending_aux
+        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != hidden.device:
+            buf = self.pending_aux = torch.empty(shape, dtype=dtype, device=hidden.device)
+            self.pending_layers = set()
+        return buf
 
     def on_model(self, inputs, output) -> None:
         final, self.pending_final = self.pending_final, None
-        layers, self.pending_layers = self.pending_layers, {}
+        layers, self.pending_layers = self.pending_layers, set()
+        packed, self.pending_aux = self.pending_aux, None
         layer_problem, self.layer_problem = self.layer_problem, None
         fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
         if fb is None:
@@ -294,15 +322,16 @@ class _Runtime:
                     "hooks (pass --disable-prefill-cuda-graph / --disable-cuda-graph)"
                 )
             else:
-                aux = [layers[i] for i in want]
+                aux = packed
         if final is None and missing is None:
             missing = (
                 "the final-norm hook did not fire in this pass (prefill CUDA graph replay or a norm fused into an "
                 "all-reduce): pass --disable-prefill-cuda-graph and leave all-reduce fusion off"
             )
-        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing)
+        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed)
 
     def guard(self, fn, *args) -> None:
+        started = time.perf_counter_ns()
         try:
             fn(*args)
         except Exception as exc:
@@ -311,6 +340,9 @@ class _Runtime:
                 self.core.hook_failed(f"{type(exc).__name__}: {exc}")
             if self._errors <= 10:
                 logger.exception("hs_dataset capture: hook failed (the forward pass goes on; affected requests get no dump)")
+        finally:
+            if self.core is not None:  # what the hooks cost the forward thread, in the status file (hook_wall_ns)
+                self.core.stats["hook_wall_ns"] += time.perf_counter_ns() - started
 
 
 def get_runtime(config: Mapping[str, Any]) -> _Runtime:

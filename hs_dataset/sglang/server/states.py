@@ -64,14 +64,17 @@ def normalize_states(
     return aux, final
 
 
-def pass_states(aux: torch.Tensor, final: torch.Tensor, total_rows: int, fp8: bool) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
-    """The tensors each request's rows are sliced from, and the names of those made here (``owned``: no snapshot needed).
+def pass_states(
+    aux: torch.Tensor, final: torch.Tensor, total_rows: int, fp8: bool, *, aux_owned: bool = False
+) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """The tensors each request's rows are sliced from, and the names of those nothing else writes (``owned``: no snapshot needed).
 
     With ``fp8``, one quantization for the whole pass, on the device: per-token scales
     make it row-wise, so each request's rows of the result are its own encoding.
+    ``aux_owned``: the glue made ``aux`` for this capture.
     """
     if not fp8:
-        return {"aux": aux, "final": final}, ()
+        return {"aux": aux, "final": final}, ("aux",) if aux_owned else ()
     aux_q, aux_s = quantize_fp8_per_token(aux[:total_rows])
     final_q, final_s = quantize_fp8_per_token(final[:total_rows])
     states = {"aux": aux_q, "aux_scale": aux_s, "final": final_q, "final_scale": final_s}
