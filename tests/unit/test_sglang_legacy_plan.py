@@ -83,8 +83,10 @@ def test_the_client_reads_a_patched_server_s_config_from_its_hook_status(tmp_pat
     staging = tmp_path / "st"
     staging.mkdir(mode=0o700)
     info = {"version": "0.5.5", "forward_hooks": None}
-    with pytest.raises(ServerValidationError, match="no status of its hook"):
+    with pytest.raises(ServerValidationError, match="no status of the source patch's hook in"):
         capture_hook_config("http://s", info, str(staging))
+    with pytest.raises(ServerValidationError, match="set backend.staging_dir to its HS_CAPTURE_STAGING_DIR"):
+        capture_hook_config("http://s", info, None)
     write_status(str(staging), "dp0", {"mechanism": "legacy", "hf_aux_layer_ids": [2, 3, 4], "rid_prefix": "hs-", "content_keys": True})
     config = capture_hook_config("http://s", info, str(staging))
     assert config == {"mechanism": "legacy", "hf_aux_layer_ids": [2, 3, 4], "rid_prefix": "hs-", "content_keys": True,

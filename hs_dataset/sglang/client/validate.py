@@ -142,7 +142,10 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
         if legacy is not None:
             return legacy
     if not ours:
-        patched = f" or, for an SGLang patched with `hs-dataset patch`, no status of its hook in {staging_dir}" if not specs else ""
+        patched = ""
+        if not specs:  # maybe the source patch (SGLang <= 0.5.5), which reports only through its staging dir
+            patched = (f", and no status of the source patch's hook in {staging_dir}" if staging_dir else
+                       "; for an SGLang patched with `hs-dataset patch`, set backend.staging_dir to its HS_CAPTURE_STAGING_DIR")
         raise ServerValidationError(
             f"capture is not enabled on SGLang server {url}: it runs without hs_dataset's forward hooks "
             f"(--forward-hooks with {HOOKS_MODULE}:model_hook){patched}; restart it with `hs-dataset serve --config <card>`"
