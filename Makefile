@@ -41,7 +41,8 @@ bench: install
 sglang-env:
 	bash scripts/make_sglang_env.sh
 
-# older SGLang releases on the CPU server env, for the version matrix (tests/integration/test_sglang_versions.py)
+# older SGLang releases on the CPU server env, for the version matrix (tests/integration/test_sglang_versions.py;
+# 0.5.5, patched in a private copy: tests/integration/test_sglang_legacy_server.py)
 sglang-overlays: sglang-env
 	bash scripts/make_sglang_overlays.sh
 

@@ -3,8 +3,9 @@
 The mechanism follows from what the installed source provides
 (:class:`~hs_dataset.sglang.launch.facts.SGLangFacts`), never from the version number:
 ``aux_return`` where SGLang returns the aux states itself (``--enable-return-aux-hidden-states``)
-and takes forward hooks, ``layer_hooks`` where it takes forward hooks only, the source patch
-(``hs-dataset patch``) where it takes neither.
+and takes forward hooks, ``layer_hooks`` where it takes forward hooks only, ``legacy`` (the
+source patch, ``hs-dataset patch apply``) where it takes neither and its ``deepseek_v2.py``
+carries the patch.
 
 "Verified" is a narrower word: a release, mechanism and device that a test or check of this
 repository ran against a real server, comparing its states with an independent forward
@@ -22,7 +23,7 @@ from hs_dataset.wire.sglang_version import parse_version
 
 __all__ = ["MECHANISMS", "VERIFIED", "UnsupportedVersionError", "mechanism_for", "verification"]
 
-MECHANISMS = ("aux_return", "layer_hooks")
+MECHANISMS = ("aux_return", "layer_hooks", "legacy")
 
 # (release, mechanism, device) -> what ran it: a real server, its states vs an independent forward
 VERIFIED: dict[tuple[str, str, str], str] = {
@@ -30,6 +31,7 @@ VERIFIED: dict[tuple[str, str, str], str] = {
                                      "test_kimi_sglang.py (float32, CPU)",
     ("0.5.19", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
     ("0.5.14", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
+    ("0.5.5", "legacy", "cpu"): "tests/integration/test_sglang_legacy_server.py (the source patch, float32, CPU)",
     ("0.5.14", "layer_hooks", "cuda"): "scripts/gpu/check_server.py on an H200, 2026-12-01 (bf16, decode CUDA graphs on; "
                                       "benchmarks/results/check_server_gpu.txt)",
 }
@@ -43,16 +45,18 @@ class _Facts(Protocol):
     version: str
     forward_hooks: bool
     aux_return: bool
+    source_patched: bool
 
 
 def mechanism_for(facts: _Facts, requested: str = "auto") -> str:
     """The mechanism to use on this SGLang: the card's choice where the source allows it, else the best it allows."""
-    available = [m for m, ok in (("aux_return", facts.forward_hooks and facts.aux_return), ("layer_hooks", facts.forward_hooks)) if ok]
+    available = [m for m, ok in (("aux_return", facts.forward_hooks and facts.aux_return), ("layer_hooks", facts.forward_hooks),
+                                 ("legacy", not facts.forward_hooks and facts.source_patched)) if ok]
     if not available:
         raise UnsupportedVersionError(
-            f"SGLang {facts.version} has no forward hooks (its server arguments define no forward_hooks): patch it with "
-            "`hs-dataset patch apply` and start it with HS_CAPTURE_STAGING_DIR / HS_CAPTURE_LAYER_IDS set "
-            "(docs/LEGACY_PATCH.md; unverified: no test here ran a patched server)"
+            f"SGLang {facts.version} has no forward hooks (its server arguments define no forward_hooks) and its "
+            "models/deepseek_v2.py carries no hs_dataset patch: patch it with `hs-dataset patch apply --python "
+            "<server python>` (docs/LEGACY_PATCH.md), then serve again"
         )
     if requested == "auto":
         return available[0]

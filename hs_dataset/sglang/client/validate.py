@@ -25,6 +25,7 @@ from hs_dataset.sglang.client.http import HTTPStatusError, connection_errors, ge
 from hs_dataset.sglang.client.diagnose import read_report
 from hs_dataset.wire.dump import HOOKS_MODULE
 from hs_dataset.wire.private_dir import StagingError, check_private_dir
+from hs_dataset.wire.status import read_statuses
 
 __all__ = ["check_server", "server_mechanism", "probe_sample", "check_probe"]
 
@@ -38,7 +39,8 @@ async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection
     ep.server_info = info
     ep.version = str(info.get("version") or "unknown")
     check_same_model(ep.url, str(info.get("model_path") or ""), model_path)
-    config = capture_hook_config(ep.url, info)
+    config = capture_hook_config(ep.url, info, ep.staging_dir)
+    ep.mechanism = str(config.get("mechanism", "aux_return"))
     check_layer_ids(ep.url, config, aux_layer_ids)
     check_aux_return(ep.url, config, info)
     check_rid_prefix(ep.url, config, run_id)
@@ -128,20 +130,38 @@ def _config_bytes(directory: str) -> bytes | None:
         return None
 
 
-def capture_hook_config(url: str, info: dict) -> dict:
-    """The config of hs_dataset's model hook, once both of its hooks are found installed."""
+def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) -> dict:
+    """The config of hs_dataset's model hook, once both of its hooks are found installed; on a server without
+    forward hooks, what the source patch's hook reported in ``staging_dir`` (:func:`legacy_hook_config`)."""
     specs = info.get("forward_hooks") or []
     if isinstance(specs, str):
         specs = json.loads(specs)
     ours = [s for s in specs if str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":model_hook")]
+    if not ours and not specs and staging_dir:
+        legacy = legacy_hook_config(staging_dir)
+        if legacy is not None:
+            return legacy
     if not ours:
+        patched = ""
+        if not specs:  # maybe the source patch (SGLang <= 0.5.5), which reports only through its staging dir
+            patched = (f", and no status of the source patch's hook in {staging_dir}" if staging_dir else
+                       "; for an SGLang patched with `hs-dataset patch`, set backend.staging_dir to its HS_CAPTURE_STAGING_DIR")
         raise ServerValidationError(
             f"capture is not enabled on SGLang server {url}: it runs without hs_dataset's forward hooks "
-            f"(--forward-hooks with {HOOKS_MODULE}:model_hook); restart it with `hs-dataset serve --config <card>`"
+            f"(--forward-hooks with {HOOKS_MODULE}:model_hook){patched}; restart it with `hs-dataset serve --config <card>`"
         )
     if not any(str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":norm_hook") for s in specs):
         raise ServerValidationError(f"SGLang server {url} has no hs_dataset final-norm hook, so no pre-norm final state; restart it with `hs-dataset serve`")
     return dict(ours[0].get("config") or {})
+
+
+def legacy_hook_config(staging_dir: str) -> dict | None:
+    """The config the source patch's hook (``HS_CAPTURE_*`` variables, SGLang <= 0.5.5) wrote into its status file."""
+    for status in read_statuses(staging_dir):
+        if status.get("mechanism") == "legacy":
+            keys = ("mechanism", "hf_aux_layer_ids", "rid_prefix", "content_keys")
+            return {**{k: status[k] for k in keys if k in status}, "staging_dir": staging_dir}
+    return None
 
 
 def check_layer_ids(url: str, config: dict, aux_layer_ids: list[int]) -> None:
@@ -197,6 +217,8 @@ def check_speculative(url: str, info: dict, max_new_tokens: int) -> None:
 
 def server_mechanism(ep: Endpoint) -> str | None:
     """How the server's model hook captures (``aux_return`` ...), as its hook config says; ``None`` without one."""
+    if ep.mechanism is not None:
+        return ep.mechanism
     specs: Sequence[dict] = ep.server_info.get("forward_hooks") or []
     for s in specs:
         if str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":model_hook"):

@@ -11,6 +11,8 @@ read here from the files the server will import, without importing them:
   ``--disable-prefill-cuda-graph``);
 * ``forward_batch_rids``: whether ``ForwardBatch`` declares a ``rids`` field (dumps keyed
   by request id; otherwise by content);
+* ``source_patched``: whether ``models/deepseek_v2.py`` carries hs_dataset's source patch
+  (``hs-dataset patch apply``, the capture of SGLang releases without forward hooks);
 * ``eagle3_shift``: per model family, what ``set_eagle3_layers_to_capture`` does to the
   ids it is given -- ``always`` (+1 to every id), ``first_is_one`` (+1 only when the first
   id is 1) or ``unknown``.
@@ -24,6 +26,8 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hs_dataset.wire.legacy_patch import carries_patch
 
 __all__ = ["SGLangFacts", "read_facts", "eagle3_shift_rule"]
 
@@ -40,10 +44,11 @@ class SGLangFacts:
     aux_return: bool = False
     prefill_graph_flag: bool = False
     forward_batch_rids: bool = False
+    source_patched: bool = False
     eagle3_shift: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        flags = [name for name in ("forward_hooks", "aux_return", "prefill_graph_flag", "forward_batch_rids") if getattr(self, name)]
+        flags = [name for name in ("forward_hooks", "aux_return", "prefill_graph_flag", "forward_batch_rids", "source_patched") if getattr(self, name)]
         shifts = ", ".join(f"{family} {rule}" for family, rule in sorted(self.eagle3_shift.items()))
         return f"read from the installed source: {', '.join(flags) or 'none of the capture features'}; EAGLE-3 ids: {shifts or 'unknown'}"
 
@@ -111,5 +116,6 @@ def read_facts(sglang_dir: str | None, version: str) -> SGLangFacts:
         aux_return=_defines(args, "enable_return_aux_hidden_states"),
         prefill_graph_flag=_defines(args, "disable_prefill_cuda_graph"),
         forward_batch_rids=_class_has_field(batch, "ForwardBatch", "rids"),
+        source_patched=carries_patch(_read(srt / "models" / "deepseek_v2.py")),
         eagle3_shift={family: eagle3_shift_rule(_read(srt / rel)) for family, rel in _EAGLE3_FILES.items()},
     )

@@ -20,7 +20,9 @@ Card keys read (``sglang:`` section unless noted; all optional except where said
 ``host`` / ``port``   listen address (default 127.0.0.1:30000)
 ``module_path``       decoder-stack module (default ``model.text_module`` or ``model``)
 ``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks`` (refused where the installed
-                      decoder layer's ``forward`` does not return the residual: read from its source)
+                      decoder layer's ``forward`` does not return the residual: read from its source); an SGLang
+                      without forward hooks whose ``deepseek_v2.py`` carries the source patch gets ``legacy``
+                      (configured by ``HS_CAPTURE_*`` variables, chunked prefill and the radix cache off)
 ``radix_cache``       keep SGLang's prefix cache on (default false: ``--disable-radix-cache``)
 ``chunked_prefill_size``  passed through when set (chunks are assembled into one dump)
 ``startup_timeout_s`` seconds to wait for ``/health`` (default 900)
@@ -72,6 +74,21 @@ _STAGING_KEYS = (
     ("pinned_pool_bytes", "pinned_pool_bytes"),
     ("orphan_ttl_s", "orphan_ttl_s"),
     ("rid_prefix", "rid_prefix"),
+)
+
+# capture config key -> the HS_CAPTURE_* variable the source patch's hook reads it from
+# (hs_dataset.sglang.server.config.CaptureConfig.from_sources; a unit test holds the two together)
+LEGACY_ENV = (
+    ("staging_dir", "HS_CAPTURE_STAGING_DIR"),
+    ("hf_aux_layer_ids", "HS_CAPTURE_LAYER_IDS"),
+    ("rid_prefix", "HS_CAPTURE_RID_PREFIX"),
+    ("max_staging_bytes", "HS_CAPTURE_MAX_BYTES"),
+    ("max_staging_files", "HS_CAPTURE_MAX_FILES"),
+    ("max_wait_s", "HS_CAPTURE_MAX_WAIT_S"),
+    ("writer_threads", "HS_CAPTURE_WRITERS"),
+    ("pinned_pool_bytes", "HS_CAPTURE_PINNED_BYTES"),
+    ("orphan_ttl_s", "HS_CAPTURE_ORPHAN_TTL_S"),
+    ("storage", "HS_CAPTURE_STORAGE"),
 )
 
 
@@ -126,7 +143,7 @@ class ServerPlan:
             f"model: {self.model_path}",
             f"aux layers: HF hidden_states {self.hf_aux_layer_ids}"
             + (f" -> --return-aux-hidden-state-layer-ids {self.sglang_aux_layer_ids}" if self.sglang_aux_layer_ids else ""),
-            "final state: pre-norm (hook on the final norm)",
+            "final state: pre-norm " + ("(the patched forward)" if self.mechanism == "legacy" else "(hook on the final norm)"),
             f"staging dir: {self.staging_dir}",
             f"url: {self.url}",
             *[f"note: {n}" for n in self.notes],
@@ -160,9 +177,11 @@ def plan_server(
     capture = _capture(card, target, info, extra_args, notes)
     staging_dir = os.path.abspath(staging_dir or card.sglang.staging.dir or default_staging_dir(target.host, target.port))
     hook_config = _hook_config(card, target, capture, staging_dir)
-    specs = _hook_specs(card.sglang.device, target, capture, hook_config)
+    specs = _hook_specs(card.sglang.device, target, capture, hook_config) if capture.mechanism != "legacy" else []
     argv = _server_argv(card, target, capture, specs, extra_args, notes)
     env = _server_env(card, info, target.python, argv, notes)
+    if capture.mechanism == "legacy":
+        env.update(_legacy_env(hook_config, card.sglang.device, notes))
     return ServerPlan(
         python=target.python,
         argv=argv,
@@ -351,6 +370,9 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
         argv += [str(i) for i in capture.sglang_ids]
     if capture.facts.prefill_graph_flag:
         argv += ["--disable-prefill-cuda-graph"]  # a prefill replayed in a CUDA graph runs no hook (decode graphs stay on)
+    if capture.mechanism == "legacy":
+        _refuse_legacy_settings(card, capture.version)
+        argv += ["--chunked-prefill-size", "-1"] if sg.chunked_prefill_size is None else []
     if not sg.radix_cache:
         argv += ["--disable-radix-cache"]
     else:
@@ -360,9 +382,37 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
     argv += list(sg.args)
     if card.model.trust_remote_code and "--trust-remote-code" not in argv:
         argv += ["--trust-remote-code"]  # the card allows the snapshot's own code (tokenizer, processor)
-    argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
+    if specs:
+        argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
     argv += [str(a) for a in extra_args]
     return argv
+
+
+def _refuse_legacy_settings(card: Card, version: str) -> None:
+    """What the source patch cannot capture: its ForwardBatch has no request ids, so dumps are keyed by content."""
+    sg = card.sglang
+    why = f"SGLang {version} captures through the source patch, whose batches carry no request ids"
+    if sg.radix_cache:
+        raise ServeError(f"{card.source_path}: sglang.radix_cache: {why}, so a prefix-cache hit cannot be told apart; set it to false")
+    if sg.chunked_prefill_size is not None and sg.chunked_prefill_size > 0:
+        raise ServeError(
+            f"{card.source_path}: sglang.chunked_prefill_size: {why}, so the chunks of one prompt cannot be joined; "
+            "drop it (serve passes --chunked-prefill-size -1)"
+        )
+
+
+def _legacy_env(hook_config: Mapping[str, Any], device: str, notes: list[str]) -> dict[str, str]:
+    """The patched forward's configuration: the hook config as ``HS_CAPTURE_*`` variables, dumps keyed by content."""
+    env = {"HS_CAPTURE_CONTENT_KEYS": "1"}
+    for key, var in LEGACY_ENV:
+        value = hook_config.get(key)
+        if value is not None:
+            env[var] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    notes.append("legacy source patch: configured by HS_CAPTURE_* variables; dumps keyed by content; chunked prefill off")
+    if device == "cpu":
+        notes.append("legacy on CPU: no forward hooks to register the torch_native MLA handler; "
+                     "the server's PYTHONPATH must do it (tests/shims/sglang_legacy_shim)")
+    return env
 
 
 def _server_env(card: Card, info: dict, python: str, argv: Sequence[str], notes: list[str]) -> dict[str, str]:

@@ -39,16 +39,15 @@ from hs_dataset.errors import HsDatasetError
 from hs_dataset.sglang.legacy.anchors import Anchors, UnrecognisedSource, recognise, split_lines
 from hs_dataset.sglang.legacy.inserted import (
     ANY_MARK,
-    BEGIN,
     BEGIN_RE,
     END,
     HELPER,
     MARKER,
-    PATCH_VERSION,
     STMT_BEGIN,
     STMT_CAPTURE,
     STMT_EMIT,
 )
+from hs_dataset.wire.legacy_patch import BEGIN, PATCH_VERSION
 
 __all__ = [
     "KNOWN_ORIGINALS",

@@ -8,9 +8,12 @@ and :func:`on_forward` after the layer loop, with the aux states it captured
 ``HS_CAPTURE_LAYER_IDS``, ... see :class:`~hs_dataset.sglang.server.config.CaptureConfig`).
 
 SGLang 0.5.5's ForwardBatch has no request ids, so dumps are named by content key
-(``ck-`` + sha256 of the prompt's int64 ids; the client computes the same) and
-prefix-cache hits are skipped (start that server with ``--disable-radix-cache``).
-Stdlib + torch only.
+(``ck-`` + sha256 of the prompt's int64 ids; the client computes the same). Nothing then
+ties a prefill's rows to a prompt longer than them, so a server whose arguments allow
+partial prompts -- chunked prefill (the chunks of one prompt cannot be joined) or the
+radix cache (a cache hit computes only the tail) -- is refused at its first forward pass
+with the flag to change (:func:`legacy_problems`), instead of storing a first chunk under
+the wrong key while the client waits for the whole prompt. Stdlib + torch only.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from hs_dataset.sglang.server.batch import BatchView
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.core import CaptureCore
 
-__all__ = ["wants", "on_forward"]
+__all__ = ["wants", "on_forward", "legacy_problems"]
 
 logger = logging.getLogger("hs_dataset.sglang.server")
 
@@ -36,7 +39,8 @@ def _core() -> CaptureCore | None:
             from hs_dataset.sglang.server.hooks import _attention_ranks, check_server_args, _server_args, sglang_version
 
             config = CaptureConfig.from_sources({"mechanism": "legacy"})
-            problems = check_server_args(_server_args(), "layer_hooks")
+            args = _server_args()
+            problems = check_server_args(args, "layer_hooks") + legacy_problems(args)
             if problems:
                 raise RuntimeError("hs_dataset capture cannot produce complete hidden states here: " + "; ".join(problems))
             tp, dp, _ = _attention_ranks()
@@ -47,6 +51,25 @@ def _core() -> CaptureCore | None:
             )
             logger.info("hs_dataset legacy capture: rank tp=%d dp=%d %s", tp, dp, "writes" if tp == 0 else "does not write")
         return _STATE["core"]
+
+
+def legacy_problems(args) -> list[str]:
+    """What keeps whole prompts from reaching one forward pass (SGLang's server arguments; ``None``: unknown)."""
+    if args is None:
+        return []
+    problems = []
+    chunk = getattr(args, "chunked_prefill_size", None)
+    if chunk is not None and int(chunk) > 0:
+        problems.append(
+            f"chunked prefill is on (chunked_prefill_size {chunk}) and this SGLang's batches carry no request ids, so "
+            "the chunks of one prompt cannot be joined: restart it with --chunked-prefill-size -1"
+        )
+    if not getattr(args, "disable_radix_cache", True):
+        problems.append(
+            "the radix cache is on and this SGLang's batches carry no request ids, so a prefix-cache hit (only the "
+            "prompt's tail computed) cannot be refused by name: restart it with --disable-radix-cache"
+        )
+    return problems
 
 
 def wants(forward_batch) -> bool:

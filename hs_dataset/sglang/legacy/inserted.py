@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PATCH_VERSION", "MARKER", "BEGIN", "END", "ANY_MARK", "BEGIN_RE", "HELPER", "STMT_BEGIN", "STMT_CAPTURE", "STMT_EMIT"]
+from hs_dataset.wire.legacy_patch import PATCH_VERSION
 
-PATCH_VERSION = 1
+__all__ = ["MARKER", "END", "ANY_MARK", "BEGIN_RE", "HELPER", "STMT_BEGIN", "STMT_CAPTURE", "STMT_EMIT"]
+
 MARKER = f"# hs_dataset-patch v{PATCH_VERSION}"
-BEGIN = f"# >>> hs_dataset-patch v{PATCH_VERSION} original-sha256="
 END = f"# <<< hs_dataset-patch v{PATCH_VERSION}"
 ANY_MARK = "hs_dataset-patch"
 BEGIN_RE = re.compile(r"^# >>> hs_dataset-patch v(\d+) original-sha256=([0-9a-f]{64})\b")
