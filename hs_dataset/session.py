@@ -182,7 +182,7 @@ class CaptureSession:
         card = self.card
         rules = SampleRules(
             max_length=card.max_length, overflow=card.overflow, strict=strict, vocab_size=self.info.vocab_size,
-            columns=card.source.columns, keep_conversation=card.regenerate.enabled,
+            columns=card.source.columns, keep_conversation=card.regenerate.enabled, limits=card.limits,
         )
         samples = iter_samples(rows, self.tokenizer, rules, report=report)
         return read_ahead(partition(limit_samples(samples, self.num_samples), rank, world_size), depth=depth)
