@@ -123,7 +123,7 @@ class ChatTokenizer:
         get = getattr(self.tokenizer, "get_chat_template", None)
         source = get(self.chat_template, tools) if get is not None else self.chat_template
         if isinstance(source, str) and source not in self._hardened:
-            harden_template(source)
+            harden_template(source, self.limits)
             self._hardened.add(source)
 
     def apply(self, messages: list[dict[str, Any]], tools: Any, *, what: str = "this row", **extra: Any) -> Mapping[str, Any]:

@@ -125,27 +125,64 @@ def _counted(render: Callable[[Any], Iterator[str]]) -> Callable[[Any], Iterator
     return root
 
 
-_HARDENED: set[int] = set()  # ids of the cached templates already recompiled
+_HARDENED: set[str] = set()  # template sources whose cached template is the bounded one
 _HARDEN_LOCK = threading.Lock()
 
 
-def harden_template(source: str) -> bool:
-    """Recompile transformers' cached template for ``source`` with the size guard; False where it cannot be found."""
+@contextmanager
+def _bounds(limits: LimitsSection) -> Iterator[None]:
+    token = _ACTIVE.set(limits)
     try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:  # a transformers whose template cache we have not checked: the time bound still holds
-        return False
-    compiled = _compile_jinja_template(source)
-    with _HARDEN_LOCK:
-        if id(compiled) in _HARDENED:
-            return True
-        env = compiled.environment.overlay()
-        env.__class__ = _bounded_env_class(type(compiled.environment))
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _bounded_compiler(transformers_compile: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A compiler like transformers' whose templates carry the size guard (transformers' environment, overlaid)."""
+
+    def compile_bounded(source: str) -> Any:
+        base = transformers_compile("").environment  # transformers' filters, globals and extensions, set up by transformers
+        env = base.overlay(optimized=False)  # no constant folding: nothing of the template runs while compiling
+        env.__class__ = _bounded_env_class(type(base))
         env.filters = {name: _bounded_filter(fn) for name, fn in env.filters.items()}
-        bounded = env.from_string(source)
-        bounded.root_render_func = _counted(bounded.root_render_func)
-        compiled.__dict__.update(bounded.__dict__)
-        _HARDENED.add(id(compiled))
+        template = env.from_string(source)
+        template.root_render_func = _counted(template.root_render_func)
+        template._hs_bounded = True
+        return template
+
+    return compile_bounded
+
+
+def harden_template(source: str, limits: LimitsSection) -> bool:
+    """Make the template transformers renders for ``source`` the bounded one; False where its cache cannot be reached.
+
+    transformers compiles each template once (``_compile_jinja_template``, cached by source); its compiler is swapped
+    for the bounded one while that cache is filled, so the unbounded template is never built (compiling alone can
+    run a template's constant expressions: jinja evaluates constant output while generating code, and falls back to
+    evaluating it at render time when that raises, which the bounds under ``limits`` then do). A template cached before
+    is recompiled in place.
+    """
+    try:
+        from transformers.utils import chat_template_utils as utils
+
+        transformers_compile = utils._cached_compile_jinja_template
+        cached = utils._compile_jinja_template
+    except (ImportError, AttributeError):  # a transformers whose template cache we have not checked: the time bound still holds
+        return False
+    with _HARDEN_LOCK:
+        if source in _HARDENED:
+            return True
+        compile_bounded = _bounded_compiler(transformers_compile)
+        utils._cached_compile_jinja_template = compile_bounded
+        try:
+            with _bounds(limits):
+                compiled = cached(source)
+                if not getattr(compiled, "_hs_bounded", False):
+                    compiled.__dict__.update(compile_bounded(source).__dict__)
+        finally:
+            utils._cached_compile_jinja_template = transformers_compile
+        _HARDENED.add(source)
     return True
 
 
@@ -190,15 +227,6 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-
-
-@contextmanager
-def _bounds(limits: LimitsSection) -> Iterator[None]:
-    token = _ACTIVE.set(limits)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
 
 
 def _timed_out(limits: LimitsSection) -> TemplateBoundError:
