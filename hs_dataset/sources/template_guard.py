@@ -13,7 +13,7 @@ an ordinary template renders:
   integer arguments of calls and filters), and whose output is counted chunk by chunk.
   The overlay's code replaces the cached template's, so transformers renders through it.
   Outside :func:`bounded_render` (another caller of the same template) nothing is bounded.
-* **Time**: one watchdog thread raises :class:`TemplateTimeout` in a render that is past
+* **Time**: one watchdog thread raises :class:`_Timeout` in a render that is past
   its deadline (``PyThreadState_SetAsyncExc``: it lands at the next bytecode, so a pure
   Python loop stops; a single C operation is bounded by the size guard instead).
 
@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from hs_dataset.config import LimitsSection
 from hs_dataset.sources.report import OversizedRowError
 
-__all__ = ["TemplateBoundError", "TemplateTimeout", "bounded_render", "harden_template"]
+__all__ = ["TemplateBoundError", "bounded_render", "harden_template"]
 
 T = TypeVar("T")
 _POLL_S = 0.05  # the watchdog's tick: a render stops at most this long after its deadline
@@ -47,7 +47,7 @@ class TemplateBoundError(OversizedRowError):
     """A chat template went over ``limits.template_chars`` or ``limits.template_seconds`` for one row."""
 
 
-class TemplateTimeout(BaseException):
+class _Timeout(BaseException):
     """Raised by the watchdog inside a render past its deadline (a BaseException, so templates cannot catch it)."""
 
 
@@ -105,11 +105,14 @@ def _bounded_env_class(base: type) -> type:
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
             _check_args(args, kwargs)
-            if getattr(__obj, "__name__", "") in ("format", "format_map") and isinstance(getattr(__obj, "__self__", None), str):
-                found = _WIDTH.search(__obj.__self__)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def getattr(self, obj: Any, attribute: str) -> Any:  # ``'{:>99999999}'.format``: the width is in the string
+            if isinstance(obj, str) and attribute in ("format", "format_map"):
+                found = _WIDTH.search(obj)
                 if found:
                     _too_big(int(found.group(1)), "a formatted string")
-            return super().call(__context, __obj, *args, **kwargs)
+            return super().getattr(obj, attribute)
 
     return BoundedEnvironment
 
@@ -187,7 +190,7 @@ def harden_template(source: str, limits: LimitsSection) -> bool:
 
 
 class _Watchdog:
-    """One daemon thread that raises :class:`TemplateTimeout` in threads whose render is past its deadline."""
+    """One daemon thread that raises :class:`_Timeout` in threads whose render is past its deadline."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -203,7 +206,7 @@ class _Watchdog:
                 for tid in [t for t, due in self._due.items() if due <= now]:
                     del self._due[tid]
                     self._fired.add(tid)
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(TemplateTimeout))
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(_Timeout))
 
     def start(self, seconds: float) -> int:
         tid = threading.get_ident()
@@ -244,11 +247,11 @@ def bounded_render(limits: LimitsSection, render: Callable[[], T]) -> T:
         try:
             with _bounds(limits):
                 return render()
-        except TemplateTimeout:
+        except _Timeout:
             landed = True
             raise
         finally:
             if _WATCHDOG.stop(tid, landed):
-                raise TemplateTimeout
-    except TemplateTimeout:
+                raise _Timeout
+    except _Timeout:
         raise _timed_out(limits) from None
