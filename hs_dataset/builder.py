@@ -126,7 +126,7 @@ def _source_identity(card: Card, source: Any) -> Any:
 
 
 def _hidden_size(model_dir: Path | None) -> int | None:
-    from hs_dataset.model.snapshot import load_text_config
+    from hs_dataset.model.model_config import load_text_config
 
     size = load_text_config(model_dir).get("hidden_size") if model_dir is not None else None
     return int(size) if size else None

@@ -15,6 +15,7 @@ __all__ = [
     "DiskFullError",
     "SourceError",
     "CaptureError",
+    "ModelConfigError",
     "ServerValidationError",
     "UsageError",
     "HubError",
@@ -68,6 +69,10 @@ class SourceError(HsDatasetError, ValueError):
 
 class CaptureError(HsDatasetError):
     """A capture backend could not produce states for a sample."""
+
+
+class ModelConfigError(CaptureError, ValueError):
+    """A model's ``config.json`` cannot be read, or holds a size that is missing, mistyped or out of range."""
 
 
 class ServerValidationError(CaptureError):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hs_dataset.capture.base import CaptureBackend, CaptureInfo
-from hs_dataset.config import Card, HFBackendSection, load_card
+from hs_dataset.config import Card, HFBackendSection, SGLangBackendSection, load_card
 from hs_dataset.config.run import RunOptions
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import UsageError
@@ -58,9 +58,11 @@ def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, token
     if endpoints:
         from hs_dataset.sglang.client.generate import SGLangGenerator
 
+        limit = {"max_response_bytes": card.backend.max_response_bytes} if isinstance(card.backend, SGLangBackendSection) else {}
         return SGLangGenerator(
             [e.url for e in endpoints], concurrency=card.regenerate.concurrency,
             request_timeout_s=getattr(backend, "request_timeout_s", 600.0), model_fingerprint=info.model_fingerprint,
+            vocab_size=info.vocab_size, **limit,
         )
     raise UsageError(f"--regenerate needs the hf or sglang backend; {type(backend).__name__} cannot generate")
 
@@ -182,7 +184,7 @@ class CaptureSession:
         card = self.card
         rules = SampleRules(
             max_length=card.max_length, overflow=card.overflow, strict=strict, vocab_size=self.info.vocab_size,
-            columns=card.source.columns, keep_conversation=card.regenerate.enabled,
+            columns=card.source.columns, keep_conversation=card.regenerate.enabled, limits=card.limits,
         )
         samples = iter_samples(rows, self.tokenizer, rules, report=report)
         return read_ahead(partition(limit_samples(samples, self.num_samples), rank, world_size), depth=depth)

@@ -22,9 +22,10 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
-from hs_dataset.config import Card, HFBackendSection
+from hs_dataset.config import Card, CardError, HFBackendSection
 from hs_dataset.model.remote_code import check_remote_code
-from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path, text_config
+from hs_dataset.model.model_config import load_text_config, text_config
+from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path
 from hs_dataset.model.text_model import load_causal_lm, loaded_module_path
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.sample import CapturedSample, TokenizedSample
@@ -71,21 +72,25 @@ class HFBackend(CaptureBackend):
 
     def __init__(self, section: HFBackendSection, target: CaptureTarget, *, device: str | None = None) -> None:
         self.model_path = resolve_model_path(target.model_path)
+        self.aux_layer_ids = list(target.aux_layer_ids)
+        self._check_aux(int(load_text_config(self.model_path)["num_hidden_layers"]))  # before minutes of loading
         self.device = pick_device(device or section.device)
         self.dtype = state_dtype(target.dtype or "float32")
         model = load_causal_lm(self.model_path, dtype=self.dtype, trust_remote_code=target.trust_remote_code)
         self.model = model.to(self.device).eval()
         self.decoder = find_decoder(self.model, loaded_module_path(self.model_path, target.text_module))
         self.num_layers = len(self.decoder.layers)
-        self.aux_layer_ids = list(target.aux_layer_ids)
-        bad = [i for i in self.aux_layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"aux layer ids {bad} are outside 0..{self.num_layers - 1} for this {self.num_layers}-layer model "
-                f"(HF hidden_states index; hidden_states[{self.num_layers}] is the final state, captured separately)"
-            )
+        self._check_aux(self.num_layers)
         self.model_revision = target.model_revision
         self._fingerprint: str | None = None
+
+    def _check_aux(self, num_layers: int) -> None:
+        bad = [i for i in self.aux_layer_ids if not 0 <= i < num_layers]
+        if bad:
+            raise CardError(
+                f"layers.aux: aux layer ids {bad} are outside 0..{num_layers - 1} for the {num_layers}-layer model in {self.model_path} "
+                f"(HF hidden_states index; hidden_states[{num_layers}] is the final state, captured separately): pick ids below {num_layers}"
+            )
 
     @classmethod
     def from_card(cls, card: Card, *, model_path: str | None = None, device: str | None = None) -> "HFBackend":

@@ -18,6 +18,7 @@ from hs_dataset.config.sections import (
     BackendSection,
     DatasetCardSection,
     LayersSection,
+    LimitsSection,
     ModelSection,
     RegenerateSection,
     Section,
@@ -46,6 +47,7 @@ class Card(Section):
     overflow: Literal["truncate", "drop"] = Field(
         "truncate", description="What happens to a sample longer than `max_length`: cut to it, or left out (and reported). Default `truncate`."
     )
+    limits: LimitsSection = Field(default_factory=LimitsSection, description="Bounds on rows and chat templates (section below, docs/LIMITS.md).")
     source: SourceSection = Field(default_factory=SourceSection, description="The source rows (section below).")
     regenerate: RegenerateSection = Field(
         default_factory=RegenerateSection, description="Regenerating assistant turns with the target before capture (section below)."

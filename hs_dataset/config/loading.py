@@ -11,7 +11,55 @@ import yaml
 from hs_dataset.config.card import Card, card_from_dict
 from hs_dataset.config.problems import CardError
 
-__all__ = ["list_cards", "load_card"]
+__all__ = ["MAX_CARD_ALIASES", "MAX_CARD_BYTES", "MAX_CARD_DEPTH", "list_cards", "load_card"]
+
+MAX_CARD_BYTES = 1024 * 1024  # a card is a few kilobytes
+MAX_CARD_ALIASES = 64  # `*name` references in one card (each may stand for a whole subtree: billion laughs)
+MAX_CARD_DEPTH = 32  # nesting of mappings and lists (the deepest real key is sglang.staging.x: 3)
+
+
+class _CardBound(yaml.YAMLError):
+    """A card over one of the loader's bounds (the message says which)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses more than MAX_CARD_ALIASES aliases and nesting deeper than MAX_CARD_DEPTH.
+
+    Aliases are counted while composing, before anything is built from them, so a small file cannot stand for
+    a gigantic tree; depth is counted there too, before the composer's recursion could overflow the stack.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]  # PyYAML's signature
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_CARD_ALIASES:
+                raise _CardBound(f"more than {MAX_CARD_ALIASES} aliases (*name); write the values out instead of referencing them")
+        self._depth += 1
+        try:
+            if self._depth > MAX_CARD_DEPTH:
+                raise _CardBound(f"nested more than {MAX_CARD_DEPTH} levels deep; a card's sections are at most 3 levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _read_card_file(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CARD_BYTES + 1)
+    except OSError as exc:
+        raise CardError(f"{path}: cannot read the card ({exc.strerror or exc}); check the path and its permissions") from None
+    if len(data) > MAX_CARD_BYTES:
+        raise CardError(f"{path}: over {MAX_CARD_BYTES} bytes, not a card (cards are a few kilobytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CardError(f"{path}: not UTF-8 text (byte {exc.start}); save the card as UTF-8") from None
 
 
 def _builtin_cards() -> dict[str, Any]:
@@ -29,7 +77,7 @@ def load_card(name_or_path: str | Path) -> Card:
     path = Path(name_or_path)
     is_file = path.suffix in (".yaml", ".yml")
     if is_file and path.exists():
-        text, where = path.read_text(encoding="utf-8"), str(path)
+        text, where = _read_card_file(path), str(path)
     else:
         cards = _builtin_cards()
         if str(name_or_path) not in cards:
@@ -37,9 +85,11 @@ def load_card(name_or_path: str | Path) -> Card:
         entry = cards[str(name_or_path)]
         text, where = entry.read_text(encoding="utf-8"), f"cards/{entry.name}"
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except _CardBound as exc:
+        raise CardError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise CardError(f"{where}: not valid YAML ({exc})") from None
+        raise CardError(f"{where}: not valid YAML ({' '.join(str(exc).split())})") from None
     card = card_from_dict(raw, where)
     if not is_file and card.name != str(name_or_path):
         raise CardError(f"{where}: name: {card.name!r} must match the file name; write `name: {name_or_path}`")

@@ -26,6 +26,7 @@ __all__ = [
     "DatasetCardSection",
     "StagingSection",
     "SGLangServerSection",
+    "LimitsSection",
     "StateDtypeName",
     "LAYER_CONVENTION",
     "MAX_SHARD_BYTES",
@@ -175,6 +176,30 @@ class RegenerateSection(Section):
     concurrency: int = Field(16, ge=1, description="Conversations regenerated together (SGLang: requests in flight; HF: batch rows). Default 16.")
 
 
+class LimitsSection(Section):
+    """Per-row and per-template bounds that keep memory and time set by the card, not by the input (docs/LIMITS.md)."""
+
+    row_turns: int = Field(
+        1024, ge=1, le=1_000_000, description="Most messages a conversation row may have; a longer row is skipped and counted `oversized`. Default 1024."
+    )
+    row_chars: int | None = Field(
+        None, ge=1, description="Most characters of text (every string of the row together) before anything is expanded; a longer row is "
+        "skipped and counted `oversized`. Default null: the JSONL line cap, `max(16 MiB, 64 * max(65536, 16 * max_length))`.",
+    )
+    row_depth: int = Field(
+        64, ge=8, le=512, description="Deepest nesting of lists and objects in a row (tool-call arguments and tool schemas included); "
+        "a deeper row is skipped and counted `oversized`. Default 64.",
+    )
+    template_chars: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Most characters a chat template may render for one row (and the largest string or "
+        "list one template operation may build); over it the row is skipped and counted `oversized`. Default 16777216.",
+    )
+    template_seconds: float = Field(
+        5.0, gt=0, le=3600, description="Seconds a chat template may take to render one row; over it the row is skipped and counted "
+        "`oversized`. Default 5.",
+    )
+
+
 class HFBackendSection(Section):
     """In-process transformers capture (`name: hf`)."""
 
@@ -221,6 +246,11 @@ class SGLangBackendSection(Section):
     )
     endpoint_cooldown_s: float = Field(
         5.0, ge=0, description="Seconds a failing server stays out of rotation (grows with repeated failures). Default 5."
+    )
+    max_response_bytes: int = Field(
+        16 * 1024 * 1024, ge=4096, le=1024**3,
+        description="Largest HTTP answer body read from a server (`/server_info`, `/generate`), read in bounded chunks; a larger "
+        "one is refused. Default 16777216 (16 MiB).",
     )
 
 

@@ -212,7 +212,8 @@ def _model_and_norm(settings: ImportSettings, card: Any, record: dict[str, Any])
     if isinstance(source_model, dict) and model_path is None:
         model.update({k: source_model.get(k) for k in ("path", "id", "revision", "fingerprint")})
     if model_path is not None:
-        from hs_dataset.model.snapshot import load_text_config, model_fingerprint, read_final_norm, resolve_model_path
+        from hs_dataset.model.model_config import load_text_config
+        from hs_dataset.model.snapshot import model_fingerprint, read_final_norm, resolve_model_path
 
         local = resolve_model_path(model_path)
         model.update(path=str(local), fingerprint=model_fingerprint(local))

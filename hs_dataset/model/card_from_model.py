@@ -10,12 +10,12 @@ build from the written card are the same build.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from hs_dataset.model.snapshot import resolve_model_path, text_config
+from hs_dataset.model.model_config import read_model_config, text_config
+from hs_dataset.model.snapshot import resolve_model_path
 from hs_dataset.model.text_model import is_wrapper, text_weight_prefix
 from hs_dataset.config import Card, card_from_dict, load_card
 from hs_dataset.dtypes import STATE_DTYPES
@@ -84,7 +84,7 @@ def model_card_dict(
 ) -> dict[str, Any]:
     """The card of ``model`` (a directory, a Hub id in the local cache, or ``builtin:NAME``) as a mapping."""
     directory = resolve_model_path(model, revision=revision)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_model_config(directory)
     text = dict(text_config(config))
     layers = int(text["num_hidden_layers"])
     text_module = f"{text_weight_prefix(directory)}model" if is_wrapper(config) else None

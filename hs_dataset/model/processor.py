@@ -14,7 +14,7 @@ from typing import Any
 
 from hs_dataset.errors import CaptureError
 from hs_dataset.model.remote_code import PROCESSOR_CONFIGS, auto_map, check_remote_code
-from hs_dataset.model.snapshot import text_config
+from hs_dataset.model.model_config import text_config
 
 __all__ = ["ProcessorFilesError", "check_processor_files"]
 

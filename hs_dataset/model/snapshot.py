@@ -6,12 +6,11 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
 
 from hs_dataset.errors import CaptureError
+from hs_dataset.model.model_config import load_text_config
 
 __all__ = [
     "BUILTIN_PREFIX",
@@ -20,8 +19,6 @@ __all__ = [
     "builtin_models",
     "resolve_model_path",
     "download_command",
-    "text_config",
-    "load_text_config",
     "model_fingerprint",
     "read_final_norm",
 ]
@@ -94,24 +91,6 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
             f"downloads weights at run time: run `{download_command(repo_id, revision)}` first"
         )
     return found.resolve()
-
-
-def text_config(config: Any) -> Any:
-    """The one text-config lookup: the decoder's config inside a model config.
-
-    Multimodal wrappers (Kimi-K2.5, ``model_type: kimi_k25``) keep the DeepseekV3
-    text model's config under ``text_config``; plain models are their own text
-    config. Works on a ``config.json`` mapping and on a transformers config object.
-    """
-    if isinstance(config, Mapping):
-        inner = config.get("text_config")
-        return inner if isinstance(inner, Mapping) and inner else config
-    return getattr(config, "text_config", None) or config
-
-
-def load_text_config(directory: str | os.PathLike) -> dict[str, Any]:
-    """The text config of the model in ``directory`` (its ``config.json``), as a dict."""
-    return dict(text_config(json.loads((Path(directory) / "config.json").read_text())))
 
 
 def model_fingerprint(directory: str | os.PathLike) -> str:

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.model.snapshot import text_config
+from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.remote_code import from_pretrained_kwargs
 
 __all__ = ["is_wrapper", "text_weight_prefix", "load_causal_lm", "loaded_module_path"]
@@ -72,7 +72,7 @@ def load_causal_lm(directory: str | os.PathLike, *, dtype: Any, trust_remote_cod
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_model_config(directory)  # sizes checked before transformers allocates from them
     if is_wrapper(config):
         return _load_text_of_wrapper(directory, config, dtype)
     return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **from_pretrained_kwargs(directory, trust_remote_code))
@@ -85,7 +85,7 @@ def loaded_module_path(directory: str | os.PathLike, text_module: str | None) ->
     a wrapper's text model is loaded alone, so its own prefix is dropped (``model``).
     """
     directory = Path(directory)
-    if not text_module or not is_wrapper(json.loads((directory / "config.json").read_text())):
+    if not text_module or not is_wrapper(read_model_config(directory)):
         return text_module
     prefix = text_weight_prefix(directory)
     return text_module[len(prefix) :] if prefix and text_module.startswith(prefix) else text_module

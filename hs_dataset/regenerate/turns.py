@@ -18,7 +18,6 @@ from typing import Any
 
 from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.messages import Conversation
-from hs_dataset.sources.report import MalformedRowError
 
 __all__ = ["TurnRenderer", "assemble", "regenerable_turns", "splice"]
 
@@ -54,18 +53,12 @@ class TurnRenderer:
 
     def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool) -> list[int]:
         """Token ids the template renders for ``messages`` (with or without the assistant header)."""
-        kwargs: dict[str, Any] = dict(self.chat.template_kwargs or {})
+        kwargs: dict[str, Any] = {}
         if self.thinking is not None:
             kwargs["thinking"] = self.thinking
         if getattr(self.chat, "_sanitize", False):
             kwargs["sanitize_control_tokens"] = True
-        try:
-            out = self.chat.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.chat.chat_template, add_generation_prompt=generation_prompt,
-                tokenize=True, return_dict=True, **kwargs,
-            )
-        except Exception as exc:  # noqa: BLE001 - the template refused the row
-            raise MalformedRowError(f"the chat template failed on a generation prompt: {type(exc).__name__}: {exc}") from exc
+        out = self.chat.apply(messages, tools, what="a generation prompt", add_generation_prompt=generation_prompt, **kwargs)
         return list(out["input_ids"])
 
     def message(self, generated: list[int], stop_ids: tuple[int, ...]) -> dict[str, Any]:

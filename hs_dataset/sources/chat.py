@@ -18,13 +18,15 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
+from hs_dataset.config import LimitsSection
 from hs_dataset.sources.masking import CompiledMarkerRule, MarkerSpanRule
 from hs_dataset.sources.messages import Conversation
 from hs_dataset.sources.report import MalformedRowError
+from hs_dataset.sources.template_guard import bounded_render, harden_template
 
 __all__ = ["ChatTokenizer"]
 
@@ -96,8 +98,10 @@ class ChatTokenizer:
     rule: Literal["generation"] | MarkerSpanRule
     chat_template: str | None = None
     template_kwargs: Mapping[str, Any] | None = None
+    limits: LimitsSection = field(default_factory=LimitsSection)
 
     def __post_init__(self) -> None:
+        self._hardened: set[str] = set()
         self._compiled: CompiledMarkerRule | None = None
         if isinstance(self.rule, MarkerSpanRule):
             self._compiled = self.rule.compile(self.tokenizer)
@@ -114,23 +118,30 @@ class ChatTokenizer:
     def rule_name(self) -> str:
         return "generation" if self.rule == "generation" else self.rule.name
 
-    def _apply(self, conv: Conversation, **extra: Any) -> Mapping[str, Any]:
-        kwargs = dict(self.template_kwargs or {})
+    def _harden(self, tools: Any) -> None:
+        """Put the size guard into the template transformers will render for these tools (once per template)."""
+        get = getattr(self.tokenizer, "get_chat_template", None)
+        source = get(self.chat_template, tools) if get is not None else self.chat_template
+        if isinstance(source, str) and source not in self._hardened:
+            harden_template(source, self.limits)
+            self._hardened.add(source)
+
+    def apply(self, messages: list[dict[str, Any]], tools: Any, *, what: str = "this row", **extra: Any) -> Mapping[str, Any]:
+        """``apply_chat_template`` (tokenized, as a dict) within the card's template bounds; one-line errors naming ``what``."""
+        extra.setdefault("add_generation_prompt", False)
+        kwargs = {**(self.template_kwargs or {}), **extra}
         try:
-            return self.tokenizer.apply_chat_template(
-                conv.messages,
-                tools=conv.tools,
-                chat_template=self.chat_template,
-                add_generation_prompt=False,
-                tokenize=True,
-                return_dict=True,
-                **extra,
-                **kwargs,
-            )
+            self._harden(tools)
+            return bounded_render(self.limits, lambda: self.tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=self.chat_template, tokenize=True, return_dict=True, **kwargs,
+            ))
         except MalformedRowError:
             raise
         except Exception as exc:  # the template itself refused the row (raise_exception, bad types, ...)
-            raise MalformedRowError(f"the chat template failed on this row: {type(exc).__name__}: {exc}") from exc
+            raise MalformedRowError(f"the chat template failed on {what}: {type(exc).__name__}: {exc}") from exc
+
+    def _apply(self, conv: Conversation, **extra: Any) -> Mapping[str, Any]:
+        return self.apply(conv.messages, conv.tools, **extra)
 
     def _reject_control_text(self, conv: Conversation) -> None:
         markers = (self.rule.header, self.rule.end)

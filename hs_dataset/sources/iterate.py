@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from hs_dataset.config import LimitsSection
 from hs_dataset.errors import SourceError
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.char_cap import conversation_chars, encode_capped, row_char_cap
@@ -24,6 +25,7 @@ from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
 from hs_dataset.model.tokenizer import load_tokenizer
 from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
+from hs_dataset.sources.row_bounds import check_row_bounds
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
 from hs_dataset.sources.shapes import apply_columns, detect_shape, to_chat_row
@@ -70,7 +72,8 @@ class SampleRules:
     ``vocab_size``: ids must be below it (the model's vocabulary). ``columns`` maps our
     field names to the source's (``{"messages": "dialog"}``; docs/SOURCES.md).
     ``keep_conversation`` puts the normalized conversation in ``meta["conversation"]``
-    (for regeneration).
+    (for regeneration). ``limits``: the card's per-row and per-template bounds
+    (turns, characters, nesting, template output and time; docs/LIMITS.md).
     """
 
     max_length: int = 4096
@@ -84,6 +87,7 @@ class SampleRules:
     vocab_size: int | None = None
     columns: Mapping[str, str] = field(default_factory=dict)
     keep_conversation: bool = False
+    limits: LimitsSection = field(default_factory=LimitsSection)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_length, int) or self.max_length < 1:
@@ -106,6 +110,7 @@ class _Run:
         self.rows = rows
         self.seen: dict[str, int] = {}
         self._chat: ChatTokenizer | None = None
+        self.char_limit = rules.limits.row_chars or line_byte_cap(rules.max_length)
 
     def issue(self, row_index: int, kind: IssueKind, reason: str, sample_id: str | None) -> _Skip:
         issue = RowIssue(row_index, kind, reason, sample_id, file=self.rows.file, line=self.rows.line)
@@ -119,7 +124,7 @@ class _Run:
             if self.tokenizer is None:
                 raise SourceError("conversation rows need a tokenizer with a chat template; pass tokenizer=...")
             rule = resolve_mask_rule(self.tokenizer, self.rules.mask, self.rules.chat_template)
-            self._chat = ChatTokenizer(self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs)
+            self._chat = ChatTokenizer(self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs, self.rules.limits)
         return self._chat
 
     def vocab_size(self) -> int:
@@ -132,8 +137,9 @@ class _Run:
     def encode(self, row: Mapping[str, Any]) -> tuple[list[int], list[bool], dict[str, Any]]:
         shape = detect_shape(row)
         self.report.count_shape(shape, list(row) if shape == "unknown" else None)
+        depth = self.rules.limits.row_depth
         if shape not in ("pretokenized", "unknown"):
-            row = to_chat_row(row, shape)
+            row = to_chat_row(row, shape, depth)
         if is_pretokenized(row):
             ids, mask, given = read_pretokenized(row, vocab_size=self.vocab_size(), missing_mask=self.rules.missing_loss_mask)
             if not given:
@@ -141,7 +147,7 @@ class _Run:
                 self.report.add_note(_DEFAULT_MASK_NOTE)
             return ids, mask, {"format": "pretokenized", "loss_mask_given": given}
         if has_chat(row):
-            conv = normalize_conversation(row)
+            conv = normalize_conversation(row, depth)
             chat = self.chat()
             meta = {"format": "chat", "shape": shape, "mask_rule": chat.rule_name, "assistant_messages": conv.num_assistant}
             if self.rules.keep_conversation:
@@ -164,6 +170,10 @@ class _Run:
             row = apply_columns(row, self.rules.columns)
         if isinstance(row, BadRow):
             raise self.issue(row_index, row.kind, row.reason, sample_id_for(None, row_index, name))  # type: ignore[arg-type]
+        try:  # before anything copies or walks the row (ids, normalizing, rendering)
+            check_row_bounds(row, self.rules.limits, self.char_limit)
+        except OversizedRowError as exc:
+            raise self.issue(row_index, "oversized", str(exc), sample_id_for(None, row_index, name)) from None
         try:
             sid = sample_id_for(row, row_index, name, self.rules.id_policy)
         except MalformedRowError as exc:

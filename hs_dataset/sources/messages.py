@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hs_dataset.sources.report import MalformedRowError
+from hs_dataset.sources.row_bounds import bounded_json
 
 __all__ = ["Conversation", "ROLES", "drop_nones", "has_chat", "normalize_conversation"]
 
@@ -72,10 +73,10 @@ def _content(where: str, raw: Any) -> str | None:
     raise _bad(f"{where}.content", f"must be a string or a list of text parts, got {type(raw).__name__}")
 
 
-def _arguments(where: str, raw: Any) -> str | dict:
+def _arguments(where: str, raw: Any, max_depth: int) -> str | dict:
     if isinstance(raw, str):
         try:
-            parsed = json.loads(raw)
+            parsed = bounded_json(raw, max_depth, f"{where}.arguments")
         except json.JSONDecodeError as exc:
             raise _bad(where, f"arguments are not valid JSON ({exc.msg})") from None
         if not isinstance(parsed, dict):
@@ -88,7 +89,7 @@ def _arguments(where: str, raw: Any) -> str | dict:
     raise _bad(where, f"arguments must be a JSON string or an object, got {type(raw).__name__}")
 
 
-def _tool_call(where: str, raw: Any) -> dict[str, Any]:
+def _tool_call(where: str, raw: Any, max_depth: int) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise _bad(where, f"a tool call must be an object, got {type(raw).__name__}")
     fn = raw.get("function", raw)  # also accept the flat {"name", "arguments"} form
@@ -99,7 +100,7 @@ def _tool_call(where: str, raw: Any) -> dict[str, Any]:
         raise _bad(f"{where}.function.name", "missing or not a non-empty string")
     if raw.get("type") not in (None, "function"):
         raise _bad(f"{where}.type", f"only 'function' tool calls are supported, got {raw.get('type')!r}")
-    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": _arguments(f"{where}.function", fn.get("arguments"))}}
+    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": _arguments(f"{where}.function", fn.get("arguments"), max_depth)}}
     call_id = raw.get("id")
     if call_id is not None:
         if not isinstance(call_id, str) or not call_id:
@@ -118,7 +119,7 @@ def _reasoning(where: str, msg: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _message(where: str, msg: Any) -> dict[str, Any]:
+def _message(where: str, msg: Any, max_depth: int) -> dict[str, Any]:
     if not isinstance(msg, Mapping):
         raise _bad(where, f"a message must be an object, got {type(msg).__name__}")
     raw_role = msg.get("role", msg.get("from"))
@@ -131,7 +132,7 @@ def _message(where: str, msg: Any) -> dict[str, Any]:
         calls = msg.get("tool_calls")
         if calls is not None and (not isinstance(calls, Sequence) or isinstance(calls, (str, bytes))):
             raise _bad(f"{where}.tool_calls", f"must be a list, got {type(calls).__name__}")
-        calls = [_tool_call(f"{where}.tool_calls[{j}]", c) for j, c in enumerate(calls or ())]
+        calls = [_tool_call(f"{where}.tool_calls[{j}]", c, max_depth) for j, c in enumerate(calls or ())]
         if content is None and not calls:
             raise _bad(where, "assistant message has neither content nor tool_calls")
         out["content"] = content or ""
@@ -154,12 +155,12 @@ def _message(where: str, msg: Any) -> dict[str, Any]:
     return out
 
 
-def _tools(raw: Any) -> list[dict[str, Any]] | None:
+def _tools(raw: Any, max_depth: int) -> list[dict[str, Any]] | None:
     if raw is None:
         return None
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = bounded_json(raw, max_depth, "tools")
         except json.JSONDecodeError as exc:
             raise _bad("tools", f"a string must hold a JSON list ({exc.msg})") from None
     if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or not all(isinstance(t, Mapping) for t in raw):
@@ -167,13 +168,17 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     return [drop_nones(dict(t)) for t in raw] or None
 
 
-def normalize_conversation(row: Mapping[str, Any]) -> Conversation:
-    """Validate ``row["messages"]`` (or ShareGPT ``conversations``) and ``row["tools"]``."""
+def normalize_conversation(row: Mapping[str, Any], max_depth: int = 64) -> Conversation:
+    """Validate ``row["messages"]`` (or ShareGPT ``conversations``) and ``row["tools"]``.
+
+    ``max_depth`` bounds the nesting of JSON held in strings (tool-call arguments, tools), which the
+    row's own depth check cannot see (the card's ``limits.row_depth``).
+    """
     key = "messages" if row.get("messages") is not None else "conversations"
     raw = row.get(key)
     if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
         raise _bad(key, f"must be a list of messages, got {type(raw).__name__}")
     if not raw:
         raise _bad(key, "is empty")
-    messages = [_message(f"{key}[{i}]", m) for i, m in enumerate(raw)]
-    return Conversation(messages=messages, tools=_tools(row.get("tools")))
+    messages = [_message(f"{key}[{i}]", m, max_depth) for i, m in enumerate(raw)]
+    return Conversation(messages=messages, tools=_tools(row.get("tools"), max_depth))

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from hs_dataset.sources.report import MalformedRowError
+from hs_dataset.sources.row_bounds import bounded_json
 
 __all__ = ["FIELDS", "Shape", "apply_columns", "detect_shape", "to_chat_row"]
 
@@ -60,7 +61,7 @@ def detect_shape(row: Mapping[str, Any]) -> Shape:
     return "unknown"
 
 
-def _sharegpt_messages(turns: Any) -> list[dict[str, Any]]:
+def _sharegpt_messages(turns: Any, max_depth: int) -> list[dict[str, Any]]:
     """ShareGPT turns -> OpenAI messages; ``function_call``/``observation`` become a tool call and its result."""
     if not isinstance(turns, list):
         raise MalformedRowError(f"conversations: must be a list of turns, got {type(turns).__name__}")
@@ -71,7 +72,7 @@ def _sharegpt_messages(turns: Any) -> list[dict[str, Any]]:
             raise MalformedRowError(f"conversations[{i}]: a turn must be an object, got {type(turn).__name__}")
         who, value = turn.get("from", turn.get("role")), turn.get("value", turn.get("content"))
         if who == "function_call":
-            out.append({"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(i, value, calls)]})
+            out.append({"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(i, value, calls, max_depth)]})
             calls += 1
         elif who == "observation":
             out.append({"role": "tool", "content": value, "tool_call_id": f"call_{max(calls - 1, 0)}"})
@@ -80,9 +81,9 @@ def _sharegpt_messages(turns: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _sharegpt_call(i: int, value: Any, index: int) -> dict[str, Any]:
+def _sharegpt_call(i: int, value: Any, index: int, max_depth: int) -> dict[str, Any]:
     try:
-        call = json.loads(value) if isinstance(value, str) else value
+        call = bounded_json(value, max_depth, f"conversations[{i}].value") if isinstance(value, str) else value
     except json.JSONDecodeError as exc:
         raise MalformedRowError(f"conversations[{i}]: function_call value is not JSON ({exc.msg})") from None
     if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
@@ -91,11 +92,14 @@ def _sharegpt_call(i: int, value: Any, index: int) -> dict[str, Any]:
     return {"id": f"call_{index}", "type": "function", "function": {"name": call["name"], "arguments": args}}
 
 
-def to_chat_row(row: Mapping[str, Any], shape: Shape) -> Mapping[str, Any]:
-    """A row of a chat shape as ``{"messages": [...], "tools": ..., "id": ...}`` for :func:`normalize_conversation`."""
+def to_chat_row(row: Mapping[str, Any], shape: Shape, max_depth: int = 64) -> Mapping[str, Any]:
+    """A row of a chat shape as ``{"messages": [...], "tools": ..., "id": ...}`` for :func:`normalize_conversation`.
+
+    ``max_depth`` bounds the nesting of JSON held in ShareGPT ``function_call`` strings (``limits.row_depth``).
+    """
     keep = {k: row[k] for k in ("id", "tools") if k in row}
     if shape == "sharegpt":
-        return {**keep, "messages": _sharegpt_messages(row["conversations"])}
+        return {**keep, "messages": _sharegpt_messages(row["conversations"], max_depth)}
     if shape == "ultrachat" and not _present(row, "messages"):
         roles = ("user", "assistant")
         return {**keep, "messages": [{"role": roles[i % 2], "content": text} for i, text in enumerate(row["data"])]}

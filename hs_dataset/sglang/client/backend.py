@@ -32,7 +32,8 @@ from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo,
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.model.snapshot import load_text_config, model_fingerprint, read_final_norm
+from hs_dataset.model.model_config import load_text_config
+from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sglang.client.attempts import (
     Action,
@@ -47,7 +48,7 @@ from hs_dataset.sglang.client.attempts import (
 from hs_dataset.sglang.client.diagnose import GRACE_S, HookReport, diagnose, read_report
 from hs_dataset.sglang.client.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
 from hs_dataset.sglang.client.endpoints import Endpoint, EndpointPicker
-from hs_dataset.sglang.client.http import HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
+from hs_dataset.sglang.client.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
 from hs_dataset.sglang.support import verification
 from hs_dataset.sglang.client.validate import check_probe, check_server, probe_sample, server_mechanism
 from hs_dataset.wire.rid import content_key, make_rid
@@ -152,7 +153,7 @@ class SGLangBackend(CaptureBackend):
         if self.section.force_full_prefill:
             body["return_logprob"] = True
             body["logprob_start_len"] = 0
-        return await post_generate(await self._get_session(), ep.url, body, self.request_timeout_s)
+        return await post_generate(await self._get_session(), ep.url, body, self.request_timeout_s, self.section.max_response_bytes)
 
     # ------------------------------------------------------------------ validation
 
@@ -234,7 +235,7 @@ class SGLangBackend(CaptureBackend):
             await self._post_generate(ep, rid, ids)
         except HTTPStatusError as exc:
             return http_status_verdict(ep.url, exc)
-        except connection_errors() as exc:
+        except (BadResponseError, *connection_errors()) as exc:  # a garbage answer: that server is taken out of rotation
             return connection_verdict(ep.url, exc)
         ep.failures = 0
         answered_at = time.time()

@@ -1,4 +1,9 @@
-"""Async HTTP plumbing shared by the capture client and the generator: one loop thread, one session shape, JSON requests."""
+"""Async HTTP plumbing shared by the capture client and the generator: one loop thread, one session shape, JSON requests.
+
+Every answer is read within bounds: the status first, then at most ``max_bytes`` of body in
+64 KiB chunks (an endless or huge body is refused, never buffered whole), then its content
+type, UTF-8 and JSON, each refused in one line naming the URL.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,10 @@ from typing import Any
 
 from hs_dataset.errors import CaptureError
 
-__all__ = ["LoopThread", "new_session", "HTTPStatusError", "connection_errors", "get_status", "get_json", "post_generate"]
+__all__ = [
+    "LoopThread", "new_session", "HTTPStatusError", "BadResponseError", "DEFAULT_MAX_RESPONSE_BYTES", "connection_errors", "read_body",
+    "parse_json", "get_status", "get_json", "post_json", "post_generate",
+]
 
 
 class LoopThread:
@@ -45,13 +53,23 @@ def new_session(concurrency: int, timeout_s: float) -> Any:
     )
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # the card's backend.max_response_bytes default
+ERROR_TEXT_BYTES = 64 * 1024  # of a non-200 answer, only this much is read (for the message)
+_CHUNK = 64 * 1024
+_JSON_TYPES = ("application/json",)
+
+
 class HTTPStatusError(CaptureError):
-    """A server answered, but not 200; ``text`` is its whole answer, for the messages that quote it."""
+    """A server answered, but not 200; ``text`` is the start of its answer, for the messages that quote it."""
 
     def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"HTTP {status}: {text[:200]}")
+        super().__init__(f"HTTP {status}: {' '.join(text[:200].split())}")
         self.status = status
         self.text = text
+
+
+class BadResponseError(CaptureError):
+    """A server answered 200 with a body we refuse: too large, not UTF-8, not JSON, or the wrong content type."""
 
 
 def connection_errors() -> tuple[type[BaseException], ...]:
@@ -59,6 +77,42 @@ def connection_errors() -> tuple[type[BaseException], ...]:
     import aiohttp
 
     return (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+async def read_body(resp: Any, limit: int, where: str) -> bytes:
+    """At most ``limit`` bytes of ``resp``'s body, read in bounded chunks; :class:`BadResponseError` beyond that."""
+    announced = resp.content_length
+    too_big = f"{where}: the answer is over {limit} bytes (backend.max_response_bytes); is this an SGLang server?"
+    if announced is not None and announced > limit:
+        raise BadResponseError(too_big)
+    chunks, total = [], 0
+    async for chunk in resp.content.iter_chunked(_CHUNK):
+        total += len(chunk)
+        if total > limit:
+            raise BadResponseError(too_big)  # leaving the response unread closes its connection
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _error_text(resp: Any) -> str:
+    data = await resp.content.read(ERROR_TEXT_BYTES)
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_json(data: bytes, content_type: str, where: str) -> Any:
+    """A 200 answer's JSON (``None`` for an empty one), refused in one line when it is not UTF-8 JSON."""
+    if not data.strip():
+        return None
+    if content_type not in _JSON_TYPES and not content_type.endswith("+json"):
+        raise BadResponseError(f"{where}: answered content type {content_type!r}, not JSON; is this an SGLang server?")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadResponseError(f"{where}: the answer is not UTF-8 (byte {exc.start}); is this an SGLang server?") from None
+    except json.JSONDecodeError as exc:
+        raise BadResponseError(f"{where}: the answer is not JSON ({exc.msg} at byte {exc.pos}); is this an SGLang server?") from None
+    except RecursionError:
+        raise BadResponseError(f"{where}: the answer is JSON nested too deeply to read; is this an SGLang server?") from None
 
 
 async def get_status(session: Any, url: str, timeout_s: float) -> int:
@@ -69,23 +123,31 @@ async def get_status(session: Any, url: str, timeout_s: float) -> int:
         return resp.status
 
 
-async def get_json(session: Any, url: str, timeout_s: float = 10.0) -> Any:
-    """A GET's JSON answer (``None`` for an empty one); :class:`HTTPStatusError` unless it answered 200."""
+async def _json_answer(resp: Any, where: str, max_bytes: int) -> Any:
+    if resp.status != 200:
+        raise HTTPStatusError(resp.status, await _error_text(resp))
+    return parse_json(await read_body(resp, max_bytes, where), resp.content_type, where)
+
+
+async def get_json(session: Any, url: str, timeout_s: float = 10.0, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> Any:
+    """A GET's JSON answer (``None`` for an empty one); :class:`HTTPStatusError` unless 200, :class:`BadResponseError` for a bad body."""
     import aiohttp
 
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-        text = await resp.text()
-        if resp.status != 200:
-            raise HTTPStatusError(resp.status, text)
-        return json.loads(text) if text.strip() else None
+        return await _json_answer(resp, url, max_bytes)
 
 
-async def post_generate(session: Any, server: str, body: dict[str, Any], timeout_s: float) -> dict:
-    """POST ``body`` to the server's ``/generate``; its JSON answer, or :class:`HTTPStatusError` unless it answered 200."""
+async def post_json(session: Any, url: str, body: dict[str, Any], timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> Any:
+    """POST ``body`` as JSON; the answer as :func:`get_json` reads it."""
     import aiohttp
 
-    async with session.post(server + "/generate", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-        text = await resp.text()
-        if resp.status != 200:
-            raise HTTPStatusError(resp.status, text)
-        return json.loads(text)
+    async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        return await _json_answer(resp, url, max_bytes)
+
+
+async def post_generate(session: Any, server: str, body: dict[str, Any], timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> dict:
+    """POST ``body`` to the server's ``/generate``; its JSON object, or :class:`HTTPStatusError` / :class:`BadResponseError`."""
+    out = await post_json(session, server + "/generate", body, timeout_s, max_bytes)
+    if not isinstance(out, dict):
+        raise BadResponseError(f"{server}/generate: the answer is a JSON {type(out).__name__}, not an object; is this an SGLang server?")
+    return out

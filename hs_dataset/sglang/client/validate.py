@@ -21,7 +21,7 @@ from hs_dataset.config import SGLangBackendSection
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sglang.client.endpoints import Endpoint
-from hs_dataset.sglang.client.http import HTTPStatusError, connection_errors, get_json, get_status
+from hs_dataset.sglang.client.http import BadResponseError, HTTPStatusError, connection_errors, get_json, get_status
 from hs_dataset.sglang.client.diagnose import read_report
 from hs_dataset.wire.dump import HOOKS_MODULE
 from hs_dataset.wire.private_dir import StagingError, check_private_dir
@@ -35,7 +35,7 @@ _SERVE_FIX = "start it with `hs-dataset serve --config <card>`"
 async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection, *, model_path: str, aux_layer_ids: list[int], run_id: str) -> None:
     """Every check but the probe, in order; fills in ``ep``'s server info, version and staging dir."""
     await check_health(ep.url, session)
-    info = await read_server_info(ep.url, session)
+    info = await read_server_info(ep.url, session, section.max_response_bytes)
     ep.server_info = info
     ep.version = str(info.get("version") or "unknown")
     check_same_model(ep.url, str(info.get("model_path") or ""), model_path)
@@ -59,19 +59,36 @@ async def check_health(url: str, session: Any) -> None:
         raise ServerValidationError(f"SGLang server {url} is not healthy (/health answered {status}); wait for it to finish starting or check its log")
 
 
-async def read_server_info(url: str, session: Any) -> dict:
-    """``/server_info`` (``/get_server_info`` on older SGLang)."""
+# /server_info fields the checks read, and the JSON types they must have when present
+_INFO_TYPES: dict[str, tuple[type, ...]] = {
+    "version": (str,), "model_path": (str,), "forward_hooks": (list, str), "disable_radix_cache": (bool,),
+    "enable_return_aux_hidden_states": (bool,), "speculative_algorithm": (str,),
+}
+
+
+async def read_server_info(url: str, session: Any, max_bytes: int | None = None) -> dict:
+    """``/server_info`` (``/get_server_info`` on older SGLang), at most ``max_bytes`` read, the fields we use typed."""
     info = None
+    limit = {} if max_bytes is None else {"max_bytes": max_bytes}
     for path in ("/server_info", "/get_server_info"):
         try:
-            info = await get_json(session, url + path)
+            info = await get_json(session, url + path, **limit)
             break
         except HTTPStatusError:
             continue
+        except BadResponseError as exc:
+            raise ServerValidationError(f"SGLang server {exc}") from None
         except connection_errors() as exc:
             raise ServerValidationError(f"SGLang server {url}: cannot read {path} ({exc})") from None
     if not isinstance(info, dict):
         raise ServerValidationError(f"SGLang server {url} answers no /server_info: is this an SGLang server?")
+    for key, types in _INFO_TYPES.items():
+        value = info.get(key)
+        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
+            raise ServerValidationError(
+                f"SGLang server {url}: /server_info field {key} is a {type(value).__name__}, expected {' or '.join(t.__name__ for t in types)}; "
+                "is this an SGLang server started by `hs-dataset serve`?"
+            )
     return info
 
 
@@ -135,7 +152,12 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
     forward hooks, what the source patch's hook reported in ``staging_dir`` (:func:`legacy_hook_config`)."""
     specs = info.get("forward_hooks") or []
     if isinstance(specs, str):
-        specs = json.loads(specs)
+        try:
+            specs = json.loads(specs)
+        except (json.JSONDecodeError, RecursionError):
+            specs = None
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise ServerValidationError(f"SGLang server {url}: /server_info forward_hooks is not a list of hook specs; restart it with `hs-dataset serve`")
     ours = [s for s in specs if str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":model_hook")]
     if not ours and not specs and staging_dir:
         legacy = legacy_hook_config(staging_dir)
@@ -152,7 +174,10 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
         )
     if not any(str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":norm_hook") for s in specs):
         raise ServerValidationError(f"SGLang server {url} has no hs_dataset final-norm hook, so no pre-norm final state; restart it with `hs-dataset serve`")
-    return dict(ours[0].get("config") or {})
+    config = ours[0].get("config") or {}
+    if not isinstance(config, dict):
+        raise ServerValidationError(f"SGLang server {url}: its hs_dataset hook's config is a {type(config).__name__}, not an object; restart it with `hs-dataset serve`")
+    return dict(config)
 
 
 def legacy_hook_config(staging_dir: str) -> dict | None:
@@ -165,7 +190,9 @@ def legacy_hook_config(staging_dir: str) -> dict | None:
 
 
 def check_layer_ids(url: str, config: dict, aux_layer_ids: list[int]) -> None:
-    server_ids = [int(i) for i in config.get("hf_aux_layer_ids") or []]
+    server_ids = config.get("hf_aux_layer_ids") or []
+    if not isinstance(server_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in server_ids):
+        raise ServerValidationError(f"SGLang server {url}: its hooks report aux layer ids {server_ids!r:.80}, not a list of integers; restart it with this card")
     if server_ids != aux_layer_ids:
         raise ServerValidationError(
             f"SGLang server {url} captures HF hidden_states {server_ids}, this config wants {aux_layer_ids}: "

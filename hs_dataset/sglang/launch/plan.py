@@ -242,7 +242,7 @@ def _model_config(model_path: str) -> dict:
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
         return {}
-    from hs_dataset.model.snapshot import text_config
+    from hs_dataset.model.model_config import text_config
 
     cfg = json.loads(cfg_path.read_text())
     text = dict(text_config(cfg))  # multimodal wrappers (Kimi-K2.5): layers live in the text config

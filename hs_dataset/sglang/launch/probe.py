@@ -79,7 +79,7 @@ def check_processor_in_server(python: str, env: dict[str, str], model_path: str,
     """The multimodal processor check (:func:`hs_dataset.model.processor.check_processor_files`), run where SGLang
     will load the processor: in the server's interpreter, whose packages (torchvision, the snapshot's remote code's
     needs) may differ from the builder's. A text model is answered here without starting it."""
-    from hs_dataset.model.snapshot import text_config
+    from hs_dataset.model.model_config import text_config
 
     try:
         config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
