@@ -82,6 +82,11 @@ class StreamCache:
                     f"(model {model.get('id') or model.get('path')!r}, aux layers {manifest.metadata.get('aux_layer_ids')}), "
                     f"not of {self.card_name!r}; pass another cache_dir, or delete this one to reuse the name"
                 )
+            self.lock()
+            try:
+                self.index()  # damaged shards out before the writer resumes (it reads every listed header)
+            finally:
+                self.unlock()
         self.write([])  # creates the manifest and norm weight, or resumes (temp files removed, orphans adopted)
         self.lock()
         try:
