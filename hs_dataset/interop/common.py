@@ -8,7 +8,8 @@ Shared rules, implemented here:
   ``in_progress`` and rewritten ``complete`` at the end; it names the source dataset
   and the options, so a rerun of the same export resumes (complete, valid files are
   skipped) while a destination holding anything else is refused unless
-  ``overwrite=True``;
+  ``overwrite=True``, which deletes an earlier export's own files and nothing else
+  (no link is followed; a symlinked destination is refused);
 * data that cannot mean what the target expects (layers, final-state kind, norm) is
   refused with a :class:`ExportMismatchError` naming the mismatch, never converted
   silently.

@@ -68,7 +68,7 @@ class ImportSettings:
     default ``[2, L//2, L-3]`` when no ids are given. ``model_path``: a local model
     directory whose fingerprint and final-norm weight/eps are recorded; ``model_id``:
     the model id to record. ``storage``, ``shard_bytes``: as for ``ShardWriter``
-    (``None``: its default size). ``overwrite``: delete whatever the destination holds first.
+    (``None``: its default size). ``overwrite``: delete an earlier export in the destination first (its own files only).
     Unknown keys are refused (``TypeError`` naming the key).
     """
 
