@@ -7,7 +7,9 @@ the stream says which shards may go (those whose samples its epoch already yield
 Shards are written by a ``ShardWriter`` session each, so the directory stays one that
 ``open_dataset`` and ``hs-dataset verify`` read. One stream per directory: it holds the
 directory's ``.lock`` (``formats/dirlock.py``) and hands it to the writer while a shard
-is written.
+is written. A cached shard is served only after its bytes matched the recorded hash in
+this process (again whenever the file changed); one that does not is evicted and its
+samples are captured again, never counted as hits.
 """
 
 from __future__ import annotations
