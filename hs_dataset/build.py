@@ -76,6 +76,7 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
         bar = _progress(_expected_samples(session.source, opts, rows.total)) if opts.progress else None
         _store(_capture(session.backend, samples, batch_size, writer, report), writer, report, bar, started)
     report.take_writer(writer.report)
+    report.dataset_id, report.identity = writer.manifest.dataset_id, writer.manifest.identity
     report.take_source(source_report)
     if regen is not None:
         report.regeneration = asdict(regen.report)

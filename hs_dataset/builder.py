@@ -31,11 +31,13 @@ import pyarrow as pa
 
 from hs_dataset.config import Card, list_cards, load_card
 from hs_dataset.config.run import RunOptions, parse_options
+from hs_dataset.errors import HsDatasetError
 
 __all__ = ["HsDatasetConfig", "HsDataset", "load_dataset", "builder_module", "row_features", "WORK_DIR_NAME"]
 
 WORK_DIR_NAME = "hs_dataset_work"
 TABLE_BYTES = 256 * 1024**2  # float32 state bytes per yielded Arrow table (bounds memory)
+_BUILT_PREFIX = "hs_dataset-built: "  # the line a part's child process ends its stdout with (what it built)
 _RUN_OPTIONS = ("num_samples", "batch_size", "num_parts", "shard_bytes", "device", "servers")
 
 
@@ -195,15 +197,16 @@ class HsDataset(datasets.ArrowBasedBuilder):
         with _fork_safe_torch(forked=os.getpid() != self.created_in_pid):
             for part_dir in part_dirs:
                 rank = int(Path(part_dir).name.split("-")[1])
-                self._capture(part_dir, rank, num_parts)
+                built = self._capture(part_dir, rank, num_parts)
                 data = open_dataset(part_dir)
+                _check_served(data.manifest, built, part_dir)
                 for shard_index in range(len(data.manifest.shards)):
                     for batch, table in enumerate(_shard_tables(data.shard(shard_index), self.info.features)):
                         yield Key(shard_id, batch), table
                     shard_id += 1
 
-    def _capture(self, part_dir: str, rank: int, num_parts: int) -> None:
-        """Run or resume one part's capture, then verify every hash, shape and value of it."""
+    def _capture(self, part_dir: str, rank: int, num_parts: int) -> dict[str, Any]:
+        """Run or resume one part's capture, then verify every hash, shape and value of it; returns what it built."""
         from hs_dataset.errors import IntegrityError
         from hs_dataset.formats.verify import verify_dataset
 
@@ -213,12 +216,40 @@ class HsDataset(datasets.ArrowBasedBuilder):
         if num_parts == 1:
             from hs_dataset.build import build_dataset
 
-            build_dataset(self.card, part_dir, **kwargs)
+            built = _built(build_dataset(self.card, part_dir, **kwargs).to_json())
         else:
-            _build_in_fresh_process(self.card, part_dir, kwargs)
+            built = _build_in_fresh_process(self.card, part_dir, kwargs)
         result = verify_dataset(part_dir)
         if not result.ok:
             raise IntegrityError(f"{part_dir}: verification failed: " + "; ".join(result.problems))
+        return built
+
+
+def _built(report: dict[str, Any]) -> dict[str, Any]:
+    """What a part's build says it wrote into: the dataset, its identity, and how many samples it was asked for."""
+    return {key: report.get(key) for key in ("dataset_id", "identity", "samples_considered")}
+
+
+def _check_served(manifest: Any, built: dict[str, Any], part_dir: str) -> None:
+    """The rows served come from the dataset this load built, and are never more than it asked for.
+
+    The work directory persists between loads: another build writing into it (or
+    replacing it) would otherwise be served as this load's rows.
+    """
+    from hs_dataset.errors import IntegrityError
+
+    fix = f"delete {part_dir} (or the whole work directory) to build it again"
+    if manifest.dataset_id != built["dataset_id"] or manifest.identity != built["identity"]:
+        raise IntegrityError(
+            f"{part_dir}: holds dataset {manifest.dataset_id} (identity {manifest.identity[:12]}...), not the "
+            f"{built['dataset_id']} (identity {str(built['identity'])[:12]}...) this load built: another build replaced it; {fix}"
+        )
+    asked = int(built["samples_considered"] or 0)
+    if manifest.num_samples > asked:
+        raise IntegrityError(
+            f"{part_dir}: holds {manifest.num_samples} samples but this load asked for {asked}: another build wrote rows into "
+            f"the work directory; {fix}"
+        )
 
 
 @contextlib.contextmanager
@@ -285,7 +316,7 @@ def _ragged(flat: np.ndarray, lengths: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), array)
 
 
-def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -> None:
+def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Run one part's capture in a fresh interpreter.
 
     ``num_proc`` workers are forked from a process whose torch thread pool may already
@@ -297,9 +328,13 @@ def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -
 
     job = json.dumps({"card": card.to_dict(), "card_path": card.source_path, "part_dir": part_dir, "kwargs": kwargs}, default=str)
     code = "from hs_dataset.builder import _build_part_from_stdin; _build_part_from_stdin()"
-    done = subprocess.run([sys.executable, "-c", code], input=job, text=True)
+    done = subprocess.run([sys.executable, "-c", code], input=job, text=True, stdout=subprocess.PIPE)
     if done.returncode != 0:
         raise RuntimeError(f"capture of {part_dir} failed (exit code {done.returncode}); rerun to resume it")
+    lines = [line for line in done.stdout.splitlines() if line.startswith(_BUILT_PREFIX)]
+    if not lines:
+        raise RuntimeError(f"capture of {part_dir} said nothing of what it built; rerun to resume it")
+    return json.loads(lines[-1][len(_BUILT_PREFIX):])
 
 
 def _build_part_from_stdin() -> None:
@@ -309,7 +344,8 @@ def _build_part_from_stdin() -> None:
     from hs_dataset.build import build_dataset
 
     job = json.loads(sys.stdin.read())
-    build_dataset(card_from_dict(job["card"], job["card_path"]), job["part_dir"], **job["kwargs"])
+    report = build_dataset(card_from_dict(job["card"], job["card_path"]), job["part_dir"], **job["kwargs"])
+    print(_BUILT_PREFIX + json.dumps(_built(report.to_json())), flush=True)
 
 
 # ------------------------------------------------------------------ entry points
@@ -337,6 +373,11 @@ def load_dataset(
     if num_proc and num_proc > 1:
         config_kwargs.setdefault("num_parts", num_proc)
     builder = HsDataset(config_name=config, cache_dir=cache_dir, hash=builder_module().hash, **config_kwargs)
-    builder.download_and_prepare(num_proc=num_proc)
+    try:
+        builder.download_and_prepare(num_proc=num_proc)
+    except datasets.exceptions.DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, HsDatasetError):  # our one-line refusal, not datasets' generic wrapper
+            raise exc.__cause__ from None
+        raise
     ds = builder.as_dataset(split=split)
     return ds.with_format(format) if format else ds

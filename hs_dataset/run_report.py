@@ -37,6 +37,8 @@ class RunReport:
     elapsed_s: float = 0.0
     rank: int = 0
     world_size: int = 1
+    dataset_id: str = ""  # the dataset the run wrote into, and its identity: what a reader of it checks it serves
+    identity: str = ""
 
     @property
     def samples_per_s(self) -> float:

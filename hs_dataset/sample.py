@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TokenizedSample", "CapturedSample"]
+__all__ = ["MAX_SAMPLE_ID_CHARS", "TokenizedSample", "CapturedSample"]
+
+MAX_SAMPLE_ID_CHARS = 1024  # a shard header lists every id: a longer one is a malformed row, skipped and counted
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_global_flags(p, top_level=False)
     p.add_argument("src", help="hs_dataset dataset directory (holds manifest.json)")
     p.add_argument("dest", help="export directory; an interrupted export of the same source resumes")
-    p.add_argument("--overwrite", action="store_true", help="replace whatever DEST holds (never an hs_dataset dataset directory)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST (only its own files; never a dataset, a link or files of yours)")
     p.add_argument(
         "--aux-layer-ids",
         type=int,

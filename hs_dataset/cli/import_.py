@@ -32,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-id", default=None, help="model id to record (e.g. moonshotai/Kimi-K2.5)")
     p.add_argument("--storage", choices=["native", "fp8"], default="native", help="state encoding on disk")
     p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
-    p.add_argument("--overwrite", action="store_true", help="delete whatever DEST holds first")
+    p.add_argument("--overwrite", action="store_true", help="delete an earlier export in DEST first (only its own files; never a dataset, a link or files of yours)")
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
 
 

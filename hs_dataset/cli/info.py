@@ -66,7 +66,7 @@ def describe(manifest: "Manifest") -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json)")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    parser.add_argument("--plots", metavar="DIR", help="also write length and per-layer statistics plots (PNG) to DIR")
+    parser.add_argument("--plots", metavar="DIR", help="also write length and per-layer statistics plots (PNG) to DIR (refused if a file of that name is there)")
 
 
 def run(args: argparse.Namespace) -> int:

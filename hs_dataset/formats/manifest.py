@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.errors import FormatError, HsDatasetError, UnsupportedFormatError
+from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.paths import check_member_name, open_member
@@ -230,6 +230,7 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: manifest is missing or has a malformed field ({exc})") from None
         _check_members(manifest, where)
+        _check_identity(manifest, raw.get("identity"), where)
         return manifest
 
     @classmethod
@@ -268,6 +269,23 @@ def is_dataset_dir(root: str | os.PathLike) -> bool:
     except (HsDatasetError, OSError, ValueError, RecursionError):
         return True  # unreadable: assume the worst, a damaged dataset is still someone's data
     return isinstance(raw, dict) and raw.get("format") == FORMAT_NAME
+
+
+def _check_identity(manifest: "Manifest", recorded: Any, where: str) -> None:
+    """The recorded ``identity`` must be the hash of the metadata it covers, recomputed here.
+
+    Shard headers do not repeat the aux layer ids or the model: a manifest whose
+    identity keys were edited would otherwise read, verify and merge as the dataset it
+    claims to be. Which key changed cannot be told from a hash; the message lists them.
+    """
+    if recorded is None:
+        return  # written before the identity was recorded: nothing to check it against
+    if recorded != identity_fingerprint(manifest.metadata):
+        raise IntegrityError(
+            f"{where}: field identity {str(recorded)[:16]!r}... is not the hash of metadata "
+            f"{', '.join(IDENTITY_KEYS)} (one of them was edited after the capture): "
+            "restore the manifest from a copy or rebuild the dataset"
+        )
 
 
 def _check_members(manifest: "Manifest", where: str) -> None:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.errors import HsDatasetError
+from hs_dataset.errors import HsDatasetError, UsageError
 
 __all__ = ["LayerStats", "DatasetStats", "compute_stats", "write_plots", "PLOT_FILES", "PlotsUnavailable"]
 
@@ -144,12 +144,22 @@ def compute_stats(dataset_dir: str | os.PathLike, *, max_samples: int | None = N
     return DatasetStats(len(lengths), sum(lengths), lengths, supervised, layers, complete)
 
 
-def write_plots(dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, stats: DatasetStats | None = None, max_samples: int | None = None) -> list[Path]:
+def write_plots(
+    dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, stats: DatasetStats | None = None, max_samples: int | None = None,
+    replace: bool = False,
+) -> list[Path]:
     """Write ``lengths.png`` and ``layer_stats.png`` into ``out_dir``; returns their paths.
 
-    The PNGs are deterministic for the same data and matplotlib version (no
-    timestamps), so re-pushing a dataset does not re-upload its figures.
+    ``out_dir`` may be the user's own directory: a file (or link) already there under
+    one of those names is refused, never replaced, unless ``replace`` (the push's own
+    work directory). Each figure is drawn into a temp file and linked to its name, so a
+    file created meanwhile is not replaced either. The PNGs are deterministic for the
+    same data and matplotlib version (no timestamps), so re-pushing a dataset does not
+    re-upload its figures.
     """
+    out = Path(out_dir)
+    if not replace:
+        _refuse_existing(out)
     try:
         import matplotlib
     except ImportError:
@@ -160,7 +170,6 @@ def write_plots(dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, s
 
     if stats is None:
         stats = compute_stats(dataset_dir, max_samples=max_samples)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     scope = "" if stats.complete else f" (first {stats.samples} samples)"
     paths = []
@@ -180,8 +189,7 @@ def write_plots(dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, s
         for ax in (ax1, ax2):
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
-        path = out / PLOT_FILES[0]
-        fig.savefig(path, metadata={"Software": None})
+        path = _save_figure(fig, out / PLOT_FILES[0], replace)
         plt.close(fig)
         paths.append(path)
 
@@ -215,8 +223,32 @@ def write_plots(dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, s
             if notes:
                 ax2.annotate("\n".join(notes), (x, max(layer.max_abs, floor)), ha="center", va="bottom", color="#C44E52", fontsize=8)
         fig.tight_layout()
-        path = out / PLOT_FILES[1]
-        fig.savefig(path, metadata={"Software": None})
+        path = _save_figure(fig, out / PLOT_FILES[1], replace)
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _refuse_existing(out: Path) -> None:
+    for name in PLOT_FILES:
+        if os.path.lexists(out / name):
+            raise UsageError(f"{out / name} already exists; --plots never replaces a file: remove it or choose another directory")
+
+
+def _save_figure(fig: Any, path: Path, replace: bool) -> Path:
+    """Draw ``fig`` into a temp file beside ``path``, then give it the name (``replace`` or no-clobber link)."""
+    from hs_dataset.formats.atomic import remove_quietly, temp_path_for
+
+    temp = temp_path_for(path)
+    try:
+        fig.savefig(temp, format="png", metadata={"Software": None})
+        if replace:
+            os.replace(temp, path)
+        else:
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                raise UsageError(f"{path} appeared while the figure was drawn; --plots never replaces a file: remove it or choose another directory") from None
+    finally:
+        remove_quietly(temp)
+    return path

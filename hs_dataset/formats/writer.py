@@ -27,10 +27,11 @@ from typing import Any, Callable, Iterable
 import torch
 
 from hs_dataset.dtypes import state_dtype
-from hs_dataset.errors import NonFiniteStateError, SampleError
-from hs_dataset.formats.dirlock import acquire_dir_lock
+from hs_dataset.errors import NonFiniteStateError, SampleError, UsageError
+from hs_dataset.formats.atomic import remove_quietly
+from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.encoding import Encoding, get_encoding, state_encoding_for
-from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.manifest import Manifest, is_dataset_dir
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
@@ -39,7 +40,7 @@ from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES
 from hs_dataset.formats.writer_resume import WriteTarget, open_or_resume
 from hs_dataset.formats.writer_session import WriterReport, WriterSession
 from hs_dataset.host_buffers import HostBufferPool, lease_pool
-from hs_dataset.sample import CapturedSample
+from hs_dataset.sample import MAX_SAMPLE_ID_CHARS, CapturedSample
 
 __all__ = ["ShardWriter"]
 
@@ -96,13 +97,16 @@ class ShardWriter:
         self._lease_room = (writer_threads + 1) * shard_bytes
         self._held_pools: list[tuple[HostBufferPool, Callable[[], None]]] = []
 
-        self.root.mkdir(parents=True, exist_ok=True)
+        _make_output_dir(self.root)
+        lock_was_there = os.path.lexists(self.root / LOCK_NAME)
         self._lock_fd = acquire_dir_lock(self.root)
         try:
             target = WriteTarget(self.root, self.metadata, self.state_encoding, shard_prefix)
             opened = open_or_resume(target, self.report, final_norm_weight, created_by)
         except BaseException:
             os.close(self._lock_fd)
+            if not lock_was_there and not is_dataset_dir(self.root):  # a refused directory is left as it was found
+                remove_quietly(self.root / LOCK_NAME)
             raise
         self._next_seq = opened.next_seq
         self._session = WriterSession(self.root, opened.manifest, opened.stored_ids, self.report)
@@ -148,8 +152,9 @@ class ShardWriter:
         if self._closed:
             raise RuntimeError("ShardWriter is closed")
         sid = sample.sample_id
-        if not isinstance(sid, str) or not sid or len(sid) > 1024:
-            raise SampleError(f"sample id must be a non-empty string of at most 1024 chars, got {sid!r}")
+        if not isinstance(sid, str) or not sid or len(sid) > MAX_SAMPLE_ID_CHARS:
+            shown = f"{sid[:80]!r}... ({len(sid)} chars)" if isinstance(sid, str) and len(sid) > 80 else repr(sid)
+            raise SampleError(f"sample id must be a non-empty string of at most {MAX_SAMPLE_ID_CHARS} chars, got {shown}")
         if not self._session.is_new(sid):
             return False
         encoded = self._checked_and_encoded(sample)
@@ -248,6 +253,14 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+def _make_output_dir(root: Path) -> None:
+    """``root`` created as a directory, or one already; a file (or a link to one) there is refused in one line."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"{root}: exists and is not a directory; pass a directory (new or empty) as the output") from None
 
 
 def _check_options(metadata: dict[str, Any], shard_bytes: int, nonfinite: str, writer_threads: int, shard_prefix: str) -> None:

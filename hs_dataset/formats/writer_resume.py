@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hs_dataset.errors import ForeignDatasetError, FormatError, IntegrityError
+from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME
 from hs_dataset.formats.encoding import Encoding
@@ -65,25 +65,36 @@ def open_or_resume(target: WriteTarget, report: WriterReport, final_norm_weight:
     """Create the dataset in an empty directory, or resume the one it holds (counting what was cleaned in ``report``)."""
     root = target.root
     entries = [e for e in os.listdir(root) if e != LOCK_NAME]
+    others = [e for e in entries if not is_temp_name(e)]
+    if MANIFEST_NAME not in others:
+        # no dataset yet: only what a crash before the first manifest leaves (temp files, the norm weight) is ours
+        foreign = [e for e in others if not (e == NORM_WEIGHT_FILE and _is_our_norm_weight(root / e))]
+        if foreign:
+            raise ForeignDatasetError(
+                f"{root} is not empty and holds no hs_dataset manifest ({len(entries)} entries, e.g. {sorted(foreign)[:3]}); "
+                "nothing in it was changed: choose an empty or new output directory"
+            )
     for name in entries:
         if is_temp_name(name):
             remove_quietly(root / name)
             report.removed_temp_files += 1
-    entries = [e for e in entries if not is_temp_name(e)]
-    if MANIFEST_NAME in entries:
-        opened = _resume(target, report, entries)
+    if MANIFEST_NAME in others:
+        opened = _resume(target, report, others)
         fsync_dir(root)
         return opened
-    if entries == [NORM_WEIGHT_FILE]:
-        # a crash between publishing the norm weight and the first manifest: nothing else was written
+    if others:  # a crash between publishing the norm weight and the first manifest: nothing else was written
         remove_quietly(root / NORM_WEIGHT_FILE)
-        entries = []
-    if entries:
-        raise ForeignDatasetError(
-            f"{root} is not empty and holds no hs_dataset manifest ({len(entries)} entries, e.g. {sorted(entries)[:3]}); "
-            "choose an empty or new output directory"
-        )
     return OpenedDataset(_create(target, final_norm_weight, created_by), set(), 0)
+
+
+def _is_our_norm_weight(path: Path) -> bool:
+    """A plain safetensors file holding only the norm weight tensor, as :func:`_write_norm_weight` writes it."""
+    try:
+        with open_regular(path, what="norm weight") as f:
+            specs, _meta, _start = read_header(f, str(path))
+    except (HsDatasetError, OSError):
+        return False
+    return set(specs) == {NORM_WEIGHT_KEY}
 
 
 def _tensor_table(target: WriteTarget) -> dict[str, dict[str, Any]]:

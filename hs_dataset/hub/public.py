@@ -4,8 +4,11 @@ The local manifest keeps the model and tokenizer directories the capture read (s
 states can be recomputed here); on the Hub those paths mean nothing and leak the
 machine's layout (``/root/.cache/...``). A pushed repo names the model by its id and
 its weights fingerprint instead: :func:`public_manifest` rewrites a copy, and the card
-is rendered from :func:`public_model`. The dataset identity does not change: it hashes
-the model's id and fingerprint, never its path (``formats/manifest.py``).
+is rendered from :func:`public_model`. The dataset identity hashes the model's id and
+fingerprint, never its path (``formats/manifest.py``); where a push fills in the model's
+id from the config card, the copy's identity is recomputed (readers check it).
+:func:`public_run_report` scrubs the run report the same way: nothing pushed names a
+local path.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ __all__ = [
     "public_model",
     "public_metadata",
     "public_manifest",
+    "public_run_report",
     "hub_model_id",
     "size_category",
     "bigger_size_category",
     "source_datasets",
 ]
 
+# an absolute or home path of two or more components inside a text (not a URL's path: that follows a host)
+_PATH_IN_TEXT_RE = re.compile(r"(?<![\w:/.~-])~?/(?:[\w.@+-]+/)+[\w.@+-]*")
+LOCAL = "<local>"  # what a local path is replaced by in a pushed record
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # huggingface.co's size_categories, smallest first (the dataset card's YAML validator knows these)
 _SIZE_CATEGORIES = (
@@ -98,8 +105,12 @@ def public_metadata(metadata: dict[str, Any], card_model_path: str | None = None
 
 def public_manifest(raw: dict[str, Any], card_model_path: str | None = None) -> bytes:
     """The manifest JSON a push uploads: ``raw`` with :func:`public_metadata`; every other field unchanged."""
+    from hs_dataset.formats.manifest import identity_fingerprint
+
     out = dict(raw)
     out["metadata"] = public_metadata(raw.get("metadata") or {}, card_model_path)
+    if "identity" in raw:  # a model id filled in from the card is part of the identity: readers recompute it
+        out["identity"] = identity_fingerprint(out["metadata"])
     return (json.dumps(out, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -118,3 +129,28 @@ def source_datasets(*sources: str | None) -> list[str]:
     """Hub ``source_datasets``: ``hf:owner/name`` sources by id; local or bundled conversations are ``original``."""
     ids = sorted({s[len("hf:"):].split(":")[0] for s in sources if isinstance(s, str) and s.startswith("hf:")})
     return ids or ["original"]
+
+
+def public_run_report(raw: Any, local_paths: list[str]) -> bytes:
+    """The ``run_report.json`` a push uploads: no ``out_dir``, no local path in any value.
+
+    ``local_paths`` are the places known to be on this machine (the dataset root, the
+    model and tokenizer directories); any other absolute or home path in a text (an
+    issue's reason naming a file) is replaced as well.
+    """
+    known = sorted({p for path in local_paths if path for p in (str(path), os.path.normpath(str(path)))}, key=len, reverse=True)
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items() if k != "out_dir"}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if isinstance(value, str):
+            if is_local_path(value):
+                return LOCAL
+            for path in known:
+                value = value.replace(path, LOCAL)
+            return _PATH_IN_TEXT_RE.sub(LOCAL, value)
+        return value
+
+    return (json.dumps(scrub(raw), indent=1) + "\n").encode()

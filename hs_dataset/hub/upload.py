@@ -44,8 +44,9 @@ from hs_dataset.hub.config_card import CardChoice, card_for_push, card_model_nam
 from hs_dataset.hub.files import LocalFile, RemoteFile, batches, same_bytes
 from hs_dataset.hub.index import DEFAULT_INDEX_FILE_BYTES, IndexFiles, write_index
 from hs_dataset.hub.layout import FIGURES_FOLDER, README, REPO_TYPE, SHARDS_FOLDER
-from hs_dataset.hub.public import public_manifest
+from hs_dataset.hub.public import public_manifest, public_run_report
 from hs_dataset.hub.remote import remote_files, remote_readme
+from hs_dataset.run_report import RUN_REPORT_NAME
 
 __all__ = ["push_to_hub", "PushOptions", "PushReport", "DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES"]
 
@@ -53,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_COMMIT_BYTES = 16 * 1024**3  # per shard commit
 DEFAULT_COMMIT_FILES = 50  # per shard commit (the Hub prefers commits of tens of files)
+_RUN_REPORT = RUN_REPORT_NAME
+_MAX_RUN_REPORT_BYTES = 64 * 1024 * 1024  # a run report lists every dropped row: large, never unbounded
 _CONFIG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -280,7 +283,7 @@ def _last_commit_files(target: _Target, dataset: Any, card: Card | None, opts: P
     The README is None when the repo's already has exactly this text.
     """
     root = Path(dataset.root)
-    files = _dataset_metadata_files(root, dataset.manifest.metadata, target.shards_prefix)
+    files = _dataset_metadata_files(root, dataset.manifest.metadata, target.shards_prefix, work)
     files.append(_public_manifest_file(root, work, target.shards_prefix, card_model_name(card)))
     index = _index_files(dataset, work, opts.index_file_bytes)
     files.extend(LocalFile(p, f"{target.config}/{p.name}", p.stat().st_size) for p in index.files)
@@ -329,14 +332,31 @@ def _regenerated_files(metadata: dict[str, Any]) -> list[str]:
     return sorted(files) if isinstance(files, dict) else []
 
 
-def _dataset_metadata_files(root: Path, metadata: dict[str, Any], shards_prefix: str) -> list[LocalFile]:
-    """The run report and the regenerated conversations, where the dataset directory has them."""
+def _dataset_metadata_files(root: Path, metadata: dict[str, Any], shards_prefix: str, work: Path) -> list[LocalFile]:
+    """The run report (a copy without local paths) and the regenerated conversations, where the directory has them."""
     found = []
-    for name in ("run_report.json", *_regenerated_files(metadata)):
+    for name in (_RUN_REPORT, *_regenerated_files(metadata)):
         local = resolve_member(root, name, what="dataset file")
         if local.is_file():
+            if name == _RUN_REPORT:
+                local = _public_run_report_file(root, local, work, metadata)
             found.append(LocalFile(local, f"{shards_prefix}/{name}", local.stat().st_size))
     return found
+
+
+def _public_run_report_file(root: Path, local: Path, work: Path, metadata: dict[str, Any]) -> Path:
+    """``run_report.json`` as pushed: ``out_dir`` dropped, the root, model and tokenizer paths replaced (hub/public.py)."""
+    with open_regular(local, what="run report") as f:
+        text = f.read(_MAX_RUN_REPORT_BYTES + 1)
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise IntegrityError(f"{local}: not valid JSON; fix or delete the run report before pushing") from None
+    paths = [str(root), str(root.resolve())]
+    paths += [str((metadata.get(k) or {}).get("path") or "") for k in ("model", "tokenizer") if isinstance(metadata.get(k), dict)]
+    out = work / _RUN_REPORT
+    out.write_bytes(public_run_report(raw, paths))
+    return out
 
 
 def _public_manifest_file(root: Path, work: Path, shards_prefix: str, card_model: str | None) -> LocalFile:
@@ -366,7 +386,7 @@ def _figures(root: Path, work: Path, config: str, opts: PushOptions) -> tuple[li
     stats = None
     try:
         stats = compute_stats(root, max_samples=opts.stats_samples)
-        for p in write_plots(root, work / "figures", stats=stats):
+        for p in write_plots(root, work / "figures", stats=stats, replace=True):  # the push's own work directory
             figures.append(LocalFile(p, f"{config}/{FIGURES_FOLDER}/{p.name}", p.stat().st_size))
     except PlotsUnavailable as exc:
         logger.warning("no figures in the card: %s", exc)

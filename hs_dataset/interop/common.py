@@ -8,7 +8,8 @@ Shared rules, implemented here:
   ``in_progress`` and rewritten ``complete`` at the end; it names the source dataset
   and the options, so a rerun of the same export resumes (complete, valid files are
   skipped) while a destination holding anything else is refused unless
-  ``overwrite=True``;
+  ``overwrite=True``, which deletes an earlier export's own files and nothing else
+  (no link is followed; a symlinked destination is refused);
 * data that cannot mean what the target expects (layers, final-state kind, norm) is
   refused with a :class:`ExportMismatchError` naming the mismatch, never converted
   silently.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -259,14 +261,81 @@ def refuse_to_wipe_dataset(dest: Path) -> None:
         raise ExportError(f"{dest} is an hs_dataset dataset directory; --overwrite will not delete it (remove it yourself)")
 
 
+def refuse_symlinked_destination(dest: Path) -> None:
+    """Writes and deletes go to ``dest`` itself, never through a link to another directory."""
+    if dest.is_symlink():
+        raise ExportError(f"destination {dest} is a symbolic link; pass the directory it points to, or another destination")
+
+
+# What an export writes, by name: top-level files, and directories with the files inside them (docs/EXPORTS.md).
+_OWN_FILES = re.compile(r"^(hs_dataset_export\.json|token_freq\.pt|final_norm\.safetensors|dataset_info\.json|state\.json|data-\d+-of-\d+\.arrow)$")
+_OWN_DIRS = {re.compile(r"^hidden_states$"): re.compile(r"^hs_\d+\.safetensors$"), re.compile(r"^rows_\d+-\d+$"): re.compile(r"^data_\d+\.ckpt$")}
+
+
+def foreign_entries(dest: Path) -> list[str]:
+    """Entries under ``dest`` an export did not write: other names, and any symbolic link (walked without following)."""
+    from hs_dataset.formats.atomic import is_temp_name
+
+    foreign: list[str] = []
+    for entry in sorted(os.scandir(dest), key=lambda e: e.name):
+        if entry.is_symlink():
+            foreign.append(entry.name)
+        elif is_temp_name(entry.name):
+            foreign += [f"{entry.name}/{inner}" for inner in _links_under(Path(entry.path))] if entry.is_dir(follow_symlinks=False) else []
+        elif entry.is_dir(follow_symlinks=False):
+            inner = next((files for dirs, files in _OWN_DIRS.items() if dirs.match(entry.name)), None)
+            if inner is None:
+                foreign.append(entry.name)
+                continue
+            for child in os.scandir(entry.path):
+                ours = not child.is_symlink() and child.is_file(follow_symlinks=False) and (inner.match(child.name) or is_temp_name(child.name))
+                if not ours:
+                    foreign.append(f"{entry.name}/{child.name}")
+        elif not (entry.is_file(follow_symlinks=False) and _OWN_FILES.match(entry.name)):
+            foreign.append(entry.name)
+    return foreign
+
+
+def _links_under(root: Path) -> list[str]:
+    return [os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files if os.path.islink(os.path.join(d, n))]
+
+
+def clear_own_export(dest: Path, problem: str) -> None:
+    """``--overwrite``: delete an earlier export in ``dest``, and only that (its record and the files of its layout).
+
+    Anything else there (a file of the user's, a symbolic link, a directory without an
+    export record) is refused before anything is deleted; links are never followed.
+    """
+    refuse_to_wipe_dataset(dest)
+    if read_export_record(dest) is None:
+        entries = sorted(os.listdir(dest))
+        raise ExportError(
+            f"{problem}; --overwrite deletes only an earlier hs_dataset export and {dest} holds none "
+            f"({len(entries)} entries, e.g. {entries[:3]}): remove them yourself, or choose another destination"
+        )
+    foreign = foreign_entries(dest)
+    if foreign:
+        raise ExportError(
+            f"{dest} holds entries no export wrote ({len(foreign)}, e.g. {foreign[:3]}); --overwrite deletes only an earlier "
+            "export's files: move them away, or choose another destination"
+        )
+    for entry in os.scandir(dest):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
 def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[str, Any], overwrite: bool) -> bool:
     """Make ``dest`` ready for an export of ``src``; returns True when resuming an earlier run.
 
-    Refused: ``dest`` equal to, inside, or containing ``src``; a ``dest`` holding
-    anything but an export of the same source with the same options (unless
-    ``overwrite``); and, even with ``overwrite``, a ``dest`` that is an hs_dataset
-    dataset directory (delete that one yourself).
+    Refused: ``dest`` equal to, inside, or containing ``src``; ``dest`` a symbolic link;
+    a ``dest`` holding anything but an export of the same source with the same options
+    (unless ``overwrite``, which deletes an earlier export and nothing else); and, even
+    with ``overwrite``, a ``dest`` that is an hs_dataset dataset directory (delete that
+    one yourself).
     """
+    refuse_symlinked_destination(dest)
     src_r, dest_r = src.resolve(), dest.resolve()
     if dest_r == src_r or _is_within(dest_r, src_r) or _is_within(src_r, dest_r):
         raise ExportError(f"destination {dest} overlaps the source dataset {src}; export to a separate directory")
@@ -283,6 +352,9 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
             for key, value in resume_key.items()
             if record.get("resume_key", {}).get(key) != value
         ]
+        links = [name for name in foreign_entries(dest) if os.path.islink(dest / name)]
+        if links:  # a resumed export removes stale files of its layout: never through a link
+            raise ExportError(f"{dest} holds symbolic links ({links[:3]}); an export never writes one: remove them, or choose another destination")
         if not differences:
             return True
         problem = f"{dest} holds a different export ({'; '.join(differences)})"
@@ -290,13 +362,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         problem = f"{dest} is not empty ({len(entries)} entries, e.g. {entries[:3]}) and holds no hs_dataset export"
     if not overwrite:
         raise ExportError(f"{problem}; pass --overwrite to replace its contents, or choose another destination")
-    refuse_to_wipe_dataset(dest)
-    for name in entries:
-        path = dest / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    clear_own_export(dest, problem)
     return False
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -37,7 +36,7 @@ import torch
 
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError, UsageError
-from hs_dataset.interop.common import read_export_record, refuse_to_wipe_dataset, trainer_default_aux_layer_ids
+from hs_dataset.interop.common import clear_own_export, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
 
 __all__ = [
     "IMPORT_FORMATS",
@@ -69,7 +68,7 @@ class ImportSettings:
     default ``[2, L//2, L-3]`` when no ids are given. ``model_path``: a local model
     directory whose fingerprint and final-norm weight/eps are recorded; ``model_id``:
     the model id to record. ``storage``, ``shard_bytes``: as for ``ShardWriter``
-    (``None``: its default size). ``overwrite``: delete whatever the destination holds first.
+    (``None``: its default size). ``overwrite``: delete an earlier export in the destination first (its own files only).
     Unknown keys are refused (``TypeError`` naming the key).
     """
 
@@ -283,18 +282,14 @@ def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: 
 
 
 def prepare_import_dest(src: Path, dest: Path, overwrite: bool) -> None:
-    """Refuse a destination overlapping the source; with ``overwrite``, empty it (never an hs_dataset dataset)."""
+    """Refuse a destination overlapping the source or that is a link; ``overwrite`` deletes an earlier export there, nothing else."""
     src_r, dest_r = src.resolve(), dest.resolve()
     for a, b in ((dest_r, src_r), (src_r, dest_r)):
         if a == b or b in a.parents:
             raise ImportDataError(f"destination {dest} overlaps the source {src}; import into a separate directory")
-    if overwrite and dest.exists() and any(dest.iterdir()):
-        refuse_to_wipe_dataset(dest)
-        for entry in dest.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+    refuse_symlinked_destination(dest)
+    if overwrite and dest.is_dir() and any(dest.iterdir()):
+        clear_own_export(dest, f"{dest} is not empty")
 
 
 # ---------------------------------------------------------------------------- the shared loop

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from hs_dataset.sample import MAX_SAMPLE_ID_CHARS
 from hs_dataset.sources.messages import drop_nones
 from hs_dataset.sources.report import MalformedRowError
 
@@ -37,7 +38,10 @@ def sample_id_for(row: Mapping[str, Any] | None, row_index: int, source_name: st
         if own is not None:
             if isinstance(own, bool) or not isinstance(own, (str, int)) or own == "":
                 raise MalformedRowError(f"id: must be a non-empty string or an integer, got {own!r}")
-            return str(own)
+            text = str(own)
+            if len(text) > MAX_SAMPLE_ID_CHARS:
+                raise MalformedRowError(f"id: {len(text)} characters ({text[:40]!r}...), at most {MAX_SAMPLE_ID_CHARS}; shorten the row's id")
+            return text
     if policy == "content" and row is not None:
         return f"{source_name}:{_content_hash(row)}"
     if policy not in ("index", "content"):

@@ -7,19 +7,23 @@ the stream says which shards may go (those whose samples its epoch already yield
 Shards are written by a ``ShardWriter`` session each, so the directory stays one that
 ``open_dataset`` and ``hs-dataset verify`` read. One stream per directory: it holds the
 directory's ``.lock`` (``formats/dirlock.py``) and hands it to the writer while a shard
-is written.
+is written. A cached shard is served only after its bytes matched the recorded hash in
+this process (again whenever the file changed); one that does not is evicted and its
+samples are captured again, never counted as hits.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
-from hs_dataset.errors import ForeignDatasetError, UsageError
+from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UsageError
 from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
 from hs_dataset.formats.evict import evict_shards
@@ -37,6 +41,18 @@ _HEADER_BYTES = 2048  # a shard header's fixed part (tensor table, metadata, pad
 MANIFEST_ENTRY_BYTES = 512  # one more shards[] entry in manifest.json
 
 Where = tuple[str, int]  # a cached sample's shard file and index in it
+Signature = tuple[int, int, int, int]  # inode, size, mtime_ns, ctime_ns: a file changed since it was checked has another
+
+logger = logging.getLogger("hs_dataset.streaming.cache")
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A cached shard whose bytes were checked against ``hash`` while the file had ``signature``."""
+
+    hash: str
+    signature: Signature
+    reader: ShardReader
 
 
 class StreamCache:
@@ -50,7 +66,8 @@ class StreamCache:
         self.final_norm_weight, self.storage, self.card_name = final_norm_weight, storage, card_name
         self.encoding = get_encoding(state_encoding_for(dtype, storage))
         self._lock_fd: int | None = None
-        self._shards: dict[str, tuple[str, ShardReader]] = {}  # file -> (its recorded hash, reader)
+        self._shards: dict[str, _Known] = {}  # file -> the checked reader of it
+        self.damaged: list[dict[str, str]] = []  # shards evicted because their bytes failed the check
 
     # ------------------------------------------------------------------ open / resume
     def open(self) -> list[ShardRecord]:
@@ -67,6 +84,11 @@ class StreamCache:
                     f"(model {model.get('id') or model.get('path')!r}, aux layers {manifest.metadata.get('aux_layer_ids')}), "
                     f"not of {self.card_name!r}; pass another cache_dir, or delete this one to reuse the name"
                 )
+            self.lock()
+            try:
+                self.index()  # damaged shards out before the writer resumes (it reads every listed header)
+            finally:
+                self.unlock()
         self.write([])  # creates the manifest and norm weight, or resumes (temp files removed, orphans adopted)
         self.lock()
         try:
@@ -115,27 +137,57 @@ class StreamCache:
                 self.lock()
 
     def index(self) -> tuple[Manifest, dict[str, Where]]:
-        """The cache's manifest and where each cached sample lies (shard file, index in it)."""
+        """The cache's manifest and where each cached sample lies (shard file, index in it).
+
+        A shard is served only once its bytes were checked against the recorded hash
+        (``hashing.py``, through the reader), here on first use and again whenever the
+        file's inode, size, mtime or ctime moved. A shard that fails the check (edited,
+        truncated, replaced, missing) is evicted and its samples are captured again; the
+        caller holds the directory lock. A shard name that leads out of the directory
+        (a symlink) is refused, naming it.
+        """
         manifest = Manifest.load(self.root)
         index: dict[str, Where] = {}
-        live: dict[str, tuple[str, ShardReader]] = {}
+        live: dict[str, _Known] = {}
+        damaged: list[dict[str, str]] = []
         for record in manifest.shards:
+            path = resolve_member(self.root, record.file, what="shards[].file")
             known = self._shards.get(record.file)
-            # a name comes back with other bytes when the newest shard was evicted: compare the recorded hash
-            # (format-2 records hold BLAKE3 only, so sha256 would be None on both sides)
-            if known is None or known[0] != record.content_hash:
-                path = resolve_member(self.root, record.file, what="shards[].file")
-                known = (record.content_hash, ShardReader(path, manifest=manifest, record=record))
+            try:
+                signature = _signature(path)
+                # a name comes back with other bytes when the newest shard was evicted: compare the recorded hash
+                # (format-2 records hold BLAKE3 only, so sha256 would be None on both sides)
+                if known is None or known.hash != record.content_hash or known.signature != signature:
+                    known = _Known(record.content_hash, signature, ShardReader(path, manifest=manifest, record=record, verify_hash=True))
+            except (IntegrityError, FormatError, FileNotFoundError) as exc:
+                if isinstance(exc, UnsafePathError):
+                    raise
+                damaged.append({"file": record.file, "reason": str(exc) if isinstance(exc, HsDatasetError) else f"{path}: missing"})
+                continue
             live[record.file] = known
-            for i, sid in enumerate(known[1].sample_ids):
+            for i, sid in enumerate(known.reader.sample_ids):
                 index[sid] = (record.file, i)
         self._shards = live
+        if damaged:
+            manifest = self._evict_damaged(damaged)
         return manifest, index
+
+    def _evict_damaged(self, damaged: list[dict[str, str]]) -> Manifest:
+        for entry in damaged:
+            logger.warning("stream cache: %s; evicted, its samples are captured again", entry["reason"])
+        evict_shards(self.root, [entry["file"] for entry in damaged])
+        self.damaged.extend(damaged)
+        return Manifest.load(self.root)
+
+    def take_damaged(self) -> list[dict[str, str]]:
+        """The shards evicted as damaged since the last call (file, reason)."""
+        damaged, self.damaged = self.damaged, []
+        return damaged
 
     def read(self, where: Where) -> dict[str, Any]:
         """The cached sample at ``where`` (from :meth:`index`)."""
         file, i = where
-        return self._shards[file][1].sample(i)
+        return self._shards[file].reader.sample(i)
 
     def cached_samples(self) -> int:
         return sum(r.samples for r in Manifest.load(self.root).shards)
@@ -202,7 +254,7 @@ class StreamCache:
         if file not in self._shards:
             self.index()
         known = self._shards.get(file)
-        return list(known[1].sample_ids) if known is not None else []
+        return list(known.reader.sample_ids) if known is not None else []
 
 
 def disk_bytes(root: Path) -> int:
@@ -215,6 +267,11 @@ def disk_bytes(root: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def _signature(path: Path) -> Signature:
+    st = os.lstat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _seq(file: str) -> int:

@@ -31,6 +31,7 @@ class StreamStats:
     cache_samples: int = 0
     elapsed_s: float = 0.0
     failures: list[dict[str, str]] = field(default_factory=list)
+    damaged_shards: list[dict[str, str]] = field(default_factory=list)  # failed the hash check: evicted, captured again
 
     @property
     def hit_rate(self) -> float:
@@ -58,6 +59,6 @@ class StreamStats:
             f"stream epoch {self.epoch}: {self.samples} samples ({self.tokens} tokens) in {self.elapsed_s:.1f} s, "
             f"{self.samples_per_s:.2f} samples/s, {self.tokens_per_s:.0f} tokens/s; cache hit rate {self.hit_rate:.1%} "
             f"({self.hits} read, {self.captured} captured in {self.requests} requests, {self.uncached} not kept); "
-            f"evicted {self.evicted_shards} shards ({self.evicted_samples} samples); failed {self.failed}, quarantined {self.quarantined}; "
+            f"evicted {self.evicted_shards} shards ({self.evicted_samples} samples), {len(self.damaged_shards)} damaged; failed {self.failed}, quarantined {self.quarantined}; "
             f"cache {self.cache_samples} samples, {self.cache_bytes} bytes"
         )

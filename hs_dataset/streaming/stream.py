@@ -54,7 +54,7 @@ import torch
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure
 from hs_dataset.config import Card, list_cards
 from hs_dataset.config.run import StreamOptions, parse_options
-from hs_dataset.errors import CaptureError, ForeignDatasetError, UsageError
+from hs_dataset.errors import CaptureError, ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.encoding import all_finite
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.sample import CapturedSample, TokenizedSample
@@ -170,6 +170,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         finished = False
         try:
             manifest, index = self.cache.index()
+            self.stats.damaged_shards.extend(self.cache.take_damaged())
             self.stats.cached_at_start = len(index)
             quarantined = {q["sample_id"] for q in manifest.quarantine}
             misses: list[TokenizedSample] = []
@@ -207,6 +208,11 @@ class StreamDataset(torch.utils.data.IterableDataset):
             raise ForeignDatasetError(
                 f"{self.root / where[0]}: cached sample {sample.sample_id!r} holds other tokens than the source gives now "
                 "(the source or its tokenizer changed under the same ids); pass another cache_dir, or delete this one"
+            )
+        if not (all_finite(stored["aux_hidden_states"]) and all_finite(stored["final_hidden_state"])):
+            raise IntegrityError(
+                f"{self.root / where[0]}: cached sample {sample.sample_id!r} holds NaN/inf states under a matching hash "
+                "(the shard and its manifest entry were rewritten); run hs-dataset verify on it, or delete this cache_dir"
             )
         consumed.add(sample.sample_id)
         self.stats.hits += 1
@@ -262,6 +268,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.stats.count_evicted(removed)
         self.cache.write(samples)
         _manifest, fresh = self.cache.index()
+        self.stats.damaged_shards.extend(self.cache.take_damaged())
         index.clear()
         index.update(fresh)
 

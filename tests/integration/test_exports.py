@@ -244,11 +244,16 @@ def test_destination_with_other_data_is_refused_unless_overwrite(export, src: Pa
     with pytest.raises(ExportError, match="not empty.*--overwrite"):
         export(src, dest)
     assert (dest / "notes.txt").read_text() == "mine"
-    export(src, dest, overwrite=True)
-    assert not (dest / "notes.txt").exists()
+    with pytest.raises(ExportError, match="deletes only an earlier hs_dataset export"):  # not ours: never deleted
+        export(src, dest, overwrite=True)
+    assert (dest / "notes.txt").read_text() == "mine"
+    (dest / "notes.txt").unlink()
+    export(src, dest)
     other = _write(tmp_path / "other")
     with pytest.raises(ExportError, match="different export.*source_dataset_id"):
         export(other, dest)
+    export(other, dest, overwrite=True)  # an earlier export is ours: --overwrite replaces it
+    export(src, dest, overwrite=True)
     with pytest.raises(ExportError, match="overlaps"):
         export(src, src / "inside", overwrite=True)
     with pytest.raises(ExportError, match="hs_dataset dataset directory"):
