@@ -181,3 +181,37 @@ def test_states_the_server_encoded_are_stored_as_they_are(tmp_path, name, quanti
 def test_hidden_size_not_a_multiple_of_the_group_is_refused(tmp_path):
     with pytest.raises(UsageError, match="multiple of 32"):
         ShardWriter(tmp_path, make_metadata(h=48), storage="mxfp4")
+
+
+@pytest.mark.parametrize("name, quantize", [(MXFP4_ENCODING, quantize_mxfp4), (NF4_ENCODING, quantize_nf4)])
+def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, name, quantize):
+    """A dump the server quantized to 4 bits (codes [T, K, H/2], scales [T, K, H/32]) reaches the writer as sent."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from hs_dataset.sample import TokenizedSample
+    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+    from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION
+    from hs_dataset.wire.fp8 import STATE_ENCODING_KEY
+
+    k, h, ids = 2, 2 * GROUP_SIZE, torch.arange(10, 15)
+    plain = make_sample("s0", 5, k=k, h=h)
+    (aux, aux_scale), (final, final_scale) = quantize(plain.aux_hidden_states), quantize(plain.final_hidden_state)
+    meta = {"format": DUMP_FORMAT, "version": DUMP_VERSION, "rid": "hs-r1", "final_state": "pre_norm",
+            "hf_aux_layer_ids": json.dumps([2, 3]), "dtype": "bfloat16", STATE_ENCODING_KEY: name}
+    tensors = {"input_ids": ids, "aux_hidden_states": aux, "final_hidden_state": final,
+               "aux_hidden_states.scale": aux_scale, "final_hidden_state.scale": final_scale}
+    sample = TokenizedSample("s0", ids, torch.ones(5, dtype=torch.bool))
+    expected = ExpectedDump(aux_layer_ids=(2, 3), dtype=torch.bfloat16, hidden_size=h)
+    save_file(tensors, str(tmp_path / "d.safetensors"), metadata=meta)
+    got = check_dump(str(tmp_path / "d.safetensors"), "hs-r1", sample, expected)
+    assert isinstance(got, CapturedSample), got
+    assert torch.equal(got.aux_hidden_states, aux) and torch.equal(got.aux_scale, aux_scale) and torch.equal(got.final_scale, final_scale)
+    with ShardWriter(tmp_path / "ds", make_metadata(k=k, h=h), storage=name) as writer:
+        writer.add(got)
+    stored = open_dataset(tmp_path / "ds")[0]
+    encoding = get_encoding(name)
+    assert torch.equal(stored["aux_hidden_states"], decode_state(aux, aux_scale, encoding))
+    save_file({**tensors, "final_hidden_state.scale": final_scale[:, :1].contiguous()}, str(tmp_path / "bad.safetensors"), metadata=meta)
+    assert "scales" in check_dump(str(tmp_path / "bad.safetensors"), "hs-r1", sample, expected).reason
