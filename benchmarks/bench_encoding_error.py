@@ -31,8 +31,9 @@ def synthetic(kind: str, tokens: int, hidden: int, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     magnitude = torch.exp(torch.randn(tokens, 1, generator=g) * 1.2)
-    if kind == "heavy_tail":
-        x = torch.distributions.StudentT(3.0).sample((tokens, hidden))
+    if kind == "heavy_tail":  # Student-t (3 dof): a normal over sqrt(chi-square(3) / 3), all from the one generator
+        chi2 = torch.randn(3, tokens, hidden, generator=g).square_().sum(0)
+        x = torch.randn(tokens, hidden, generator=g) / torch.sqrt(chi2 / 3)
     else:
         x = torch.randn(tokens, hidden, generator=g)
     if kind == "massive":
