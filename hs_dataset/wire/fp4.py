@@ -58,18 +58,53 @@ NF4_LEVELS = (
 
 
 def _groups(x: "torch.Tensor") -> "torch.Tensor":
-    """``x [..., H]`` as float32 ``[..., H/32, 32]`` (H must be a multiple of 32)."""
+    """``x [..., H]`` as ``[..., H/32, 32]`` (H must be a multiple of 32), in x's dtype (a view)."""
     if x.shape[-1] % GROUP_SIZE:
         raise ValueError(f"4-bit encodings need a hidden size that is a multiple of {GROUP_SIZE}, got {x.shape[-1]}")
-    return x.float().reshape(*x.shape[:-1], x.shape[-1] // GROUP_SIZE, GROUP_SIZE)
+    return x.reshape(*x.shape[:-1], x.shape[-1] // GROUP_SIZE, GROUP_SIZE)
 
 
-def _nearest(values: "torch.Tensor", levels: "torch.Tensor") -> "torch.Tensor":
-    """Index of the nearest of the sorted ``levels`` for each value (ties go to the lower level), as uint8."""
+# Per device, built once: bf16 bit pattern -> code (65536 uint8), and byte -> its two decoded values (256 x 2 bf16).
+_TABLES: dict[tuple[str, str], tuple["torch.Tensor", "torch.Tensor"]] = {}
+
+
+def _tables(name: str, device: "torch.device") -> "tuple[torch.Tensor, torch.Tensor]":
+    """(code of every bfloat16 value, the two bfloat16 values of every byte) for encoding ``name`` on ``device``.
+
+    Why tables: the nearest level is then one gather per value (a binary search over
+    the levels, ``torch.bucketize``, was the quantizer's bottleneck), and decoding one
+    gather per byte, the same on every device. The code table is built by that search
+    once: the nearest level, ties to the lower one.
+    """
     import torch
 
-    midpoints = (levels[1:] + levels[:-1]) * 0.5
-    return torch.bucketize(values, midpoints).to(torch.uint8)
+    key = (name, str(device))
+    if key not in _TABLES:
+        if name == MXFP4_ENCODING:
+            magnitudes = torch.tensor(E2M1_LEVELS, dtype=torch.float32)
+            decoded = torch.cat((magnitudes, -magnitudes))  # code = sign << 3 | magnitude index
+        else:
+            decoded = torch.tensor(NF4_LEVELS, dtype=torch.float32).to(torch.bfloat16).float()
+        levels = torch.unique(decoded)  # ascending; -0 and +0 are one level, coded 0
+        code_of_level = torch.tensor([int((decoded == v).nonzero()[0]) for v in levels.tolist()], dtype=torch.uint8)
+        patterns = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32)
+        every = torch.nan_to_num(patterns.to(torch.int16).view(torch.bfloat16).float(), nan=0.0)  # NaN never reaches a shard
+        nearest = torch.bucketize(every, (levels[1:] + levels[:-1]) * 0.5)  # beyond the last level: the last level
+        codes = torch.empty(1 << 16, dtype=torch.uint8)
+        codes[patterns.bitwise_and(0xFFFF).long()] = code_of_level[nearest]
+        values = decoded.to(torch.bfloat16)
+        pairs = torch.stack((values.repeat(16), values.repeat_interleave(16)), dim=1)  # byte b: (value of b & 15, of b >> 4)
+        _TABLES[key] = (codes.to(device), pairs.to(device))
+    return _TABLES[key]
+
+
+def _codes(name: str, scaled: "torch.Tensor") -> "torch.Tensor":
+    """uint8 codes of bfloat16 values (any shape): the nearest level of each, from the table."""
+    import torch
+
+    table, _ = _tables(name, scaled.device)
+    bits = scaled.contiguous().view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
+    return table.index_select(0, bits.reshape(-1)).view(scaled.shape)
 
 
 def _pack(codes: "torch.Tensor") -> "torch.Tensor":
@@ -78,12 +113,12 @@ def _pack(codes: "torch.Tensor") -> "torch.Tensor":
     return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
 
 
-def _unpack(packed: "torch.Tensor") -> "torch.Tensor":
-    """Inverse of :func:`_pack`: int64 codes ``[..., 2 * W]`` (int64: ready to index a table)."""
+def _decode_pairs(name: str, packed: "torch.Tensor", group_shape: tuple[int, ...]) -> "torch.Tensor":
+    """bfloat16 levels ``[..., H/32, 32]`` of packed codes ``[..., H/2]``: one gather per byte."""
     import torch
 
-    low, high = (packed & 0x0F).long(), (packed >> 4).long()
-    return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    _, pairs = _tables(name, packed.device)
+    return pairs.index_select(0, packed.reshape(-1).to(torch.int32)).view(*group_shape, GROUP_SIZE)
 
 
 def _mx_exponents(amax: "torch.Tensor") -> "torch.Tensor":
@@ -104,55 +139,59 @@ def quantize_mxfp4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
     """``x [..., H]`` -> (uint8 codes ``[..., H/2]``, uint8 exponents ``[..., H/32]``), on x's device.
 
     The one implementation of ``mxfp4_e2m1_g32`` (the server can call it on the GPU).
+    Each value is scaled by ``2**-j`` (exact) and rounded to bfloat16 (exact for
+    bfloat16 states), then takes the code of its nearest e2m1 level.
     """
     import torch
 
     groups = _groups(x)
     low, high = torch.aminmax(groups, dim=-1)
-    j = _mx_exponents(torch.maximum(-low, high))
-    # x * 2**-j is exact (a power of two, results within float32's normal range)
-    scaled = groups * torch.ldexp(torch.ones_like(j, dtype=torch.float32), -j).unsqueeze(-1)
-    levels = torch.tensor(E2M1_LEVELS, dtype=torch.float32, device=x.device)
-    codes = _nearest(scaled.abs().clamp_(max=E2M1_MAX), levels) | ((scaled < 0).to(torch.uint8) << 3)
-    return _pack(codes.reshape(x.shape)), (j + MX_EXPONENT_BIAS).to(torch.uint8).contiguous()
+    j = _mx_exponents(torch.maximum(-low, high).float())
+    factor = torch.ldexp(torch.ones_like(j, dtype=torch.float32), -j).unsqueeze(-1)
+    if x.dtype == torch.bfloat16:  # bfloat16 times a power of two in range: exact, and half the bytes of float32
+        scaled = groups * factor.to(torch.bfloat16)
+    else:
+        scaled = (groups.float() * factor).to(torch.bfloat16)
+    return _pack(_codes(MXFP4_ENCODING, scaled).reshape(x.shape)), (j + MX_EXPONENT_BIAS).to(torch.uint8).contiguous()
 
 
 def dequantize_mxfp4(codes: "torch.Tensor", exponents: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
-    """Inverse of :func:`quantize_mxfp4`, back to ``dtype``: ``level[code] * 2**(e - 127)`` per group."""
+    """Inverse of :func:`quantize_mxfp4`, back to ``dtype``: ``level[code] * 2**(e - 127)`` per group.
+
+    Computed in bfloat16, exactly: a level (at most 2 significant bits) times a power of
+    two within bfloat16's range.
+    """
     import torch
 
-    magnitudes = torch.tensor(E2M1_LEVELS, dtype=torch.float32, device=codes.device)
-    table = torch.cat((magnitudes, -magnitudes))  # code = sign << 3 | magnitude index
-    values = table[_unpack(codes)]
-    groups = values.reshape(*exponents.shape, GROUP_SIZE)
+    levels = _decode_pairs(MXFP4_ENCODING, codes, tuple(exponents.shape))
     scale = torch.ldexp(torch.ones_like(exponents, dtype=torch.float32), exponents.to(torch.int32) - MX_EXPONENT_BIAS)
-    return (groups * scale.unsqueeze(-1)).reshape(values.shape).to(dtype)
+    out = (levels * scale.to(torch.bfloat16).unsqueeze(-1)).view(*codes.shape[:-1], codes.shape[-1] * 2)
+    return out if dtype == torch.bfloat16 else out.to(dtype)
 
 
 def quantize_nf4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
     """``x [..., H]`` -> (uint8 codes ``[..., H/2]``, bfloat16 absmax ``[..., H/32]``), on x's device.
 
-    The scale is the group's absmax rounded to bfloat16 (the value that decodes);
-    values are divided by that rounded scale and clamped to [-1, 1], so a scale that
-    rounded down costs at most its rounding (2**-9 relative), never an overflow.
+    The scale ``s`` is the group's absmax rounded to bfloat16 (the value that decodes).
+    Each value takes the code of the level nearest to ``bf16(clamp(x / s, -1, 1))``
+    (IEEE float32 division): a scale that rounded down costs at most its rounding
+    (2**-9 relative), never an overflow.
     """
     import torch
 
     groups = _groups(x)
     low, high = torch.aminmax(groups, dim=-1)
-    amax = torch.maximum(-low, high).clamp_(max=torch.finfo(torch.bfloat16).max)  # bfloat16 inputs never clamp
+    amax = torch.maximum(-low, high).float().clamp_(max=torch.finfo(torch.bfloat16).max)  # bfloat16 inputs never clamp
     scale = amax.to(torch.bfloat16)
-    safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
-    normed = torch.div(groups, safe.unsqueeze(-1)).clamp_(-1.0, 1.0)
-    levels = torch.tensor(NF4_LEVELS, dtype=torch.float32, device=x.device)
-    return _pack(_nearest(normed, levels).reshape(x.shape)), scale.contiguous()
+    safe = torch.where(scale > 0, scale.float(), torch.ones_like(amax))
+    normed = torch.div(groups.float(), safe.unsqueeze(-1)).clamp_(-1.0, 1.0).to(torch.bfloat16)
+    return _pack(_codes(NF4_ENCODING, normed).reshape(x.shape)), scale.contiguous()
 
 
 def dequantize_nf4(codes: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
-    """Inverse of :func:`quantize_nf4`, back to ``dtype``: ``NF4_LEVELS[code] * absmax`` per group."""
+    """Inverse of :func:`quantize_nf4`, back to ``dtype``: ``bf16(NF4_LEVELS[code]) * absmax``, rounded once to bfloat16."""
     import torch
 
-    table = torch.tensor(NF4_LEVELS, dtype=torch.float32, device=codes.device)
-    values = table[_unpack(codes)]
-    groups = values.reshape(*scale.shape, GROUP_SIZE)
-    return (groups * scale.float().unsqueeze(-1)).reshape(values.shape).to(dtype)
+    levels = _decode_pairs(NF4_ENCODING, codes, tuple(scale.shape))
+    out = (levels * scale.unsqueeze(-1)).view(*codes.shape[:-1], codes.shape[-1] * 2)
+    return out if dtype == torch.bfloat16 else out.to(dtype)
