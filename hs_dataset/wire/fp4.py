@@ -13,9 +13,9 @@ values. 4.5 bits a value: 0.281 of bf16's bytes.
 
 Codes are packed two per byte along the hidden dimension, the even index in the low
 nibble: a state ``[..., H]`` is stored as uint8 codes ``[..., H/2]`` and scales
-``[..., H/32]``. Every step is exact or an exact comparison against fixed
-thresholds, so the GPU and the host produce the same bytes. stdlib + torch only:
-the SGLang server can run the quantizer on the GPU before its device-to-host copy.
+``[..., H/32]``. Every step is exact, an IEEE-rounded operation or a table lookup,
+so the GPU and the host produce the same bytes. stdlib + torch only: the SGLang
+server can run the quantizer on the GPU before its device-to-host copy.
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ MXFP4_ENCODING = "mxfp4_e2m1_g32"
 NF4_ENCODING = "nf4_g32"
 GROUP_SIZE = 32  # values sharing one scale
 E2M1_LEVELS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code c (bit 3 is the sign)
-E2M1_MAX = 6.0
 MX_EXPONENT_BIAS = 127
 # Largest stored exponent byte: 6 * 2**(252 - 127) is finite in float32 (and bfloat16),
 # 6 * 2**126 is not. Smallest: 0 (2**-127), below which values round to 0.
 MX_MAX_EXPONENT_BYTE = MX_EXPONENT_BIAS + 125
-# NormalFloat4 levels (QLoRA, Dettmers et al. 2023): code c decodes to NF4_LEVELS[c] * absmax.
+# NormalFloat4 levels (QLoRA, Dettmers et al. 2023): code c decodes to bf16(NF4_LEVELS[c]) * absmax.
 NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
