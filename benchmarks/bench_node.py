@@ -213,9 +213,8 @@ class Consumer:
 
     def _add_loop(self) -> None:
         from hs_dataset.errors import SampleError
-        from hs_dataset.formats.encoding import ENCODINGS, decode_state
+        from hs_dataset.formats.encoding import decode_state
         from hs_dataset.sample import CapturedSample
-        from hs_dataset.wire.fp8 import FP8_ENCODING
 
         while (item := self.results.get()) is not None:
             loaded_at, result = item
@@ -232,9 +231,9 @@ class Consumer:
                 except SampleError:
                     if result.aux_scale is None:
                         raise
-                    # A writer without the pass-through of server-encoded fp8: decode, and let it encode again.
+                    # A writer without the pass-through of server-encoded states: decode, and let it encode again.
                     self.stats["fallback"] = True
-                    enc = ENCODINGS[FP8_ENCODING]
+                    enc = self.writer.state_encoding  # the server encodes what the phase's storage names
                     result.aux_hidden_states = decode_state(result.aux_hidden_states, result.aux_scale, enc)
                     result.final_hidden_state = decode_state(result.final_hidden_state, result.final_scale, enc)
                     result.aux_scale = result.final_scale = None
@@ -416,7 +415,7 @@ def consume_phase(spec: dict, replies) -> dict:
     expected = ExpectedDump(aux_layer_ids=tuple(AUX), dtype=torch.bfloat16, hidden_size=H)  # what the client checks each dump against
     metadata = {"aux_layer_ids": list(AUX), "hidden_size": H, "dtype": "bfloat16", "final_state": "pre_norm", "model": "synthetic-kimi-shape", "config_name": "bench-node"}
     writer = ShardWriter(
-        spec["out"], metadata, storage="fp8" if spec["storage"] == "fp8" else "native",
+        spec["out"], metadata, storage=spec["storage"],  # native, fp8, mxfp4, nf4: as the server's capture core
         shard_bytes=spec["shard_bytes"], writer_threads=spec["writer_threads"],
     )
     stats = {"load_busy_s": 0.0, "dump_wait_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
@@ -515,8 +514,11 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     tokens, requests = args.tokens, args.requests
     per = tokens // requests
     # every phase writes about --phase-gb to disk: fp8 (1 byte a value) captures twice the passes of bf16,
-    # so both rates are measured over the same volume and the same fixed latencies (first fill, last fsync)
-    step_bytes = tokens * (K + 1) * H * (2 if storage == "native" else 1)
+    # 4-bit about four times, so all rates are measured over the same volume and the same fixed latencies
+    # (first fill, last fsync)
+    from hs_dataset.formats.encoding import get_encoding, state_encoding_for
+
+    step_bytes = tokens * (K + 1) * get_encoding(state_encoding_for(torch.bfloat16, storage)).row_bytes(H)
     steps = max(4, math.ceil(args.phase_gb * 1e9 / step_bytes))
     g = torch.Generator(device=device).manual_seed(rate)
     ids = torch.randint(1, 160_000, (tokens,), device=device, generator=g)
@@ -586,28 +588,31 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     return phase
 
 
-def fp8_error_check(model: SyntheticPrefill, tokens: int) -> str:
-    """The device quantizer against the host encoder on real states of one pass, and its error (as bench_fp8.py reports it)."""
-    from hs_dataset.formats.encoding import ENCODINGS, decode_state, encode_state
-    from hs_dataset.wire.fp8 import FP8_ENCODING, quantize_fp8_per_token
+def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") -> str:
+    """The device quantizer against the host encoder on real states of one pass, and its error (as bench_fp8.py reports it).
+
+    ``storage``: fp8, or a 4-bit one (mxfp4, nf4), whose figures are printed under the same keys with its name.
+    """
+    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
 
     device = model.w1[0].device
     x0 = torch.randn(tokens, H, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(7))
     out, captured = model(x0, AUX)
     states = torch.stack([captured[i] for i in AUX] + [out], dim=1)  # [T, K+1, H] bf16
-    q_dev, s_dev = quantize_fp8_per_token(states)
-    enc = ENCODINGS[FP8_ENCODING]
+    enc = get_encoding(state_encoding_for(torch.bfloat16, storage))
+    q_dev, s_dev = encode_state(states, enc)  # the one quantizer, on the device, as the server runs it
     host = states.cpu()
     q_host, s_host = encode_state(host, enc)
-    differ = int((q_dev.cpu().view(torch.uint8) != q_host.view(torch.uint8)).sum()) + int((s_dev.cpu() != s_host).sum())
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # compared bit for bit (a NaN would equal itself)
+    differ = sum(int((d.cpu().view(bits[d.element_size()]) != h.view(bits[h.element_size()])).sum()) for d, h in ((q_dev, q_host), (s_dev, s_host)))
     back = decode_state(q_host, s_host, enc).float()
     ref = host.float()
     err = ((back - ref).flatten(2).norm(dim=2) / ref.flatten(2).norm(dim=2).clamp_min(1e-30)).flatten()
     median, p99, worst = float(err.median()), float(err.quantile(0.99)), float(err.max())
     return (
-        f"fp8 on the device vs the host encoder: {differ} of {q_host.numel() + s_host.numel()} values differ; "
+        f"{storage} on the device vs the host encoder: {differ} of {q_host.numel() + s_host.numel()} values differ; "
         f"per-token relative error vs bf16: median {median:.4f}, p99 {p99:.4f}, max {worst:.4f} "
-        f"(fp8_rel_error_median={median:.4f} fp8_rel_error_max={worst:.4f})"
+        f"({storage}_rel_error_median={median:.4f} {storage}_rel_error_max={worst:.4f})"
     )
 
 
@@ -674,7 +679,8 @@ def main() -> None:
         for rate in rates:
             model = SyntheticPrefill(args.layers, int(os.environ.get("HS_BENCH_INTER", RATES.get(rate, 14336))), device)
             if rate == max(rates):
-                print(fp8_error_check(model, args.tokens), flush=True)
+                for storage in dict.fromkeys(["fp8", *(s for s in args.storages.split(",") if s != "native")]):
+                    print(fp8_error_check(model, args.tokens, storage), flush=True)
             if rate == rates[0] and args.warmup_gb > 0:  # the process's one-time costs (CUDA, allocators, imports) land here
                 warm = argparse.Namespace(**{**vars(args), "phase_gb": args.warmup_gb, "verify": False})
                 w = run_phase(warm, client, model, rate, args.storages.split(",")[0], out_root, staging_root, copier)
@@ -691,7 +697,7 @@ def main() -> None:
                     f"{p.consumed_s:.2f} s; client load busy {p.load_busy_s:.1f} s, writer.add busy {p.add_busy_s:.1f} s; "
                     f"{p.verified or 'not verified'}"
                     + (f"; FAILURES {len(p.failures)}: {p.failures[:2]}" if p.failures else "")
-                    + ("; the writer re-encoded fp8 (no pass-through)" if p.fallback else "")
+                    + (f"; the writer re-encoded {storage} (no pass-through)" if p.fallback else "")
                     + (f"\n  {p.trace}" if p.trace else ""),
                     flush=True,
                 )
@@ -724,6 +730,9 @@ def main() -> None:
     if phases:
         worst = max(phases, key=lambda p: p.overhead)
         print(f"  worst prefill overhead with fp8 too: {worst.overhead * 100:+.1f}% ({worst.rate // 1000}k {worst.storage})")
+    for storage in dict.fromkeys(p.storage for p in phases if p.storage not in ("native", "fp8")):
+        if (high, storage) in by and (high, "native") in by:
+            print(f"  {storage} state rate vs bf16 at {high // 1000}k: {by[(high, storage)].state_gb_s / by[(high, 'native')].state_gb_s:.2f}x")
     print(f"prefill_overhead={overhead * 100:.1f}% end_to_end_vs_raw={e2e:.2f} fp8_vs_bf16={fp8:.2f}")
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
+from hs_dataset.config.sections import STORAGE_CHOICES
 
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", default=None, help="local model directory (overrides the card)")
     parser.add_argument("--device", default=None, help="hf backend: auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--server", action="append", default=None, metavar="URL", help="SGLang server URL (repeat for several)")
-    parser.add_argument("--storage", choices=["native", "fp8"], default=None, help="state encoding on disk (fp8 halves bytes; default: the card's)")
+    parser.add_argument("--storage", choices=STORAGE_CHOICES, default=None, help="state encoding on disk (fp8 halves bytes, mxfp4/nf4 about a quarter; default: the card's)")
     parser.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from SLURM/torchrun variables, else 0)")
     parser.add_argument("--world-size", type=int, default=None, help="number of ranks (default: from SLURM/torchrun variables, else 1)")

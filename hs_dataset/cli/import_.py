@@ -6,6 +6,7 @@ import argparse
 import json
 
 from hs_dataset.cli.style import add_global_flags
+from hs_dataset.config.sections import STORAGE_CHOICES
 
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 
@@ -30,7 +31,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-hidden-layers", type=int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]")
     p.add_argument("--model-path", default=None, help="local model directory: records its fingerprint and final-norm weight/eps")
     p.add_argument("--model-id", default=None, help="model id to record (e.g. moonshotai/Kimi-K2.5)")
-    p.add_argument("--storage", choices=["native", "fp8"], default="native", help="state encoding on disk")
+    p.add_argument("--storage", choices=STORAGE_CHOICES, default="native", help="state encoding on disk (docs/FORMAT.md)")
     p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
     p.add_argument("--overwrite", action="store_true", help="delete an earlier export in DEST first (only its own files; never a dataset, a link or files of yours)")
     p.add_argument("--json", action="store_true", help="print the import report as JSON")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hs_dataset.config.card import Card
-from hs_dataset.config.sections import MAX_SHARD_BYTES
+from hs_dataset.config.sections import MAX_SHARD_BYTES, StorageName
 from hs_dataset.errors import UsageError
 
 __all__ = ["BuildOptions", "RunOptions", "StreamOptions", "parse_options"]
@@ -43,7 +43,7 @@ class RunOptions(BaseModel):
     device: str | None = Field(None, description="hf backend: the torch device; default: the card's backend.device.")
     servers: list[str] | None = Field(None, description="sglang backend: server URLs; default: the card's backend.urls.")
     shard_bytes: int | None = Field(None, gt=0, le=MAX_SHARD_BYTES, description="Target shard size; default: the card's shards.bytes.")
-    storage: Literal["native", "fp8", "fp8_e4m3_per_token"] | None = Field(
+    storage: StorageName | None = Field(
         None, description="State encoding on disk (as the card's shards.storage); default: the card's."
     )
 

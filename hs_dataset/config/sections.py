@@ -28,6 +28,8 @@ __all__ = [
     "SGLangServerSection",
     "LimitsSection",
     "StateDtypeName",
+    "StorageName",
+    "STORAGE_CHOICES",
     "LAYER_CONVENTION",
     "MAX_SHARD_BYTES",
 ]
@@ -257,6 +259,11 @@ class SGLangBackendSection(Section):
 BackendSection = Annotated[Union[HFBackendSection, SGLangBackendSection], Field(discriminator="name")]
 
 
+# ``shards.storage`` values: short names and the encodings' full names (hs_dataset.formats.encoding.STORAGE_NAMES)
+StorageName = Literal["native", "fp8", "fp8_e4m3_per_token", "mxfp4", "mxfp4_e2m1_g32", "nf4", "nf4_g32"]
+STORAGE_CHOICES = ("native", "fp8", "mxfp4", "nf4")  # what the CLIs offer
+
+
 class ShardsSection(Section):
     """How the captured states are laid out on disk."""
 
@@ -266,10 +273,12 @@ class ShardsSection(Section):
         le=MAX_SHARD_BYTES,
         description="Target shard size in bytes (`--shard-bytes` overrides it). Default 2147483648 (2 GiB).",
     )
-    storage: Literal["native", "fp8", "fp8_e4m3_per_token"] = Field(
+    storage: StorageName = Field(
         "native",
-        description="State encoding on disk: `native` (the capture dtype) or `fp8` (float8 e4m3 plus a float32 scale per "
-        "token, half the bytes of bf16; `fp8_e4m3_per_token` is its full name). `--storage` overrides it. Default `native`.",
+        description="State encoding on disk: `native` (the capture dtype), `fp8` (float8 e4m3 plus a float32 scale per "
+        "token, half the bytes of bf16; full name `fp8_e4m3_per_token`), `mxfp4` (4-bit e2m1 codes plus a power-of-two "
+        "scale per 32 values, 0.266 of bf16; `mxfp4_e2m1_g32`) or `nf4` (4-bit NormalFloat codes plus a bf16 absmax per "
+        "32 values, 0.281 of bf16; `nf4_g32`); see docs/FORMAT.md for their errors. `--storage` overrides it. Default `native`.",
     )
 
 

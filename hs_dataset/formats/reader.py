@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
-from hs_dataset.formats.encoding import FP8_MAX, SAFETENSORS_DTYPES, SCALE_SUFFIX, check_tensor_table, decode_state, get_encoding
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, bad_scales, check_tensor_table, decode_state, get_encoding, scale_rule
 from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
@@ -134,10 +134,11 @@ class ShardReader:
             bad = int((offsets[1:] <= offsets[:-1]).nonzero()[0])
             raise IntegrityError(f"{where}: sample {self.sample_ids[bad]!r} has no tokens (offsets not increasing)")
         k, h = len(manifest.aux_layer_ids), manifest.hidden_size
+        stored = self._state_encoding.stored_shape  # packed encodings store [..., H / pack]
         shapes = {
             LOSS_MASK_KEY: (tokens,),
-            AUX_KEY: (tokens, k, h),
-            FINAL_KEY: (tokens, h),
+            AUX_KEY: stored((tokens, k, h)),
+            FINAL_KEY: stored((tokens, h)),
         }
         for key, shape in shapes.items():
             if tuple(self._tensors[key].shape) != shape:
@@ -146,26 +147,28 @@ class ShardReader:
             raise IntegrityError(f"{where}: holds {n} samples / {tokens} tokens, the manifest says {record.samples} / {record.tokens}")
 
     def _check_scales(self, manifest: Manifest, where: str) -> None:
-        """fp8 scales must be finite and > 0 (and small enough that 448 * scale stays finite).
+        """Every scale must decode to finite values (fp8: finite and > 0, small enough that 448 * scale is finite).
 
-        A damaged scale decodes to inf/NaN/0 rows that no NaN scan of the fp8 data
-        would catch, so every scale is checked on open (1/H of the data: cheap).
+        A damaged scale decodes to inf/NaN/0 rows (or a whole group of them) that no
+        NaN scan of the codes would catch, so every scale is checked on open (1/H or
+        1/32 of the values: cheap).
         """
-        tokens, k = int(self._tensors[INPUT_IDS_KEY].shape[0]), len(manifest.aux_layer_ids)
-        for key, shape in ((AUX_KEY, (tokens, k)), (FINAL_KEY, (tokens,))):
+        encoding = self._state_encoding
+        tokens, k, h = int(self._tensors[INPUT_IDS_KEY].shape[0]), len(manifest.aux_layer_ids), manifest.hidden_size
+        for key, shape in ((AUX_KEY, encoding.scale_shape((tokens, k, h))), (FINAL_KEY, encoding.scale_shape((tokens, h)))):
             name = key + SCALE_SUFFIX
             scale = self._tensors.get(name)
             if scale is None or tuple(scale.shape) != shape:
                 got = "missing" if scale is None else f"of shape {tuple(scale.shape)}"
-                raise IntegrityError(f"{where}: {name} is {got}, the fp8 encoding needs one float32 scale per token {shape}")
-            bad = ~(torch.isfinite(scale * FP8_MAX) & (scale > 0))
+                raise IntegrityError(f"{where}: {name} is {got}, the {encoding.name} encoding needs {encoding.scale_dtype} scales of shape {shape}")
+            bad = bad_scales(scale, encoding)
             if bool(bad.any()):
                 token = int(bad.reshape(tokens, -1).any(dim=1).nonzero()[0])
                 sample = int(torch.searchsorted(self._tensors[OFFSETS_KEY], torch.tensor(token), right=True)) - 1
-                value = float(scale.reshape(tokens, -1)[token].min() if scale.dim() > 1 else scale[token])
+                value = scale.reshape(tokens, -1)[token][bad.reshape(tokens, -1)[token]][0].item()
                 raise IntegrityError(
                     f"{where}: sample {self.sample_ids[sample]!r} has {name} {value} at token {token - int(self._tensors[OFFSETS_KEY][sample])}; "
-                    "fp8 scales must be finite and > 0 (damaged shard: restore it or rebuild it)"
+                    f"{encoding.name} scales must be {scale_rule(encoding)} (damaged shard: restore it or rebuild it)"
                 )
 
     # ---- access --------------------------------------------------------------
@@ -232,7 +235,8 @@ class ShardReader:
 
 def _expected_storage_dtype(name: str, manifest: Manifest) -> str | None:
     if name.endswith(SCALE_SUFFIX):
-        return "F32"
+        entry = manifest.tensors.get(name.removesuffix(SCALE_SUFFIX))
+        return get_encoding(entry["encoding"]).scale_dtype if entry is not None else None
     entry = manifest.tensors.get(name)
     if entry is None:
         return None

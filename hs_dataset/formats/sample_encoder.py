@@ -57,11 +57,13 @@ class SampleEncoder:
             raise SampleError(f"{sid}: loss_mask must be bool [{t}], got {mask.dtype} {tuple(mask.shape)}")
         if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
             raise SampleError(f"{sid}: loss_mask must hold only 0/1")
-        want_aux = (t, self.num_aux, self.hidden_size)
+        # states the server already encoded are in storage form (packed codes: [..., H / pack])
+        shape_of = self.encoding.stored_shape if _pre_encoded(s) else tuple
+        want_aux, want_final = shape_of((t, self.num_aux, self.hidden_size)), shape_of((t, self.hidden_size))
         if tuple(aux.shape) != want_aux:
             raise SampleError(f"{sid}: aux_hidden_states shape {tuple(aux.shape)} != expected {want_aux} [tokens, K, H]")
-        if tuple(final.shape) != (t, self.hidden_size):
-            raise SampleError(f"{sid}: final_hidden_state shape {tuple(final.shape)} != expected {(t, self.hidden_size)} [tokens, H]")
+        if tuple(final.shape) != want_final:
+            raise SampleError(f"{sid}: final_hidden_state shape {tuple(final.shape)} != expected {want_final} [tokens, H]")
         for name, state in (("aux_hidden_states", aux), ("final_hidden_state", final)):
             if state.dtype != self.state_dtype and not _pre_encoded(s):
                 raise SampleError(f"{sid}: {name} dtype {state.dtype} != dataset dtype {self.state_dtype}; capture in one dtype")
@@ -104,5 +106,5 @@ class SampleEncoder:
 
 
 def _pre_encoded(s: CapturedSample) -> bool:
-    """fp8 states from the server's GPU come with their scales."""
+    """States encoded on the server's GPU come with their scales."""
     return s.aux_scale is not None or s.final_scale is not None

@@ -78,12 +78,10 @@ class ShardWriter:
         self.root = Path(root)
         self.metadata = dict(metadata)
         dtype = state_dtype(self.metadata["dtype"])
-        self._encoder = SampleEncoder(
-            dtype,
-            len(self.metadata["aux_layer_ids"]),
-            int(self.metadata["hidden_size"]),
-            get_encoding(state_encoding_for(dtype, storage)),
-        )
+        encoding = get_encoding(state_encoding_for(dtype, storage))
+        if problem := encoding.hidden_size_problem(int(self.metadata["hidden_size"])):
+            raise UsageError(f"{root}: {problem}")
+        self._encoder = SampleEncoder(dtype, len(self.metadata["aux_layer_ids"]), int(self.metadata["hidden_size"]), encoding)
         self.shard_bytes = shard_bytes
         self.nonfinite = nonfinite
         self.shard_prefix = shard_prefix

@@ -233,16 +233,13 @@ class StreamCache:
     def shard_estimate(self, samples: Iterable[CapturedSample]) -> int:
         """An upper bound of the bytes these samples take in one shard (data, offsets, header with their ids)."""
         total = _HEADER_BYTES + 8
-        item = self.encoding.storage_torch_dtype.itemsize
         for s in samples:
             t, k, h = s.aux_hidden_states.shape
-            total += t * (8 + 1) + t * (k + 1) * h * item + 8 + len(json.dumps(s.sample_id)) + 2
-            if self.encoding.scaled:
-                total += t * (k + 1) * 4
+            total += t * (8 + 1) + t * (k + 1) * self.encoding.row_bytes(h) + 8 + len(json.dumps(s.sample_id)) + 2
         return total
 
     def as_stored(self, sample: CapturedSample) -> dict[str, Any]:
-        """The sample as a later epoch reads it from the cache (fp8 storage: encoded and decoded once)."""
+        """The sample as a later epoch reads it from the cache (scaled storage: encoded and decoded once)."""
         aux, final = sample.aux_hidden_states, sample.final_hidden_state
         if self.encoding.scaled:
             aux = decode_state(*encode_state(aux, self.encoding), self.encoding)

@@ -20,12 +20,12 @@ import torch
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
 from hs_dataset.errors import CaptureError
 from hs_dataset.sglang.client.diagnose import CaptureStopped
-from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
+from hs_dataset.formats.encoding import ENCODINGS, SAFETENSORS_DTYPES, Encoding, all_finite
 from hs_dataset.formats.safetensors_layout import DTYPE_SIZES, read_header
 from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_SUFFIX
-from hs_dataset.wire.fp8 import FP8_ENCODING, SCALE_SUFFIX, STATE_ENCODING_KEY
+from hs_dataset.wire.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.wire.mapped_files import FileMaps, copy_out
 from hs_dataset.wire.spares import hand_back_dump
 
@@ -185,11 +185,11 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
         meta, tensors = _read_dump(path)
     except Exception as exc:
         return CaptureFailure(sid, f"unreadable dump {key}: {type(exc).__name__}: {exc}")
-    problem = _metadata_problem(meta, key, expected) or _shape_problem(tensors, key, sample, expected) or _encoding_problem(meta, tensors, key, expected)
+    problem = _metadata_problem(meta, key, expected) or _shape_problem(meta, tensors, key, sample, expected) or _encoding_problem(meta, tensors, key, expected)
     if problem:
         return CaptureFailure(sid, problem)
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
-    fp8 = meta.get(STATE_ENCODING_KEY, "native") == FP8_ENCODING  # quantized on the server's GPU: handed to the writer as stored
+    encoded = _scaled_encoding(meta) is not None  # quantized on the server's GPU: handed to the writer as stored
     # Checked here, on this loader thread while the bytes are in cache; all_finite remembers the
     # answer, so the writer's one adding thread does not scan them again (a NaN is still its to report).
     all_finite(aux) and all_finite(final)
@@ -199,9 +199,15 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
         loss_mask=sample.loss_mask,
         aux_hidden_states=aux,
         final_hidden_state=final,
-        aux_scale=tensors["aux_hidden_states" + SCALE_SUFFIX] if fp8 else None,
-        final_scale=tensors["final_hidden_state" + SCALE_SUFFIX] if fp8 else None,
+        aux_scale=tensors["aux_hidden_states" + SCALE_SUFFIX] if encoded else None,
+        final_scale=tensors["final_hidden_state" + SCALE_SUFFIX] if encoded else None,
     )
+
+
+def _scaled_encoding(meta: dict[str, str]) -> Encoding | None:
+    """The scaled encoding (fp8, 4-bit) the server stored the dump's states in; None for native states or an unknown name."""
+    encoding = ENCODINGS.get(meta.get(STATE_ENCODING_KEY, "native"))
+    return encoding if encoding is not None and encoding.scaled else None
 
 
 def _metadata_problem(meta: dict[str, str], key: str, expected: ExpectedDump) -> str | None:
@@ -222,8 +228,8 @@ def _metadata_problem(meta: dict[str, str], key: str, expected: ExpectedDump) ->
     return None
 
 
-def _shape_problem(tensors: dict[str, torch.Tensor], key: str, sample: TokenizedSample, expected: ExpectedDump) -> str | None:
-    """The tensors are there, the token ids are the ones sent, the states are [T, K, H] and [T, H]."""
+def _shape_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, sample: TokenizedSample, expected: ExpectedDump) -> str | None:
+    """The tensors are there, the token ids are the ones sent, the states are [T, K, H] and [T, H] (4-bit: H/2 bytes)."""
     ids = tensors.get("input_ids")
     aux = tensors.get("aux_hidden_states")
     final = tensors.get("final_hidden_state")
@@ -238,17 +244,19 @@ def _shape_problem(tensors: dict[str, torch.Tensor], key: str, sample: Tokenized
     h = aux.shape[2]
     if final.shape != (t, h):
         return f"dump {key}: final_hidden_state shape {tuple(final.shape)}, expected [{t}, {h}]"
-    if expected.hidden_size is not None and h != expected.hidden_size:
-        return f"dump {key}: hidden size {h}, expected {expected.hidden_size}"
+    encoding = _scaled_encoding(meta)
+    hidden = h * (encoding.pack if encoding is not None else 1)  # 4-bit codes: two values a byte
+    if expected.hidden_size is not None and hidden != expected.hidden_size:
+        return f"dump {key}: hidden size {hidden}, expected {expected.hidden_size}"
     return None
 
 
 def _encoding_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
-    """Native states of the expected dtype, or fp8 states with both per-token scales (of a model of that dtype)."""
+    """Native states of the expected dtype, or encoded states (fp8, 4-bit) with both scale tensors (of a model of that dtype)."""
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
     encoding = meta.get(STATE_ENCODING_KEY, "native")
-    if encoding == FP8_ENCODING:
-        return _fp8_problem(meta, tensors, key, expected)
+    if _scaled_encoding(meta) is not None:
+        return _scaled_problem(ENCODINGS[encoding], meta, tensors, key, expected)
     if encoding != "native":
         return f"dump {key}: unknown state encoding {encoding!r}: update hs_dataset on the client"
     if expected.dtype is not None and (aux.dtype != expected.dtype or final.dtype != expected.dtype):
@@ -256,14 +264,17 @@ def _encoding_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], ke
     return None
 
 
-def _fp8_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
+def _scaled_problem(encoding: Encoding, meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
     aux_scale, final_scale = tensors.get("aux_hidden_states" + SCALE_SUFFIX), tensors.get("final_hidden_state" + SCALE_SUFFIX)
-    if aux.dtype != torch.float8_e4m3fn or final.dtype != torch.float8_e4m3fn or aux_scale is None or final_scale is None:
-        return f"dump {key}: {FP8_ENCODING} needs float8_e4m3fn states and both scale tensors (has {sorted(tensors)})"
-    t, k = aux.shape[0], aux.shape[1]
-    if aux_scale.dtype != torch.float32 or aux_scale.shape != (t, k) or final_scale.dtype != torch.float32 or final_scale.shape != (t,):
-        return f"dump {key}: fp8 scales {tuple(aux_scale.shape)}/{tuple(final_scale.shape)}, expected float32 [{t}, {k}] and [{t}]"
+    data = encoding.storage_torch_dtype
+    if aux.dtype != data or final.dtype != data or aux_scale is None or final_scale is None:
+        return f"dump {key}: {encoding.name} needs {data} states and both scale tensors (has {sorted(tensors)})"
+    t, k, h = aux.shape[0], aux.shape[1], aux.shape[2] * encoding.pack
+    want_aux, want_final, dtype = encoding.scale_shape((t, k, h)), encoding.scale_shape((t, h)), encoding.scale_torch_dtype
+    if aux_scale.dtype != dtype or aux_scale.shape != want_aux or final_scale.dtype != dtype or final_scale.shape != want_final:
+        return (f"dump {key}: {encoding.name} scales {aux_scale.dtype} {tuple(aux_scale.shape)}/{tuple(final_scale.shape)}, "
+                f"expected {dtype} {list(want_aux)} and {list(want_final)}")
     if expected.dtype is not None and meta.get("dtype") != str(expected.dtype).replace("torch.", ""):
         return f"dump {key}: states of a {meta.get('dtype')} model, expected {expected.dtype}"
     return None

@@ -64,6 +64,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "cpu_support"
 CPU_MLA_FACTORY = "hs_dataset.sglang.cpu_support.mla_torch_native:factory"
 DATASETS_HOOK_OFF = "HS_DATASET_DATASETS_HOOK"  # hs_dataset.datasets_hook.OFF_SWITCH (a string: launch must not import the hook)
+# Storages the server's capture core encodes on the GPU; the others (mxfp4, nf4) reach the client as
+# native states and the shard writer encodes them on the host until the server runs their quantizers.
+SERVER_ENCODED_STORAGES = ("fp8", "fp8_e4m3_per_token")
 
 # card ``sglang.staging`` key -> capture config key (hs_dataset.sglang.server.config.CaptureConfig)
 _STAGING_KEYS = (
@@ -325,7 +328,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
     for key, cfg_key in _STAGING_KEYS:
         if getattr(staging, key) is not None:
             hook_config[cfg_key] = getattr(staging, key)
-    if card.shards.storage != "native":
+    if card.shards.storage in SERVER_ENCODED_STORAGES:
         # quantized on the GPU before the copy: half the PCIe, staging and disk bytes
         hook_config["storage"] = card.shards.storage
     return hook_config
