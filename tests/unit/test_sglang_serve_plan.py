@@ -45,13 +45,9 @@ def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
     assert "PYTHONPATH" not in plan.env  # hs_dataset installed in the server env, real sgl_kernel on GPU
 
 
-@pytest.mark.parametrize("storage, server", [("native", "native"), ("fp8", "fp8"), ("mxfp4", "native"), ("nf4", "native")])
+@pytest.mark.parametrize("storage, server", [("native", "native"), ("fp8", "fp8"), ("mxfp4", "mxfp4"), ("nf4", "nf4")])
 def test_the_card_s_storage_reaches_the_server_hooks(fake_env, tmp_path, storage, server):
-    """fp8 storage is quantized on the device, so the server must be told, not only the writer.
-
-    The 4-bit storages are not encoded by the server's capture core yet: it stages native
-    states and the shard writer encodes them.
-    """
+    """Encoded storages (fp8, 4-bit) are quantized on the device, so the server must be told, not only the writer."""
     from hs_dataset.config import load_card
 
     card = load_card("kimi-k25-sglang").with_overrides(shards={"storage": storage})

@@ -254,4 +254,45 @@ def test_host_bytes_keeps_its_tensor_alive():
 def test_storage_config_is_checked():
     with pytest.raises(ValueError, match="storage"):
         CaptureConfig(staging_dir="/tmp/x", hf_aux_layer_ids=(1,), storage="int4")
-    assert CaptureConfig.from_sources({"staging_dir": "/tmp/x", "hf_aux_layer_ids": [1]}, environ={"HS_CAPTURE_STORAGE": "fp8"}).fp8
+    assert CaptureConfig.from_sources({"staging_dir": "/tmp/x", "hf_aux_layer_ids": [1]}, environ={"HS_CAPTURE_STORAGE": "fp8"}).state_encoding == "fp8_e4m3_per_token"
+
+
+@pytest.mark.parametrize("storage, encoding", [("mxfp4", "mxfp4_e2m1_g32"), ("nf4", "nf4_g32")])
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_4bit_dumps_hold_the_datasets_own_encoding_and_the_client_stores_them_as_they_are(tmp_path, storage, encoding, chunked):
+    """The server quantizes 4-bit storages itself (a quarter of the copy); the bytes are the host encoder's."""
+    from hs_dataset.formats import ShardWriter, open_dataset
+    from hs_dataset.sample import CapturedSample, TokenizedSample
+    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+
+    h = 64  # 4-bit groups are 32 values
+    core = _core(tmp_path, storage=storage)
+    g = torch.Generator().manual_seed(4)
+    aux = (torch.randn(11, K * h, generator=g) * 4).bfloat16()
+    final = torch.randn(11, h, generator=g).bfloat16()
+    ids = torch.arange(100, 111)
+    try:
+        if chunked:
+            _extend(core, [7], ["hs-r1-1-11"], [0], aux[:7], final[:7], ids[:7])
+            _extend(core, [4], ["hs-r1-1-11"], [7], aux[7:], final[7:], ids[7:])
+        else:
+            _extend(core, [11], ["hs-r1-1-11"], [0], aux, final, ids)
+    finally:
+        core.close()
+    path = tmp_path / "stage" / "hs-r1-1-11.safetensors"
+    header, _ = _split(path.read_bytes())
+    assert header["__metadata__"][fp8.STATE_ENCODING_KEY] == encoding
+    t = load(path.read_bytes())
+    enc = ENCODINGS[encoding]
+    for name, state in (("aux_hidden_states", aux.view(11, K, h)), ("final_hidden_state", final)):
+        q, s = encode_state(state, enc)
+        assert torch.equal(t[name], q) and torch.equal(t[name + ".scale"], s), name
+    state_bytes = len(_split(path.read_bytes())[1]) - ids.numel() * 8
+    assert state_bytes <= 0.29 * (11 * (K + 1) * h * 2)  # 4.25 (mxfp4) or 4.5 (nf4) bits a value of bf16's 16
+    sample = TokenizedSample("s0", ids, torch.ones(11, dtype=torch.bool))
+    got = check_dump(str(path), "hs-r1-1-11", sample, ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.bfloat16))
+    assert isinstance(got, CapturedSample), got
+    with ShardWriter(tmp_path / "ds", {"aux_layer_ids": IDS, "hidden_size": h, "dtype": "bfloat16"}, storage=storage) as writer:
+        assert writer.add(got)
+    back = open_dataset(tmp_path / "ds")[0]
+    assert torch.equal(back["aux_hidden_states"], decode_state(t["aux_hidden_states"], t["aux_hidden_states.scale"], enc))

@@ -64,9 +64,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "cpu_support"
 CPU_MLA_FACTORY = "hs_dataset.sglang.cpu_support.mla_torch_native:factory"
 DATASETS_HOOK_OFF = "HS_DATASET_DATASETS_HOOK"  # hs_dataset.datasets_hook.OFF_SWITCH (a string: launch must not import the hook)
-# Storages the server's capture core encodes on the GPU; the others (mxfp4, nf4) reach the client as
-# native states and the shard writer encodes them on the host until the server runs their quantizers.
-SERVER_ENCODED_STORAGES = ("fp8", "fp8_e4m3_per_token")
+# Storages the server's capture core encodes on the device before its copy (every encoded storage there is).
+SERVER_ENCODED_STORAGES = ("fp8", "fp8_e4m3_per_token", "mxfp4", "mxfp4_e2m1_g32", "nf4", "nf4_g32")
 
 # card ``sglang.staging`` key -> capture config key (hs_dataset.sglang.server.config.CaptureConfig)
 _STAGING_KEYS = (
@@ -329,7 +328,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
         if getattr(staging, key) is not None:
             hook_config[cfg_key] = getattr(staging, key)
     if card.shards.storage in SERVER_ENCODED_STORAGES:
-        # quantized on the GPU before the copy: half the PCIe, staging and disk bytes
+        # quantized on the GPU before the copy: half (fp8) or about a quarter (4-bit) of the PCIe, staging and disk bytes
         hook_config["storage"] = card.shards.storage
     return hook_config
 

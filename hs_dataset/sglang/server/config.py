@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING
 from hs_dataset.wire.fp8 import FP8_ENCODING
 
 __all__ = ["CaptureConfig", "ENV_PREFIX"]
@@ -32,7 +33,7 @@ class CaptureConfig:
     [HS_CAPTURE_MAX_WAIT_S], ``writer_threads`` [HS_CAPTURE_WRITERS], ``pinned_pool_bytes``
     [HS_CAPTURE_PINNED_BYTES], ``orphan_ttl_s`` [HS_CAPTURE_ORPHAN_TTL_S], ``assembly_ttl_s``
     [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS], ``storage``
-    [HS_CAPTURE_STORAGE: ``native`` or ``fp8``, quantized on the device]; plus
+    [HS_CAPTURE_STORAGE: ``native``, ``fp8``, ``mxfp4`` or ``nf4``, quantized on the device]; plus
     ``mechanism``, ``module_path``, ``sglang_aux_layer_ids``, ``architectures``,
     ``num_hidden_layers`` (written by ``hs-dataset serve``).
     """
@@ -59,7 +60,10 @@ class CaptureConfig:
     storage: str = "native"
 
     MECHANISMS = ("aux_return", "layer_hooks", "legacy")
-    STORAGES = ("native", "fp8", FP8_ENCODING)
+    # storage name -> the encoding the states are quantized to on the device before the copy (None: as computed)
+    ENCODED_AS = {"native": None, "fp8": FP8_ENCODING, FP8_ENCODING: FP8_ENCODING, "mxfp4": MXFP4_ENCODING,
+                  MXFP4_ENCODING: MXFP4_ENCODING, "nf4": NF4_ENCODING, NF4_ENCODING: NF4_ENCODING}
+    STORAGES = tuple(ENCODED_AS)
 
     def __post_init__(self) -> None:
         if not self.staging_dir:
@@ -82,9 +86,9 @@ class CaptureConfig:
             raise ValueError(f"capture config: storage must be one of {self.STORAGES}, got {self.storage!r}")
 
     @property
-    def fp8(self) -> bool:
-        """States are quantized to ``fp8_e4m3_per_token`` on the device before the copy."""
-        return self.storage != "native"
+    def state_encoding(self) -> str | None:
+        """The encoding the states are quantized to on the device before the copy (``None``: stored as computed)."""
+        return self.ENCODED_AS[self.storage]
 
     @classmethod
     def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "CaptureConfig":

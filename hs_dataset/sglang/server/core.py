@@ -25,10 +25,10 @@ What :meth:`CaptureCore.process` does, on the forward thread:
    and hands them to the writer threads (:mod:`.dump_writer`) that write
    ``{rid}.safetensors`` atomically. No room in time -> a refusal marker.
 
-With ``storage: fp8`` the states of the whole pass are quantized on the device
-(:func:`~hs_dataset.sglang.server.states.pass_states`, the dataset's own
-``fp8_e4m3_per_token`` encoding) before the copy: half the PCIe, pinned and staging
-bytes of bf16, and the client stores them as they are.
+With ``storage: fp8`` (or a 4-bit ``mxfp4`` / ``nf4``) the states of the whole pass are
+quantized on the device (:func:`~hs_dataset.sglang.server.states.pass_states`, the
+dataset's own encoding) before the copy: half (about a quarter) of the PCIe, pinned and
+staging bytes of bf16, and the client stores them as they are.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class CaptureCore:
         if self.verified is None:
             self._verify_first(aux3)
 
-        states, owned = pass_states(aux3, final, split.rows, self.config.fp8, aux_owned=aux_owned)
+        states, owned = pass_states(aux3, final, split.rows, self.config.state_encoding, aux_owned=aux_owned)
         pass_ = _PassInfo(split.requests, str(aux3.dtype).replace("torch.", ""), owned, time.monotonic() + self.config.max_wait_s)
         rows_ours = sum(request.length for request in split.ours)
         pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows

@@ -29,7 +29,7 @@ from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.copier import HostPiece, host_bytes
 from hs_dataset.sglang.server.staging import StagingDir
 from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_WRITE_FAILED
-from hs_dataset.wire.fp8 import FP8_ENCODING, SCALE_SUFFIX, STATE_ENCODING_KEY
+from hs_dataset.wire.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.wire.safetensors_header import dump_header
 
 __all__ = ["DumpJob", "DumpWriter"]
@@ -138,13 +138,13 @@ class DumpWriter:
         tokens = sum(int(p["input_ids"].shape[0]) for p in parts)
         if tokens != job.total:
             raise RuntimeError(f"assembled {tokens} tokens, expected {job.total}")
-        fp8 = "aux_scale" in parts[0]
+        encoding = self.config.state_encoding if "aux_scale" in parts[0] else None
         aux0 = parts[0]["aux"]
-        columns, shapes = _columns(parts, tokens, fp8)
+        columns, shapes = _columns(parts, tokens, encoding is not None)
         entries = [
             (name, from_torch(ts[0].dtype).safetensors, shapes[name], sum(t.numel() * t.element_size() for t in ts)) for name, ts in columns.items()
         ]
-        header, order = dump_header(entries, self._metadata(job, str(aux0.dtype).replace("torch.", ""), fp8))
+        header, order = dump_header(entries, self._metadata(job, str(aux0.dtype).replace("torch.", ""), encoding))
         buffers = [header] + [host_bytes(t.contiguous()) for name in order for t in columns[name]]  # views keep their tensors alive
         written = self.staging.write_atomic(job.rid + DUMP_SUFFIX, buffers)
         if written:
@@ -156,7 +156,7 @@ class DumpWriter:
         else:  # a dump for this rid already exists (the request was prefilled twice): keep the first
             self.budget.release(job.reserved, 1)
 
-    def _metadata(self, job: DumpJob, aux_dtype: str, fp8: bool) -> dict[str, str]:
+    def _metadata(self, job: DumpJob, aux_dtype: str, encoding: str | None) -> dict[str, str]:
         """The dump's ``__metadata__``, in the order the client and the tests read back byte for byte."""
         return {
             "format": DUMP_FORMAT,
@@ -167,30 +167,27 @@ class DumpWriter:
             "sglang_version": self.sglang_version,
             "dtype": job.state_dtype or aux_dtype,
             "mechanism": self.config.mechanism,
-            **({STATE_ENCODING_KEY: FP8_ENCODING} if fp8 else {}),
+            **({STATE_ENCODING_KEY: encoding} if encoding else {}),
             **self.extra_metadata,
             **job.meta,
         }
 
 
-def _columns(parts: list[Mapping[str, torch.Tensor]], tokens: int, fp8: bool) -> tuple[dict[str, list[torch.Tensor]], dict[str, tuple[int, ...]]]:
-    """Each dump tensor as the rows of every piece in order (no concatenation), and its shape in the file."""
+def _columns(parts: list[Mapping[str, torch.Tensor]], tokens: int, encoded: bool) -> tuple[dict[str, list[torch.Tensor]], dict[str, tuple[int, ...]]]:
+    """Each dump tensor as the rows of every piece in order (no concatenation), and its shape in the file.
+
+    ``encoded``: the pieces hold codes and scales (fp8 or 4-bit), each stored as it is.
+    """
     aux0 = parts[0]["aux"]
-    k, h = int(aux0.shape[1]), int(aux0.shape[2])
 
     def column(name: str, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         # the rows of every piece, in order; a dtype change (rare: int32 ids) costs a host copy
         return [p[name] if dtype is None or p[name].dtype == dtype else p[name].to(dtype) for p in parts]
 
-    columns: dict[str, list[torch.Tensor]] = {
-        "input_ids": column("input_ids", torch.int64),
-        "aux_hidden_states": column("aux"),
-        "final_hidden_state": column("final", None if fp8 else aux0.dtype),
-    }
-    shapes: dict[str, tuple[int, ...]] = {"input_ids": (tokens,), "aux_hidden_states": (tokens, k, h), "final_hidden_state": (tokens, h)}
-    if fp8:
-        columns["aux_hidden_states" + SCALE_SUFFIX] = column("aux_scale")
-        columns["final_hidden_state" + SCALE_SUFFIX] = column("final_scale")
-        shapes["aux_hidden_states" + SCALE_SUFFIX] = (tokens, k)
-        shapes["final_hidden_state" + SCALE_SUFFIX] = (tokens,)
+    names = {"input_ids": "input_ids", "aux_hidden_states": "aux", "final_hidden_state": "final"}
+    if encoded:
+        names.update({"aux_hidden_states" + SCALE_SUFFIX: "aux_scale", "final_hidden_state" + SCALE_SUFFIX: "final_scale"})
+    dtypes = {"input_ids": torch.int64, "final_hidden_state": None if encoded else aux0.dtype}
+    columns = {stored: column(piece, dtypes.get(stored)) for stored, piece in names.items()}
+    shapes = {stored: (tokens, *parts[0][piece].shape[1:]) for stored, piece in names.items()}
     return columns, shapes

@@ -6,7 +6,7 @@ tensors ``[N, H]`` -- and the pre-norm final state ``[N, H]``;
 :func:`normalize_states` turns them into ``[N, K, H]`` + ``[N, H]`` views (no copy
 where SGLang packed them) or says, as :class:`UnusableStates`, why they cannot be
 used. :func:`pass_states` then quantizes the whole pass at once where the card stores
-fp8, so each request's rows are plain slices of the result.
+fp8 or 4-bit states, so each request's rows are plain slices of the result.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Sequence
 import torch
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.wire.fp8 import quantize_fp8_per_token
+from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.wire.fp8 import FP8_ENCODING, quantize_fp8_per_token
 
 __all__ = ["UnusableStates", "normalize_states", "pass_states"]
 
@@ -64,18 +65,23 @@ def normalize_states(
     return aux, final
 
 
+QUANTIZERS = {FP8_ENCODING: quantize_fp8_per_token, MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}
+
+
 def pass_states(
-    aux: torch.Tensor, final: torch.Tensor, total_rows: int, fp8: bool, *, aux_owned: bool = False
+    aux: torch.Tensor, final: torch.Tensor, total_rows: int, encoding: str | None, *, aux_owned: bool = False
 ) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
     """The tensors each request's rows are sliced from, and the names of those nothing else writes (``owned``: no snapshot needed).
 
-    With ``fp8``, one quantization for the whole pass, on the device: per-token scales
-    make it row-wise, so each request's rows of the result are its own encoding.
-    ``aux_owned``: the glue made ``aux`` for this capture.
+    With an ``encoding`` (fp8, or a 4-bit one), one quantization for the whole pass, on
+    the device: per-token (fp8) or per-group-of-32 (4-bit) scales make it row-wise, so
+    each request's rows of the result are its own encoding. ``aux_owned``: the glue
+    made ``aux`` for this capture.
     """
-    if not fp8:
+    if encoding is None:
         return {"aux": aux, "final": final}, ("aux",) if aux_owned else ()
-    aux_q, aux_s = quantize_fp8_per_token(aux[:total_rows])
-    final_q, final_s = quantize_fp8_per_token(final[:total_rows])
+    quantize = QUANTIZERS[encoding]
+    aux_q, aux_s = quantize(aux[:total_rows])
+    final_q, final_s = quantize(final[:total_rows])
     states = {"aux": aux_q, "aux_scale": aux_s, "final": final_q, "final_scale": final_s}
     return states, tuple(states)
