@@ -666,6 +666,8 @@ def main() -> None:
     from hs_dataset.sglang.server.copier import HostCopier
 
     copier = None if args.copier_per_phase else HostCopier(args.pinned_gib << 30)
+    if copier is not None:
+        copier.prepare_pinned()  # as the hooks do when a server loads them: no phase pays for pinning the slab
     phases: list[Phase] = []
     raw: list[float] = []
     try:

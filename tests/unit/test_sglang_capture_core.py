@@ -808,6 +808,40 @@ def test_cuda_pinned_pool_exhaustion_is_a_refusal(tmp_path):
     core.close()
 
 
+def test_a_copier_handed_to_a_core_outlives_it_and_a_core_s_own_copier_is_closed_with_it(tmp_path, monkeypatch):
+    """A benchmark's phases (or a server) share one copier: closing one core must not stop it for the next."""
+    from hs_dataset.sglang.server.copier import HostCopier
+
+    closed = []
+    monkeypatch.setattr(HostCopier, "close", lambda self: closed.append(self))
+    shared = HostCopier(pinned_pool_bytes=8 << 20)
+    cfg = CaptureConfig.from_sources({"staging_dir": str(tmp_path / "a"), "hf_aux_layer_ids": IDS, "sweep_interval_s": 3600}, environ={})
+    first = CaptureCore(cfg, sglang_version="test", copier=shared)
+    first.close()
+    assert closed == []
+    second = CaptureCore(cfg, sglang_version="test", copier=shared)
+    second.process(BatchView.from_forward_batch(fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])), aux=torch.randn(3, K * H), final_prenorm=torch.randn(3, H))
+    second.flush()
+    assert "hs-r1-1-3.safetensors" in files(second)
+    second.close()
+    own = make_core(tmp_path / "b")
+    own.close()
+    assert closed == [own.copier]
+
+
+@needs_cuda
+def test_cuda_copier_works_again_after_close():
+    from hs_dataset.sglang.server.copier import HostCopier
+
+    copier = HostCopier(pinned_pool_bytes=64 << 20)
+    states = torch.randn(256, 1024, device="cuda")
+    for _ in range(2):
+        piece = copier.snapshot({"aux": states}, timeout=5)
+        assert torch.equal(piece.wait()["aux"], states.cpu())
+        piece.release()
+        copier.close()
+
+
 def test_cpu_snapshots_come_from_a_bounded_pool_and_go_back_after_the_write(tmp_path):
     """A CPU server's copies reuse touched memory; when the pool is spent the request is refused, not grown."""
     from hs_dataset.sglang.server.copier import HostCopier

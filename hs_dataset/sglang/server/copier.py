@@ -216,10 +216,13 @@ class HostCopier:
         return self._pool is not None and self._pool.is_pinned()
 
     def close(self) -> None:
-        for pump in self._pumps.values():
+        """Stop the pump threads and unpin the slab; a later snapshot starts both afresh."""
+        pumps, self._pumps = self._pumps, {}
+        for pump in pumps.values():
             pump.close()
-        if self._pool is not None:
-            self._pool.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def _host_snapshot(self, tensors: Mapping[str, torch.Tensor], timeout: float) -> HostPiece | None:
         """CPU tensors copied into one pooled buffer by the calling thread alone.

@@ -125,6 +125,7 @@ class CaptureCore:
         self.staging = StagingDir(config.staging_dir)
         self.budget = StagingBudget(config.max_staging_bytes, config.max_staging_files, self.staging.usage)
         self.copier = copier or HostCopier(config.pinned_pool_bytes)
+        self._owns_copier = copier is None  # a copier handed in outlives this core (a server's, a benchmark's phases)
         self.stats = {
             "passes_seen": 0,
             "extend_passes": 0,
@@ -412,4 +413,5 @@ class CaptureCore:
         self.budget.stop_meter()  # likewise its scan
         self.reporter.stop()
         self.staging.close()
-        self.copier.close()
+        if self._owns_copier:
+            self.copier.close()
