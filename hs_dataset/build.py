@@ -19,6 +19,7 @@ from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureResul
 from hs_dataset.config import Card
 from hs_dataset.config.run import BuildOptions, parse_options
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.run_report import RunReport, save_run_report
@@ -42,7 +43,7 @@ def build_dataset(card: Card | str | os.PathLike, out_dir: str | os.PathLike, *,
     """
     opts = parse_options(BuildOptions, "build_dataset()", options)
     started = time.perf_counter()
-    out_dir = Path(out_dir)
+    out_dir = check_local_path(out_dir, what="output directory")  # before the model loads
     with CaptureSession(as_card(card), opts, backend=backend) as session:
         regen = _open_regeneration(session, out_dir, opts) if session.card.regenerate.enabled else None
         try:

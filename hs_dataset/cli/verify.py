@@ -48,9 +48,10 @@ def _require_dataset_dir(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.paths import check_local_path
     from hs_dataset.formats.verify import verify_dataset
 
-    _require_dataset_dir(Path(args.path))
+    _require_dataset_dir(check_local_path(args.path, what="dataset"))
     result = verify_dataset(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
     if args.json:
         print(json.dumps({"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}))

@@ -25,7 +25,7 @@ from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
-from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader
 
 _PART_RE = re.compile(r"^part-\d{5}/")
@@ -158,7 +158,7 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
     """
     if not parts:
         raise ValueError("merge needs at least one part")
-    out = Path(out)
+    out = check_local_path(out, what="merge output")
     loaded = _load_parts(parts)
     _check_compatible(loaded)
     _check_apart(out, loaded)

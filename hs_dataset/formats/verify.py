@@ -27,7 +27,7 @@ from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
@@ -57,7 +57,7 @@ class VerifyResult:
 
 def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_values: bool = True, max_problems: int = 20) -> VerifyResult:
     """Run every check; collects up to ``max_problems`` problems instead of stopping at the first."""
-    root = Path(root)
+    root = check_local_path(root, what="dataset")
     result = VerifyResult()
     try:
         manifest = Manifest.load(root)

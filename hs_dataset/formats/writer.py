@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -31,6 +30,7 @@ from hs_dataset.errors import NonFiniteStateError, SampleError
 from hs_dataset.formats.dirlock import acquire_dir_lock
 from hs_dataset.formats.encoding import Encoding, get_encoding, state_encoding_for
 from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
@@ -74,7 +74,7 @@ class ShardWriter:
         created_by: str | None = None,
     ) -> None:
         _check_options(metadata, shard_bytes, nonfinite, writer_threads, shard_prefix)
-        self.root = Path(root)
+        self.root = check_local_path(root, what="output directory")
         self.metadata = dict(metadata)
         dtype = state_dtype(self.metadata["dtype"])
         self._encoder = SampleEncoder(
