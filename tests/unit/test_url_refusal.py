@@ -51,19 +51,24 @@ def test_library_entry_points_refuse_urls(tmp_path):
     assert not (tmp_path / "s3:").exists()
 
 
+LOCAL_ONLY = "URL, but this takes a local directory"
+BUILD = ["build", "--config", "tiny-deepseek-hf", "--num-samples", "1", "--out"]
+
+
 @pytest.mark.parametrize(
-    "argv",
+    "argv, expected",
     [
-        ["verify", URL],
-        ["info", URL],
-        ["build", "--config", "tiny-deepseek-hf", "--out", URL, "--num-samples", "1"],
-        ["export", "speculators", URL, "out/x"],
-        ["export", "speculators", "out/x", URL],
-        ["import", "speculators", URL, "out/x", "--config", "tiny-deepseek-hf"],
+        (["info", URL], LOCAL_ONLY),
+        (["export", "speculators", URL, "out/x"], LOCAL_ONLY),
+        (["export", "speculators", "out/x", URL], LOCAL_ONLY),
+        (["import", "speculators", URL, "out/x", "--config", "tiny-deepseek-hf"], LOCAL_ONLY),
+        ([*BUILD, "nosuch://bucket/ds"], "nosuch:// is not a storage scheme fsspec knows; supported: local paths and s3://"),
+        ([*BUILD, "s3:/bucket/ds"], "a s3:// URL that lost a '/'"),
+        ([*BUILD, "s3://"], "give a prefix inside the bucket"),
     ],
 )
-def test_cli_refuses_a_url_in_one_line(argv, tmp_path, capsys):
+def test_cli_refuses_a_url_in_one_line(argv, expected, tmp_path, capsys):
     assert cli_main(argv) == EXIT_ERROR
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "URL, but this takes a local directory" in err, err
+    assert err.count("\n") == 0 and expected in err, err
     assert not (tmp_path / "s3:").exists()

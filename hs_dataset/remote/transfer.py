@@ -1,0 +1,135 @@
+"""Bytes to and from object storage with the hash checked on the bytes that moved.
+
+An upload streams the local file to the object and hashes exactly the chunks it
+sends; the object then must hold the recorded size and the sent bytes the recorded
+hash (BLAKE3, or sha256 for format-1 shards and small files), else it is deleted and
+the upload fails. A download streams into a temp file beside its destination, hashed
+on the way, and is renamed into place only when size and hash match, so a damaged or
+replaced object never reaches a reader.
+
+Objects are written where they will stay: an object store publishes an object whole
+when its upload completes (one PUT, or a completed multipart upload), so a process
+killed mid-upload leaves nothing under the name. A plain directory (``file://``) has no
+such guarantee, so there the bytes go to a temp name that is renamed over the final one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Iterable
+
+from hs_dataset.errors import IntegrityError
+from hs_dataset.faults import crash_point
+from hs_dataset.formats.atomic import TEMP_PREFIX, publish, remove_quietly, temp_path_for
+from hs_dataset.formats.hashing import new_hasher
+from hs_dataset.formats.paths import open_regular
+from hs_dataset.remote.location import RemoteLocation, storage_errors
+
+__all__ = ["CHUNK_BYTES", "Expected", "upload_file", "put_bytes", "download_file"]
+
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class Expected:
+    """What the moved bytes must be: a size and, where one is recorded, a hash (algorithm, hex digest)."""
+
+    def __init__(self, size: int, algorithm: str | None = None, digest: str | None = None) -> None:
+        self.size, self.algorithm, self.digest = size, algorithm, digest
+
+    def check(self, size: int, digest: str | None, where: str, fix: str) -> None:
+        if size != self.size:
+            raise IntegrityError(f"{where}: {size} bytes moved, expected {self.size} ({fix})")
+        if self.digest is not None and digest != self.digest:
+            raise IntegrityError(f"{where}: {self.algorithm} {digest} != recorded {self.digest} ({fix})")
+
+
+def _is_local(loc: RemoteLocation) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(loc.fs, LocalFileSystem)
+
+
+def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expected: Expected) -> None:
+    """Write ``chunks`` to ``name``; delete what was written when it is not ``expected``."""
+    key = loc.key(name)
+    local = _is_local(loc)
+    target = f"{key.rpartition('/')[0]}/{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{key.rpartition('/')[2]}" if local else key
+    hasher = new_hasher(expected.algorithm) if expected.algorithm else None
+    sent = 0
+    with storage_errors(f"{loc.url}/{name}"):
+        if local:
+            loc.fs.makedirs(key.rpartition("/")[0], exist_ok=True)
+        try:
+            with loc.fs.open(target, "wb") as out:
+                for chunk in chunks:
+                    if hasher is not None:
+                        hasher.update(chunk)
+                    out.write(chunk)
+                    sent += len(chunk)
+            expected.check(sent, hasher.hexdigest() if hasher else None, f"{loc.url}/{name}", "the local file changed while it was uploaded; upload again")
+            stored = int(loc.fs.info(target)["size"])
+            expected.check(stored, expected.digest, f"{loc.url}/{name}", "the store kept other bytes than were sent; upload again")
+        except BaseException:
+            _remove(loc, target)
+            raise
+        if local:
+            loc.fs.mv(target, key)
+
+
+def _remove(loc: RemoteLocation, key: str) -> None:
+    try:
+        loc.fs.rm(key)
+    except Exception:  # noqa: BLE001 -- best effort: the object is not listed by any manifest
+        pass
+
+
+def _file_chunks(path: Path, size: int) -> Iterable[bytes]:
+    """The file's bytes in chunks; the crash point ``remote.mid_upload`` fires once half are sent."""
+    half, sent, crashed = size // 2, 0, False
+    with open_regular(path, what="file to upload") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            yield chunk
+            sent += len(chunk)
+            if not crashed and sent >= half:
+                crashed = True
+                crash_point("remote.mid_upload")
+
+
+def upload_file(path: Path, loc: RemoteLocation, name: str, expected: Expected) -> None:
+    """Upload the local file ``path`` to ``loc/name``, checked against ``expected`` on the bytes sent and stored."""
+    _write_object(loc, name, _file_chunks(path, expected.size), expected)
+
+
+def put_bytes(loc: RemoteLocation, name: str, data: bytes) -> None:
+    """A small object (a manifest) written whole: a reader sees the old one or the new one, never a part."""
+    _write_object(loc, name, [data], Expected(len(data)))
+
+
+def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected, *, temp: Path | None = None) -> None:
+    """Download ``loc/name`` to ``dest`` (atomically), refusing bytes that are not ``expected``.
+
+    ``temp`` is a file already created (and sized) for the download; the cache reserves
+    its room that way before the bytes arrive.
+    """
+    temp = temp or temp_path_for(dest)
+    hasher = new_hasher(expected.algorithm) if expected.algorithm else None
+    got = 0
+    where = f"{loc.url}/{name}"
+    try:
+        with storage_errors(where), loc.fs.open(loc.key(name), "rb", block_size=CHUNK_BYTES, cache_type="none") as src, open(temp, "r+b" if temp.exists() else "wb") as out:
+            while chunk := src.read(CHUNK_BYTES):
+                if hasher is not None:
+                    hasher.update(chunk)
+                out.write(chunk)
+                got += len(chunk)
+            out.truncate(got)
+            out.flush()
+            os.fsync(out.fileno())
+        expected.check(got, hasher.hexdigest() if hasher else None, where,
+                       "the object is damaged or was replaced: upload it again from the rank's staging directory, or rebuild that part")
+    except BaseException:
+        remove_quietly(temp)
+        raise
+    publish(temp, dest)
