@@ -32,7 +32,7 @@ from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 
-__all__ = ["VerifyResult", "verify_dataset"]
+__all__ = ["VerifyResult", "verify_dataset", "check_finite"]
 
 _STATE_CHUNK_TOKENS = 4096
 _RUN_REPORT = "run_report.json"  # written by the pipeline beside the regenerated file (merge keeps them together)
@@ -104,10 +104,11 @@ def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], c
             raise IntegrityError(f"{path}: sample {sid!r} is also stored in {seen[sid]} (duplicate sample id)")
         seen[sid] = path.name
     if check_values:
-        _check_finite(reader, path)
+        check_finite(reader, path)
 
 
-def _check_finite(reader: ShardReader, path: Path) -> None:
+def check_finite(reader: ShardReader, path: Path) -> None:
+    """No NaN/inf in any state of the shard (remote verify runs it on each downloaded shard too)."""
     from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
 
     for key in (AUX_KEY, FINAL_KEY):
