@@ -34,7 +34,7 @@ _RUN_REPORT = "run_report.json"
 _PER_PART_KEYS = ("file", "files")
 _PER_PART_GENERATOR_KEYS = ("servers", "served_model")
 
-__all__ = ["merge_datasets"]
+__all__ = ["merge_datasets", "check_compatible"]
 
 
 def _publish_link(src: Path, dst: Path, *, link: bool = True) -> None:
@@ -79,7 +79,7 @@ def _load_parts(parts: list[str | os.PathLike]) -> list[tuple[Path, Manifest]]:
     return loaded
 
 
-def _check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
+def check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
     """Parts must be one dataset stored one way: identity, tensor encodings and final norm all equal."""
     first_path, first = loaded[0]
     for path, manifest in loaded[1:]:
@@ -160,7 +160,7 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
         raise ValueError("merge needs at least one part")
     out = check_local_path(out, what="merge output")
     loaded = _load_parts(parts)
-    _check_compatible(loaded)
+    check_compatible(loaded)
     _check_apart(out, loaded)
     out.mkdir(parents=True, exist_ok=True)
     lock = acquire_dir_lock(out)
