@@ -284,6 +284,10 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
         path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
         return ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
 
+    def shard_offsets(self, index: int) -> torch.Tensor:
+        """Shard ``index``'s ``sample_offsets`` (lengths for a packing sampler; a remote dataset reads only these bytes)."""
+        return self.shard(index).offsets
+
     def locate(self, index: int) -> tuple[int, int]:
         """Map a global sample index to (shard index, index within the shard)."""
         n = len(self)

@@ -27,6 +27,7 @@ from hs_dataset.formats.reader import open_dataset as open_local_dataset
 from hs_dataset.remote.cache import ShardCache
 from hs_dataset.remote.location import is_url, open_location
 from hs_dataset.remote.prefetch import Prefetcher
+from hs_dataset.remote.header import read_offsets
 from hs_dataset.remote.transfer import Expected, download_file
 
 __all__ = ["RemoteDataset", "open_dataset", "OPEN_SHARDS"]
@@ -49,6 +50,7 @@ class RemoteDataset(HiddenStateDataset):
         _check_bound(self.url, manifest.shards, self.options)
         self._prefetch = Prefetcher(self.cache, self.location, manifest.shards, self.options.prefetch_shards)
         self._pins: OrderedDict[int, int] = OrderedDict()
+        self._offsets: dict[int, torch.Tensor] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "verify_hashes": self.verify_hashes, "options": self.options}
@@ -79,6 +81,14 @@ class RemoteDataset(HiddenStateDataset):
             os.close(old_fd)
         self._prefetch.ahead(index)  # after the old pins went: the room for what comes next is theirs, not the next shard's
         return reader
+
+    def shard_offsets(self, index: int) -> torch.Tensor:
+        """Read from the store with two ranged reads (header, then the offsets), not by downloading the shard."""
+        offsets = self._offsets.get(index)
+        if offsets is None:
+            offsets = read_offsets(self.location, self.manifest.shards[index])
+            self._offsets[index] = offsets
+        return offsets
 
     def final_norm(self) -> tuple[torch.Tensor, float]:
         info = self.manifest.metadata.get("final_norm") or {}

@@ -13,8 +13,6 @@ the shard headers with two ranged reads each).
 
 from __future__ import annotations
 
-import json
-import struct
 import uuid
 from dataclasses import replace
 from pathlib import PurePosixPath
@@ -22,7 +20,7 @@ from pathlib import PurePosixPath
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.merge import check_compatible
-from hs_dataset.formats.safetensors_layout import MAX_HEADER_BYTES, parse_header
+from hs_dataset.remote.header import read_sample_ids
 from hs_dataset.remote.location import RemoteLocation, open_location, storage_errors
 from hs_dataset.remote.transfer import put_bytes
 
@@ -96,15 +94,7 @@ def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manife
 def _claim_ids(loc: RemoteLocation, record: ShardRecord, seen: dict[str, str]) -> None:
     """The shard's sample ids, from its header; one already claimed by another shard is an overlap of parts."""
     where = f"{loc.url}/{record.file}"
-    key = loc.key(record.file)
-    with storage_errors(where):
-        first = loc.fs.cat_file(key, start=0, end=8)
-        (n,) = struct.unpack("<Q", first) if len(first) == 8 else (MAX_HEADER_BYTES + 1,)
-        if n > MAX_HEADER_BYTES or 8 + n > record.bytes:
-            raise IntegrityError(f"{where}: header length {n} does not fit the {record.bytes} bytes the manifest records")
-        header = loc.fs.cat_file(key, start=0, end=8 + n)
-    _specs, meta, _start = parse_header(header, record.bytes, where)
-    for sid in json.loads(meta.get("sample_ids", "[]")):
+    for sid in read_sample_ids(loc, record):
         if sid in seen:
             raise IntegrityError(f"sample {sid!r} is in both {seen[sid]} and {where}; parts must not overlap")
         seen[sid] = where

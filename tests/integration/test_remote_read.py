@@ -109,6 +109,8 @@ def test_a_replaced_object_is_refused_on_download_and_by_verify(uploaded, tmp_pa
 def test_training_view_pickles_and_the_bound_is_checked_up_front(uploaded, tmp_path):
     url, local = uploaded
     remote = hs_dataset.open_dataset(url, cache_dir=tmp_path / "cache", max_cache_bytes=1 << 30)
+    assert Eagle3Dataset(remote).lengths == Eagle3Dataset(local).lengths  # for a packing sampler: from ranged reads ...
+    assert not list((tmp_path / "cache").glob("*.safetensors"))  # ... no shard downloaded
     view = pickle.loads(pickle.dumps(Eagle3Dataset(remote)))
     row = view[3]
     assert row["input_ids"].shape[0] == Eagle3Dataset(local)[3]["input_ids"].shape[0]
