@@ -2,7 +2,9 @@
 
 Files are named by their recorded hash (``blake3-<hex>.safetensors``), so one shard is
 cached once whichever dataset or process asks, and a name is only ever published after
-its bytes were hashed on download (:mod:`.transfer`). Every file in the directory counts
+its bytes were hashed on download (:mod:`.transfer`). Downloads are not fsynced (the disk's
+write speed would cap them): a file older than the machine's last boot, which a crash
+could have cut, is hashed again before it is used. Every file in the directory counts
 toward ``max_bytes``, downloads in flight too: room for a download is reserved (its temp
 file is allocated at full size) under the directory's lock, evicting the least recently
 used shards first. A shard a reader has open holds a shared ``flock`` on its file and is
@@ -19,7 +21,9 @@ from pathlib import Path
 from hs_dataset.errors import UsageError
 from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for
 from hs_dataset.formats.writable import open_for_writing
+from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import ShardRecord
+from hs_dataset.formats.paths import open_regular
 from hs_dataset.remote.location import RemoteLocation
 from hs_dataset.remote.transfer import Expected, download_file
 
@@ -67,7 +71,7 @@ class ShardCache:
             if temp is None:  # another thread or process is downloading it: wait for its copy
                 time.sleep(_WAIT_S)
                 continue
-            download_file(loc, record.file, path, Expected(record.bytes, record.hash_algorithm, record.digest), temp=temp)
+            download_file(loc, record.file, path, Expected(record.bytes, record.hash_algorithm, record.digest), temp=temp, durable=False)
         return path
 
     def open_pinned(self, path: Path) -> int:
@@ -78,10 +82,15 @@ class ShardCache:
 
     @staticmethod
     def _hit(path: Path, record: ShardRecord) -> bool:
+        """Present and whole. Downloads are not fsynced, so a file older than the last boot is hashed again first."""
         try:
-            if os.stat(path).st_size != record.bytes:
+            st = os.stat(path)
+            if st.st_size != record.bytes:
                 return False
-            os.utime(path)  # most recently used
+            if st.st_mtime < _boot_time() and not _same_hash(path, record):
+                remove_quietly(path)
+                return False
+            os.utime(path)  # most recently used (and known whole in this boot)
             return True
         except FileNotFoundError:
             return False
@@ -126,7 +135,11 @@ class ShardCache:
 
     @staticmethod
     def _evict(path: Path) -> int:
-        """Delete ``path`` unless a reader holds it; returns the bytes freed."""
+        """Delete ``path`` unless a reader holds it; returns the bytes it held.
+
+        Always unlinked, never overwritten in place: tensors a reader handed out may
+        still map the file after its pin is gone, and an unlinked file stays valid for them.
+        """
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
@@ -161,6 +174,20 @@ def _lock(directory: Path) -> int:
     fd = open_for_writing(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+def _boot_time() -> float:
+    """When the machine booted (0 where unknown: every cached file is then trusted as written)."""
+    try:
+        with open("/proc/stat") as f:
+            return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0.0
+
+
+def _same_hash(path: Path, record: ShardRecord) -> bool:
+    with open_regular(path, what="cached shard") as f:
+        return file_digests(f, (record.hash_algorithm,))[record.hash_algorithm] == record.digest
 
 
 def _allocate(fd: int, size: int) -> None:

@@ -3,7 +3,8 @@
 An upload streams the local file to the object and hashes exactly the chunks it
 sends; the object then must hold the recorded size and the sent bytes the recorded
 hash (BLAKE3, or sha256 for format-1 shards and small files), else it is deleted and
-the upload fails. A download streams into a temp file beside its destination, hashed
+the upload fails. A download streams into a temp file beside its destination (one
+plain HTTP GET of a presigned URL where the filesystem signs one, else fsspec's reads), hashed
 on the way, and is renamed into place only when size and hash match, so a damaged or
 replaced object never reaches a reader.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import urllib.request
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
@@ -30,6 +32,8 @@ from hs_dataset.remote.location import RemoteLocation, storage_errors
 __all__ = ["CHUNK_BYTES", "Expected", "upload_file", "put_bytes", "download_file"]
 
 CHUNK_BYTES = 8 * 1024 * 1024
+_SIGNED_URL_S = 3600  # a presigned download URL's life: one shard's download
+_HTTP_TIMEOUT_S = 120  # no byte for this long: the download fails (and is retried by the next read)
 
 
 class Expected:
@@ -107,29 +111,65 @@ def put_bytes(loc: RemoteLocation, name: str, data: bytes) -> None:
     _write_object(loc, name, [data], Expected(len(data)))
 
 
-def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected, *, temp: Path | None = None) -> None:
+def _signed_url(loc: RemoteLocation, key: str) -> str | None:
+    """A presigned http(s) URL for ``key`` where the filesystem gives one (fsspec's ``sign``: s3fs, gcsfs), else None.
+
+    Why: one plain HTTP GET of it streams several times faster than the async client's
+    reads (on the test VM 400-540 vs 150-210 MB/s from the same server), and the
+    download is CPU-bound on a busy node.
+    """
+    try:
+        url = loc.fs.sign(key, expiration=_SIGNED_URL_S)
+    except Exception:  # noqa: BLE001 -- NotImplementedError, or a backend that cannot sign here: read through fsspec
+        return None
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def _object_chunks(loc: RemoteLocation, name: str) -> Iterator[memoryview | bytes]:
+    """The object's bytes in order (a reused buffer: use each chunk before asking for the next)."""
+    key = loc.key(name)
+    url = _signed_url(loc, key)
+    if url is None:
+        with loc.fs.open(key, "rb", block_size=CHUNK_BYTES, cache_type="none") as src:
+            while chunk := src.read(CHUNK_BYTES):
+                yield chunk
+        return
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
+        while n := response.readinto(buf):
+            yield view[:n]
+
+
+def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected, *, temp: Path | None = None, durable: bool = True) -> None:
     """Download ``loc/name`` to ``dest`` (atomically), refusing bytes that are not ``expected``.
 
     ``temp`` is a file already created (and sized) for the download; the cache reserves
-    its room that way before the bytes arrive.
+    its room that way before the bytes arrive. ``durable=False`` skips the fsyncs: the
+    cache re-hashes a file that a crash of the machine could have cut (see cache.py), and
+    waiting for the disk would cap downloads at its write speed.
     """
     temp = temp or temp_path_for(dest)
     hasher = new_hasher(expected.algorithm) if expected.algorithm else None
     got = 0
     where = f"{loc.url}/{name}"
     try:
-        with storage_errors(where), loc.fs.open(loc.key(name), "rb", block_size=CHUNK_BYTES, cache_type="none") as src, open(temp, "r+b" if temp.exists() else "wb") as out:
-            while chunk := src.read(CHUNK_BYTES):
+        with storage_errors(where), open(temp, "r+b" if temp.exists() else "wb") as out:
+            for chunk in _object_chunks(loc, name):
                 if hasher is not None:
                     hasher.update(chunk)
                 out.write(chunk)
                 got += len(chunk)
             out.truncate(got)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         expected.check(got, hasher.hexdigest() if hasher else None, where,
                        "the object is damaged or was replaced: upload it again from the rank's staging directory, or rebuild that part")
     except BaseException:
         remove_quietly(temp)
         raise
-    publish(temp, dest)
+    if durable:
+        publish(temp, dest)
+    else:
+        os.replace(temp, dest)
