@@ -27,7 +27,7 @@ MAX_NAME_DEPTH = 8  # components ("part-00001/shard-000000.safetensors" has 2)
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
 # ``s3://b/x`` and what ``Path("s3://b/x")`` makes of it (``s3:/b/x``); two letters at least, so ``C:/`` is no URL
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/")
-URL_HINT = "fsspec URLs are read by hs_dataset.open_dataset and hs-dataset verify, written by hs-dataset build --out (docs/REMOTE.md)"
+URL_HINT = "fsspec URLs are read by hs_dataset.open_dataset and hs-dataset verify / merge, written by hs-dataset build --out (docs/REMOTE.md)"
 _FIX = "a dataset may only name plain files inside its own directory; restore the original manifest entry (or file)"
 
 
