@@ -61,6 +61,7 @@ class RemoteLocation:
     def size(self, name: str) -> int | None:
         """The stored size of ``name``, None when absent."""
         with storage_errors(self.url):
+            self.fs.invalidate_cache(self.key(name))  # a listing cached earlier must not hide a newer upload
             try:
                 return int(self.fs.info(self.key(name))["size"])
             except FileNotFoundError:
@@ -70,9 +71,8 @@ class RemoteLocation:
         """The whole of a small member (a manifest, a norm weight), at most ``limit`` bytes; None when absent."""
         with storage_errors(self.url):
             self.fs.invalidate_cache(self.root)
-            try:
-                with self.fs.open(self.key(name), "rb") as f:
-                    data = f.read(limit + 1)
+            try:  # one (ranged) GET: an object being replaced is read whole, old or new, never refused mid-read
+                data = self.fs.cat_file(self.key(name), start=0, end=limit + 1)
             except FileNotFoundError:
                 return None
         if len(data) > limit:
