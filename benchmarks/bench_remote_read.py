@@ -13,14 +13,17 @@ copied into the packed batch):
           The cache lies on the working directory's disk unless --cache-dir says
           otherwise: every byte read remotely is also written there once.
 
-Prints the two rates, the cache's peak on disk against its bound, and last
-``remote_vs_local=X.XX`` (state bytes per second, remote / local).
+The two passes alternate --repeat times (each remote pass from an empty cache, each local
+pass with the pages dropped again). Prints every pass, the medians, the cache's peak on
+disk against its bound, and last ``remote_vs_local=X.XX`` (median state bytes per
+second, remote / local).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import shutil
 import sys
 import tempfile
@@ -95,6 +98,7 @@ def main() -> None:
     parser.add_argument("--cache-shards", type=int, default=5, help="cache bound, in shards")
     parser.add_argument("--prefetch", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=8192, help="tokens per packed batch")
+    parser.add_argument("--repeat", type=int, default=3, help="local and remote passes, alternated; medians are compared")
     parser.add_argument("--dir", default=None, help="working directory (default: a temp dir on the disk of the current one)")
     parser.add_argument("--cache-dir", default=None, help="the remote read's cache (default: in the working directory, on the same disk)")
     args = parser.parse_args()
@@ -117,18 +121,25 @@ def main() -> None:
         print(f"{len(shards)} shards, {sum(r.bytes for r in shards) / 2**20:.0f} MiB in {work}, cache in {cache}; upload {upload_s:.1f} s; "
               f"cores {os.cpu_count()}; moto at {endpoint}")
 
-        dropped = drop_pages(local)
-        local_s, local_bytes, _ = consume(hs_dataset.open_dataset(local), args.max_tokens, None)
         bound = args.cache_shards * (largest + 4096) + 65536
-        remote = hs_dataset.open_dataset("s3://bench/ds", cache_dir=cache, max_cache_bytes=bound, prefetch_shards=args.prefetch)
-        remote_s, remote_bytes, peak = consume(remote, args.max_tokens, cache)
-        remote.close()
-        assert remote_bytes == local_bytes, (remote_bytes, local_bytes)
-        local_rate, remote_rate = local_bytes / local_s / 2**20, remote_bytes / remote_s / 2**20
+        local_rates, remote_rates, peaks, dropped = [], [], [], True
+        for rep in range(args.repeat):  # alternated, so both sides see the same load on a shared machine
+            dropped = drop_pages(local) and dropped
+            local_s, local_bytes, _ = consume(hs_dataset.open_dataset(local), args.max_tokens, None)
+            shutil.rmtree(cache, ignore_errors=True)  # every remote pass starts from an empty cache
+            remote = hs_dataset.open_dataset("s3://bench/ds", cache_dir=cache, max_cache_bytes=bound, prefetch_shards=args.prefetch)
+            remote_s, remote_bytes, peak = consume(remote, args.max_tokens, cache)
+            remote.close()
+            assert remote_bytes == local_bytes, (remote_bytes, local_bytes)
+            local_rates.append(local_bytes / local_s / 2**20)
+            remote_rates.append(remote_bytes / remote_s / 2**20)
+            peaks.append(peak)
+            print(f"  pass {rep + 1}: local {local_rates[-1]:.0f} MiB/s, s3 via cache {remote_rates[-1]:.0f} MiB/s, cache peak {peak}")
+        local_rate, remote_rate = statistics.median(local_rates), statistics.median(remote_rates)
         print(f"local disk{' (pages dropped)' if dropped else ' (page cache NOT dropped)'}: {local_rate:.0f} MiB/s of states "
-              f"into the training view ({local_s:.2f} s)")
-        print(f"s3 via cache: {remote_rate:.0f} MiB/s ({remote_s:.2f} s); cache peak {peak} bytes on disk, bound {bound} "
-              f"({'held' if peak <= bound else 'EXCEEDED'}); prefetch {args.prefetch}")
+              f"into the training view (median of {args.repeat})")
+        print(f"s3 via cache: {remote_rate:.0f} MiB/s (median of {args.repeat}); cache peak {max(peaks)} bytes on disk, bound {bound} "
+              f"({'held' if max(peaks) <= bound else 'EXCEEDED'}); prefetch {args.prefetch}")
         print(f"remote_vs_local={remote_rate / local_rate:.2f}")
     finally:
         proc.terminate()
