@@ -104,6 +104,8 @@ def test_a_replaced_object_is_refused_on_download_and_by_verify(uploaded, tmp_pa
     assert not remote.cache.path_for(record).exists()
     assert cli_main(["verify", url]) == 1
     assert "blake3" in capsys.readouterr().err
+    assert cli_main(["verify", f"{url}-nothing"]) == 2  # no dataset there: an error, not a finding
+    assert "no manifest.json; this is not an hs_dataset dataset" in capsys.readouterr().err
 
 
 def test_training_view_pickles_and_the_bound_is_checked_up_front(uploaded, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -94,3 +95,36 @@ def test_a_damaged_object_never_reaches_the_cache(remote, tmp_path):
     with pytest.raises(IntegrityError, match="blake3 .* != recorded"):
         cache.fetch(loc, record)
     assert os.listdir(cache.directory) == [".lock"]
+
+
+def test_build_to_remote_uploads_while_the_build_runs_and_resumes_a_lost_stage(tmp_path):
+    import time
+
+    from hs_dataset.config.remote import RemoteOptions
+    from hs_dataset.remote.destination import build_to_remote
+
+    url = f"file://{tmp_path}/bucket/part"
+    options = RemoteOptions(cache_dir=tmp_path / "cache", stage_dir=tmp_path / "stage", upload_interval_s=0.1)
+    seen_during: list[int] = []
+
+    def build(stage):
+        with ShardWriter(stage, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=1 << 20) as writer:
+            for i in range(6):
+                writer.add(make_sample(f"s{i}", 20))
+                if i % 2 == 1:
+                    writer.flush()
+                    time.sleep(0.5)
+                    manifest = open_location(url).manifest()
+                    seen_during.append(0 if manifest is None else manifest.num_samples)
+        return "built"
+
+    assert build_to_remote(url, options, build) == "built"
+    assert seen_during[-1] >= 2 and seen_during == sorted(seen_during)  # published while the build ran, only growing
+    assert open_location(url).require_manifest().num_samples == 6
+    shutil.rmtree(tmp_path / "stage")  # requeued elsewhere: the stage is seeded from the store before the build
+
+    def resumed(stage):
+        with ShardWriter(stage, make_metadata()) as writer:
+            return writer.stored_ids
+
+    assert build_to_remote(url, options, resumed) == {f"s{i}" for i in range(6)}
