@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q "$(TORCH_PIN)"
-	$(VPY) -m pip install -q -c constraints.txt -e ".[test,plots,kimi]"
+	$(VPY) -m pip install -q -c constraints.txt -e ".[test,plots,kimi,remote]"
 	touch $@
 
 install: $(VENV)/.installed

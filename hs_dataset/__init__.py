@@ -1,6 +1,7 @@
 """hs_dataset: EAGLE-3 drafter training data from a served LLM's hidden states.
 
-Reading: ``hs_dataset.open_dataset(path)``. Online from a live SGLang server into
+Reading: ``hs_dataset.open_dataset(path)`` (a directory, or an fsspec URL such as
+``s3://bucket/ds`` read through a bounded local cache: docs/REMOTE.md). Online from a live SGLang server into
 training, with a bounded cache: ``hs_dataset.stream(card, source, server=URL, cache_dir=DIR,
 max_cache_bytes=N)``. Building: ``hs-dataset build``, ``hs_dataset.build_dataset(hs_dataset.load_card(NAME), DIR)``,
 ``datasets.load_dataset("hs_dataset", config=...)`` (the name is taught to
@@ -21,7 +22,7 @@ from hs_dataset.version import __version__
 __all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "load_card", "build_dataset", "push_to_hub", "stream"]
 
 _LAZY = {
-    "open_dataset": "hs_dataset.formats.reader",
+    "open_dataset": "hs_dataset.remote.dataset",
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
     "load_card": "hs_dataset.config",

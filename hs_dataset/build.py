@@ -19,6 +19,9 @@ from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureResul
 from hs_dataset.config import Card
 from hs_dataset.config.run import BuildOptions, parse_options
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.paths import check_local_path
+from hs_dataset.remote.destination import build_to_remote
+from hs_dataset.remote.location import is_url
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.run_report import RunReport, save_run_report
@@ -34,15 +37,23 @@ READ_AHEAD_WINDOWS = 2  # capture windows tokenized ahead of the backend
 def build_dataset(card: Card | str | os.PathLike, out_dir: str | os.PathLike, *, backend: CaptureBackend | None = None, **options: Any) -> RunReport:
     """Capture ``card``'s data into ``out_dir`` (created or resumed). Returns the run report.
 
+    ``out_dir`` may be an fsspec URL (``s3://bucket/prefix``): the build then writes a
+    local staging directory and uploads its shards, manifest last (docs/REMOTE.md).
+
     ``card``: a :class:`Card`, a shipped card name or a ``.yaml`` path. ``options``:
     :class:`~hs_dataset.config.run.BuildOptions` (num_samples, source, batch_size,
     model_path, device, servers, shard_bytes, storage, rank, world_size, strict,
-    progress, writer_threads); an unknown one is refused by name. ``backend``: an
+    progress, writer_threads, remote); an unknown one is refused by name. ``backend``: an
     already built capture backend; the build then does not close it.
     """
     opts = parse_options(BuildOptions, "build_dataset()", options)
     started = time.perf_counter()
-    out_dir = Path(out_dir)
+    if is_url(out_dir):
+        return build_to_remote(os.fspath(out_dir), opts.remote, lambda stage: _build_dataset(card, stage, opts, backend, started))
+    return _build_dataset(card, check_local_path(out_dir, what="output directory"), opts, backend, started)
+
+
+def _build_dataset(card: Card | str | os.PathLike, out_dir: Path, opts: BuildOptions, backend: CaptureBackend | None, started: float) -> RunReport:
     with CaptureSession(as_card(card), opts, backend=backend) as session:
         regen = _open_regeneration(session, out_dir, opts) if session.card.regenerate.enabled else None
         try:

@@ -20,6 +20,7 @@ __all__ = [
     "UsageError",
     "HubError",
     "ReadOnlyError",
+    "RemoteError",
 ]
 
 
@@ -89,3 +90,7 @@ class HubError(HsDatasetError, ConnectionError):
 
 class ReadOnlyError(HsDatasetError, PermissionError):
     """A command that writes met a read-only file system or a directory it may not write to."""
+
+
+class RemoteError(HsDatasetError, OSError):
+    """Object storage (an fsspec URL) refused or failed a request: the bucket, the endpoint or the credentials."""

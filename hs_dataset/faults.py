@@ -21,6 +21,8 @@ CRASH_POINTS = (
     "regenerate.after_chunk",  # a window of regenerated conversations is stored, not yet captured
     "export.mid_file",  # an export file is half written
     "push.before_commit",  # a batch of shards is uploaded to the Hub's storage, its commit not made
+    "remote.mid_upload",  # half of a file's bytes are sent to object storage, the upload not complete
+    "remote.before_manifest",  # a rank's shards are uploaded, its manifest not yet
 )
 
 _spec = os.environ.get("HS_DATASET_CRASH_AT", "")

@@ -154,7 +154,7 @@ class Eagle3Dataset(torch.utils.data.Dataset):
         if self._lengths is None:
             out: list[int] = []
             for shard_index in range(len(self.data.manifest.shards)):
-                offsets = self.data.shard(shard_index).offsets
+                offsets = self.data.shard_offsets(shard_index)
                 out.extend(int(n) - 1 for n in (offsets[1:] - offsets[:-1]).tolist())
             self._lengths = out
         return self._lengths

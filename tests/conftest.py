@@ -19,4 +19,5 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.sglang_server",
     "tests.fixtures.tally",
+    "tests.fixtures.s3_server",
 ]

@@ -17,6 +17,7 @@ EXAMPLES = """
   hs-dataset build --config kimi-k25-sglang --model-path /models/Kimi-K2.5 \\
       --source chats.jsonl --out /data/kimi --server http://127.0.0.1:30000
   hs-dataset build --config tiny-deepseek-hf --out out/tiny --json   # the run report as JSON
+  hs-dataset build --config tiny-deepseek-hf --out s3://bucket/tiny/rank-00000 --rank 0 --world-size 2   # staged, then uploaded
   hs-dataset build --model /models/my-model --out out/mine           # no card: derived from the model
   hs-dataset build --model moonshotai/Kimi-K2.5 --trust-remote-code --server http://127.0.0.1:30000 --out out/kimi
 """
@@ -25,7 +26,8 @@ EXAMPLES = """
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_card_arguments(parser)
     add_override_arguments(parser)
-    parser.add_argument("--out", required=True, help="dataset directory; an existing one is resumed")
+    parser.add_argument("--out", required=True, help="dataset directory, or an fsspec URL (s3://bucket/prefix, docs/REMOTE.md); an existing one is resumed")
+    parser.add_argument("--stage-dir", default=None, help="--out URL: the local directory shards are written to before upload (default: $HS_DATASET_STAGE_DIR, else one per URL)")
     parser.add_argument("--num-samples", type=int, default=None, help="capture only the first N samples of the source")
     parser.add_argument(
         "--source", default=None,
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         world_size=world,
         strict=args.strict,
         progress=not args.no_progress and sys.stderr.isatty(),
+        remote={"stage_dir": args.stage_dir} if args.stage_dir else {},
     )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.paths import check_local_path
+
+    check_local_path(args.dest, what="export destination")
     if args.target == "speculators":
         from hs_dataset.interop.speculators.export import export_speculators
 

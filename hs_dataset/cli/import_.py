@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.paths import check_local_path
+
+    check_local_path(args.src, what="import source")
+    check_local_path(args.dest, what="import destination")
     from hs_dataset.interop.importing import ImportSettings
 
     settings = ImportSettings(

@@ -24,11 +24,12 @@ EXAMPLES = """
   hs-dataset verify out/tiny
   hs-dataset verify out/tiny --no-hashes --no-values   # structure only, seconds on any size
   hs-dataset verify out/tiny --json
+  hs-dataset verify s3://bucket/kimi          # through the bounded cache (HS_DATASET_CACHE_DIR, HS_DATASET_CACHE_BYTES)
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="dataset directory (holds manifest.json)")
+    parser.add_argument("path", help="dataset directory (holds manifest.json), or an fsspec URL (s3://bucket/prefix, docs/REMOTE.md)")
     parser.add_argument("--no-hashes", action="store_true", help="skip the shard hash checks (BLAKE3, or sha256 for format-1 shards): a fast structural check only")
     parser.add_argument("--no-values", action="store_true", help="skip the NaN/inf scan of every state")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -48,10 +49,16 @@ def _require_dataset_dir(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.paths import check_local_path
     from hs_dataset.formats.verify import verify_dataset
+    from hs_dataset.remote.location import is_url
+    from hs_dataset.remote.verify import verify_remote
 
-    _require_dataset_dir(Path(args.path))
-    result = verify_dataset(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
+    if is_url(args.path):  # downloads check every hash, --no-hashes or not
+        result = verify_remote(args.path, check_values=not args.no_values)
+    else:
+        _require_dataset_dir(check_local_path(args.path, what="dataset"))
+        result = verify_dataset(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
     if args.json:
         print(json.dumps({"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}))
     elif result.ok:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hs_dataset.config.card import Card
+from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.config.sections import MAX_SHARD_BYTES, StorageName
 from hs_dataset.errors import UsageError
 
@@ -76,6 +77,7 @@ class BuildOptions(RunOptions):
     strict: bool = Field(False, description="Stop at the first malformed source row instead of reporting it.")
     progress: bool = Field(False, description="Show a progress bar.")
     writer_threads: int = Field(2, description="Background threads that write shards.")
+    remote: RemoteOptions = Field(default_factory=RemoteOptions, description="An output URL: where it is staged, how often uploaded.")
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> "BuildOptions":

@@ -19,7 +19,7 @@ from typing import Any
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
-from hs_dataset.formats.paths import check_member_name, open_member
+from hs_dataset.formats.paths import check_local_path, check_member_name, open_member
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY
 
 __all__ = [
@@ -235,7 +235,7 @@ class Manifest:
 
     @classmethod
     def load(cls, root: Path) -> "Manifest":
-        path = Path(root) / MANIFEST_NAME
+        path = check_local_path(root, what="dataset") / MANIFEST_NAME
         try:
             raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
         except FileNotFoundError:

@@ -25,7 +25,7 @@ from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
-from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader
 
 _PART_RE = re.compile(r"^part-\d{5}/")
@@ -34,7 +34,7 @@ _RUN_REPORT = "run_report.json"
 _PER_PART_KEYS = ("file", "files")
 _PER_PART_GENERATOR_KEYS = ("servers", "served_model")
 
-__all__ = ["merge_datasets"]
+__all__ = ["merge_datasets", "check_compatible"]
 
 
 def _publish_link(src: Path, dst: Path, *, link: bool = True) -> None:
@@ -79,7 +79,7 @@ def _load_parts(parts: list[str | os.PathLike]) -> list[tuple[Path, Manifest]]:
     return loaded
 
 
-def _check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
+def check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
     """Parts must be one dataset stored one way: identity, tensor encodings and final norm all equal."""
     first_path, first = loaded[0]
     for path, manifest in loaded[1:]:
@@ -158,9 +158,9 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
     """
     if not parts:
         raise ValueError("merge needs at least one part")
-    out = Path(out)
+    out = check_local_path(out, what="merge output")
     loaded = _load_parts(parts)
-    _check_compatible(loaded)
+    check_compatible(loaded)
     _check_apart(out, loaded)
     out.mkdir(parents=True, exist_ok=True)
     lock = acquire_dir_lock(out)

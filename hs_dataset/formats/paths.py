@@ -17,15 +17,38 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from hs_dataset.errors import FormatError, UnsafePathError
+from hs_dataset.errors import FormatError, UnsafePathError, UsageError
 
-__all__ = ["MAX_NAME_CHARS", "MAX_NAME_DEPTH", "check_member_name", "resolve_member", "open_regular", "open_member"]
+__all__ = ["MAX_NAME_CHARS", "MAX_NAME_DEPTH", "url_scheme", "check_local_path", "check_member_name", "resolve_member", "open_regular", "open_member"]
 
 MAX_NAME_CHARS = 1024  # a whole relative name
 MAX_NAME_DEPTH = 8  # components ("part-00001/shard-000000.safetensors" has 2)
 # One component: starts with a letter, digit or '_' (no hidden files, no '-option'), 255 chars at most.
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
+# ``s3://b/x`` and what ``Path("s3://b/x")`` makes of it (``s3:/b/x``); two letters at least, so ``C:/`` is no URL
+_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/")
+URL_HINT = "fsspec URLs are read by hs_dataset.open_dataset and hs-dataset verify / merge, written by hs-dataset build --out (docs/REMOTE.md)"
 _FIX = "a dataset may only name plain files inside its own directory; restore the original manifest entry (or file)"
+
+
+def url_scheme(path: object) -> str | None:
+    """The scheme of a URL (``s3`` for ``s3://bucket/ds``), None for a local path.
+
+    Also spots a URL that went through ``Path`` (which folds ``//`` into ``/``), so a URL
+    never becomes a local directory named ``s3:``.
+    """
+    match = _URL_RE.match(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    return match.group(1).lower() if match else None
+
+
+def check_local_path(path: str | os.PathLike, *, what: str) -> Path:
+    """``path`` as a local Path; a URL is refused in one line (it would become a directory named ``s3:``)."""
+    scheme = url_scheme(path)
+    if scheme is not None:
+        raise UsageError(
+            f"{os.fspath(path)}: {what} is a {scheme}:// URL, but this takes a local directory; {URL_HINT}"
+        )
+    return Path(path)
 
 
 def check_member_name(name: object, *, what: str, where: str) -> str:

@@ -251,10 +251,11 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
     shards it touches on first use.
     """
 
-    def __init__(self, root: str | os.PathLike, *, verify_hashes: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike, *, verify_hashes: bool = False, manifest: Manifest | None = None) -> None:
+        """``manifest``: one already loaded (a remote dataset's); ``root`` then holds only the files it names besides shards."""
         self.root = Path(root)
         self.verify_hashes = verify_hashes
-        self.manifest = Manifest.load(self.root)
+        self.manifest = manifest if manifest is not None else Manifest.load(self.root)
         check_tensor_table(self.manifest.tensors, str(self.root / MANIFEST_NAME))  # before any read
         self._cumulative = [0]
         for record in self.manifest.shards:
@@ -278,11 +279,18 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
             with self._open_lock:
                 reader = self._readers.get(index)
                 if reader is None:
-                    record = self.manifest.shards[index]
-                    path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
-                    reader = ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
+                    reader = self._open_shard(index, self.manifest.shards[index])
                     self._readers[index] = reader
         return reader
+
+    def _open_shard(self, index: int, record: ShardRecord) -> ShardReader:
+        """Where a shard's bytes come from: the dataset directory here, a bounded cache for a remote dataset."""
+        path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
+        return ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
+
+    def shard_offsets(self, index: int) -> torch.Tensor:
+        """Shard ``index``'s ``sample_offsets`` (lengths for a packing sampler; a remote dataset reads only these bytes)."""
+        return self.shard(index).offsets
 
     def locate(self, index: int) -> tuple[int, int]:
         """Map a global sample index to (shard index, index within the shard)."""

@@ -27,12 +27,12 @@ from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 
-__all__ = ["VerifyResult", "verify_dataset"]
+__all__ = ["VerifyResult", "verify_dataset", "check_finite"]
 
 _STATE_CHUNK_TOKENS = 4096
 _RUN_REPORT = "run_report.json"  # written by the pipeline beside the regenerated file (merge keeps them together)
@@ -57,7 +57,7 @@ class VerifyResult:
 
 def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_values: bool = True, max_problems: int = 20) -> VerifyResult:
     """Run every check; collects up to ``max_problems`` problems instead of stopping at the first."""
-    root = Path(root)
+    root = check_local_path(root, what="dataset")
     result = VerifyResult()
     try:
         manifest = Manifest.load(root)
@@ -104,10 +104,11 @@ def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], c
             raise IntegrityError(f"{path}: sample {sid!r} is also stored in {seen[sid]} (duplicate sample id)")
         seen[sid] = path.name
     if check_values:
-        _check_finite(reader, path)
+        check_finite(reader, path)
 
 
-def _check_finite(reader: ShardReader, path: Path) -> None:
+def check_finite(reader: ShardReader, path: Path) -> None:
+    """No NaN/inf in any state of the shard (remote verify runs it on each downloaded shard too)."""
     from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
 
     for key in (AUX_KEY, FINAL_KEY):

@@ -32,6 +32,7 @@ from hs_dataset.formats.atomic import remove_quietly
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.encoding import Encoding, get_encoding, state_encoding_for
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
+from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
@@ -75,7 +76,7 @@ class ShardWriter:
         created_by: str | None = None,
     ) -> None:
         _check_options(metadata, shard_bytes, nonfinite, writer_threads, shard_prefix)
-        self.root = Path(root)
+        self.root = check_local_path(root, what="output directory")
         self.metadata = dict(metadata)
         dtype = state_dtype(self.metadata["dtype"])
         encoding = get_encoding(state_encoding_for(dtype, storage))

@@ -41,10 +41,8 @@ from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
 
+from tests.fixtures.forkserver_client import ForkServer
 from tests.fixtures.paths import REPO
-from tests.fixtures.paths import FIXTURES
-
-FORKSERVER = FIXTURES / "faults_forkserver.py"
 SOAK = os.environ.get("HS_DATASET_SOAK", "") not in ("", "0")
 COPIES = 6 if SOAK else 2  # the 42 bundled conversations, repeated under distinct ids: 84 samples (252 in soak mode)
 SHARD_BYTES = 150_000  # ~1 sample per shard: many shard and manifest events per child
@@ -93,54 +91,6 @@ def _soak_chain(seed: int, length: int = 80) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- helpers
-class ForkServer:
-    """Client of tests/_faults_forkserver.py."""
-
-    def __init__(self, env: dict, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self._stderr = open(log_dir / "forkserver.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(FORKSERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, stderr=self._stderr,
-        )
-        hello = self._read()
-        assert hello.get("ready"), hello
-        self.warmup_s = hello["warmup_s"]
-        self.runs = 0
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"fork server died; log:\n{(self.log_dir / 'forkserver.log').read_text()[-4000:]}")
-        return json.loads(line)
-
-    def run(
-        self, argv: list[str], *, crash: str | None = None, kill_after_progress: dict | None = None,
-        kill_after_call: str | None = None, timeout_s: float = 300,
-    ) -> dict:
-        self.runs += 1
-        log = self.log_dir / f"child-{self.runs:03d}.log"
-        request = {
-            "argv": argv, "crash": crash, "log": str(log), "kill_after_progress": kill_after_progress,
-            "kill_after_call": kill_after_call, "timeout_s": timeout_s,
-        }
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        result = self._read()
-        result["log"] = str(log)
-        assert result["killed_by"] != "timeout", f"child hung; log:\n{log.read_text()[-4000:]}"
-        assert result["returncode"] in (0, -9), f"child failed ({result}); log:\n{log.read_text()[-4000:]}"
-        return result
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
-        self._stderr.close()
-
-
 @pytest.fixture(scope="module")
 def forkserver(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -311,8 +261,10 @@ def test_build_crash_points_are_all_known():
     named = {c.split(":")[0] for c in CHAIN if c != "random"}
     assert named <= set(CRASH_POINTS)
     assert set(BUILD_POINTS) <= named
-    # export chains below; push in test_hub.py; regeneration in test_regenerate.py
-    assert set(CRASH_POINTS) - set(BUILD_POINTS) == {"export.mid_file", "push.before_commit", "regenerate.after_chunk"}
+    # export chains below; push in test_hub.py; regeneration in test_regenerate.py; uploads in test_remote_build.py
+    assert set(CRASH_POINTS) - set(BUILD_POINTS) == {
+        "export.mid_file", "push.before_commit", "regenerate.after_chunk", "remote.mid_upload", "remote.before_manifest",
+    }
 
 
 def test_kill_while_creating_the_first_manifest_then_resume(forkserver, source, tmp_path):

@@ -1,0 +1,150 @@
+"""``open_dataset`` for a local directory or a URL: a remote dataset reads through the bounded local cache.
+
+:class:`RemoteDataset` is the reader's :class:`~hs_dataset.formats.reader.HiddenStateDataset`
+over a manifest read from the store, whose shards come from the
+:class:`~hs_dataset.remote.cache.ShardCache` (hash-checked on download, evicted least
+recently used) with the next ones prefetched. It keeps only a few shards open (each
+holds a shared lock that keeps the cache from evicting it), so a sequential read of a
+dataset larger than the disk stays within the bound. It pickles as its URL and options,
+so DataLoader workers open their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from hs_dataset.config.remote import RemoteOptions
+from hs_dataset.config.run import parse_options
+from hs_dataset.errors import UsageError
+from hs_dataset.formats.manifest import ShardRecord
+from hs_dataset.formats.paths import resolve_member
+from hs_dataset.formats.reader import HiddenStateDataset, ShardReader
+from hs_dataset.formats.reader import open_dataset as open_local_dataset
+from hs_dataset.remote.cache import ShardCache
+from hs_dataset.remote.location import is_url, open_location
+from hs_dataset.remote.prefetch import Prefetcher
+from hs_dataset.remote.header import read_offsets
+from hs_dataset.remote.transfer import Expected, download_file
+
+__all__ = ["RemoteDataset", "open_dataset", "OPEN_SHARDS"]
+
+OPEN_SHARDS = 2  # shards a reader keeps open (the one being read and the one before, for a reader at a boundary)
+_MAX_SIDE_FILE_BYTES = 64 * 1024 * 1024
+
+
+class RemoteDataset(HiddenStateDataset):
+    """A dataset in object storage, read through a bounded local cache (see the module docstring)."""
+
+    def __init__(self, url: str, *, verify_hashes: bool = False, options: RemoteOptions | None = None) -> None:
+        self.url = url
+        self.options = options or RemoteOptions()
+        self.location = open_location(url, self.options.storage_options)
+        manifest = self.location.require_manifest()
+        self.cache = ShardCache(self.options.cache_dir, self.options.max_cache_bytes)
+        side = self.options.cache_dir / "meta" / manifest.dataset_id  # the small files the manifest names besides shards
+        super().__init__(side, verify_hashes=verify_hashes, manifest=manifest)
+        _check_bound(self.url, manifest.shards, self.options)
+        self._prefetch = Prefetcher(self.cache, self.location, manifest.shards, self.options.prefetch_shards)
+        self._pins: OrderedDict[int, int] = OrderedDict()
+        self._offsets: dict[int, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "verify_hashes": self.verify_hashes, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], verify_hashes=state["verify_hashes"], options=state["options"])
+
+    def _open_shard(self, index: int, record: ShardRecord) -> ShardReader:
+        """The cached copy, pinned while open; the least recently opened beyond OPEN_SHARDS is let go."""
+        while True:
+            path = self._prefetch.get(index)
+            try:
+                fd = self.cache.open_pinned(path)
+            except FileNotFoundError:
+                continue  # evicted by another process between the fetch and the pin: fetch again
+            if os.fstat(fd).st_nlink > 0:
+                break
+            os.close(fd)
+        try:
+            reader = ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._pins[index] = fd
+        while len(self._pins) > OPEN_SHARDS:
+            old, old_fd = self._pins.popitem(last=False)
+            self._readers.pop(old, None)  # its views stay valid (the mapping keeps the file) until dropped
+            os.close(old_fd)
+        self._prefetch.ahead(index)  # after the old pins went: the room for what comes next is theirs, not the next shard's
+        return reader
+
+    def shard_offsets(self, index: int) -> torch.Tensor:
+        """Read from the store with two ranged reads (header, then the offsets), not by downloading the shard."""
+        offsets = self._offsets.get(index)
+        if offsets is None:
+            offsets = read_offsets(self.location, self.manifest.shards[index])
+            self._offsets[index] = offsets
+        return offsets
+
+    def final_norm(self) -> tuple[torch.Tensor, float]:
+        info = self.manifest.metadata.get("final_norm") or {}
+        if "weight_file" in info:
+            self._fetch_side_file(str(info["weight_file"]))
+        return super().final_norm()
+
+    def _fetch_side_file(self, name: str) -> None:
+        """Download a small member the manifest names (the norm weight) beside nothing else in the meta directory."""
+        dest = resolve_member(self.root, name, what="metadata.final_norm.weight_file")
+        if dest.is_file():
+            return
+        size = self.location.size(name)
+        if size is None:
+            raise FileNotFoundError(f"{self.url}/{name}: the final-norm weight the manifest names is missing from the store")
+        if size > _MAX_SIDE_FILE_BYTES:
+            raise UsageError(f"{self.url}/{name}: {size} bytes is no norm weight (replaced object?)")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        download_file(self.location, name, dest, Expected(size))  # its sha256 is checked by load_norm_weight
+
+    def close(self) -> None:
+        """Stop prefetching and let go of every open shard (the dataset can be read again after)."""
+        self._prefetch.close()
+        self._readers.clear()
+        while self._pins:
+            os.close(self._pins.popitem()[1])
+
+    def __del__(self, _close=os.close) -> None:  # os may be gone at interpreter exit: keep a reference
+        for fd in getattr(self, "_pins", {}).values():
+            try:
+                _close(fd)
+            except OSError:
+                pass
+
+
+def _check_bound(url: str, shards: list[ShardRecord], options: RemoteOptions) -> None:
+    """The bound must hold the shards a reader keeps open plus those prefetched; say the least that works."""
+    largest = max((record.bytes for record in shards), default=0)
+    need = (OPEN_SHARDS + options.prefetch_shards) * largest
+    if need > options.max_cache_bytes:
+        raise UsageError(
+            f"{url}: max_cache_bytes {options.max_cache_bytes} cannot hold {OPEN_SHARDS} open + {options.prefetch_shards} "
+            f"prefetched shards of up to {largest} bytes; give at least {need} (HS_DATASET_CACHE_BYTES) or fewer prefetch_shards"
+        )
+
+
+def open_dataset(path: str | os.PathLike, *, verify_hashes: bool = False, **options: Any) -> HiddenStateDataset:
+    """Open a dataset directory, or a dataset at an fsspec URL (``s3://bucket/prefix``) through the bounded cache.
+
+    ``options`` (URLs only): :class:`~hs_dataset.config.remote.RemoteOptions` (cache_dir,
+    max_cache_bytes, prefetch_shards, storage_options); unknown ones are refused by name.
+    """
+    if not is_url(path):
+        if options:
+            raise UsageError(f"open_dataset({os.fspath(path)!r}): {sorted(options)} apply to URLs only; a local directory is read in place")
+        return open_local_dataset(path, verify_hashes=verify_hashes)
+    return RemoteDataset(os.fspath(path), verify_hashes=verify_hashes, options=parse_options(RemoteOptions, "open_dataset()", options))
+
+

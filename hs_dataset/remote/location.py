@@ -1,0 +1,132 @@
+"""A dataset URL -> the fsspec filesystem and path that hold it, or one line saying why it cannot be used.
+
+Every remote operation starts here, so a scheme fsspec does not know, or whose package
+is not installed, is refused before anything is read or written. Failures of the
+storage library itself (an unreachable endpoint, missing credentials) come out as one
+:class:`~hs_dataset.errors.RemoteError` line naming the URL, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from hs_dataset.errors import FormatError, HsDatasetError, RemoteError, UsageError
+from hs_dataset.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from hs_dataset.formats.paths import check_member_name, url_scheme
+
+__all__ = ["SUPPORTED", "RemoteLocation", "is_url", "open_location", "storage_errors"]
+
+SUPPORTED = "s3:// (s3fs), gs:// (gcsfs), hf:// (huggingface_hub), file:// and any other fsspec URL whose package is installed"
+_EXTRA = "pip install 'hs_dataset[remote]'"
+
+
+def is_url(path: object) -> bool:
+    """True for ``scheme://...`` (and for such a URL folded by ``Path``, which :func:`open_location` then refuses)."""
+    return url_scheme(path) is not None
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Errors of the storage library (botocore, aiohttp, gcsfs, ...) as one RemoteError line naming ``url``."""
+    try:
+        yield
+    except (HsDatasetError, FileNotFoundError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the storage libraries' own error types are many and unrelated
+        kind = type(exc).__name__
+        text = " ".join(str(exc).split())[:300] or kind
+        raise RemoteError(f"{url}: object storage request failed ({kind}: {text}); check the endpoint, bucket and credentials") from exc
+
+
+@dataclass(frozen=True)
+class RemoteLocation:
+    """A directory-like prefix in a filesystem: ``fs`` and ``root`` (fsspec's path, no scheme), and the ``url`` given."""
+
+    fs: Any
+    root: str
+    url: str
+
+    def key(self, name: str) -> str:
+        """The path of member ``name`` (a plain relative name, checked as every dataset member is)."""
+        check_member_name(name, what="member", where=self.url)
+        return f"{self.root}/{name}"
+
+    def child(self, sub: str) -> "RemoteLocation":
+        return RemoteLocation(self.fs, self.key(sub), f"{self.url}/{sub}")
+
+    def size(self, name: str) -> int | None:
+        """The stored size of ``name``, None when absent."""
+        with storage_errors(self.url):
+            self.fs.invalidate_cache(self.key(name))  # a listing cached earlier must not hide a newer upload
+            try:
+                return int(self.fs.info(self.key(name))["size"])
+            except FileNotFoundError:
+                return None
+
+    def read_bytes(self, name: str, limit: int) -> bytes | None:
+        """The whole of a small member (a manifest, a norm weight), at most ``limit`` bytes; None when absent."""
+        with storage_errors(self.url):
+            self.fs.invalidate_cache(self.root)
+            try:  # one (ranged) GET: an object being replaced is read whole, old or new, never refused mid-read
+                data = self.fs.cat_file(self.key(name), start=0, end=limit + 1)
+            except FileNotFoundError:
+                return None
+        if len(data) > limit:
+            raise FormatError(f"{self.url}/{name}: larger than {limit} bytes; not a file hs_dataset writes (replaced or damaged)")
+        return data
+
+    def manifest(self) -> Manifest | None:
+        """The dataset's manifest, parsed and checked as a local one is; None when there is none."""
+        data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+        if data is None:
+            return None
+        where = f"{self.url}/{MANIFEST_NAME}"
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise FormatError(f"{where}: not valid JSON ({type(exc).__name__}); the object was edited or damaged") from None
+        return Manifest.from_json(raw, where)
+
+    def require_manifest(self) -> Manifest:
+        manifest = self.manifest()
+        if manifest is None:
+            raise FormatError(f"{self.url}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was uploaded yet)")
+        return manifest
+
+
+def open_location(url: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> RemoteLocation:
+    """The filesystem behind ``url``; a scheme that cannot be served here is refused in one line naming it."""
+    text = os.fspath(url)
+    scheme = url_scheme(text)
+    if scheme is None:
+        raise UsageError(f"{text}: not a URL (scheme://...); local directories are opened as they are")
+    if "://" not in text:
+        raise UsageError(f"{text}: a {scheme}:// URL that lost a '/' (a pathlib.Path folds '//'); pass the URL as a string")
+    if "::" in text:
+        raise UsageError(f"{text}: chained fsspec URLs (with '::') are not supported; give one {SUPPORTED} URL")
+    fsspec = _fsspec(text, scheme)
+    if scheme not in fsspec.available_protocols():
+        raise UsageError(f"{text}: {scheme}:// is not a storage scheme fsspec knows; supported: local paths and {SUPPORTED}")
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as exc:
+        raise UsageError(f"{text}: {scheme}:// needs a package that is not installed ({' '.join(str(exc).split())[:200]})") from None
+    with storage_errors(text):
+        fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+    root = root.rstrip("/")
+    if not root or root == fs.root_marker:
+        raise UsageError(f"{text}: give a prefix inside the bucket or directory (e.g. {scheme}://bucket/datasets/name), not its root")
+    return RemoteLocation(fs, root, text.rstrip("/"))
+
+
+def _fsspec(url: str, scheme: str):
+    try:
+        import fsspec
+        import fsspec.core
+    except ImportError:
+        raise UsageError(f"{url}: {scheme}:// URLs need fsspec: {_EXTRA}") from None
+    return fsspec

@@ -1,0 +1,119 @@
+"""``hs-dataset merge URL... URL``: parts in object storage merged by writing one manifest, the last object written.
+
+Parts that lie under the merged prefix (``s3://b/ds/rank-00003`` merged into
+``s3://b/ds``) are not copied at all: the merged manifest names their shards by their
+path below the prefix (``rank-00003/rank00003-shard-000000.safetensors``), with the
+records (sizes, hashes, the part's dataset id) carried over as they are. Parts
+elsewhere in the same store are copied server-side to ``part-NNNNN/``, and each copy's
+size is checked. Until the manifest is written a reader of the prefix sees no dataset,
+after it the whole merge: never half of one. The checks are the local merge's (same
+identity, encodings and final norm; no part twice; no sample id in two parts, read from
+the shard headers with two ranged reads each).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from pathlib import PurePosixPath
+
+from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.merge import check_compatible
+from hs_dataset.remote.header import read_sample_ids
+from hs_dataset.remote.location import RemoteLocation, open_location, storage_errors
+from hs_dataset.remote.transfer import put_bytes
+
+__all__ = ["merge_remote"]
+
+
+def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, storage_options: dict | None = None) -> Manifest:
+    """Write ``out``'s manifest listing every part's shards (copied only when a part is not under ``out``)."""
+    if not parts:
+        raise UsageError("merge needs at least one part")
+    target = open_location(out, storage_options)
+    loaded = _load_parts([open_location(p, storage_options) for p in parts], target)
+    check_compatible([(PurePosixPath(loc.url), manifest) for loc, manifest in loaded])  # type: ignore[misc]
+    if any(manifest.metadata.get("regeneration") is not None for _loc, manifest in loaded):
+        raise UsageError(f"{out}: parts built with --regenerate are merged locally only (hs-dataset merge DIR... DIR); download them first")
+    _check_out(target, loaded)
+    shards: list[ShardRecord] = []
+    quarantine: list[dict[str, str]] = []
+    seen: dict[str, str] = {}
+    for index, (loc, manifest) in enumerate(loaded):
+        prefix = _relative(loc, target) or f"part-{index:05d}"
+        for record in manifest.shards:
+            if check_ids:
+                _claim_ids(loc, record, seen)
+            name = f"{prefix}/{record.file}"
+            if _relative(loc, target) is None:
+                _copy(loc, record.file, target, name, record.bytes)
+            shards.append(replace(record, file=name, dataset_id=record.dataset_id or manifest.dataset_id))
+        quarantine.extend(manifest.quarantine)
+    first_loc, first = loaded[0]
+    _copy_norm(first_loc, first, target)
+    merged = Manifest(
+        dataset_id=uuid.uuid4().hex, metadata=dict(first.metadata), tensors=first.tensors, shards=shards,
+        quarantine=quarantine, created_by=first.created_by, identity=first.identity,
+    )
+    put_bytes(target, MANIFEST_NAME, merged.encode())
+    return merged
+
+
+def _load_parts(locations: list[RemoteLocation], target: RemoteLocation) -> list[tuple[RemoteLocation, Manifest]]:
+    loaded: list[tuple[RemoteLocation, Manifest]] = []
+    for loc in locations:
+        if type(loc.fs) is not type(target.fs):
+            raise UsageError(f"{loc.url}: parts and the merged dataset must be in one store (the output is {target.url})")
+        if loc.root == target.root:
+            raise ForeignDatasetError(f"output {target.url} is the part {loc.url}; merge into the prefix above the parts")
+        manifest = loc.require_manifest()
+        for other, other_manifest in loaded:
+            if other.root == loc.root or other_manifest.dataset_id == manifest.dataset_id:
+                raise IntegrityError(f"{loc.url} and {other.url} are the same part (dataset id {manifest.dataset_id}); give each part once")
+        loaded.append((loc, manifest))
+    return loaded
+
+
+def _relative(loc: RemoteLocation, target: RemoteLocation) -> str | None:
+    """The part's path below the merged prefix (``rank-00003``), None when it is elsewhere."""
+    head = target.root + "/"
+    return loc.root[len(head):] if loc.root.startswith(head) else None
+
+
+def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> None:
+    """``out`` holds no dataset, or a previous merge of these parts (merging again replaces it)."""
+    previous = target.manifest()
+    if previous is None:
+        return
+    ids = {manifest.dataset_id for _loc, manifest in loaded}
+    if previous.identity != loaded[0][1].identity or not all(record.dataset_id in ids for record in previous.shards):
+        raise ForeignDatasetError(f"{target.url} already holds another dataset (not a merge of these parts); merge into a new prefix")
+
+
+def _claim_ids(loc: RemoteLocation, record: ShardRecord, seen: dict[str, str]) -> None:
+    """The shard's sample ids, from its header; one already claimed by another shard is an overlap of parts."""
+    where = f"{loc.url}/{record.file}"
+    for sid in read_sample_ids(loc, record):
+        if sid in seen:
+            raise IntegrityError(f"sample {sid!r} is in both {seen[sid]} and {where}; parts must not overlap")
+        seen[sid] = where
+
+
+def _copy(src: RemoteLocation, name: str, dst: RemoteLocation, dst_name: str, size: int) -> None:
+    """A server-side copy, its size checked (its bytes are those the part's record hashes; verify checks them)."""
+    with storage_errors(f"{src.url}/{name}"):
+        dst.fs.copy(src.key(name), dst.key(dst_name))
+    if dst.size(dst_name) != size:
+        raise IntegrityError(f"{dst.url}/{dst_name}: the copy of {src.url}/{name} is not {size} bytes; merge again")
+
+
+def _copy_norm(loc: RemoteLocation, manifest: Manifest, target: RemoteLocation) -> None:
+    norm = manifest.metadata.get("final_norm") or {}
+    if "weight_file" not in norm:
+        return
+    name = str(norm["weight_file"])
+    size = loc.size(name)
+    if size is None:
+        raise IntegrityError(f"{loc.url}/{name}: the final-norm weight its manifest names is missing; rerun that part's build")
+    _copy(loc, name, target, name, size)

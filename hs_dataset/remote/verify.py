@@ -1,0 +1,98 @@
+"""``hs-dataset verify URL``: the checks of a local verify, on a dataset in object storage, within the cache bound.
+
+Each shard is downloaded, even one the cache holds (the store's bytes are what is
+verified), into a private cache directory of the same bound beside the shared one, removed after (size
+and hash checked on the bytes that arrive, so hashes are always checked here), then opened by the one reader (header,
+dataset id, dtypes, shapes, offsets) and scanned for NaN/inf; sample ids must be unique
+across shards, the final-norm weight must match its sha256, and no shard-named or temp
+object may lie beside the manifest unlisted. Shards are read in order with the next ones
+prefetched, and let go after, so a dataset larger than the local disk is verified too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hs_dataset.config.remote import RemoteOptions
+from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError
+from hs_dataset.formats.atomic import is_temp_name
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
+from hs_dataset.formats.shard_layout import SHARD_NAME_RE
+from hs_dataset.formats.verify import VerifyResult, check_finite
+from hs_dataset.remote.dataset import RemoteDataset
+from hs_dataset.remote.location import RemoteLocation, open_location, storage_errors
+
+__all__ = ["verify_remote"]
+
+
+def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions | None = None, max_problems: int = 20) -> VerifyResult:
+    """Every check (see the module docstring); problems are collected, a URL holding no dataset is an error."""
+    options = options or RemoteOptions()
+    loc = open_location(url, options.storage_options)
+    if loc.size(MANIFEST_NAME) is None:
+        raise FormatError(f"{url}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was uploaded yet)")
+    result = VerifyResult()
+    options.cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=options.cache_dir.parent)  # beside the shared cache
+    try:
+        data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))
+    except HsDatasetError as exc:
+        shutil.rmtree(private, ignore_errors=True)
+        result.problems.append(str(exc))
+        return result
+    try:
+        _check_listing(loc, data.manifest, result)
+        _check_shards(data, check_values, max_problems, result)
+        _check_norm(data, result)
+    finally:
+        data.close()
+        shutil.rmtree(private, ignore_errors=True)
+    return result
+
+
+def _check_shards(data: RemoteDataset, check_values: bool, max_problems: int, result: VerifyResult) -> None:
+    seen: dict[str, str] = {}
+    for index, record in enumerate(data.manifest.shards):
+        if len(result.problems) >= max_problems:
+            break
+        where = f"{data.url}/{record.file}"
+        try:
+            reader = data.shard(index)
+            for sid in reader.sample_ids:
+                if sid in seen:
+                    raise IntegrityError(f"sample {sid!r} is also stored in {seen[sid]} (duplicate sample id)")
+                seen[sid] = record.file
+            if check_values:
+                check_finite(reader, reader.path)
+        except (HsDatasetError, OSError) as exc:
+            result.problems.append(f"{where}: {exc}")
+            continue
+        result.shards += 1
+        result.samples += record.samples
+        result.tokens += record.tokens
+        result.bytes += record.bytes
+
+
+def _check_norm(data: RemoteDataset, result: VerifyResult) -> None:
+    if "weight_file" not in (data.manifest.metadata.get("final_norm") or {}):
+        return
+    try:
+        data.final_norm()
+    except (HsDatasetError, OSError) as exc:
+        result.problems.append(str(exc))
+
+
+def _check_listing(loc: RemoteLocation, manifest: Manifest, result: VerifyResult) -> None:
+    """Unlisted shard objects or temp objects beside the manifest (an interrupted upload: rerun it)."""
+    listed = {record.file for record in manifest.shards}
+    with storage_errors(loc.url):
+        loc.fs.invalidate_cache(loc.root)
+        names = [os.path.basename(str(name).rstrip("/")) for name in loc.fs.ls(loc.root, detail=False)]
+    for name in sorted(names):
+        if is_temp_name(name):
+            result.problems.append(f"{loc.url}/{name}: leftover temp object of an interrupted upload (rerun the build to finish it)")
+        elif SHARD_NAME_RE.match(name) and name not in listed:
+            result.problems.append(f"{loc.url}/{name}: shard object not listed in the manifest (rerun the build to finish its upload)")
