@@ -43,6 +43,7 @@ from hs_dataset.remote.publish import publish_dataset  # noqa: E402
 from hs_dataset.sample import CapturedSample  # noqa: E402
 from hs_dataset.training import Eagle3Dataset, PackedCollator, PackingBatchSampler  # noqa: E402
 from tests.fixtures.s3_server import ENV, start_moto  # noqa: E402
+from bench_shards import drop_cache  # noqa: E402  (benchmarks/ is on sys.path: the one page-dropping helper)
 
 
 def write_dataset(root: Path, total_bytes: int, hidden: int, shard_bytes: int) -> None:
@@ -61,20 +62,6 @@ def write_dataset(root: Path, total_bytes: int, hidden: int, shard_bytes: int) -
                                       states[:, :3].contiguous(), states[:, 3].contiguous()))
             size += t * 4 * hidden * 2
             i += 1
-
-
-def drop_pages(root: Path) -> bool:
-    dropped = True
-    for path in root.rglob("*.safetensors"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except (AttributeError, OSError):
-            dropped = False
-        finally:
-            os.close(fd)
-    return dropped
 
 
 def consume(data, max_tokens: int, cache: Path | None) -> tuple[float, int, int]:
@@ -124,7 +111,7 @@ def main() -> None:
         bound = args.cache_shards * (largest + 4096) + 65536
         local_rates, remote_rates, peaks, dropped = [], [], [], True
         for rep in range(args.repeat):  # alternated, so both sides see the same load on a shared machine
-            dropped = drop_pages(local) and dropped
+            dropped = drop_cache(sorted(local.rglob("*.safetensors"))) and dropped
             local_s, local_bytes, _ = consume(hs_dataset.open_dataset(local), args.max_tokens, None)
             shutil.rmtree(cache, ignore_errors=True)  # every remote pass starts from an empty cache
             remote = hs_dataset.open_dataset("s3://bench/ds", cache_dir=cache, max_cache_bytes=bound, prefetch_shards=args.prefetch)

@@ -25,12 +25,12 @@ from tests.fixtures.paths import REPO
 from tests.fixtures.samples import make_metadata, make_sample
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding
-from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.interop import derive_post_norm, export_specforge, export_speculators
 from hs_dataset.wire.fp4 import MX_MAX_EXPONENT_BYTE, MXFP4_ENCODING, NF4_ENCODING
+from tests.fixtures.damage import rewrite_shard
 
 K, H, L = 3, 64, 6
 STORAGES = ("mxfp4", "nf4")
@@ -110,19 +110,6 @@ def test_builder_rows_backend_transfer_and_stream_cache_read_the_decoded_states(
 
 
 # ---------------------------------------------------------------------------- damage
-def _rewrite_shard(root: Path, mutate) -> None:
-    """Change shard 0's bytes and re-record its size and hash, so only the damage itself is wrong."""
-    raw = json.loads((root / "manifest.json").read_text())
-    record = raw["shards"][0]
-    path = root / record["file"]
-    data = mutate(path.read_bytes())
-    path.write_bytes(data)
-    record["bytes"] = len(data)
-    with open(path, "rb") as f:
-        record.update(file_digests(f, [name for name in ("blake3", "sha256") if name in record]))
-    (root / "manifest.json").write_text(json.dumps(raw))
-
-
 def _split(data: bytes) -> tuple[dict, int]:
     (n,) = struct.unpack("<Q", data[:8])
     return json.loads(data[8 : 8 + n]), 8 + n
@@ -175,7 +162,7 @@ DAMAGE = [
 @pytest.mark.parametrize("name, storage, damage, match", DAMAGE, ids=[row[0] for row in DAMAGE])
 def test_damaged_scales_and_headers_are_refused(tmp_path, name, storage, damage, match):
     root = _write(tmp_path / "ds", storage)
-    _rewrite_shard(root, damage)
+    rewrite_shard(root, 0, damage)
     result = verify_dataset(root)
     assert not result.ok and any(re.search(match, p) for p in result.problems), result.problems
     with pytest.raises(HsDatasetError, match=match):

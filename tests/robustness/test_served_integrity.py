@@ -162,7 +162,7 @@ def test_a_shard_changed_between_epochs_of_one_stream_is_checked_again(cached, t
 
 
 def test_nan_states_under_a_rewritten_hash_are_refused(cached, tiny_model_dir, tiny_card, tmp_path):
-    from tests.robustness.test_untrusted import rewrite_shard
+    from tests.fixtures.damage import rewrite_shard
 
     from tests.robustness.test_untrusted import split_header
 

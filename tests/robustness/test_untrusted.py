@@ -28,10 +28,10 @@ from unittest import mock
 import pytest
 import torch
 
+from tests.fixtures.damage import rewrite_shard
 from tests.fixtures.samples import make_metadata, make_sample
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UnsupportedFormatError
 from hs_dataset.formats import manifest as manifest_module
-from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.merge import merge_datasets
 from hs_dataset.formats.paths import check_member_name, resolve_member
 from hs_dataset.formats.reader import open_dataset
@@ -68,19 +68,6 @@ def edit_manifest(edit: Callable[[dict], None]) -> Callable:
         save_manifest(root, raw)
 
     return damage
-
-
-def rewrite_shard(root: Path, index: int, mutate: Callable[[bytes], bytes]) -> None:
-    """Change a shard's bytes and re-record its size and hash, so only the damage itself is wrong."""
-    raw = load_manifest(root)
-    record = raw["shards"][index]
-    path = root / record["file"]
-    data = mutate(path.read_bytes())
-    path.write_bytes(data)
-    record["bytes"] = len(data)
-    with open(path, "rb") as f:
-        record.update(file_digests(f, [name for name in ("blake3", "sha256") if name in record]))
-    save_manifest(root, raw)
 
 
 def split_header(data: bytes) -> tuple[dict, bytes]:
