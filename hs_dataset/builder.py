@@ -86,9 +86,18 @@ class HsDatasetConfig(datasets.BuilderConfig):
             return None
 
     def cache_key(self) -> str:
-        """sha256 over the card, the model's weights, the source's content and the run options."""
+        """sha256 over the card, the model's weights, the source's content and the run options.
+
+        With ``data_dir`` (an existing dataset served as rows): over its manifest's identity and
+        shard hashes instead, so a dataset rewritten in place is read again.
+        """
         from hs_dataset.model.snapshot import model_fingerprint
 
+        if self.data_dir:
+            manifest = served_manifest(self.data_dir)
+            served = {"data_dir": str(self.data_dir), "dataset_id": manifest.dataset_id, "identity": manifest.identity,
+                      "shards": [(r.file, r.blake3 or r.sha256) for r in manifest.shards]}
+            return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
         model = self.model_dir()
         parts = {
             "card": self.resolved_card().fingerprint,
@@ -125,6 +134,16 @@ def _source_identity(card: Card, source: Any) -> Any:
         return str(resolved)
     files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
     return [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def served_manifest(data_dir: str) -> Any:
+    """The manifest of the existing dataset ``data_dir`` names: a local directory or an fsspec URL (``s3://...``)."""
+    from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.remote.location import is_url, open_location
+
+    if is_url(data_dir):
+        return open_location(data_dir).require_manifest()
+    return Manifest.load(Path(data_dir).expanduser())
 
 
 def _hidden_size(model_dir: Path | None) -> int | None:
@@ -180,19 +199,28 @@ class HsDataset(datasets.ArrowBasedBuilder):
         return Path(self.config.work_dir) if self.config.work_dir else self.work_root / self.config_id
 
     def _info(self) -> datasets.DatasetInfo:
+        if self.config.data_dir:  # an existing dataset, served as it is: its manifest says the shapes
+            metadata = served_manifest(self.config.data_dir).metadata
+            features = row_features(len(metadata["aux_layer_ids"]), int(metadata["hidden_size"]))
+            return datasets.DatasetInfo(description=f"hs_dataset rows of {self.config.data_dir}", features=features)
         features = row_features(len(self.card.aux_layer_ids), _hidden_size(self.config.model_dir()))
         return datasets.DatasetInfo(description=self.card.description, features=features)
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
+        if self.config.data_dir:
+            return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": [], "num_parts": 1, "served": str(self.config.data_dir)})]
         parts = max(1, int(self.config.num_parts or 1))
         part_dirs = [str(self.work_dir / f"part-{p:05d}-of-{parts:05d}") for p in range(parts)]
         return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": part_dirs, "num_parts": parts})]
 
-    def _generate_tables(self, part_dirs: list[str], num_parts: int) -> Iterator[tuple[Any, pa.Table]]:
+    def _generate_tables(self, part_dirs: list[str], num_parts: int, served: str | None = None) -> Iterator[tuple[Any, pa.Table]]:
         from datasets.builder import Key
 
         from hs_dataset.formats.reader import open_dataset
 
+        if served is not None:
+            yield from self._served_tables(served)
+            return
         shard_id = 0  # per job: datasets counts rows per original shard in a list
         with _fork_safe_torch(forked=os.getpid() != self.created_in_pid):
             for part_dir in part_dirs:
@@ -204,6 +232,24 @@ class HsDataset(datasets.ArrowBasedBuilder):
                     for batch, table in enumerate(_shard_tables(data.shard(shard_index), self.info.features)):
                         yield Key(shard_id, batch), table
                     shard_id += 1
+
+    def _served_tables(self, data_dir: str) -> Iterator[tuple[Any, pa.Table]]:
+        """The rows of an existing dataset (``data_dir=``), every shard's hash checked before its rows are served.
+
+        A URL reads through the bounded local cache (hashes checked on download); a local
+        directory is verified shard by shard as it is read.
+        """
+        from datasets.builder import Key
+
+        from hs_dataset.remote.dataset import open_dataset as open_any
+
+        data = open_any(data_dir, verify_hashes=True)
+        try:
+            for shard_index in range(len(data.manifest.shards)):
+                for batch, table in enumerate(_shard_tables(data.shard(shard_index), self.info.features)):
+                    yield Key(shard_index, batch), table
+        finally:
+            getattr(data, "close", lambda: None)()
 
     def _capture(self, part_dir: str, rank: int, num_parts: int) -> dict[str, Any]:
         """Run or resume one part's capture, then verify every hash, shape and value of it; returns what it built."""

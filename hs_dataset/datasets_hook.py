@@ -3,7 +3,8 @@
 datasets >= 4 runs no loading scripts and never looks an installed package up by
 name, so the only place to answer the name is ``datasets.load.dataset_module_factory``.
 We wrap it, answering for the exact name ``hs_dataset`` only (and only when no
-``data_files``/``data_dir`` are given); everything else, ``"./hs_dataset"`` included,
+``data_files`` are given; ``data_dir`` names an existing dataset, a directory or an
+``s3://`` URL, that our builder serves as rows); everything else, ``"./hs_dataset"`` included,
 goes through untouched. Answering first also means a local ``./hs_dataset`` folder
 (this repository's source, when run from its root) cannot hijack the name.
 
@@ -39,7 +40,7 @@ def _answers(original: Any, path: Any, args: tuple[Any, ...], kwargs: dict[str, 
     import inspect
 
     given = inspect.signature(original).bind_partial(path, *args, **kwargs).arguments
-    return given.get("data_files") is None and given.get("data_dir") is None
+    return given.get("data_files") is None
 
 
 def _wrap(load_module: Any) -> None:

@@ -120,3 +120,36 @@ def test_training_view_pickles_and_the_bound_is_checked_up_front(uploaded, tmp_p
         hs_dataset.open_dataset(url, cache_dir=tmp_path / "c3", max_cache_bytes=shard_bytes_max(local))
     with pytest.raises(UsageError, match="unknown option 'cache_size'"):
         hs_dataset.open_dataset(url, cache_size=1)
+
+
+def test_load_dataset_serves_a_dataset_in_the_bucket_as_rows(uploaded, tmp_path):
+    """``load_dataset("hs_dataset", data_dir="s3://...")`` on another node: the bucket's rows, hash-checked, nothing captured."""
+    import datasets
+
+    url, local = uploaded
+    expected = hs_dataset.open_dataset(local)
+    for load in (
+        lambda: hs_dataset.load_dataset(data_dir=url, cache_dir=str(tmp_path / "hf-a")),
+        lambda: datasets.load_dataset("hs_dataset", data_dir=url, cache_dir=str(tmp_path / "hf-b"), split="train").with_format("torch"),
+    ):
+        rows = load()
+        assert len(rows) == len(expected)
+        by_id = {rows[i]["sample_id"]: rows[i] for i in range(len(rows))}
+        for i in range(len(expected)):
+            want = expected[i]
+            got = by_id[want["sample_id"]]
+            assert torch.equal(got["input_ids"], want["input_ids"])
+            assert torch.equal(got["aux_hidden_states"], want["aux_hidden_states"].float()), "SILENT: other states served"
+    local_rows = hs_dataset.load_dataset(data_dir=str(local), cache_dir=str(tmp_path / "hf-c"))  # a local directory too
+    assert len(local_rows) == len(expected)
+
+
+def test_load_dataset_refuses_a_damaged_object_in_the_bucket(uploaded, tmp_path):
+    url, local = uploaded
+    where = open_location(url)
+    first = hs_dataset.open_dataset(local).manifest.shards[0].file
+    data = bytearray((local / first).read_bytes())
+    data[-5] ^= 0xFF
+    where.fs.pipe(where.key(first), bytes(data))
+    with pytest.raises(IntegrityError, match=first.split("/")[-1]):
+        hs_dataset.load_dataset(data_dir=url, cache_dir=str(tmp_path / "hf"))
