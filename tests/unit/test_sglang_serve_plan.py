@@ -29,6 +29,20 @@ def _kimi_dir(tmp_path):
     return d
 
 
+@pytest.mark.parametrize("bad, field", [({"num_hidden_layers": 10**9}, "num_hidden_layers"), ({"hidden_size": -64}, "hidden_size"),
+                                        ({"num_hidden_layers": "six"}, "num_hidden_layers")])
+def test_serve_reads_the_model_config_with_the_same_bounds_as_build(fake_env, tmp_path, bad, field):
+    from hs_dataset.config import load_card
+    from hs_dataset.errors import ModelConfigError
+
+    d = _kimi_dir(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].update(bad)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match=field):
+        serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(d), staging_dir=str(tmp_path / "st"))
+
+
 def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
     from hs_dataset.config import load_card
 

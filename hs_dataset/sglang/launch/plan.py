@@ -244,9 +244,9 @@ def _model_config(model_path: str) -> dict:
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
         return {}
-    from hs_dataset.model.model_config import text_config
+    from hs_dataset.model.model_config import read_model_config, text_config
 
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_model_config(model_path)  # bounded read, sizes range-checked: a hostile config.json is one line
     text = dict(text_config(cfg))  # multimodal wrappers (Kimi-K2.5): layers live in the text config
     text["architectures"] = cfg.get("architectures") or text.get("architectures")  # the served class is the wrapper's
     return text
