@@ -70,8 +70,8 @@ class PinnedPool:
     """A bounded pool of host memory (uint8 views of one slab): pinned for device copies, plain for CPU snapshots.
 
     Why one slab, allocated once: pinning memory (``cudaHostAlloc``/``cudaHostRegister``)
-    costs milliseconds per 100 MB and stalls the thread that asks; done per request it
-    took a tenth of a Kimi-wide prefill. The slab is pinned once, ideally at server start
+    costs milliseconds per 100 MB and stalls the thread that asks, so per request it
+    would stall the forward pass. The slab is pinned once, ideally at server start
     (:meth:`prepare`), and requests take ranges of it (best fit, neighbours merged on
     release). Its size is exactly ``max_bytes``: registered with ``cudaHostRegister``,
     not allocated by torch's pinned allocator, which rounds up to a power of two.

@@ -4,8 +4,8 @@ Runs inside SGLang scheduler processes (stdlib and torch only). Why: a GPU has f
 engines, and a copy waits for the ones queued on its engine before it, whatever its
 stream. SGLang ends every prefill pass with a small device-to-host copy (the sampled
 tokens) that the scheduler waits for; queued behind a pass's states (about 1 GB for
-16k Kimi-wide tokens, ~15 ms over PCIe) it made every pass that much longer, the same
-milliseconds at a Kimi node's rate and at four times it. Here at most ``in_flight``
+16k Kimi-wide tokens) it would make every pass longer by the time those take to cross
+PCIe (docs/GPU.md has the measurement). Here at most ``in_flight``
 slices of ``slice_bytes`` are queued at any time, so the server's copy waits for well
 under a millisecond, and the copy engine still runs back to back.
 
