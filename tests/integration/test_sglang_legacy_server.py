@@ -79,10 +79,16 @@ def test_the_patched_release_captures_what_transformers_computes(card, legacy_se
     assert plan.sglang_version == RELEASE and plan.mechanism == "legacy", plan.describe()
     assert "--forward-hooks" not in plan.argv and plan.argv[plan.argv.index("--chunked-prefill-size") + 1] == "-1"
     assert plan.env["HS_CAPTURE_LAYER_IDS"] == "2,3,4" and plan.env["HS_CAPTURE_CONTENT_KEYS"] == "1"
-    samples = make_samples(12, [5, 37, 64, 65, 130, 300, 1, 90], seed=7)
+    samples, results = [], {}
     be = backend(card, server, concurrency=6, staging_dir=server.staging_dir)
     try:
-        results = {r.sample_id: r for r in be.capture_stream(samples, batch_size=6)}
+        for attempt in range(4):  # until some prefill held several requests: on a loaded machine they may arrive apart
+            more = make_samples(12, [5, 37, 64, 65, 130, 300, 1, 90], seed=7 + attempt)
+            samples += more
+            results.update({r.sample_id: r for r in be.capture_stream(more, batch_size=6)})
+            batched = read_report(server.staging_dir).count("max_batch_requests")
+            if batched >= 2:
+                break
         ep = be.endpoints[0]
         verification = be.info().verification
     finally:
@@ -90,8 +96,7 @@ def test_the_patched_release_captures_what_transformers_computes(card, legacy_se
     assert not [r for r in results.values() if isinstance(r, CaptureFailure)], results
     assert not ep.uses_rids and ep.mechanism == "legacy"  # 0.5.5's ForwardBatch has no rids: dumps keyed by content
     assert verification["verified"] and verification["mechanism"] == "legacy", verification
-    batched = read_report(server.staging_dir).count("max_batch_requests")
-    assert batched >= 2, f"no prefill held more than one request ({batched}): concurrency was not exercised"
+    assert batched >= 2, f"no prefill held more than one request ({batched}) in {attempt + 1} rounds: concurrency was not exercised"
     worst = {"aux_rel": 0.0, "final_rel": 0.0, "aux_abs": 0.0, "final_abs": 0.0}
     for s in samples:
         r = results[s.sample_id]
