@@ -32,6 +32,7 @@ from hs_dataset.wire.fp4 import (
     quantize_nf4,
 )
 from hs_dataset.wire.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
+from hs_dataset.wire.storage import STORAGE_NAMES
 
 __all__ = [
     "Encoding",
@@ -45,7 +46,6 @@ __all__ = [
     "decode_state",
     "bad_scales",
     "scale_rule",
-    "STORAGE_NAMES",
     "SCALE_SUFFIX",
     "tensor_bytes",
     "all_finite",
@@ -141,8 +141,6 @@ _CODECS: dict[str, _Codec] = {
 }
 
 # ``storage:`` card values -> encoding names
-STORAGE_NAMES: dict[str, str] = {"fp8": FP8_ENCODING, "mxfp4": MXFP4_ENCODING, "nf4": NF4_ENCODING}
-
 _PLAIN_STATE_ENCODINGS = {dtype_info(name).torch: dtype_info(name).encoding for name in STATE_DTYPES}
 
 

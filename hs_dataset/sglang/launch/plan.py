@@ -51,6 +51,7 @@ from hs_dataset.sglang.support import UnsupportedVersionError, mechanism_for, ve
 from hs_dataset.wire.dump import HOOKS_MODULE
 from hs_dataset.wire.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.wire.layer_outputs import layer_hooks_problem
+from hs_dataset.wire.storage import ENCODED_STORAGES
 
 __all__ = [
     "ServerPlan",
@@ -64,8 +65,6 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "cpu_support"
 CPU_MLA_FACTORY = "hs_dataset.sglang.cpu_support.mla_torch_native:factory"
 DATASETS_HOOK_OFF = "HS_DATASET_DATASETS_HOOK"  # hs_dataset.datasets_hook.OFF_SWITCH (a string: launch must not import the hook)
-# Storages the server's capture core encodes on the device before its copy (every encoded storage there is).
-SERVER_ENCODED_STORAGES = ("fp8", "fp8_e4m3_per_token", "mxfp4", "mxfp4_e2m1_g32", "nf4", "nf4_g32")
 
 # card ``sglang.staging`` key -> capture config key (hs_dataset.sglang.server.config.CaptureConfig)
 _STAGING_KEYS = (
@@ -327,7 +326,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
     for key, cfg_key in _STAGING_KEYS:
         if getattr(staging, key) is not None:
             hook_config[cfg_key] = getattr(staging, key)
-    if card.shards.storage in SERVER_ENCODED_STORAGES:
+    if card.shards.storage in ENCODED_STORAGES:  # the server's capture core encodes every one of them on the device
         # quantized on the GPU before the copy: half (fp8) or about a quarter (4-bit) of the PCIe, staging and disk bytes
         hook_config["storage"] = card.shards.storage
     return hook_config

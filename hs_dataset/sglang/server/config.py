@@ -12,8 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING
-from hs_dataset.wire.fp8 import FP8_ENCODING
+from hs_dataset.wire.storage import ENCODED_STORAGES, encoding_of_storage
 
 __all__ = ["CaptureConfig", "ENV_PREFIX"]
 
@@ -60,10 +59,7 @@ class CaptureConfig:
     storage: str = "native"
 
     MECHANISMS = ("aux_return", "layer_hooks", "legacy")
-    # storage name -> the encoding the states are quantized to on the device before the copy (None: as computed)
-    ENCODED_AS = {"native": None, "fp8": FP8_ENCODING, FP8_ENCODING: FP8_ENCODING, "mxfp4": MXFP4_ENCODING,
-                  MXFP4_ENCODING: MXFP4_ENCODING, "nf4": NF4_ENCODING, NF4_ENCODING: NF4_ENCODING}
-    STORAGES = tuple(ENCODED_AS)
+    STORAGES = ("native", *ENCODED_STORAGES)
 
     def __post_init__(self) -> None:
         if not self.staging_dir:
@@ -88,7 +84,7 @@ class CaptureConfig:
     @property
     def state_encoding(self) -> str | None:
         """The encoding the states are quantized to on the device before the copy (``None``: stored as computed)."""
-        return self.ENCODED_AS[self.storage]
+        return encoding_of_storage(self.storage)
 
     @classmethod
     def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "CaptureConfig":
