@@ -33,6 +33,8 @@ __all__ = [
     "NF4_LEVELS",
     "MX_EXPONENT_BIAS",
     "MX_MAX_EXPONENT_BYTE",
+    "MX_NONFINITE_BYTE",
+    "code_table",
     "quantize_mxfp4",
     "dequantize_mxfp4",
     "quantize_nf4",
@@ -47,6 +49,9 @@ MX_EXPONENT_BIAS = 127
 # Largest stored exponent byte: 6 * 2**(252 - 127) is finite in float32 (and bfloat16),
 # 6 * 2**126 is not. Smallest: 0 (2**-127), below which values round to 0.
 MX_MAX_EXPONENT_BYTE = MX_EXPONENT_BIAS + 125
+# The exponent byte of a group that held inf or NaN: invalid (> MX_MAX_EXPONENT_BYTE), so
+# such a group is refused wherever scales are checked instead of being stored clipped.
+MX_NONFINITE_BYTE = 255
 # NormalFloat4 levels (QLoRA, Dettmers et al. 2023): code c decodes to bf16(NF4_LEVELS[c]) * absmax.
 NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -97,11 +102,20 @@ def _tables(name: str, device: "torch.device") -> "tuple[torch.Tensor, torch.Ten
     return _TABLES[key]
 
 
+def code_table(name: str, device: "torch.device") -> "torch.Tensor":
+    """The code of every bfloat16 bit pattern (65536 uint8, indexed by the pattern as unsigned) on ``device``.
+
+    Public for the server's fused GPU quantizer, which must pick codes from the same
+    table to give the same bytes.
+    """
+    return _tables(name, device)[0]
+
+
 def _codes(name: str, scaled: "torch.Tensor") -> "torch.Tensor":
     """uint8 codes of bfloat16 values (any shape): the nearest level of each, from the table."""
     import torch
 
-    table, _ = _tables(name, scaled.device)
+    table = code_table(name, scaled.device)
     bits = scaled.contiguous().view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
     return table.index_select(0, bits.reshape(-1)).view(scaled.shape)
 
@@ -139,19 +153,24 @@ def quantize_mxfp4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
 
     The one implementation of ``mxfp4_e2m1_g32`` (the server can call it on the GPU).
     Each value is scaled by ``2**-j`` (exact) and rounded to bfloat16 (exact for
-    bfloat16 states), then takes the code of its nearest e2m1 level.
+    bfloat16 states), then takes the code of its nearest e2m1 level. A group holding
+    inf or NaN gets the invalid exponent byte :data:`MX_NONFINITE_BYTE` (so it is
+    refused, never stored clipped) and the codes of its values unscaled.
     """
     import torch
 
     groups = _groups(x)
     low, high = torch.aminmax(groups, dim=-1)
-    j = _mx_exponents(torch.maximum(-low, high).float())
+    amax = torch.maximum(-low, high).float()
+    finite = torch.isfinite(amax)
+    j = torch.where(finite, _mx_exponents(torch.where(finite, amax, 0.0)), 0)  # a non-finite group: scale 1, marked below
     factor = torch.ldexp(torch.ones_like(j, dtype=torch.float32), -j).unsqueeze(-1)
     if x.dtype == torch.bfloat16:  # bfloat16 times a power of two in range: exact, and half the bytes of float32
         scaled = groups * factor.to(torch.bfloat16)
     else:
         scaled = (groups.float() * factor).to(torch.bfloat16)
-    return _pack(_codes(MXFP4_ENCODING, scaled).reshape(x.shape)), (j + MX_EXPONENT_BIAS).to(torch.uint8).contiguous()
+    exponents = torch.where(finite, j + MX_EXPONENT_BIAS, MX_NONFINITE_BYTE).to(torch.uint8)
+    return _pack(_codes(MXFP4_ENCODING, scaled).reshape(x.shape)), exponents.contiguous()
 
 
 def dequantize_mxfp4(codes: "torch.Tensor", exponents: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
@@ -174,14 +193,17 @@ def quantize_nf4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
     The scale ``s`` is the group's absmax rounded to bfloat16 (the value that decodes).
     Each value takes the code of the level nearest to ``bf16(clamp(x / s, -1, 1))``
     (IEEE float32 division): a scale that rounded down costs at most its rounding
-    (2**-9 relative), never an overflow.
+    (2**-9 relative), never an overflow. A group holding inf or NaN keeps an inf or
+    NaN scale, which every scale check refuses.
     """
     import torch
 
     groups = _groups(x)
     low, high = torch.aminmax(groups, dim=-1)
-    amax = torch.maximum(-low, high).float().clamp_(max=torch.finfo(torch.bfloat16).max)  # bfloat16 inputs never clamp
-    scale = amax.to(torch.bfloat16)
+    amax = torch.maximum(-low, high).float()
+    # A finite float32 amax beyond bfloat16's range clamps (bfloat16 inputs never do); inf or NaN
+    # stays, an invalid scale, so the group is refused instead of stored clipped.
+    scale = torch.where(torch.isfinite(amax), amax.clamp(max=torch.finfo(torch.bfloat16).max), amax).to(torch.bfloat16)
     safe = torch.where(scale > 0, scale.float(), torch.ones_like(amax))
     normed = torch.div(groups.float(), safe.unsqueeze(-1)).clamp_(-1.0, 1.0).to(torch.bfloat16)
     return _pack(_codes(NF4_ENCODING, normed).reshape(x.shape)), scale.contiguous()

@@ -83,7 +83,7 @@ def write_card(path: Path, model: Path, args: argparse.Namespace, port: int, sta
         "source": {"path": "builtin:conversations"},
         "backend": {"name": "sglang", "urls": [f"http://127.0.0.1:{port}"], "concurrency": args.concurrency,
                     "request_timeout_s": 300, "dump_timeout_s": 60},
-        "shards": {"bytes": 64 << 20},
+        "shards": {"bytes": 64 << 20, **({} if args.storage == "native" else {"storage": args.storage})},
         "sglang": {"python": args.python, "device": args.device, "port": port, "chunked_prefill_size": args.chunk,
                    "startup_timeout_s": 600, "args": server_args, "staging": {"dir": str(staging)},
                    "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"} if args.device == "cpu" else {}},
@@ -234,13 +234,20 @@ def _token_errors(a, b):
     return ((a.double() - b.double()).norm(dim=-1) / b.double().norm(dim=-1).clamp_min(1e-30)).cpu()
 
 
-def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str) -> dict:
+def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str, storage: str = "native") -> dict:
+    """Per-layer errors of the stored states to float32 transformers; with a ``storage`` encoding, transformers'
+    own capture-dtype states are put through the same encoding (the host reference quantizer) before comparing."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
     from hs_dataset.formats.reader import open_dataset
 
     ds = open_dataset(dataset_dir)
+    encoding = get_encoding(state_encoding_for(getattr(torch, dtype), storage))
+
+    def stored(x):  # what the dataset would hold for transformers' own capture-dtype states
+        return decode_state(*encode_state(x.to(getattr(torch, dtype)).cpu(), encoding), encoding).to(device).float() if encoding.scaled else x
     fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device).eval()
     low = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
     names = [f"aux hidden_states[{i}]" for i in AUX] + ["final (pre-norm)"]
@@ -256,15 +263,15 @@ def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str) -> dict
         for k, i in enumerate(AUX):
             e = errs[names[k]]
             e["server"].append(_token_errors(aux[:, k], ref[i]))
-            e["hf_low"].append(_token_errors(low_hs[i], ref[i]))
+            e["hf_low"].append(_token_errors(stored(low_hs[i]), ref[i]))
             e["prev"].append(_token_errors(aux[:, k], ref[i - 1]))
             e["next"].append(_token_errors(aux[:, k], ref[i + 1]))
         e = errs[names[-1]]
         e["server"].append(_token_errors(final, ref_pre))
-        e["hf_low"].append(_token_errors(low_pre, ref_pre))
+        e["hf_low"].append(_token_errors(stored(low_pre), ref_pre))
         e["prev"].append(_token_errors(final, ref[-2]))  # the last layer's input, one layer early
         e["next"].append(_token_errors(final, ref[-1]))  # post-norm, what a pre/post-norm mix-up would store
-    return {"samples": len(ds), "tokens": tokens, "layers": {n: _summary(e) for n, e in errs.items()}}
+    return {"samples": len(ds), "tokens": tokens, "storage": encoding.name, "layers": {n: _summary(e) for n, e in errs.items()}}
 
 
 def _summary(e: dict[str, list]) -> dict[str, dict[str, float]]:
@@ -280,8 +287,9 @@ def _summary(e: dict[str, list]) -> dict[str, dict[str, float]]:
 FLOAT32_LIMIT = 1e-6  # a float32 capture is compared with float32 transformers: rounding only
 
 
-def judge(result: dict, slack: float) -> list[str]:
-    """Server errors within ``slack`` x transformers' own capture-dtype errors (float32: within 1e-6), neighbours 10x off."""
+def judge(result: dict, slack: float, neighbour_factor: float = 10.0) -> list[str]:
+    """Server errors within ``slack`` x transformers' own capture-dtype errors (float32: within 1e-6), neighbours
+    ``neighbour_factor`` x off (10; an encoded storage's own error, ~0.09 for nf4, leaves the neighbours closer)."""
     problems = []
     for name, s in result["layers"].items():
         server, low = s["server"], s["hf_low"]
@@ -290,13 +298,14 @@ def judge(result: dict, slack: float) -> list[str]:
             if server[stat] > limit:
                 problems.append(f"{name}: server {stat} error {server[stat]:.3g} > {limit:.3g} ({slack} x transformers' own {low[stat]:.3g})")
         nearest = min(s["prev"]["median"], s["next"]["median"])
-        if nearest < 10 * server["median"]:
+        if nearest < neighbour_factor * server["median"]:
             problems.append(f"{name}: a neighbour is only {nearest / max(server['median'], 1e-30):.1f}x further than the server's states")
     return problems
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['samples']} samples, {result['tokens']} tokens; per-token relative error to float32 transformers",
+    lines = [f"{result['samples']} samples, {result['tokens']} tokens, stored {result.get('storage', 'native')}; "
+             "per-token relative error to float32 transformers (hf-low: transformers' capture dtype, stored the same way)",
              f"{'layer':24} {'server med':>11} {'max':>9} {'hf-low med':>11} {'max':>9} {'prev med':>9} {'next med':>9}"]
     for name, s in result["layers"].items():
         lines.append(f"{name:24} {s['server']['median']:11.3g} {s['server']['max']:9.3g} {s['hf_low']['median']:11.3g} "
@@ -316,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=8, help="long conversations added to the bundled ones")
     p.add_argument("--slack", type=float, default=1.5)
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
+    p.add_argument("--storage", default="native", help="the card's shards.storage (fp8, nf4, mxfp4: quantized by the server on the GPU)")
     p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")
     args = p.parse_args(argv)
     out = args.out.resolve()
@@ -342,9 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"timings": timings, "build_rc": built.returncode, "verify_rc": verified.returncode, "args": vars(args) | {"out": str(out)}}
     if built.returncode == 0 and verified.returncode == 0:
         t0 = time.monotonic()
-        report["compare"] = compare(out / "ds", model, args.device, args.dtype)
+        report["compare"] = compare(out / "ds", model, args.device, args.dtype, args.storage)
         timings["compare_s"] = time.monotonic() - t0
-        report["problems"] = judge(report["compare"], args.slack)
+        report["problems"] = judge(report["compare"], args.slack, 10.0 if args.storage == "native" else 1.5)
         print(table(report["compare"]))
     else:
         report["problems"] = [f"build exit {built.returncode}, verify exit {verified.returncode}: see build.log / verify.log"]

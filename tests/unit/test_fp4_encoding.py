@@ -188,6 +188,28 @@ def test_states_the_server_encoded_are_stored_as_they_are(tmp_path, name, quanti
             writer.add(bad)
 
 
+@pytest.mark.parametrize("name, quantize", [(MXFP4_ENCODING, quantize_mxfp4), (NF4_ENCODING, quantize_nf4)])
+@pytest.mark.parametrize("poison", [float("inf"), float("-inf"), float("nan")])
+def test_a_group_holding_inf_or_nan_is_refused_not_stored_clipped(tmp_path, name, quantize, poison):
+    """The server quantizes before anyone can scan its states: a non-finite value must give an invalid scale.
+
+    Before, nf4 clamped an inf group's scale to bfloat16's largest value and mxfp4 coded
+    inf as 6 * 2**j, so the writer stored finite-looking states that were not the capture.
+    """
+    k, h = 2, GROUP_SIZE * 2
+    plain = make_sample("s0", 5, k=k, h=h, dtype=torch.bfloat16)
+    aux = plain.aux_hidden_states.clone()
+    aux[3, 1, 40] = poison  # one value: token 3, layer 1, the second group
+    codes, scales = quantize(aux)
+    bad = bad_scales(scales, get_encoding(name))
+    assert bad[3, 1, 1] and int(bad.sum()) == 1
+    final, final_scale = quantize(plain.final_hidden_state)
+    sent = CapturedSample("s0", plain.input_ids, plain.loss_mask, codes, final, aux_scale=scales, final_scale=final_scale)
+    with ShardWriter(tmp_path, make_metadata(k=k, h=h), storage=name) as writer:
+        with pytest.raises(SampleError, match="scale"):
+            writer.add(sent)
+
+
 def test_hidden_size_not_a_multiple_of_the_group_is_refused(tmp_path):
     with pytest.raises(UsageError, match="multiple of 32"):
         ShardWriter(tmp_path, make_metadata(h=48), storage="mxfp4")
@@ -225,3 +247,23 @@ def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, n
     assert torch.equal(stored["aux_hidden_states"], decode_state(aux, aux_scale, encoding))
     save_file({**tensors, "final_hidden_state.scale": final_scale[:, :1].contiguous()}, str(tmp_path / "bad.safetensors"), metadata=meta)
     assert "scales" in check_dump(str(tmp_path / "bad.safetensors"), "hs-r1", sample, expected).reason
+
+
+@pytest.mark.parametrize("storage", ["native", "fp8", MXFP4_ENCODING, NF4_ENCODING])
+def test_the_probe_reads_the_models_hidden_size_from_any_dump_encoding(storage):
+    """A 4-bit dump is [T, H/2] bytes: the probe must still see H (it called the first real nf4 server the wrong model)."""
+    from hs_dataset.errors import ServerValidationError
+    from hs_dataset.sglang.client.validate import check_probe
+    from hs_dataset.wire.fp8 import quantize_fp8_per_token
+
+    k, h = 2, 4 * GROUP_SIZE
+    plain = make_sample("__hs_probe__", 7, k=k, h=h, dtype=torch.bfloat16)
+    quantize = {"fp8": quantize_fp8_per_token, MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}.get(storage)
+    if quantize is None:
+        result = plain
+    else:
+        (aux, aux_scale), (final, final_scale) = quantize(plain.aux_hidden_states), quantize(plain.final_hidden_state)
+        result = CapturedSample(plain.sample_id, plain.input_ids, plain.loss_mask, aux, final, aux_scale=aux_scale, final_scale=final_scale)
+    assert check_probe("http://server", result, h, torch.bfloat16) == (h, torch.bfloat16)
+    with pytest.raises(ServerValidationError, match=f"hidden size {h}, the local model has {2 * h}"):
+        check_probe("http://server", result, 2 * h, torch.bfloat16)

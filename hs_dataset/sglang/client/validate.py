@@ -19,11 +19,12 @@ import torch
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
 from hs_dataset.config import SGLangBackendSection
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.sample import TokenizedSample
+from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.sglang.client.endpoints import Endpoint
 from hs_dataset.sglang.client.http import BadResponseError, HTTPStatusError, connection_errors, get_json, get_status
 from hs_dataset.sglang.client.diagnose import read_report
 from hs_dataset.wire.dump import HOOKS_MODULE
+from hs_dataset.wire.fp4 import GROUP_SIZE
 from hs_dataset.wire.private_dir import StagingError, check_private_dir
 from hs_dataset.wire.status import read_statuses
 
@@ -263,6 +264,19 @@ def probe_sample(vocab_size: int | None) -> TokenizedSample:
     return TokenizedSample("__hs_probe__", ids, torch.ones_like(ids, dtype=torch.bool))
 
 
+def state_hidden_size(result: CapturedSample) -> int:
+    """The hidden size of a dump's states: the tensor's width, or for 4-bit codes (two values a byte) the group count times the group.
+
+    Why not the width alone: a server that quantizes to 4 bits sends ``[T, H/2]`` bytes, and
+    a probe that read 512 for a hidden-1024 model refused the first real nf4 server as
+    "wrong model" (the H200 check, 2026-12-01).
+    """
+    scale = result.final_scale
+    if scale is not None and scale.dim() == 2:  # per-group scales [T, H/32]; fp8's are per token, [T]
+        return int(scale.shape[1]) * GROUP_SIZE
+    return int(result.final_hidden_state.shape[1])
+
+
 def check_probe(url: str, result: CaptureResult, hidden_size: int | None, dtype: torch.dtype | None) -> tuple[int, torch.dtype]:
     """The probe's dump has the local model's hidden size and the wanted dtype; returns (hidden size, dtype produced)."""
     if isinstance(result, CaptureFailure):
@@ -270,7 +284,7 @@ def check_probe(url: str, result: CaptureResult, hidden_size: int | None, dtype:
             f"SGLang server {url}: the probe request produced no usable dump ({result.reason}); "
             f"check the server log for 'hs_dataset capture' lines"
         )
-    h = result.final_hidden_state.shape[1]
+    h = state_hidden_size(result)
     if hidden_size and int(hidden_size) != h:
         raise ServerValidationError(f"SGLang server {url}: dumps have hidden size {h}, the local model has {hidden_size}: wrong model")
     produced = torch.bfloat16 if result.aux_scale is not None else result.aux_hidden_states.dtype  # fp8 decodes to bf16

@@ -47,6 +47,7 @@ from hs_dataset.errors import HsDatasetError
 from hs_dataset.sglang.server.batch import BatchView
 from hs_dataset.sglang.server.config import CaptureConfig
 from hs_dataset.sglang.server.core import CaptureCore
+from hs_dataset.sglang.server.states import prepare_quantizer
 from hs_dataset.wire.layer_outputs import layer_hooks_problem
 
 __all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]
@@ -232,6 +233,8 @@ class _Runtime:
                 if str(getattr(_server_args(), "device", "")).startswith("cuda"):
                     took = self.core.copier.prepare_pinned()
                     logger.info("hs_dataset capture: pinned %d bytes for device copies in %.1f s", self.config.pinned_pool_bytes, took)
+                    took = prepare_quantizer(self.config.state_encoding, torch.device("cuda", torch.cuda.current_device()))
+                    logger.info("hs_dataset capture: %s quantizer ready in %.1f s", self.config.state_encoding or "no", took)
             logger.info(
                 "hs_dataset capture: attention-TP rank %d, DP rank %d (%s): %s",
                 tp,

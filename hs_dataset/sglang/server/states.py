@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import time
+
 import torch
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.sglang.server.fp4_kernel import fused_quantizer
+from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING
 from hs_dataset.wire.fp8 import FP8_ENCODING, quantize_fp8_per_token
 
-__all__ = ["UnusableStates", "normalize_states", "pass_states"]
+__all__ = ["UnusableStates", "normalize_states", "pass_states", "prepare_quantizer"]
 
 
 class UnusableStates(HsDatasetError):
@@ -65,7 +68,8 @@ def normalize_states(
     return aux, final
 
 
-QUANTIZERS = {FP8_ENCODING: quantize_fp8_per_token, MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}
+# The 4-bit ones run fused on a CUDA device (the same bytes as wire/fp4.py's, in one pass).
+QUANTIZERS = {FP8_ENCODING: quantize_fp8_per_token, MXFP4_ENCODING: fused_quantizer(MXFP4_ENCODING), NF4_ENCODING: fused_quantizer(NF4_ENCODING)}
 
 
 def pass_states(
@@ -85,3 +89,20 @@ def pass_states(
     final_q, final_s = quantize(final[:total_rows])
     states = {"aux": aux_q, "aux_scale": aux_s, "final": final_q, "final_scale": final_s}
     return states, tuple(states)
+
+
+def prepare_quantizer(encoding: str | None, device: torch.device | str) -> float:
+    """Run the pass quantizer once on ``device`` (server start); seconds it took.
+
+    Why: the fused 4-bit kernel is compiled on its first call, and a first call in the
+    first forward pass stalls it for a second or more (seen as +8-24% prefill time in
+    that phase of ``bench_node.py``). Triton compiles one variant for group counts
+    divisible by 16 and one for the rest; both are made here.
+    """
+    started = time.monotonic()
+    if encoding is not None:
+        for rows in (16, 3):
+            QUANTIZERS[encoding](torch.zeros(rows, 32, dtype=torch.bfloat16, device=device))
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    return time.monotonic() - started
