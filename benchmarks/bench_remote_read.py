@@ -14,7 +14,8 @@ copied into the packed batch):
           otherwise: every byte read remotely is also written there once.
 
 The two passes alternate --repeat times (each remote pass from an empty cache, each local
-pass with the pages dropped again). Prints every pass, the medians, the cache's peak on
+pass with the pages dropped again). First, one shard's download three ways (the receive
+alone; receive, hash and write on one thread; ``download_file``). Prints every pass, the medians, the cache's peak on
 disk against its bound, and last ``remote_vs_local=X.XX`` (median state bytes per
 second, remote / local).
 """
@@ -64,6 +65,50 @@ def write_dataset(root: Path, total_bytes: int, hidden: int, shard_bytes: int) -
             i += 1
 
 
+def download_rates(record, work: Path, repeats: int = 3) -> dict[str, float]:
+    """MiB/s of one shard's download three ways (best of ``repeats``): the receive alone, receive + hash + write on
+    one thread (the baseline), and ``download_file`` as the cache calls it (receive on one thread, hash + write on
+    another, the hash checked, no fsync)."""
+    import urllib.request
+
+    from hs_dataset.formats.hashing import new_hasher
+    from hs_dataset.remote.transfer import Expected, download_file
+
+    loc = open_location("s3://bench/ds")
+    shard, size = record.file, record.bytes
+    url = loc.fs.sign(loc.key(shard), expiration=600)
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+
+    def receive(hash_and_write: bool) -> None:
+        hasher, out = new_hasher("blake3"), open(work / "dl.tmp", "wb") if hash_and_write else None
+        with urllib.request.urlopen(url) as response:
+            while n := response.readinto(buf):
+                if out is not None:
+                    hasher.update(view[:n])
+                    out.write(view[:n])
+        if out is not None:
+            out.close()
+
+    ways = {
+        "receive only": lambda: receive(False),
+        "receive + hash + write, one thread": lambda: receive(True),
+        "download_file (hash + write on a second thread)": lambda: download_file(
+            loc, shard, work / "dl.bin", Expected(size, record.hash_algorithm, record.digest), durable=False),
+    }
+    rates: dict[str, float] = {}
+    for name, run in ways.items():
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = size / best / 2**20
+    for f in ("dl.tmp", "dl.bin"):
+        (work / f).unlink(missing_ok=True)
+    return rates
+
+
 def consume(data, max_tokens: int, cache: Path | None) -> tuple[float, int, int]:
     """(seconds, state bytes delivered, peak cache bytes on disk) for one pass of the training view."""
     view = Eagle3Dataset(data)
@@ -108,6 +153,10 @@ def main() -> None:
         print(f"{len(shards)} shards, {sum(r.bytes for r in shards) / 2**20:.0f} MiB in {work}, cache in {cache}; upload {upload_s:.1f} s; "
               f"cores {os.cpu_count()}; moto at {endpoint}")
 
+        rates = download_rates(shards[0], work)
+        base = rates["receive + hash + write, one thread"]
+        for name, rate in rates.items():
+            print(f"one shard's download, {name}: {rate:.0f} MiB/s ({rate / base:.2f}x the one-thread baseline)")
         bound = args.cache_shards * (largest + 4096) + 65536
         local_rates, remote_rates, peaks, dropped = [], [], [], True
         for rep in range(args.repeat):  # alternated, so both sides see the same load on a shared machine
