@@ -14,7 +14,8 @@ time / fused time).
 
 from __future__ import annotations
 
-import argparse
+import os
+import sys
 import time
 
 import torch
@@ -23,31 +24,24 @@ from hs_dataset.sglang.server import fp4_kernel
 from hs_dataset.sglang.server.states import QUANTIZERS
 from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fp8_quantizer import pass_arguments, sync  # noqa: E402  (the quantizer benchmarks' one option set)
 
 
 def _ms_per_pass(fn, tensors: tuple[torch.Tensor, ...], iters: int, device: torch.device) -> float:
     for x in tensors:
         fn(x)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(iters):
         for x in tensors:
             fn(x)
-    _sync(device)
+    sync(device)
     return (time.perf_counter() - t0) / iters * 1e3
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
+    args = pass_arguments(__doc__)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fused_runs = device.type == "cuda" and fp4_kernel.triton is not None
     iters = args.iters if device.type == "cuda" else 1

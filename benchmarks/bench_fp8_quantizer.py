@@ -28,18 +28,23 @@ def defining_formula(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (as_float / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def pass_arguments(doc: str) -> argparse.Namespace:
+    """The quantizer benchmarks' shared options: pass shape and timing repeats."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = pass_arguments(__doc__)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     iters = args.iters if device.type == "cuda" else max(1, args.iters // 25)
     g = torch.Generator(device=device).manual_seed(0)
@@ -52,12 +57,12 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, fn in (("defining formula", defining_formula), ("quantize_fp8_per_token", quantize_fp8_per_token)):
             fn(aux)
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(iters):
                 fn(aux)
                 fn(final)
-            _sync(device)
+            sync(device)
             times.setdefault(name, []).append((time.perf_counter() - t0) / iters * 1e3)
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"{where}: {args.tokens} tokens x (3 aux + final) x {args.hidden}, bf16; same bytes from both")
