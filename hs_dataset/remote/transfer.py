@@ -149,11 +149,11 @@ def _object_chunks(loc: RemoteLocation, name: str, buffers: "queue.Queue[bytearr
 class _HashingSink(threading.Thread):
     """Hashes and writes the received chunks on its own thread, in order.
 
-    Why: receiving, hashing and writing one after another on one thread ran at 415 MiB/s
-    from the test server, against 810-850 for the receive alone; all three release the
-    GIL, so with the next chunk received while this one is hashed and written the
-    download ran at 630-640 (``benchmarks/bench_remote_read.py``). A failure stops the
-    work but not the draining, so the receiving side never waits on a dead sink.
+    Why: all three steps release the GIL, so the next chunk can be received while this
+    one is hashed and written. On the 2-core test VM, with moto's server on the same
+    cores, that ran at 1.05-1.35x a one-thread download (407-478 MiB/s; the receive
+    alone 611-766): ``benchmarks/bench_remote_read.py`` times the three. A failure stops
+    the work but not the draining, so the receiving side never waits on a dead sink.
     """
 
     def __init__(self, out, hasher, buffers: "queue.Queue[bytearray]") -> None:

@@ -11,9 +11,8 @@ fp8 or 4-bit states, so each request's rows are plain slices of the result.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import time
+from typing import Sequence
 
 import torch
 
