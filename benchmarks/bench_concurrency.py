@@ -2,7 +2,7 @@
 
 One real SGLang 0.5.23 server (CPU) runs the ``tiny-deepseek-sglang`` card (the tiny
 DeepseekV3, float32, aux [2, 3, 4] + pre-norm final), started here through
-``hs_dataset.sglang.launch.plan``. The same samples -- the 42 bundled conversations, cycled to
+``hs_dataset.capture.serve.plan``. The same samples -- the 42 bundled conversations, cycled to
 ``--samples`` (48) with distinct ids, 29-521 tokens each -- are captured two ways,
 alternating (serial, concurrent, concurrent, serial, ...) so that drift in the machine's
 load hits both:
@@ -170,9 +170,9 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import load_card
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.sources import SampleRules, iter_samples
 
     torch.set_num_threads(1)

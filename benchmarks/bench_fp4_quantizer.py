@@ -1,6 +1,6 @@
 """The server's 4-bit quantizers per 4096-token pass of Kimi-K2.5 states: the fused kernel against the reference.
 
-The reference (``hs_dataset/wire/fp4.py``: the encodings' one definition, run by the
+The reference (``hs_dataset/codecs/fp4.py``: the encodings' one definition, run by the
 writer on the host) is a dozen torch operations, each a pass over the states; the
 server runs ``sglang/server/fp4_kernel.py`` on CUDA, one Triton kernel with the same
 bytes (checked here on the timed tensors). Both are timed in the same run on the same
@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from hs_dataset.sglang.server import fp4_kernel
-from hs_dataset.sglang.server.states import QUANTIZERS
-from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.codecs import fp4_kernel
+from hs_dataset.server_patch.states import QUANTIZERS
+from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fp8_quantizer import pass_arguments, sync  # noqa: E402  (the quantizer benchmarks' one option set)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from hs_dataset.wire.fp8 import FP8_MAX, quantize_fp8_per_token
+from hs_dataset.codecs.fp8 import FP8_MAX, quantize_fp8_per_token
 
 
 def defining_formula(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Regeneration throughput: many /generate requests in flight vs one at a time, same CPU SGLang server, same run.
 
 One real SGLang 0.5.23 server (CPU) runs the ``tiny-deepseek-sglang`` card (started
-here through ``hs_dataset.sglang.launch``, with the capture hooks on: generation requests carry
+here through ``hs_dataset.capture.serve``, with the capture hooks on: generation requests carry
 ``gen-`` ids the hook ignores, which this run also checks: nothing is staged). The
 prompts are the first turns of the bundled conversations rendered with the chat
 template's generation prompt, cycled to ``--prompts``; each asks for
@@ -64,9 +64,9 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from hs_dataset.regenerate.generator import GenerationParams
-    from hs_dataset.sglang.client.generate import SGLangGenerator
+    from hs_dataset.capture.sglang.generate import SGLangGenerator
     from hs_dataset.config import load_card
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
 
     tmp, shm = start_run("generation")  # SIGTERM -> SystemExit, so the finally below still stops the server

@@ -7,7 +7,7 @@ residual blocks of bf16 matmuls, random weights) runs 4096-token prefill steps o
 * the pinned-copy ceiling: one async D2H copy of a [4096, 4 x 7168] bf16 block into
   pinned memory (and, for contrast, a pageable ``.cpu()``);
 * prefill throughput with no capture (baseline);
-* prefill throughput with the server-side capture path of ``hs_dataset.sglang.server``
+* prefill throughput with the server-side capture path of ``hs_dataset.server_patch``
   (the same :class:`CaptureCore` the SGLang hooks call: per-request split, device
   snapshot or fp8 quantization with ``--storage fp8``, pinned buffer pool, side-stream
   copy, writer threads writing each dump with one ``os.writev``, bounded staging),
@@ -80,7 +80,7 @@ def pinned_ceiling(nbytes: int, device: torch.device) -> tuple[float, float]:
 
 
 def run_steps(model: SyntheticPrefill, steps: int, tokens: int, requests: int, core=None, step_offset: int = 0) -> float:
-    from hs_dataset.sglang.server.batch import BatchView
+    from hs_dataset.server_patch.batch import BatchView
 
     per = tokens // requests
     device = model.w1[0].device
@@ -115,8 +115,8 @@ def main() -> None:
         print("no CUDA device: P4 needs a GPU (run it through the device tool); nothing measured")
         return
 
-    from hs_dataset.sglang.server.config import CaptureConfig
-    from hs_dataset.sglang.server.core import CaptureCore
+    from hs_dataset.server_patch.config import CaptureConfig
+    from hs_dataset.server_patch.core import CaptureCore
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
@@ -167,7 +167,7 @@ def main() -> None:
         shutil.rmtree(staging_root, ignore_errors=True)
 
     # D2H rate the capture path reaches: time the side-stream copy of one step's states with events.
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     copier = HostCopier(4 * step_bytes)
     x = torch.randn(args.tokens, len(AUX) + 1, H, device=device, dtype=torch.bfloat16)

@@ -9,7 +9,7 @@ build``) is a separate process from the SGLang server:
   (bench_gpu_capture.py's residual-MLP model, 61 blocks), 4096-token passes of 8
   requests, at ~26k tokens/s (a Kimi-K2.5 TP8 node's per-GPU rate) and at ~108k
   tokens/s (4x faster), and the server's
-  :class:`~hs_dataset.sglang.server.core.CaptureCore` (split, device snapshot or fp8
+  :class:`~hs_dataset.server_patch.core.CaptureCore` (split, device snapshot or fp8
   quantization on the GPU, pinned side-stream copy, writer threads writing each dump
   with one ``os.writev`` into a bounded staging dir in /dev/shm);
 * the client process (this file again, started with multiprocessing's ``spawn``: it
@@ -165,7 +165,7 @@ class Consumer:
     """
 
     def __init__(self, expected, writer, staging: str, loaders: int, stats: dict) -> None:
-        from hs_dataset.wire.dump import DUMP_SUFFIX, REFUSED_SUFFIX
+        from hs_dataset.server_patch.contract.dump import DUMP_SUFFIX, REFUSED_SUFFIX
 
         self.expected_dump, self.writer, self.staging, self.stats = expected, writer, staging, stats
         self.dump_suffix, self.refused_suffix = DUMP_SUFFIX, REFUSED_SUFFIX
@@ -182,8 +182,8 @@ class Consumer:
         self.adder.start()
 
     def _load_loop(self) -> None:
-        from hs_dataset.sglang.client.dumps import check_dump
-        from hs_dataset.wire.spares import hand_back_dump
+        from hs_dataset.capture.sglang.dumps import check_dump
+        from hs_dataset.server_patch.contract.spares import hand_back_dump
 
         while (item := self.expected.get()) is not None:
             rid, sample = item
@@ -362,7 +362,7 @@ def _trace_loads() -> dict[str, float]:
     """
     import gc
 
-    import hs_dataset.sglang.client.dumps as client_module
+    import hs_dataset.capture.sglang.dumps as client_module
 
     totals = {f"{name}_{what}": 0.0 for name in ("read", "scan", "mapped") for what in ("s", "cpu_s", "n")}
     lock = threading.Lock()
@@ -403,7 +403,7 @@ def _trace_loads() -> dict[str, float]:
 
 def consume_phase(spec: dict, replies) -> dict:
     """One phase on the client side: expect every request the server will be sent, consume, write, close, verify."""
-    from hs_dataset.sglang.client.dumps import ExpectedDump
+    from hs_dataset.capture.sglang.dumps import ExpectedDump
     from hs_dataset.formats.verify import verify_dataset
     from hs_dataset.formats.writer import ShardWriter
     from hs_dataset.sample import TokenizedSample
@@ -505,9 +505,9 @@ class Client:
 def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None) -> Phase:
     """One (rate, storage) phase. ``copier``: the server's pinned-memory copier, shared across phases as one
     server process keeps it for its lifetime (so its pinned pool is allocated once, in the warm-up); None: a new one."""
-    from hs_dataset.sglang.server.batch import BatchView
-    from hs_dataset.sglang.server.config import CaptureConfig
-    from hs_dataset.sglang.server.core import CaptureCore
+    from hs_dataset.server_patch.batch import BatchView
+    from hs_dataset.server_patch.config import CaptureConfig
+    from hs_dataset.server_patch.core import CaptureCore
 
     phase = Phase(rate, storage)
     device = model.w1[0].device
@@ -594,7 +594,7 @@ def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") 
     ``storage``: fp8, or a 4-bit one (mxfp4, nf4), whose figures are printed under the same keys with its name.
     """
     from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
-    from hs_dataset.sglang.server.states import QUANTIZERS
+    from hs_dataset.server_patch.states import QUANTIZERS
 
     device = model.w1[0].device
     x0 = torch.randn(tokens, H, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(7))
@@ -665,8 +665,8 @@ def main() -> None:
         flush=True,
     )
     from hs_dataset.formats.encoding import state_encoding_for
-    from hs_dataset.sglang.server.copier import HostCopier
-    from hs_dataset.sglang.server.states import prepare_quantizer
+    from hs_dataset.server_patch.copier import HostCopier
+    from hs_dataset.server_patch.states import prepare_quantizer
 
     copier = None if args.copier_per_phase else HostCopier(args.pinned_gib << 30)
     if copier is not None:

@@ -8,7 +8,7 @@ states). For each model both servers start side by side on the GPU (``hs-dataset
 one is the same command line without ``--forward-hooks``), then each gets ``--prompts`` random prompts of
 ``--tokens`` tokens with ``--in-flight`` requests in flight, ``--repeats`` times:
 
-* with hooks: :class:`~hs_dataset.sglang.client.backend.SGLangBackend` (reads, checks and hands back every dump);
+* with hooks: :class:`~hs_dataset.capture.sglang.backend.SGLangBackend` (reads, checks and hands back every dump);
 * without: plain ``/generate`` requests, the same ids and concurrency.
 
 Printed per model, best run of each side: SGLang's own prefill throughput (the median "input throughput" of its
@@ -111,7 +111,7 @@ def start_pair(model: Path, args: argparse.Namespace, out: Path, tag: str):
     """The hooked server and the plain one (same argv without --forward-hooks), started side by side."""
     import dataclasses
 
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
 
     staging = Path("/dev/shm") / f"hs-bench-{tag}"
     hooked = plan_server(card_for(model, args.port, staging, args))
@@ -149,7 +149,7 @@ def prompts(args: argparse.Namespace, seed: int):
 
 
 def run_hooked(card, server, samples, args) -> float:
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     be = SGLangBackend.from_card(card, servers=[server.url])
     try:
@@ -196,7 +196,7 @@ def prefill_rate(log_path: str, start: int) -> float:
 
 def hook_counts(card) -> dict:
     """The hooked server's own counters (its status file): passes, and the forward-thread time its hooks took."""
-    from hs_dataset.wire.status import read_statuses
+    from hs_dataset.server_patch.contract.status import read_statuses
 
     counts: dict = {}
     for status in read_statuses(card.sglang.staging.dir):

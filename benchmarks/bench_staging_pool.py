@@ -37,7 +37,7 @@ HIDDEN, STATES = 7168, 4  # Kimi-K2.5's width; 3 aux + the final state
 
 def dump_buffers(tokens: int, seed: int) -> list:
     """A header and the state bytes, as the capture core hands them to ``write_atomic``."""
-    from hs_dataset.wire.safetensors_header import dump_header
+    from hs_dataset.codecs.safetensors_header import dump_header
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 1000, (tokens,), generator=g)
@@ -66,8 +66,8 @@ def read_fresh(path: str) -> torch.Tensor:
 
 def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tuple[float, float]:
     """(server write s, client read + hand back or delete s) of one dump."""
-    from hs_dataset.sglang.client.dumps import _read_dump
-    from hs_dataset.wire.spares import hand_back_dump
+    from hs_dataset.capture.sglang.dumps import _read_dump
+    from hs_dataset.server_patch.contract.spares import hand_back_dump
 
     if len(held) >= keep:
         held.clear()  # the shard is written: its samples go
@@ -85,7 +85,7 @@ def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tu
 
 
 def main() -> None:
-    from hs_dataset.sglang.server.staging import StagingDir
+    from hs_dataset.server_patch.staging import StagingDir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=128)

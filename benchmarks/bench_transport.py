@@ -1,6 +1,6 @@
 """P1: per-token cost of moving Kimi-wide hidden states out of a real SGLang server.
 
-One real SGLang 0.5.23 server (CPU, started here through ``hs_dataset.sglang.launch.plan``) with
+One real SGLang 0.5.23 server (CPU, started here through ``hs_dataset.capture.serve.plan``) with
 capture on serves three kinds of requests for the same prompts, in the same run:
 
 * ``plain``: ``/generate`` without any state return (rid without our ``hs-`` prefix, so
@@ -247,7 +247,7 @@ class TimedBackend:
     """SGLangBackend with the HTTP part of each capture timed (wraps the instance's _post_generate)."""
 
     def __init__(self, backend) -> None:
-        import hs_dataset.sglang.client.dumps as client_module
+        import hs_dataset.capture.sglang.dumps as client_module
 
         self.backend = backend
         self.last_http = 0.0
@@ -425,9 +425,9 @@ def main() -> int:
     if server_python_missing():
         return 2
 
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import card_from_dict
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     tmp, shm = start_run("transport")  # SIGTERM -> SystemExit, so the finally below still stops the server

@@ -9,7 +9,7 @@ max_cache_bytes=N)``. Building: ``hs-dataset build``, ``hs_dataset.build_dataset
 :mod:`hs_dataset.datasets_hook`; see docs/DATASETS.md), or ``hs_dataset.load_dataset(...)``.
 
 Importing the package does nothing else: attributes are imported lazily, so the SGLang
-server can import ``hs_dataset.sglang.server`` with nothing but torch installed.
+server can import ``hs_dataset.server_patch`` with nothing but torch installed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Cards, manifests, shard headers and capture backends all spell dtypes; they read
 this table instead of keeping their own. torch is imported only when a torch dtype
 is asked for, so the card schema (:mod:`hs_dataset.config`) can name dtypes without
 importing torch. Stdlib only besides that, so the server side
-(:mod:`hs_dataset.sglang.server`, inside SGLang) reads it too.
+(:mod:`hs_dataset.server_patch`, inside SGLang) reads it too.
 """
 
 from __future__ import annotations

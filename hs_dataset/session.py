@@ -43,7 +43,7 @@ def make_backend(
         from hs_dataset.capture.hf import HFBackend
 
         return HFBackend.from_card(card, model_path=model_path, device=device)
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
 
@@ -56,7 +56,7 @@ def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, token
         return HFGenerator(model, pad_token_id=int(pad), model_fingerprint=info.model_fingerprint)
     endpoints = getattr(backend, "endpoints", None)
     if endpoints:
-        from hs_dataset.sglang.client.generate import SGLangGenerator
+        from hs_dataset.capture.sglang.generate import SGLangGenerator
 
         limit = {"max_response_bytes": card.backend.max_response_bytes} if isinstance(card.backend, SGLangBackendSection) else {}
         return SGLangGenerator(

@@ -7,13 +7,13 @@
 #
 #   cpu  (default) torch==2.13.0 CPU wheel + triton + torchvision, sglang wheel
 #        with --no-deps, then the imports sglang needs with the torch pin as a
-#        constraint; the CPU support files of hs_dataset/sglang/cpu_support
+#        constraint; the CPU support files of hs_dataset/server_patch/cpu_support
 #        (sgl_kernel stand-in, torchvision sitecustomize) are put on the venv's
 #        path with a .pth file. For tests and development on machines without GPU.
 #   cuda   plain `pip install sglang==VERSION` (sglang's own torch); nothing CPU-only.
 #
 # Both routes then install this repository with --no-deps (editable), so the
-# scheduler processes can import hs_dataset.sglang.server.
+# scheduler processes can import hs_dataset.server_patch.
 #
 # Idempotent: a stamp file keyed by this script's hash + route + version makes a
 # second run return at once. Force a rebuild with HS_SGLANG_REBUILD=1.
@@ -70,13 +70,13 @@ CONS
         xxhash interegular dill einops gguf partial_json_parser jsonschema tiktoken anthropic watchfiles \
         zstandard nvidia-ml-py easydict ninja distro smg-grpc-servicer pyyaml
     # 4. CPU support files on every process's path (sitecustomize + sgl_kernel stand-in).
-    echo "$REPO/hs_dataset/sglang/cpu_support" > "$SITE/hs_dataset_cpu_support.pth"
+    echo "$REPO/hs_dataset/server_patch/cpu_support" > "$SITE/hs_dataset_cpu_support.pth"
 else
     "${PIP[@]}" install -q "sglang==$SGLANG_VERSION"
     rm -f "$SITE/hs_dataset_cpu_support.pth"
 fi
 
-# 5. Our server-side code (hs_dataset.sglang.server), without the builder's dependencies, and without the
+# 5. Our server-side code (hs_dataset.server_patch), without the builder's dependencies, and without the
 #    `datasets` name hook: nothing in the server may patch `datasets` (docs/DATASETS.md).
 "${PIP[@]}" install -q --no-deps -e "$REPO"
 rm -f "$SITE/hs_dataset_datasets_hook.pth"
@@ -84,7 +84,7 @@ rm -f "$SITE/hs_dataset_datasets_hook.pth"
 # 6. Smoke check: the imports the scheduler needs.
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
-import sglang, torch, hs_dataset.sglang.server.core  # noqa: F401
+import sglang, torch, hs_dataset.server_patch.core  # noqa: F401
 import sglang.srt.model_executor.hook_manager  # noqa: F401
 print(f"sglang-env: ok: sglang {md.version('sglang')}, torch {torch.__version__}")
 PY

@@ -1,7 +1,7 @@
 """``hs-dataset patch check|apply|revert``: the source patch for SGLang <= 0.5.5.
 
-The work is done by hs_dataset.sglang.legacy (its command line:
-hs_dataset.sglang.legacy.patch), which is standard library only so that it can also
+The work is done by hs_dataset.server_patch.legacy (its command line:
+hs_dataset.server_patch.legacy.patch), which is standard library only so that it can also
 run as a script inside the SGLang server's environment; this module only plugs it
 into ``hs-dataset``.
 See docs/LEGACY_PATCH.md.
@@ -27,12 +27,12 @@ EXAMPLES = """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hs_dataset.sglang.legacy import patch
+    from hs_dataset.server_patch.legacy import patch
 
     patch.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.sglang.legacy import patch
+    from hs_dataset.server_patch.legacy import patch
 
     return patch.run(args)

@@ -43,8 +43,8 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.sglang.launch import launch, plan_server
-    from hs_dataset.sglang.launch.probe import check_processor_in_server
+    from hs_dataset.capture.serve import launch, plan_server
+    from hs_dataset.capture.serve.probe import check_processor_in_server
 
     card = card_from_args(args, default_backend="sglang")
     plan = plan_server(

@@ -259,7 +259,7 @@ class SGLangBackendSection(Section):
 BackendSection = Annotated[Union[HFBackendSection, SGLangBackendSection], Field(discriminator="name")]
 
 
-# ``shards.storage`` values: short names and the encodings' full names (hs_dataset.wire.storage.STORAGE_NAMES)
+# ``shards.storage`` values: short names and the encodings' full names (hs_dataset.codecs.storage.STORAGE_NAMES)
 StorageName = Literal["native", "fp8", "fp8_e4m3_per_token", "mxfp4", "mxfp4_e2m1_g32", "nf4", "nf4_g32"]
 STORAGE_CHOICES = ("native", "fp8", "mxfp4", "nf4")  # what the CLIs offer
 

@@ -21,7 +21,7 @@ import torch
 
 from hs_dataset.dtypes import DTYPES, STATE_DTYPES, dtype_info, from_torch
 from hs_dataset.errors import FormatError, UnsupportedFormatError
-from hs_dataset.wire.fp4 import (
+from hs_dataset.codecs.fp4 import (
     GROUP_SIZE,
     MX_MAX_EXPONENT_BYTE,
     MXFP4_ENCODING,
@@ -31,8 +31,8 @@ from hs_dataset.wire.fp4 import (
     quantize_mxfp4,
     quantize_nf4,
 )
-from hs_dataset.wire.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
-from hs_dataset.wire.storage import STORAGE_NAMES
+from hs_dataset.codecs.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
+from hs_dataset.codecs.storage import STORAGE_NAMES
 
 __all__ = [
     "Encoding",

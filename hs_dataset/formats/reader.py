@@ -29,7 +29,7 @@ from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, bad_sc
 from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
-from hs_dataset.formats.safetensors_layout import TensorSpec, parse_header, read_header
+from hs_dataset.codecs.safetensors_layout import TensorSpec, parse_header, read_header
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
     FINAL_KEY,

@@ -2,7 +2,7 @@
 
 The bytes go straight from each sample's tensors into the file (no concatenated copy
 of a 2 GiB shard in memory) behind the header of the one builder
-(:func:`~hs_dataset.wire.safetensors_header.dump_header`), so a shard is a standard
+(:func:`~hs_dataset.codecs.safetensors_header.dump_header`), so a shard is a standard
 safetensors file. Its BLAKE3 hash is computed by a second thread from the same
 buffers while they are written, never by re-reading (docs/FORMAT.md, "Writing").
 """
@@ -25,10 +25,10 @@ from hs_dataset.formats.encoding import SCALE_SUFFIX, safetensors_dtype, tensor_
 from hs_dataset.formats.hashing import SHARD_HASH, Hasher, new_hasher
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import open_regular
-from hs_dataset.formats.safetensors_layout import read_header
+from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, SHARD_FORMAT
 from hs_dataset.libc import start_writeback
-from hs_dataset.wire.safetensors_header import dump_header
+from hs_dataset.codecs.safetensors_header import dump_header
 
 __all__ = ["EncodedSample", "EarlyWriteback", "WRITEBACK_BYTES", "write_shard", "shard_sample_ids"]
 

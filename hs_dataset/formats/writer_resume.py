@@ -24,7 +24,7 @@ from hs_dataset.formats.encoding import Encoding
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.paths import open_regular, resolve_member
-from hs_dataset.formats.safetensors_layout import read_header
+from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.formats.shard_file import shard_sample_ids
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,

@@ -14,7 +14,7 @@ import torch
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats.manifest import ShardRecord
-from hs_dataset.formats.safetensors_layout import MAX_HEADER_BYTES, TensorSpec, parse_header
+from hs_dataset.codecs.safetensors_layout import MAX_HEADER_BYTES, TensorSpec, parse_header
 from hs_dataset.formats.shard_layout import OFFSETS_KEY
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 

@@ -155,7 +155,7 @@ def start_graph_servers(card: Path, out: Path, port: int, only: tuple[str, ...] 
     import yaml
 
     from hs_dataset.config import load_card
-    from hs_dataset.sglang.launch.plan import plan_server
+    from hs_dataset.capture.serve.plan import plan_server
 
     started = {}
     for name, offset, env in (("refused", 1, {}), ("allowed", 2, {"HS_CAPTURE_ALLOW_PREFILL_GRAPH": "1"})):

@@ -29,7 +29,7 @@ from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.interop import derive_post_norm, export_specforge, export_speculators
-from hs_dataset.wire.fp4 import MX_MAX_EXPONENT_BYTE, MXFP4_ENCODING, NF4_ENCODING
+from hs_dataset.codecs.fp4 import MX_MAX_EXPONENT_BYTE, MXFP4_ENCODING, NF4_ENCODING
 from tests.fixtures.damage import rewrite_shard
 
 K, H, L = 3, 64, 6

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.sglang.legacy import edit as lp
-from hs_dataset.sglang.legacy.edit import LegacyPatchError, PatchState
+from hs_dataset.server_patch.legacy import edit as lp
+from hs_dataset.server_patch.legacy.edit import LegacyPatchError, PatchState
 
 from tests.fixtures.paths import REPO  # noqa: E402
 CACHE = Path(os.environ.get("HS_DATASET_CACHE", "~/.cache/hs_dataset")).expanduser() / "sglang-wheels"
 PATCHABLE = ["0.4.10.post2", "0.5.5", "0.5.5.post3", "0.5.8.post1"]
-HOOK_MODULE = "hs_dataset.sglang.legacy.hook"
+HOOK_MODULE = "hs_dataset.server_patch.legacy.hook"
 
 
 def _in_ci() -> bool:

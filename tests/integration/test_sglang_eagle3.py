@@ -60,11 +60,11 @@ def hf_data(lib, ci_verifier, tmp_path_factory) -> Path:
 
 
 def test_sglang_data_of_the_verifier_equals_the_hf_backend(lib, ci_verifier, hf_data, tmp_path):
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import load_card
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.build import build_dataset
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
     from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
     _require_env()

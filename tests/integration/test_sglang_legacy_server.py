@@ -72,7 +72,7 @@ def legacy_server(card, tiny_model, hs_tmp, patched_python):
 
 
 def test_the_patched_release_captures_what_transformers_computes(card, legacy_server, hf_model):
-    from hs_dataset.sglang.client.diagnose import read_report
+    from hs_dataset.capture.sglang.diagnose import read_report
 
     server = legacy_server
     plan = server.plan

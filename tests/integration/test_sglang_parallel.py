@@ -59,7 +59,7 @@ def _card(name: str):
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
 def parallel_server(request, tmp_path_factory):
     """One real server per topology: (name, card, server)."""
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
 
     _require_env()
     name = request.param
@@ -179,7 +179,7 @@ def test_one_dump_per_request_from_uneven_batches(parallel_server, hf_model):
 
 def test_layer_hooks_under_tp_are_refused_before_start(tmp_path):
     """The real 0.5.23 env: forcing layer_hooks with tp 2 names the un-reduced partial sum and aux_return."""
-    from hs_dataset.sglang.launch import ServeError, plan_server
+    from hs_dataset.capture.serve import ServeError, plan_server
 
     _require_env()
     with pytest.raises(ServeError, match=r"tp 2.*OwedOutput.*un-reduced partial sum.*'aux_return'") as err:

@@ -59,7 +59,7 @@ def make_samples(n: int, lengths, seed: int = 0, vocab: int = 129000):
 
 def backend(card, server, *, servers=None, model_path=None, aux_layer_ids=None, dtype=None, **section):
     """A client of ``server`` for ``card``; other keywords override keys of the card's backend section."""
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     overrides = {"backend": section}
     if aux_layer_ids is not None:
@@ -220,7 +220,7 @@ def test_wrong_layers_or_dtype_are_refused(card, capture_server):
 
 
 def test_unreachable_server_is_refused(card):
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     be = SGLangBackend.from_card(card, servers=[f"http://127.0.0.1:{_free_port()}"])
     try:
@@ -253,14 +253,14 @@ def test_serve_check_prints_the_plan(capture_server):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "hs_dataset.sglang.server.hooks:norm_hook", "--dtype float32"):
+    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "hs_dataset.server_patch.hooks:norm_hook", "--dtype float32"):
         assert flag in out.stdout, flag
     assert "mechanism: aux_return" in out.stdout
 
 
 def test_plain_server_without_hooks_is_refused(card, hs_tmp):
     """A server started without hs_dataset's capture hooks: the client says capture is not enabled."""
-    from hs_dataset.sglang.launch import launch, plan_server
+    from hs_dataset.capture.serve import launch, plan_server
 
     _require_env()
     plan = plan_server(card, port=_free_port(), staging_dir=str(hs_tmp / "plain-stage"), python=str(SERVER_PYTHON))
@@ -336,7 +336,7 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
     """--regenerate on SGLang: turns equal plain /generate requests, no dump is staged for them, states equal transformers."""
     import hs_dataset
     from hs_dataset.regenerate.generator import GenerationParams
-    from hs_dataset.sglang.client.generate import SGLangGenerator, parse_output
+    from hs_dataset.capture.sglang.generate import SGLangGenerator, parse_output
     from hs_dataset.formats.regenerated import RegeneratedStore
     from hs_dataset.build import build_dataset
 

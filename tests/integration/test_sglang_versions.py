@@ -80,7 +80,7 @@ def test_a_client_outside_the_hooks_prefix_is_refused_before_any_request(card, r
 
 def test_requests_the_hooks_skip_as_foreign_stop_the_build_in_seconds(card, release_server, monkeypatch):
     """With the up-front check out of the way, the hooks' own report names the cause after the first request."""
-    from hs_dataset.sglang.client import validate
+    from hs_dataset.capture.sglang import validate
 
     _version, server = release_server
     monkeypatch.setattr(validate, "check_rid_prefix", lambda *args, **kwargs: None)

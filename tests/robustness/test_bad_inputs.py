@@ -711,8 +711,8 @@ MECHANISM_CASES = {
 
 @pytest.mark.parametrize("name", list(MECHANISM_CASES))
 def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
-    from hs_dataset.sglang.launch import plan as serve
-    from hs_dataset.sglang.launch import probe
+    from hs_dataset.capture.serve import plan as serve
+    from hs_dataset.capture.serve import probe
 
     from tests.fixtures.fake_sglang import fake_sglang
 
@@ -748,7 +748,7 @@ def test_real_sglang_env_refuses_layer_hooks_at_planning(tmp_path):
     """The real probe of .sglang-venv (SGLang 0.5.23) finds the installed layer source and refuses; 'auto' still plans."""
     _need_server_env()
     from hs_dataset.config import load_card
-    from hs_dataset.sglang.launch import plan as serve
+    from hs_dataset.capture.serve import plan as serve
 
     card = load_card("tiny-deepseek-sglang")
     with pytest.raises(serve.ServeError, match=r"SGLang 0\.5\.23.*returns `\(hidden_states, topk_indices\)`.*'aux_return'"):
@@ -758,7 +758,7 @@ def test_real_sglang_env_refuses_layer_hooks_at_planning(tmp_path):
 
 _IN_SERVER = r"""
 import json, sys
-from hs_dataset.sglang.server import hooks as sglang_hooks
+from hs_dataset.server_patch import hooks as sglang_hooks
 config = {"staging_dir": sys.argv[1], "hf_aux_layer_ids": [2, 3, 4], "mechanism": "layer_hooks",
           "module_path": "model", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "hook_hf_id": 2}
 try:

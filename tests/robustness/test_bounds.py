@@ -478,7 +478,7 @@ def server():
 
 
 def fetch(url: str, max_bytes: int = 1 << 20):
-    from hs_dataset.sglang.client.http import get_json, new_session
+    from hs_dataset.capture.sglang.http import get_json, new_session
 
     async def go():
         async with new_session(1, 30) as session:
@@ -499,7 +499,7 @@ HTTP_CASES = {
 
 @pytest.mark.parametrize("name", list(HTTP_CASES))
 def test_hostile_answer_is_one_line(server, name):
-    from hs_dataset.sglang.client.http import BadResponseError
+    from hs_dataset.capture.sglang.http import BadResponseError
 
     path, reason = HTTP_CASES[name]
     start = time.monotonic()
@@ -511,7 +511,7 @@ def test_hostile_answer_is_one_line(server, name):
 
 
 def test_error_status_reads_only_the_start(server):
-    from hs_dataset.sglang.client.http import HTTPStatusError
+    from hs_dataset.capture.sglang.http import HTTPStatusError
 
     with pytest.raises(HTTPStatusError) as caught:
         fetch(server + "/error500")
@@ -520,14 +520,14 @@ def test_error_status_reads_only_the_start(server):
 
 @pytest.mark.parametrize("name", ["info-version-int", "info-hooks-dict", "info-radix-str", "info-list"])
 def test_hostile_server_info_is_a_validation_error(server, name):
-    from hs_dataset.sglang.client.http import new_session
-    from hs_dataset.sglang.client.validate import read_server_info
+    from hs_dataset.capture.sglang.http import new_session
+    from hs_dataset.capture.sglang.validate import read_server_info
 
     async def go():
         async with new_session(1, 30) as session:
             info = await read_server_info(f"{server}/{name}", session, 1 << 20)
             if name == "info-hooks-dict":
-                from hs_dataset.sglang.client.validate import capture_hook_config
+                from hs_dataset.capture.sglang.validate import capture_hook_config
 
                 capture_hook_config(server, info)
 
@@ -539,7 +539,7 @@ def test_hostile_server_info_is_a_validation_error(server, name):
 @pytest.mark.parametrize("name", list(GENERATE_ANSWERS))
 def test_hostile_generate_answer_is_a_failed_turn(server, name):
     from hs_dataset.regenerate.generator import GenerationParams
-    from hs_dataset.sglang.client.generate import SGLangGenerator
+    from hs_dataset.capture.sglang.generate import SGLangGenerator
 
     url = f"{server}/gen-{list(GENERATE_ANSWERS).index(name)}"
     generator = SGLangGenerator([url], retries=0, vocab_size=1000, request_timeout_s=10)
@@ -562,7 +562,7 @@ def test_max_response_bytes_is_a_card_field():
 def test_endless_answer_memory_is_bounded_in_a_child(server):
     code = f"""
 import asyncio
-from hs_dataset.sglang.client.http import get_json, new_session, BadResponseError
+from hs_dataset.capture.sglang.http import get_json, new_session, BadResponseError
 import aiohttp
 BASE = _rss('VmRSS:')
 async def go():

@@ -73,7 +73,7 @@ def source_samples(card, tiny_model):
 
 
 def _plan(card, port: int, staging: Path):
-    from hs_dataset.sglang.launch.plan import plan_server
+    from hs_dataset.capture.serve.plan import plan_server
 
     staging_cfg = card.sglang.staging.model_dump()
     staging_cfg["orphan_ttl_s"] = ORPHAN_TTL_S
@@ -83,7 +83,7 @@ def _plan(card, port: int, staging: Path):
 
 
 def _launch(card, port: int, root: Path, name: str):
-    from hs_dataset.sglang.launch import launch
+    from hs_dataset.capture.serve import launch
 
     t0 = time.monotonic()
     server = launch(_plan(card, port, root / "stage"), log_path=str(root / f"{name}.log"), timeout=300)
@@ -111,7 +111,7 @@ def _server(box, card):
 def _backend(card, urls, *, run_id=None, **kw):
     """A client of ``urls`` with the CLIENT settings (``kw`` overrides keys of the card's backend section)."""
     from hs_dataset.capture.base import CaptureTarget
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     section = card.with_overrides(backend={**CLIENT, **kw}).backend
     return SGLangBackend(section, CaptureTarget.from_card(card), servers=urls, run_id=run_id)

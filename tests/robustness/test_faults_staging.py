@@ -40,14 +40,14 @@ from safetensors.torch import save
 
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample, TokenizedSample
-from hs_dataset.sglang.server.batch import BatchView
-from hs_dataset.sglang.server.config import CaptureConfig
-from hs_dataset.sglang.server.core import CaptureCore
-from hs_dataset.wire.status import is_status_name, status_name
-from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
-from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
-from hs_dataset.sglang.server.staging import StagingDir
-from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.contract.status import is_status_name, status_name
+from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
+from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
+from hs_dataset.server_patch.staging import StagingDir
+from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 
 from tests.unit.test_sglang_capture_core import IDS, H, K, fake_batch, make_core, states
 
@@ -88,7 +88,7 @@ def _mode(m):
 def _other_owner(path, monkeypatch):
     path.mkdir(mode=0o700)
     uid = os.stat(path).st_uid
-    import hs_dataset.sglang.server.staging as staging
+    import hs_dataset.server_patch.staging as staging
 
     monkeypatch.setattr(staging.os, "geteuid", lambda: uid + 1)
 
@@ -163,7 +163,7 @@ def test_staging_dir_is_0700_even_under_umask_0(tmp_path):
 @pytest.mark.parametrize("swap", ["loose directory", "symlink"])
 def test_directory_swapped_between_check_and_open_is_refused(tmp_path, monkeypatch, swap):
     """TOCTOU: the path passes the check, then is replaced before StagingDir opens it."""
-    import hs_dataset.sglang.server.staging as staging
+    import hs_dataset.server_patch.staging as staging
 
     path = tmp_path / "stage"
     if swap == "loose directory":
@@ -255,8 +255,8 @@ def test_symlink_planted_at_the_dump_name_is_not_written_through_nor_read(tmp_pa
 def _client(tmp_path):
     from hs_dataset.capture.base import CaptureTarget
     from hs_dataset.config import SGLangBackendSection
-    from hs_dataset.sglang.client.backend import SGLangBackend
-    from hs_dataset.sglang.client.endpoints import Endpoint
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.capture.sglang.endpoints import Endpoint
 
     section = SGLangBackendSection(name="sglang", dump_timeout_s=0.5)
     target = CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32")

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hs_dataset.sglang.client.diagnose import NO_REPORT_S, diagnose, read_report
-from hs_dataset.wire.status import MAX_STATUS_BYTES, read_statuses, status_name, write_status
+from hs_dataset.capture.sglang.diagnose import NO_REPORT_S, diagnose, read_report
+from hs_dataset.server_patch.contract.status import MAX_STATUS_BYTES, read_statuses, status_name, write_status
 
 URL, RID = "http://127.0.0.1:9", "hs-run1-7-12"
 

@@ -11,7 +11,7 @@ import pytest
 import hs_dataset
 from hs_dataset.errors import HsDatasetError
 
-SKIPPED = ("hs_dataset.demo", "hs_dataset.sglang.cpu_support")
+SKIPPED = ("hs_dataset.demo", "hs_dataset.server_patch.cpu_support")
 
 
 def _module_names() -> list[str]:
@@ -28,7 +28,7 @@ def _public_exceptions(module) -> list[type]:
 
 def test_the_walk_finds_the_modules_that_define_errors():
     names = _module_names()
-    for expected in ("hs_dataset.config", "hs_dataset.config.problems", "hs_dataset.sglang.legacy.edit", "hs_dataset.interop.common", "hs_dataset.interop.importing", "hs_dataset.cli.main"):
+    for expected in ("hs_dataset.config", "hs_dataset.config.problems", "hs_dataset.server_patch.legacy.edit", "hs_dataset.interop.common", "hs_dataset.interop.importing", "hs_dataset.cli.main"):
         assert expected in names
 
 
@@ -41,9 +41,9 @@ def test_public_exceptions_derive_from_hs_dataset_error(module_name):
 
 def test_old_bases_are_kept_for_existing_except_clauses():
     from hs_dataset.config import CardError
-    from hs_dataset.sglang.support import UnsupportedVersionError
-    from hs_dataset.wire.layer_ids import LayerIdError
-    from hs_dataset.wire.private_dir import StagingError
+    from hs_dataset.capture.sglang.support import UnsupportedVersionError
+    from hs_dataset.capture.serve.layer_ids import LayerIdError
+    from hs_dataset.server_patch.contract.private_dir import StagingError
 
     assert issubclass(CardError, ValueError) and issubclass(LayerIdError, ValueError)
     assert issubclass(UnsupportedVersionError, ValueError) and issubclass(StagingError, RuntimeError)

@@ -127,7 +127,7 @@ def test_fp8_quantizer_matches_its_defining_formula_bit_for_bit(dtype):
     The reference is the encoding's definition (float32 copy, max |x| per token, scale =
     max / 448 or 1, divide, clamp, cast), which datasets written before were encoded with.
     """
-    from hs_dataset.wire.fp8 import FP8_MAX, quantize_fp8_per_token
+    from hs_dataset.codecs.fp8 import FP8_MAX, quantize_fp8_per_token
 
     def reference(x):
         as_float = x.float()

@@ -20,7 +20,7 @@ from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample
-from hs_dataset.wire.fp4 import (
+from hs_dataset.codecs.fp4 import (
     E2M1_LEVELS,
     GROUP_SIZE,
     MX_MAX_EXPONENT_BYTE,
@@ -223,9 +223,9 @@ def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, n
     from safetensors.torch import save_file
 
     from hs_dataset.sample import TokenizedSample
-    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
-    from hs_dataset.wire.dump import DUMP_FORMAT, DUMP_VERSION
-    from hs_dataset.wire.fp8 import STATE_ENCODING_KEY
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
+    from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION
+    from hs_dataset.codecs.fp8 import STATE_ENCODING_KEY
 
     k, h, ids = 2, 2 * GROUP_SIZE, torch.arange(10, 15)
     plain = make_sample("s0", 5, k=k, h=h)
@@ -253,8 +253,8 @@ def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, n
 def test_the_probe_reads_the_models_hidden_size_from_any_dump_encoding(storage):
     """A 4-bit dump is [T, H/2] bytes: the probe must still see H (it called the first real nf4 server the wrong model)."""
     from hs_dataset.errors import ServerValidationError
-    from hs_dataset.sglang.client.validate import check_probe
-    from hs_dataset.wire.fp8 import quantize_fp8_per_token
+    from hs_dataset.capture.sglang.validate import check_probe
+    from hs_dataset.codecs.fp8 import quantize_fp8_per_token
 
     k, h = 2, 4 * GROUP_SIZE
     plain = make_sample("__hs_probe__", 7, k=k, h=h, dtype=torch.bfloat16)

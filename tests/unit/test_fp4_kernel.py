@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from hs_dataset.formats.encoding import bad_scales, get_encoding
-from hs_dataset.sglang.server import fp4_kernel
-from hs_dataset.sglang.server.states import QUANTIZERS
-from hs_dataset.wire.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.codecs import fp4_kernel
+from hs_dataset.server_patch.states import QUANTIZERS
+from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
 
 REFERENCE = {MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}
 needs_kernel = pytest.mark.skipif(
@@ -105,7 +105,7 @@ def test_prepare_quantizer_compiles_the_kernel_before_the_first_pass():
     """The hooks call it at server start: the first pass must not stall for a compile (a second or more)."""
     import time
 
-    from hs_dataset.sglang.server.states import prepare_quantizer
+    from hs_dataset.server_patch.states import prepare_quantizer
 
     prepare_quantizer(NF4_ENCODING, torch.device("cuda"))
     x = torch.randn(4096, 3, 7168, device="cuda").to(torch.bfloat16)

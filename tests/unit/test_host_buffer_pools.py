@@ -82,7 +82,7 @@ def test_concurrent_leases_never_share_memory():
 
 def test_the_servers_pool_hands_out_ranges_of_one_slab_best_fit_and_merges_them_back():
     """One slab, allocated once; the best-fitting free range is taken; released neighbours merge (no fragmentation)."""
-    from hs_dataset.sglang.server.copier import PinnedPool
+    from hs_dataset.server_patch.copier import PinnedPool
 
     pool = PinnedPool(16 * MIB, granularity=MIB, pin_memory=False)
     a, b, c = (pool.acquire(n * MIB, timeout=0) for n in (4, 2, 6))
@@ -107,7 +107,7 @@ def test_the_servers_pool_hands_out_ranges_of_one_slab_best_fit_and_merges_them_
 
 
 def test_the_servers_pool_waits_for_a_release_then_gives_up_at_its_timeout():
-    from hs_dataset.sglang.server.copier import PinnedPool
+    from hs_dataset.server_patch.copier import PinnedPool
 
     pool = PinnedPool(4 * MIB, granularity=MIB, pin_memory=False)
     held = pool.acquire(4 * MIB, timeout=0)

@@ -21,12 +21,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hs_dataset.sglang.client import dumps as client
-from hs_dataset.sglang.client.dumps import _read_dump
-from hs_dataset.wire.mapped_files import FileMaps, copy_into, copy_out
-from hs_dataset.wire.safetensors_header import dump_header
-from hs_dataset.wire.spares import hand_back_dump
-from hs_dataset.sglang.server.staging import StagingDir
+from hs_dataset.capture.sglang import dumps as client
+from hs_dataset.capture.sglang.dumps import _read_dump
+from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into, copy_out
+from hs_dataset.codecs.safetensors_header import dump_header
+from hs_dataset.server_patch.contract.spares import hand_back_dump
+from hs_dataset.server_patch.staging import StagingDir
 
 
 @pytest.fixture(params=["disk", "tmpfs"])
@@ -97,7 +97,7 @@ def test_a_file_keeps_one_mapping_while_it_goes_round(stage):
 
 def test_from_a_files_second_round_on_both_sides_copy_through_their_kept_mappings(stage, monkeypatch):
     """A file's first round on each side uses write/read (a new mapping's faults cost more); later rounds the mappings."""
-    import hs_dataset.sglang.server.staging as staging_module
+    import hs_dataset.server_patch.staging as staging_module
 
     copies = {"server": 0, "client": 0}
 

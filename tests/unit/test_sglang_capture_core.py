@@ -1,6 +1,6 @@
 """Unit tests of the server-side capture core and the SGLang client, without SGLang.
 
-Fake ForwardBatch objects drive :class:`hs_dataset.sglang.server.core.CaptureCore`
+Fake ForwardBatch objects drive :class:`hs_dataset.server_patch.core.CaptureCore`
 directly; everything runs in the main environment in a few seconds.
 """
 
@@ -19,17 +19,17 @@ import torch
 from safetensors import safe_open
 
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.wire import layer_ids as L
-from hs_dataset.wire.sglang_version import parse_version
-from hs_dataset.wire.status import is_status_name
-from hs_dataset.sglang.server.batch import BatchView
-from hs_dataset.sglang.server.config import CaptureConfig
-from hs_dataset.sglang.server.core import CaptureCore
-from hs_dataset.wire.dump import refused_name
-from hs_dataset.wire.private_dir import StagingError, check_private_dir, ensure_private_dir
-from hs_dataset.wire.rid import content_key, make_rid, validate_rid
-from hs_dataset.sglang.server.budget import StagingBudget
-from hs_dataset.sglang.server.staging import StagingDir
+from hs_dataset.capture.serve import layer_ids as L
+from hs_dataset.server_patch.contract.sglang_version import parse_version
+from hs_dataset.server_patch.contract.status import is_status_name
+from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.contract.dump import refused_name
+from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
+from hs_dataset.server_patch.contract.rid import content_key, make_rid, validate_rid
+from hs_dataset.server_patch.budget import StagingBudget
+from hs_dataset.server_patch.staging import StagingDir
 
 K, H = 3, 8
 IDS = [2, 3, 4]
@@ -482,7 +482,7 @@ def test_copier_snapshot_is_independent_of_the_forward_buffers(tmp_path):
 
 def test_each_dump_reports_the_forward_threads_capture_cpu(tmp_path, monkeypatch):
     """capture_cpu_ns: the hook's CPU on the forward thread, each request its own part and a share of the pass's by tokens."""
-    import hs_dataset.sglang.server.core as capture_module
+    import hs_dataset.server_patch.core as capture_module
 
     clock = iter(range(0, 10**9, 1000))  # every reading 1 us after the one before
     monkeypatch.setattr(capture_module.time, "thread_time_ns", lambda: next(clock))
@@ -520,7 +520,7 @@ def test_the_dump_writers_are_named_for_the_os(tmp_path):
 
 
 def test_the_cpu_snapshot_is_a_contiguous_copy_of_any_layout():
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     g = torch.Generator().manual_seed(1)
     base = torch.randn(6, 3, 8, generator=g).to(torch.bfloat16)
@@ -538,7 +538,7 @@ def test_the_cpu_snapshot_is_a_contiguous_copy_of_any_layout():
 
 
 def _fresh_runtime(monkeypatch, tmp_path, **cfg):
-    from hs_dataset.sglang.server import hooks as sglang_hooks
+    from hs_dataset.server_patch import hooks as sglang_hooks
 
     monkeypatch.setattr(sglang_hooks, "_RUNTIME", None)
     monkeypatch.setattr(sglang_hooks, "_attention_ranks", lambda: (0, 0, "test"))
@@ -626,7 +626,7 @@ def test_a_layer_output_that_is_no_tensor_is_refused_with_the_true_reason(monkey
 
 
 def test_dp_attention_as_resolved_by_sglang_0523_is_refused_for_layer_hooks():
-    from hs_dataset.sglang.server import hooks as sglang_hooks
+    from hs_dataset.server_patch import hooks as sglang_hooks
 
     args = SimpleNamespace(enable_dp_attention=False, attn_dp_size=2)  # --dp 2 --enable-dp-attention after 0.5.23 resolves it
     assert any("DP attention" in p for p in sglang_hooks.check_server_args(args, "layer_hooks"))
@@ -649,8 +649,8 @@ def test_hook_configs_must_agree_and_unsafe_setups_are_refused(monkeypatch, tmp_
 
 
 def test_legacy_adapter(monkeypatch, tmp_path):
-    from hs_dataset.sglang.legacy import hook as legacy_hook
-    from hs_dataset.sglang.server import hooks as sglang_hooks
+    from hs_dataset.server_patch.legacy import hook as legacy_hook
+    from hs_dataset.server_patch import hooks as sglang_hooks
 
     monkeypatch.setattr(sglang_hooks, "_attention_ranks", lambda: (0, 0, "test"))
     monkeypatch.setattr(sglang_hooks, "_server_args", lambda: None)
@@ -671,8 +671,8 @@ def test_legacy_adapter(monkeypatch, tmp_path):
 def test_server_side_modules_import_nothing_heavy():
     code = (
         "import sys\n"
-        "import hs_dataset.sglang.server.hooks, hs_dataset.sglang.legacy.hook, hs_dataset.wire.dump\n"
-        "import hs_dataset.sglang.cpu_support.mla_torch_native\n"
+        "import hs_dataset.server_patch.hooks, hs_dataset.server_patch.legacy.hook, hs_dataset.server_patch.contract.dump\n"
+        "import hs_dataset.server_patch.cpu_support.mla_torch_native\n"
         "bad = sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'datasets', 'pyarrow', 'aiohttp', 'yaml', 'huggingface_hub'})\n"
         "print(','.join(bad))\n"
     )
@@ -686,7 +686,7 @@ def test_server_side_modules_import_nothing_heavy():
 def test_client_reports_an_unreachable_server_clearly(tmp_path):
     from hs_dataset.capture.base import CaptureTarget
     from hs_dataset.config import SGLangBackendSection
-    from hs_dataset.sglang.client.backend import SGLangBackend
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
     section = SGLangBackendSection(name="sglang", request_timeout_s=5.0)
     be = SGLangBackend(section, CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS), servers=["http://127.0.0.1:9"])
@@ -701,7 +701,7 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     from safetensors.torch import save_file
 
     from hs_dataset.capture.base import CaptureFailure
-    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
     from hs_dataset.sample import CapturedSample, TokenizedSample
 
     expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.float32)
@@ -770,7 +770,7 @@ def test_cuda_snapshot_is_asynchronous_and_survives_buffer_reuse(tmp_path):
 @needs_cuda
 def test_cuda_capture_copies_do_not_hold_up_the_servers_own_small_copy():
     """SGLang waits for a small device-to-host copy at the end of every pass; ours (~1 GB a pass) must not queue ahead of it."""
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     copier = HostCopier(pinned_pool_bytes=3 << 30)
     copier.prepare_pinned()
@@ -810,7 +810,7 @@ def test_cuda_pinned_pool_exhaustion_is_a_refusal(tmp_path):
 
 def test_a_copier_handed_to_a_core_outlives_it_and_a_core_s_own_copier_is_closed_with_it(tmp_path, monkeypatch):
     """A benchmark's phases (or a server) share one copier: closing one core must not stop it for the next."""
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     closed = []
     monkeypatch.setattr(HostCopier, "close", lambda self: closed.append(self))
@@ -831,7 +831,7 @@ def test_a_copier_handed_to_a_core_outlives_it_and_a_core_s_own_copier_is_closed
 
 @needs_cuda
 def test_cuda_copier_works_again_after_close():
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     copier = HostCopier(pinned_pool_bytes=64 << 20)
     states = torch.randn(256, 1024, device="cuda")
@@ -844,7 +844,7 @@ def test_cuda_copier_works_again_after_close():
 
 def test_cpu_snapshots_come_from_a_bounded_pool_and_go_back_after_the_write(tmp_path):
     """A CPU server's copies reuse touched memory; when the pool is spent the request is refused, not grown."""
-    from hs_dataset.sglang.server.copier import HostCopier
+    from hs_dataset.server_patch.copier import HostCopier
 
     copier = HostCopier(pinned_pool_bytes=4 << 20)
     rows = torch.zeros(1024, 1024, dtype=torch.bfloat16)  # 2 MiB

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.sglang.launch import plan as serve
-from hs_dataset.sglang.launch import probe
-from hs_dataset.sglang.launch.errors import ServeError
-from hs_dataset.wire.legacy_patch import BEGIN, carries_patch
+from hs_dataset.capture.serve import plan as serve
+from hs_dataset.capture.serve import probe
+from hs_dataset.capture.serve.errors import ServeError
+from hs_dataset.server_patch.contract.legacy_header import BEGIN, carries_patch
 from tests.fixtures.fake_sglang import ALWAYS, OLD_LAYER, fake_sglang
 
 PATCHED_SOURCE = f"{BEGIN}{'0' * 64} (added by `hs-dataset patch apply`)\n" + OLD_LAYER
@@ -36,7 +36,7 @@ def patched_env(monkeypatch, tmp_path):
 
 
 def test_a_patched_release_without_hooks_is_served_through_the_patch(card, patched_env, tmp_path):
-    from hs_dataset.sglang.server.config import CaptureConfig
+    from hs_dataset.server_patch.config import CaptureConfig
 
     card = card.with_overrides(sglang={"staging": {**card.sglang.staging.model_dump(), "max_files": 77, "rid_prefix": "hs-x"}})
     plan = serve.plan_server(card, port=31998, staging_dir=str(tmp_path / "st"))
@@ -67,7 +67,7 @@ def test_an_unpatched_release_without_hooks_names_the_patch_command(card, patche
 
 
 def test_the_patch_hook_refuses_server_arguments_that_split_prompts():
-    from hs_dataset.sglang.legacy.hook import legacy_problems
+    from hs_dataset.server_patch.legacy.hook import legacy_problems
 
     problems = legacy_problems(SimpleNamespace(chunked_prefill_size=64, disable_radix_cache=False))
     assert len(problems) == 2 and "--chunked-prefill-size -1" in problems[0] and "--disable-radix-cache" in problems[1]
@@ -77,8 +77,8 @@ def test_the_patch_hook_refuses_server_arguments_that_split_prompts():
 
 
 def test_the_client_reads_a_patched_server_s_config_from_its_hook_status(tmp_path):
-    from hs_dataset.sglang.client.validate import capture_hook_config
-    from hs_dataset.wire.status import write_status
+    from hs_dataset.capture.sglang.validate import capture_hook_config
+    from hs_dataset.server_patch.contract.status import write_status
 
     staging = tmp_path / "st"
     staging.mkdir(mode=0o700)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hs_dataset.sglang.launch import plan as serve
-from hs_dataset.sglang.launch import probe
-from hs_dataset.sglang.launch.errors import ServeError
+from hs_dataset.capture.serve import plan as serve
+from hs_dataset.capture.serve import probe
+from hs_dataset.capture.serve.errors import ServeError
 
 
 from tests.fixtures.fake_sglang import ALWAYS, fake_sglang  # noqa: E402
@@ -142,7 +142,7 @@ def test_serve_check_cli(fake_env, capsys):
     ],
 )
 def test_core_split_is_disjoint_and_covers_the_usable_cores(cores, ranks, expected):
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     groups = cpu_ranks.split_cores(cores, ranks)
     assert cpu_ranks.format_bind(groups) == expected
@@ -150,7 +150,7 @@ def test_core_split_is_disjoint_and_covers_the_usable_cores(cores, ranks, expect
 
 
 def test_core_split_refuses_more_ranks_than_cores():
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     with pytest.raises(ValueError, match="3 cores cannot give 4 ranks"):
         cpu_ranks.split_cores([0, 1, 2], 4)
@@ -168,7 +168,7 @@ def test_core_split_refuses_more_ranks_than_cores():
     ],
 )
 def test_cpu_rank_count_reads_sglang_flags(argv, ranks):
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     assert cpu_ranks.cpu_rank_count(argv) == ranks
 
@@ -180,7 +180,7 @@ def _tiny_card(**sglang):
 
 
 def test_multi_rank_cpu_plan_binds_one_core_range_per_rank(fake_env, monkeypatch, tmp_path):
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
     monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1, 2, 3])
@@ -194,7 +194,7 @@ def test_multi_rank_cpu_plan_binds_one_core_range_per_rank(fake_env, monkeypatch
 
 
 def test_a_bind_from_the_card_or_the_environment_is_kept(fake_env, monkeypatch, tmp_path):
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
     card = _tiny_card(tp=2, env={cpu_ranks.OMP_BIND_ENV: "0-7|8-15"})
@@ -206,7 +206,7 @@ def test_a_bind_from_the_card_or_the_environment_is_kept(fake_env, monkeypatch, 
 
 
 def test_fewer_usable_cores_than_ranks_is_refused(fake_env, monkeypatch, tmp_path):
-    from hs_dataset.sglang.launch import cpu_ranks
+    from hs_dataset.capture.serve import cpu_ranks
 
     monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
     monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1])

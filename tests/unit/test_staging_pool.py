@@ -18,10 +18,10 @@ import threading
 import pytest
 import torch
 
-from hs_dataset.sglang.client.dumps import _read_dump
-from hs_dataset.wire import dump, spares
-from hs_dataset.wire.spares import SPARE_DIR, hand_back_dump
-from hs_dataset.sglang.server.staging import StagingDir
+from hs_dataset.capture.sglang.dumps import _read_dump
+from hs_dataset.server_patch.contract import dump, spares
+from hs_dataset.server_patch.contract.spares import SPARE_DIR, hand_back_dump
+from hs_dataset.server_patch.staging import StagingDir
 
 BIG = 1 << 17  # above the size from which a write looks for a spare
 
@@ -201,7 +201,7 @@ def test_spares_are_not_staging_usage_and_idle_ones_are_swept_quietly(stage, cap
     assert stage.usage() == (BIG, 1)
     hand_back_dump(os.path.join(stage.path, "a.safetensors"))
     assert stage.usage() == (0, 0)
-    with caplog.at_level(logging.WARNING, logger="hs_dataset.sglang.server"):
+    with caplog.at_level(logging.WARNING, logger="hs_dataset.server_patch"):
         assert stage.sweep(3600, spare_max_age_s=3600) == 0
         assert len(_spares(stage.path)) == 1  # fresh: kept for the next dump
         stage.sweep(3600, spare_max_age_s=0)

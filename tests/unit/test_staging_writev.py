@@ -21,13 +21,13 @@ import torch
 from safetensors.torch import load, save
 
 from hs_dataset.formats.encoding import ENCODINGS, decode_state, encode_state
-from hs_dataset.wire import fp8, safetensors_header
-from hs_dataset.sglang.server import staging as staging_mod
-from hs_dataset.sglang.server.batch import BatchView
-from hs_dataset.sglang.server.config import CaptureConfig
-from hs_dataset.sglang.server.core import CaptureCore
-from hs_dataset.sglang.server.copier import host_bytes
-from hs_dataset.sglang.server.staging import StagingDir
+from hs_dataset.codecs import fp8, safetensors_header
+from hs_dataset.server_patch import staging as staging_mod
+from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.copier import host_bytes
+from hs_dataset.server_patch.staging import StagingDir
 
 IDS = [2, 3, 4]
 K, H = len(IDS), 16
@@ -175,7 +175,7 @@ def test_fp8_dump_is_half_the_bytes_and_decodes_within_fp8_error(tmp_path):
 
 
 def test_client_hands_fp8_dumps_on_encoded(tmp_path):
-    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
     from hs_dataset.sample import CapturedSample, TokenizedSample
 
     core = _core(tmp_path, storage="fp8")
@@ -200,7 +200,7 @@ def test_client_hands_fp8_dumps_on_encoded(tmp_path):
 
 @pytest.mark.parametrize("storage", ["native", "fp8"])
 def test_the_client_checks_states_on_its_loader_thread_so_the_writer_does_not_scan_again(tmp_path, monkeypatch, storage):
-    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
     from hs_dataset.formats import ShardWriter, encoding
     from hs_dataset.sample import TokenizedSample
 
@@ -263,7 +263,7 @@ def test_4bit_dumps_hold_the_datasets_own_encoding_and_the_client_stores_them_as
     """The server quantizes 4-bit storages itself (a quarter of the copy); the bytes are the host encoder's."""
     from hs_dataset.formats import ShardWriter, open_dataset
     from hs_dataset.sample import CapturedSample, TokenizedSample
-    from hs_dataset.sglang.client.dumps import ExpectedDump, check_dump
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
 
     h = 64  # 4-bit groups are 32 values
     core = _core(tmp_path, storage=storage)

@@ -102,7 +102,7 @@ def write_token_freq(dest: Path, freq: dict[int, int]) -> None:
 
 def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.wire.safetensors_header import dump_header
+    from hs_dataset.codecs.safetensors_header import dump_header
 
     entries = [
         ("token_ids", "I64", tuple(token_ids.shape), token_ids.numel() * 8),
@@ -115,7 +115,7 @@ def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample
 
 def _valid_hs_file(path: Path, *, sample_id: str, input_ids: torch.Tensor, shape: tuple[int, ...], dtype: str) -> bool:
     """A file from an earlier run is kept only if its header, size, sample and tokens are right."""
-    from hs_dataset.formats.safetensors_layout import read_header
+    from hs_dataset.codecs.safetensors_layout import read_header
 
     try:
         with open(path, "rb") as f:
@@ -200,7 +200,7 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
     except (FormatError, KeyError, ValueError, TypeError):
         return None
     from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.wire.safetensors_header import dump_header
+    from hs_dataset.codecs.safetensors_header import dump_header
 
     weight = weight.detach().to("cpu").contiguous()
     header, _ = dump_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})

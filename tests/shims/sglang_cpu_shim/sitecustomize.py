@@ -9,7 +9,7 @@ so on a CPU without AMX (``torch_native``) the first prefill crashes. This modul
 ``tests/test_sglang_parallel.py`` puts this folder first on the DP server's
 ``PYTHONPATH``; Python then imports this file as ``sitecustomize`` in every server
 process. It runs the next ``sitecustomize.py`` on ``sys.path`` (the CPU support one,
-``hs_dataset/sglang/cpu_support``) so nothing it does is lost. Nothing in
+``hs_dataset/server_patch/cpu_support``) so nothing it does is lost. Nothing in
 site-packages is edited.
 """
 

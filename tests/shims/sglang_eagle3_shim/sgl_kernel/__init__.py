@@ -1,7 +1,7 @@
 """TEST-ONLY: plain-torch versions of the sgl-kernel CPU ops SGLang 0.5.23's EAGLE path calls.
 
 The CPU build of ``sgl-kernel`` is not on PyPI; hs_dataset's stand-in
-(``hs_dataset/sglang/cpu_support/sgl_kernel``) implements only
+(``hs_dataset/server_patch/cpu_support/sgl_kernel``) implements only
 ``assign_req_to_token_pool_cpu`` and raises for the speculative-decoding ops. This
 package is put FIRST on the EAGLE-3 test server's ``PYTHONPATH`` by
 ``tests/test_sglang_eagle3.py``: it re-exports the stand-in and adds the ops below,

@@ -1,0 +1,391 @@
+"""The SGLang capture client: samples -> ``/generate`` requests -> per-request dump files.
+
+The server side (``hs-dataset serve``, :mod:`hs_dataset.server_patch`) writes one
+``{rid}.safetensors`` per prefilled request into a private staging directory on the
+same host; this client sends each sample's ``input_ids`` with a unique request id,
+waits for that dump, checks it (token ids, shapes, dtype, layers), turns it into a
+:class:`~hs_dataset.sample.CapturedSample` and deletes it. Anything else -- a refusal
+marker, a missing or late dump, mismatched tokens, a server error after the
+retries -- becomes a :class:`~hs_dataset.capture.base.CaptureFailure`, never a
+partial sample. See docs/SGLANG.md.
+
+Before any work, :meth:`SGLangBackend.validate` checks every server
+(:mod:`~hs_dataset.capture.sglang.validate`). The parts: ``endpoints`` (which server
+next), ``http`` (requests), ``dumps`` (reading and checking a dump), ``attempts``
+(what a failure means for the next attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
+from hs_dataset.config import Card, SGLangBackendSection
+from hs_dataset.dtypes import state_dtype
+from hs_dataset.errors import ServerValidationError
+from hs_dataset.model.model_config import load_text_config
+from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
+from hs_dataset.sample import TokenizedSample
+from hs_dataset.capture.sglang.attempts import (
+    Action,
+    Attempts,
+    Verdict,
+    connection_verdict,
+    http_status_verdict,
+    lost_dump_verdict,
+    refusal_verdict,
+    retry_pause,
+)
+from hs_dataset.capture.sglang.diagnose import GRACE_S, HookReport, diagnose, read_report
+from hs_dataset.capture.sglang.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
+from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
+from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
+from hs_dataset.capture.sglang.support import verification
+from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
+from hs_dataset.server_patch.contract.rid import content_key, make_rid
+
+__all__ = ["SGLangBackend"]
+
+logger = logging.getLogger("hs_dataset.capture.sglang.backend")
+
+
+class SGLangBackend(CaptureBackend):
+    """Capture through one or more hs_dataset-enabled SGLang servers (see the module docstring).
+
+    Args:
+        section: the card's ``backend`` section (``name: sglang``): concurrency, timeouts,
+            retries and back-off, ``max_new_tokens``, the radix-cache policy, the cooldown
+            of a failing server, and the URLs and staging dir when not given here.
+        target: the served model's local snapshot (for :meth:`info`: fingerprint,
+            final-norm weight and eps; and to check the server serves the same model),
+            the aux layers (must equal the server's) and the dtype (checked at the
+            probe; ``None``: the server's).
+        servers: server URLs (``http://host:port``); default ``section.urls``. Load is
+            spread over them, and a failing one is out of rotation for a while.
+        staging_dir: where dumps appear; default ``section.staging_dir``, else what each
+            server reports in its hook config.
+        probe: send a probe request to each server at validation.
+        run_id: the request ids' run part; default a random one.
+    """
+
+    def __init__(
+        self,
+        section: SGLangBackendSection,
+        target: CaptureTarget,
+        *,
+        servers: Sequence[str] | str | None = None,
+        staging_dir: str | None = None,
+        probe: bool = True,
+        run_id: str | None = None,
+    ) -> None:
+        urls = [servers] if isinstance(servers, str) else list(servers or section.urls)
+        urls = [s.rstrip("/") for s in urls if s]
+        if not urls:
+            raise ValueError("SGLangBackend needs at least one server URL (backend.urls in the card, or --server URL)")
+        self.section = section
+        self.endpoints = [Endpoint(url=u, staging_dir=staging_dir or section.staging_dir) for u in urls]
+        self.model_path = str(target.model_path)
+        self.aux_layer_ids = list(target.aux_layer_ids)
+        self.dtype: torch.dtype | None = state_dtype(target.dtype) if target.dtype else None
+        self.model_revision = target.model_revision
+        self.concurrency = section.concurrency
+        self.request_timeout_s = section.request_timeout_s
+        self.probe = probe
+        self.run_id = run_id or secrets.token_hex(6)
+        self.stats = {"requests": 0, "retries": 0, "refused": 0, "timeouts": 0, "endpoint_errors": 0}
+        self._seq = itertools.count(1)
+        self._picker = EndpointPicker()
+        self._validated = False
+        self._hidden_size: int | None = None
+        self._info: CaptureInfo | None = None
+        self._loop: LoopThread | None = None
+        self._session = None
+        self._abandoned: list[tuple[Endpoint, str]] = []
+        self._reports: dict[str, tuple[float, HookReport]] = {}  # url -> (when read, the hooks' status)
+
+    @classmethod
+    def from_card(
+        cls, card: Card, *, model_path: str | None = None, servers: Sequence[str] | None = None, batch_size: int | None = None
+    ) -> "SGLangBackend":
+        """Build from a card (see docs/CARDS.md); the URL defaults to ``sglang.host``/``sglang.port``.
+
+        ``batch_size`` (the pipeline's ``--batch-size``) overrides ``backend.concurrency``:
+        it means requests in flight here.
+        """
+        section, sg = card.backend, card.sglang
+        if not isinstance(section, SGLangBackendSection):
+            raise ValueError(f"config {card.name!r} uses backend {section.name!r}; SGLangBackend needs `backend: {{name: sglang}}`")
+        urls = list(servers or section.urls) or [f"http://{sg.host}:{sg.port}"]
+        target = CaptureTarget.from_card(card, model_path=model_path)
+        if batch_size:
+            section = card.with_overrides(backend={"concurrency": int(batch_size)}).backend
+        staging_dir = section.staging_dir or (sg.staging.dir if len(urls) == 1 else None)
+        return cls(section, target, servers=urls, staging_dir=staging_dir)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _ensure_loop(self) -> LoopThread:
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop
+
+    async def _get_session(self):
+        if self._session is None or self._session.closed:
+            self._session = new_session(self.concurrency, self.request_timeout_s)
+        return self._session
+
+    async def _post_generate(self, ep: Endpoint, rid: str, ids: list[int]) -> dict:
+        """One capture request: greedy, ``max_new_tokens`` 0 or 1, every prompt token recomputed if the card says so."""
+        body: dict[str, Any] = {
+            "rid": rid,
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": self.section.max_new_tokens, "temperature": 0.0},
+        }
+        if self.section.force_full_prefill:
+            body["return_logprob"] = True
+            body["logprob_start_len"] = 0
+        return await post_generate(await self._get_session(), ep.url, body, self.request_timeout_s, self.section.max_response_bytes)
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> None:
+        """Check every server (see :mod:`~hs_dataset.capture.sglang.validate`); raises :class:`ServerValidationError`."""
+        if self._validated:
+            return
+        loop = self._ensure_loop()
+        problems = []
+        for ep in self.endpoints:
+            try:
+                loop.run(self._validate_endpoint(ep), timeout=self.request_timeout_s + self.section.dump_timeout_s + 60)
+            except ServerValidationError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ServerValidationError("\n".join(problems))
+        self._validated = True
+
+    async def _validate_endpoint(self, ep: Endpoint) -> None:
+        session = await self._get_session()
+        await check_server(ep, session, self.section, model_path=self.model_path, aux_layer_ids=self.aux_layer_ids, run_id=self.run_id)
+        if self.probe:
+            await self._probe(ep)
+
+    def _local_model_config(self) -> dict:
+        if not (Path(self.model_path) / "config.json").is_file():
+            return {}
+        return load_text_config(self.model_path)
+
+    async def _probe(self, ep: Endpoint) -> None:
+        """A short request whose dump must appear; it sets the hidden size, and the dtype when none was asked for."""
+        cfg = self._local_model_config()
+        result = await self._capture_one(probe_sample(cfg.get("vocab_size")), endpoints=[ep])
+        self._hidden_size, produced = check_probe(ep.url, result, cfg.get("hidden_size"), self.dtype)
+        if self.dtype is None:
+            self.dtype = produced
+
+    # ------------------------------------------------------------------ one sample
+
+    async def _capture_one(self, sample: TokenizedSample, *, endpoints: Sequence[Endpoint] | None = None) -> CaptureResult:
+        """Attempts on the servers until the sample is captured or its failure is final (see :mod:`.attempts`)."""
+        endpoints = list(endpoints or self.endpoints)
+        if sample.input_ids.numel() == 0:
+            return CaptureFailure(sample.sample_id, "empty prompt")
+        ids = sample.input_ids.tolist()
+        tries = Attempts(retries=self.section.retries, servers=len(endpoints))
+        for attempt in range(tries.total):
+            if attempt:
+                self.stats["retries"] += 1
+                await asyncio.sleep(retry_pause(self.section.backoff_s, attempt))
+            ep = await self._picker.pick_or_wait(endpoints, tries.avoid)
+            if ep is None:
+                tries.last_reason = "every SGLang server is unreachable"
+                continue
+            outcome = await self._attempt(ep, sample, ids)
+            if not isinstance(outcome, Verdict):
+                return outcome
+            if not tries.record(outcome, ep.url):
+                break
+        return tries.failure(sample.sample_id)
+
+    async def _attempt(self, ep: Endpoint, sample: TokenizedSample, ids: list[int]) -> CaptureResult | Verdict:
+        """One request on ``ep`` under a new request id; a failure comes back classified, and is counted."""
+        rid = make_rid(self.run_id, next(self._seq), len(ids))
+        key = rid if ep.uses_rids else content_key(sample.input_ids)
+        ep.inflight += 1
+        self.stats["requests"] += 1
+        try:
+            outcome = await self._request(ep, rid, key, sample, ids)
+        finally:
+            ep.inflight -= 1
+        if isinstance(outcome, Verdict):
+            self._count(ep, key, outcome)
+        return outcome
+
+    async def _request(self, ep: Endpoint, rid: str, key: str, sample: TokenizedSample, ids: list[int]) -> CaptureResult | Verdict:
+        before = self._hook_report(ep)
+        try:
+            await self._post_generate(ep, rid, ids)
+        except HTTPStatusError as exc:
+            return http_status_verdict(ep.url, exc)
+        except (BadResponseError, *connection_errors()) as exc:  # a garbage answer: that server is taken out of rotation
+            return connection_verdict(ep.url, exc)
+        ep.failures = 0
+        answered_at = time.time()
+
+        def explain() -> str | None:
+            after = self._hook_report(ep, fresh=True)
+            return diagnose(ep.url, ep.staging_dir, key, rid, before, after, answered_at=answered_at, late_s=time.time() - answered_at)
+
+        try:
+            result = await self._await_dump(ep, key, sample, explain=explain)
+        except DumpLost as exc:
+            return lost_dump_verdict(exc)
+        if isinstance(result, Refusal):
+            return refusal_verdict(key, result)
+        ep.served += 1
+        return result
+
+    def _count(self, ep: Endpoint, key: str, verdict: Verdict) -> None:
+        """A failed attempt's traces: its stats counter, the server's cooldown, the dump that may still come."""
+        if verdict.counter:
+            self.stats[verdict.counter] += 1
+        if verdict.action is Action.ELSEWHERE:
+            ep.mark_down(self.section.endpoint_cooldown_s)
+        if verdict.abandon:
+            self._abandon(ep, key)
+
+    def _abandon(self, ep: Endpoint, key: str) -> None:
+        """A request whose dump may still arrive later: delete it when seen (and at close)."""
+        self._abandoned.append((ep, key))
+        delete_staged(ep.staging_dir, key)
+
+    async def _await_dump(self, ep: Endpoint, key: str, sample: TokenizedSample, explain=None) -> CaptureResult | Refusal:
+        expected = ExpectedDump(tuple(self.aux_layer_ids), self.dtype, self._hidden_size)
+        return await await_dump(ep.staging_dir, key, sample, expected, self.section.dump_timeout_s, explain=explain, grace_s=GRACE_S)
+
+    def _hook_report(self, ep: Endpoint, *, fresh: bool = False) -> HookReport:
+        """The hooks' status of ``ep`` (read at most every 0.1 s for the "before" of each request: an older
+        reading only makes "no prefill pass since" harder to conclude, never wrongly)."""
+        now = time.monotonic()
+        cached = self._reports.get(ep.url)
+        if fresh or cached is None or now - cached[0] > 0.1:
+            cached = (now, read_report(ep.staging_dir))
+            self._reports[ep.url] = cached
+        return cached[1]
+
+    # ------------------------------------------------------------------ CaptureBackend API
+
+    def info(self) -> CaptureInfo:
+        if self._info is not None:
+            return self._info
+        self.validate()
+        cfg = self._local_model_config()
+        weight, eps = None, None
+        fingerprint = ""
+        if (Path(self.model_path) / "config.json").is_file():
+            fingerprint = model_fingerprint(self.model_path)
+            try:
+                weight, eps = read_final_norm(self.model_path)
+            except (KeyError, OSError) as exc:
+                logger.warning("cannot read the final norm weight from %s: %s", self.model_path, exc)
+                eps = cfg.get("rms_norm_eps")
+        ep = self.endpoints[0]
+        self._info = CaptureInfo(
+            model_path=self.model_path,
+            model_fingerprint=fingerprint,
+            model_revision=self.model_revision,
+            aux_layer_ids=list(self.aux_layer_ids),
+            hidden_size=int(self._hidden_size or cfg.get("hidden_size") or 0),
+            num_hidden_layers=int(cfg.get("num_hidden_layers") or 0),
+            vocab_size=int(cfg["vocab_size"]) if cfg.get("vocab_size") else None,
+            dtype=self.dtype or torch.bfloat16,
+            final_state="pre_norm",
+            final_norm_eps=float(eps) if eps is not None else None,
+            final_norm_weight=weight,
+            backend="sglang",
+            backend_details={
+                "servers": [e.url for e in self.endpoints],
+                "sglang_version": ep.version,
+                "mechanism": server_mechanism(ep),
+                "run_id": self.run_id,
+                "max_new_tokens": self.section.max_new_tokens,
+            },
+            verification=self._verification(ep),
+        )
+        return self._info
+
+    @staticmethod
+    def _verification(ep: Endpoint) -> dict:
+        """Whether a test of this repository ran this server's SGLang release, mechanism and device (``sglang.support``)."""
+        device = str(ep.server_info.get("device") or "cuda")
+        verified, words = verification(str(ep.version), str(server_mechanism(ep)), device)
+        return {"verified": verified, "by": words, "sglang_version": ep.version, "mechanism": server_mechanism(ep), "device": device}
+
+    def capture_batch(self, samples: Sequence[TokenizedSample]) -> list[CaptureResult]:
+        if not samples:
+            return []
+        self.validate()
+        loop = self._ensure_loop()
+
+        async def run_all():
+            sem = asyncio.Semaphore(self.concurrency)
+
+            async def one(s):
+                async with sem:
+                    return await self._capture_one(s)
+
+            return await asyncio.gather(*(one(s) for s in samples))
+
+        return list(loop.run(run_all()))
+
+    def capture_stream(self, samples: Iterable[TokenizedSample], batch_size: int) -> Iterator[CaptureResult]:
+        """Keep ``max(batch_size, concurrency)`` requests in flight; yield results as they complete."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.validate()
+        loop = self._ensure_loop()
+        limit = max(int(batch_size), self.concurrency)
+        pending: set[concurrent.futures.Future] = set()
+        it = iter(samples)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(pending) < limit:
+                    try:
+                        sample = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.add(loop.submit(self._capture_one(sample)))
+                if not pending:
+                    return
+                done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    yield fut.result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        for ep, key in self._abandoned:
+            delete_staged(ep.staging_dir, key)
+        self._abandoned.clear()
+        prune_mappings()  # the mappings of dumps and spares deleted since: their memory goes back now
+        if self._session is not None:
+            try:
+                self._loop.run(self._session.close(), timeout=10)
+            except Exception:
+                pass
+            self._session = None
+        self._loop.stop()
+        self._loop = None

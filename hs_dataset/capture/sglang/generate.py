@@ -1,0 +1,167 @@
+"""Generation through the capture server's own ``/generate`` endpoint, many requests in flight.
+
+The same server that captures also writes the regenerated turns. Its capture hook
+stores only requests whose id starts with the run prefix (``hs-``, see
+``sglang/server/core.py``: any other rid is counted ``foreign_skipped`` and never
+dumped), so generation requests use ``gen-<run>-<seq>`` ids: nothing is staged for
+them. The server runs with ``--skip-tokenizer-init``, so prompts go as token ids and
+answers come back as ``output_ids``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from typing import Any, Sequence
+
+from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, Generator, finish_of
+from hs_dataset.capture.sglang.http import DEFAULT_MAX_RESPONSE_BYTES, BadResponseError, HTTPStatusError, LoopThread, get_json, new_session, post_json
+
+__all__ = ["GEN_RID_PREFIX", "SGLangGenerator", "parse_output"]
+
+GEN_RID_PREFIX = "gen-"  # never the capture prefix (which must start with "hs-")
+INT64_LIMIT = 1 << 63  # ids must also fit the int64 tensors they are stored in
+
+
+class SGLangGenerator(Generator):
+    """Continue prompts on SGLang servers, ``concurrency`` requests in flight (spread over ``urls``)."""
+
+    def __init__(
+        self, urls: Sequence[str], *, concurrency: int = 16, request_timeout_s: float = 600.0, retries: int = 2,
+        model_fingerprint: str = "", run_id: str | None = None, vocab_size: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        if not self.urls:
+            raise ValueError("SGLangGenerator needs at least one server URL (backend.urls in the card, or --server URL)")
+        self.concurrency = int(concurrency)
+        self.request_timeout_s = float(request_timeout_s)
+        self.retries = int(retries)
+        self.model_fingerprint = model_fingerprint
+        self.vocab_size = vocab_size
+        self.max_response_bytes = int(max_response_bytes)
+        self.run_id = run_id or secrets.token_hex(6)
+        self._seq = itertools.count(1)
+        self._loop: LoopThread | None = None
+        self._session = None
+        self._server_info: dict[str, Any] = {}
+
+    def describe(self) -> dict[str, Any]:
+        info = self._server_info or self._run(self._get_json(self.urls[0] + "/server_info"))
+        self._server_info = info if isinstance(info, dict) else {}
+        return {
+            "engine": "sglang", "version": self._server_info.get("version"), "servers": list(self.urls),
+            "served_model": self._server_info.get("model_path"), "model_fingerprint": self.model_fingerprint,
+            "dtype": self._server_info.get("dtype"), "concurrency": self.concurrency,
+        }
+
+    def generate(self, prompts: Sequence[list[int]], params: GenerationParams) -> list[GenerationResult]:
+        if not prompts:
+            return []
+
+        async def run_all() -> list[GenerationResult]:
+            gate = asyncio.Semaphore(self.concurrency)
+
+            async def one(k: int, prompt: list[int]) -> GenerationResult:
+                async with gate:
+                    return await self._one(self.urls[k % len(self.urls)], prompt, params)
+
+            return list(await asyncio.gather(*(one(k, p) for k, p in enumerate(prompts))))
+
+        return self._run(run_all())
+
+    def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
+        """The ``/generate`` request for one prompt (also what a plain reference request sends)."""
+        sampling: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "stop_token_ids": list(params.stop_token_ids),
+        }
+        if params.temperature > 0:
+            sampling["sampling_seed"] = params.seed
+        return {"rid": f"{GEN_RID_PREFIX}{self.run_id}-{next(self._seq)}", "input_ids": list(prompt), "sampling_params": sampling}
+
+    async def _one(self, url: str, prompt: list[int], params: GenerationParams) -> GenerationResult:
+        import aiohttp
+
+        error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
+            try:
+                out = await self._post(url + "/generate", self.body(prompt, params))
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, HTTPStatusError, BadResponseError) as exc:
+                error = f"{url}/generate: {type(exc).__name__}: {exc}"
+                continue
+            return parse_output(out, params, self.vocab_size)
+        return GenerationResult([], "failed", error)
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(self, coro: Any) -> Any:
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop.run(coro)
+
+    async def _get_session(self):
+        if self._session is None or self._session.closed:
+            self._session = new_session(self.concurrency, self.request_timeout_s)
+        return self._session
+
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        return await post_json(await self._get_session(), url, body, self.request_timeout_s, self.max_response_bytes)
+
+    async def _get_json(self, url: str) -> Any:
+        """``/server_info`` for the manifest's description; an unreadable one describes nothing."""
+        try:
+            return await get_json(await self._get_session(), url, self.request_timeout_s, self.max_response_bytes)
+        except (HTTPStatusError, BadResponseError):
+            return {}
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        if self._session is not None:
+            try:
+                self._loop.run(self._session.close(), timeout=10)
+            except Exception:  # noqa: BLE001 - closing a session on shutdown
+                pass
+            self._session = None
+        self._loop.stop()
+        self._loop = None
+
+
+def _bad_ids(ids: Any, vocab_size: int | None) -> str | None:
+    """Why ``output_ids`` are not token ids of this model, or None."""
+    if not isinstance(ids, list):
+        return f"output_ids is a {type(ids).__name__}, not a list"
+    limit = vocab_size if vocab_size is not None else INT64_LIMIT
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool):
+            return f"output_ids[{i}] is a {type(t).__name__} ({t!r:.20}), not a token id"
+        if not 0 <= t < limit:
+            return f"output_ids[{i}] = {t} is outside the vocabulary [0, {limit})"
+    return None
+
+
+def parse_output(out: Any, params: GenerationParams, vocab_size: int | None = None) -> GenerationResult:
+    """``/generate``'s answer -> ids with the stop token that ended them, and why they ended.
+
+    An answer that is not an object, or whose ``output_ids`` are not this model's token ids (strings, floats,
+    ids outside ``[0, vocab_size)`` or int64), is a failed turn with a one-line reason, never stored.
+    """
+    if not isinstance(out, dict):
+        return GenerationResult([], "failed", f"the server answered a JSON {type(out).__name__}, not an object")
+    ids = out.get("output_ids") or []
+    problem = _bad_ids(ids, vocab_size)
+    if problem is not None:
+        return GenerationResult([], "failed", f"the server's answer is not token ids: {problem}")
+    ids = list(ids)
+    meta = out.get("meta_info") or {}
+    reason = (meta.get("finish_reason") if isinstance(meta, dict) else None) or {}
+    matched = reason.get("matched") if isinstance(reason, dict) else None
+    if isinstance(reason, dict) and reason.get("type") == "stop" and isinstance(matched, int) and not isinstance(matched, bool) \
+            and _bad_ids([matched], vocab_size) is None and (not ids or ids[-1] != matched):
+        ids.append(matched)  # the server trimmed the stop token it matched: the model did write it
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        return GenerationResult(ids, "failed", str(reason.get("message", "aborted by the server")))
+    return GenerationResult(ids, finish_of(ids, params))

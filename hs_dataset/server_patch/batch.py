@@ -1,0 +1,99 @@
+"""One forward pass as the capture core sees it: :class:`BatchView`, and its split into per-request rows.
+
+Runs inside SGLang scheduler processes (stdlib and torch only). The glue of each
+SGLang version reduces its ForwardBatch to a :class:`BatchView`;
+:func:`split_requests` then finds the rows of every request that is ours: a rid with
+our prefix that passes the strict :data:`~hs_dataset.server_patch.contract.rid.RID_RE` check, or --
+on servers whose batches carry no rids (SGLang 0.5.5) -- a whole prompt, keyed by
+its content later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from hs_dataset.server_patch.contract.rid import RID_RE
+from hs_dataset.server_patch.contract.status import RECENT_IDS
+
+__all__ = ["BatchView", "RequestSlice", "BatchSplit", "split_requests"]
+
+
+@dataclass
+class BatchView:
+    """What the core needs from a ForwardBatch (version-independent)."""
+
+    mode: str  # ForwardMode name, e.g. "EXTEND"
+    extend_seq_lens: list[int] | None
+    extend_prefix_lens: list[int] | None = None
+    rids: list[str] | None = None
+    input_ids: torch.Tensor | None = None  # [total tokens] on the model's device
+
+    @classmethod
+    def from_forward_batch(cls, fb: Any, input_ids: torch.Tensor | None = None) -> "BatchView":
+        mode = getattr(fb, "forward_mode", None)
+        name = getattr(mode, "name", None) or str(mode)
+        seq = getattr(fb, "extend_seq_lens_cpu", None)
+        prefix = getattr(fb, "extend_prefix_lens_cpu", None)
+        rids = getattr(fb, "rids", None)
+        ids = getattr(fb, "input_ids", None)
+        if ids is None:
+            ids = input_ids
+        return cls(
+            mode=name,
+            extend_seq_lens=[int(x) for x in seq] if seq is not None else None,
+            extend_prefix_lens=[int(x) for x in prefix] if prefix is not None else None,
+            rids=list(rids) if rids is not None else None,
+            input_ids=ids,
+        )
+
+
+class RequestSlice(NamedTuple):
+    """Where one of our requests' rows lie in the pass (a tuple: one is made per request, on the forward thread)."""
+
+    key: str  # the rid; "" for a request keyed by its content (a batch without rids)
+    offset: int  # first row of the request in the pass
+    length: int  # rows this pass computed for it
+    prefix: int  # tokens of the request before these rows (chunked prefill; 0 for a whole prompt)
+
+
+@dataclass
+class BatchSplit:
+    """The requests of one pass: ours, and the counts of the others."""
+
+    ours: list[RequestSlice]
+    requests: int  # requests in the pass
+    rows: int  # rows the pass extends, over all its requests
+    foreign: int = 0  # rids without our prefix (warm-up, health checks, other clients)
+    foreign_rids: list[str] = field(default_factory=list)  # the first few of them, as strings (for the status file)
+    invalid_rids: list[str] = field(default_factory=list)  # our prefix, but not hs-<run>-<seq>-<T>
+
+
+def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> BatchSplit:
+    """Split an EXTEND pass (``extend_seq_lens`` set) into the rows of each request, by ``extend_seq_lens``."""
+    lens = batch.extend_seq_lens
+    rids = batch.rids
+    n = len(rids) if rids is not None else len(lens)
+    n = min(n, len(lens))
+    prefix = batch.extend_prefix_lens or [0] * len(lens)
+    split = BatchSplit(ours=[], requests=n, rows=0)
+    offset = 0
+    for i in range(n):
+        length, pre = int(lens[i]), int(prefix[i])
+        if rids is not None:
+            key = rids[i]
+            if not isinstance(key, str) or not key.startswith(rid_prefix):
+                split.foreign += 1
+                if len(split.foreign_rids) < RECENT_IDS:
+                    split.foreign_rids.append(str(key)[:120])
+            elif RID_RE.match(key) is None:
+                split.invalid_rids.append(key)
+            else:
+                split.ours.append(RequestSlice(key, offset, length, pre))
+        elif content_keys and pre == 0 and batch.input_ids is not None:
+            split.ours.append(RequestSlice("", offset, length, pre))  # keyed by content once its rows are taken
+        offset += length
+    split.rows = offset
+    return split

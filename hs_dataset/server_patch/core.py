@@ -1,0 +1,417 @@
+"""The capture core: per-request dumps from prefill forward passes.
+
+Runs inside SGLang scheduler processes; imports only stdlib and torch (and its
+siblings in this package). The SGLang-facing glue lives in
+:mod:`hs_dataset.server_patch.hooks` (0.5.9+) and
+:mod:`hs_dataset.server_patch.legacy.hook` (<= 0.5.5, called by the AST patch); both
+reduce a forward pass to a :class:`~hs_dataset.server_patch.batch.BatchView` plus
+tensors and call :meth:`CaptureCore.process`.
+
+What :meth:`CaptureCore.process` does, on the forward thread:
+
+1. ignores every pass that is not exactly ``EXTEND`` (decode, mixed, target-verify,
+   idle, ...);
+2. splits the batch per request by ``extend_seq_lens``
+   (:func:`~hs_dataset.server_patch.batch.split_requests`); ignores requests whose rid
+   lacks our prefix (warm-up, health checks, other clients) and logs rids that have
+   the prefix but fail the strict :data:`~hs_dataset.server_patch.contract.rid.RID_RE`
+   check (never used in a file name);
+3. a request seen whole (prefix length 0, all ``T`` tokens of its rid) is stored; a
+   chunked prefill (prefix length == tokens assembled so far) is assembled across
+   passes and stored once complete; anything else -- a prefix-cache hit, a chunk out
+   of order, more tokens than the rid says -- is refused with a marker;
+4. reserves room in the bounded staging budget (waiting at most ``max_wait_s`` per
+   forward pass in total), snapshots the rows to host memory (see :mod:`.copier`),
+   and hands them to the writer threads (:mod:`.dump_writer`) that write
+   ``{rid}.safetensors`` atomically. No room in time -> a refusal marker.
+
+With ``storage: fp8`` (or a 4-bit ``mxfp4`` / ``nf4``) the states of the whole pass are
+quantized on the device (:func:`~hs_dataset.server_patch.states.pass_states`, the
+dataset's own encoding) before the copy: half (about a quarter) of the PCIe, pinned and
+staging bytes of bf16, and the client stores them as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Sequence
+
+import torch
+
+from hs_dataset.libc import name_os_thread
+from hs_dataset.server_patch.batch import BatchSplit, BatchView, split_requests
+from hs_dataset.server_patch.budget import StagingBudget
+from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.copier import HostCopier, HostPiece
+from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
+from hs_dataset.server_patch.reporter import StatusReporter
+from hs_dataset.server_patch.staging import StagingDir
+from hs_dataset.server_patch.states import UnusableStates, normalize_states, pass_states
+from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
+from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
+
+__all__ = ["CaptureCore"]
+
+logger = logging.getLogger("hs_dataset.server_patch")
+
+_INVALID_RID_WARNINGS = 20  # logged per process; counted in stats["invalid_rids"] beyond that
+
+
+@dataclass
+class _Assembly:
+    rid: str
+    total: int
+    pieces: list[HostPiece] = field(default_factory=list)
+    length: int = 0
+    reserved: int = 0
+    first_batch_size: int = 0
+    updated: float = 0.0
+    state_dtype: str = ""
+    capture_cpu_ns: int = 0  # forward-thread CPU the hook spent on this request's rows, over all its chunks
+
+
+class _PassInfo(NamedTuple):
+    """What every request of one pass shares."""
+
+    requests: int  # requests in the pass (recorded with each dump)
+    state_dtype: str  # dtype the model computed the states in
+    owned: tuple[str, ...]  # state tensors made for this copy (fp8): no device snapshot needed
+    deadline: float  # time.monotonic() by which the pass's reservations and copies must succeed
+
+
+class _RequestRows:
+    """One request's slice of a pass, ready to stage.
+
+    One is made per request on the forward thread: a plain slotted class, the cheapest
+    record to build (a frozen dataclass costs several times as much).
+    """
+
+    __slots__ = ("rid", "total", "prefix", "length", "tensors", "cpu_shared_ns", "cpu_started_ns")
+
+    def __init__(
+        self, rid: str, total: int, prefix: int, length: int, tensors: dict[str, torch.Tensor], cpu_shared_ns: int, cpu_started_ns: int
+    ) -> None:
+        self.rid = rid  # the rid, or the content key of a batch without rids
+        self.total = total  # tokens of the whole request
+        self.prefix = prefix  # tokens before these rows (chunked prefill)
+        self.length = length  # rows in this slice
+        self.tensors = tensors  # "input_ids" and the state rows, views into the pass's tensors
+        self.cpu_shared_ns = cpu_shared_ns  # this request's share of the pass's own forward-thread CPU
+        self.cpu_started_ns = cpu_started_ns  # time.thread_time_ns() when the request's own part began
+
+
+class CaptureCore:
+    """Turns EXTEND passes into per-request dump files; one per scheduler process that writes."""
+
+    def __init__(
+        self,
+        config: CaptureConfig,
+        *,
+        sglang_version: str = "unknown",
+        extra_metadata: Mapping[str, str] | None = None,
+        copier: HostCopier | None = None,
+        start_threads: bool = True,
+        status_writer: str = "dp0",
+        facts: Mapping[str, object] | None = None,
+    ) -> None:
+        """``status_writer``: this process's name in the status file (``dp<attention-DP rank>``); ``facts``: what the
+        glue read of the SGLang it runs in, reported there (``wire/status.py``)."""
+        self.config = config
+        self.sglang_version = str(sglang_version)
+        self.extra_metadata = dict(extra_metadata or {})
+        self.staging = StagingDir(config.staging_dir)
+        self.budget = StagingBudget(config.max_staging_bytes, config.max_staging_files, self.staging.usage)
+        self.copier = copier or HostCopier(config.pinned_pool_bytes)
+        self._owns_copier = copier is None  # a copier handed in outlives this core (a server's, a benchmark's phases)
+        self.stats = {
+            "passes_seen": 0,
+            "extend_passes": 0,
+            "requests_seen": 0,
+            "foreign_skipped": 0,
+            "invalid_rids": 0,
+            "dumps_written": 0,
+            "dump_bytes": 0,
+            "refused": 0,
+            "max_batch_requests": 0,
+            "chunks_assembled": 0,
+            "hook_errors": 0,
+            "unusable_passes": 0,
+            "hook_wall_ns": 0,  # forward-thread wall time inside the hooks (all of them, waits included)
+            "reserve_ns": 0,  # of which reserving staging room (waits for the client included: back-pressure)
+            "copy_ns": 0,  # and taking host memory and issuing the copies to it (waits for a free range included)
+        }
+        self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
+            "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
+            "hf_aux_layer_ids": list(config.hf_aux_layer_ids), "content_keys": bool(config.content_keys),
+        })
+        self.verified: dict | None = None
+        self.writer = DumpWriter(
+            config, self.staging, self.budget,
+            sglang_version=self.sglang_version, extra_metadata=self.extra_metadata, stats=self.stats, refuse=self._refuse,
+            written=self.reporter.recent_dumps.append,
+        )
+        self._lock = threading.Lock()
+        self._assemblies: dict[str, _Assembly] = {}
+        self._sweeper: threading.Thread | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._warned_invalid = 0
+        if start_threads:
+            self.writer.start(config.writer_threads)
+            self._sweeper = threading.Thread(target=self._sweeper_loop, name="hs-dump-sweeper", daemon=True)
+            self._sweeper.start()
+            self.budget.start_meter(name_os_thread)  # the forward thread never scans the directory
+            self.reporter.start(name_os_thread)
+
+    # ------------------------------------------------------------------ forward thread
+
+    def process(
+        self,
+        batch: BatchView,
+        *,
+        aux: torch.Tensor | Sequence[torch.Tensor] | None,
+        final_prenorm: torch.Tensor | None,
+        missing_reason: str | None = None,
+        aux_owned: bool = False,
+    ) -> None:
+        """Handle one forward pass. ``aux``: [N, K*H] packed, [N, K, H], or K tensors [N, H].
+
+        ``aux_owned``: ``aux`` was made for this capture (the layer hooks' buffer), so
+        nothing else writes it and its rows are copied without a device snapshot.
+
+        ``missing_reason``: set by the glue when it knows the states are unusable for
+        this pass (e.g. the final-norm hook did not fire); our requests are refused with it.
+        """
+        self.stats["passes_seen"] += 1
+        if batch.mode != "EXTEND":
+            return
+        self.stats["extend_passes"] += 1
+        if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
+            self.stats["unusable_passes"] += 1
+            self.reporter.unusable(missing_reason)
+        if batch.extend_seq_lens is None:
+            return
+        split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)
+        self._count(split)
+        if not split.ours:
+            return
+
+        cpu_start = time.thread_time_ns()  # what the hook costs the forward thread, reported per dump
+        try:
+            if missing_reason:
+                raise UnusableStates(missing_reason)
+            aux3, final = normalize_states(aux, final_prenorm, self.config.hf_aux_layer_ids, split.rows)
+        except UnusableStates as exc:
+            for request in split.ours:
+                if request.key:
+                    self._refuse(request.key, str(exc))
+            return
+        if self.verified is None:
+            self._verify_first(aux3)
+
+        states, owned = pass_states(aux3, final, split.rows, self.config.state_encoding, aux_owned=aux_owned)
+        pass_ = _PassInfo(split.requests, str(aux3.dtype).replace("torch.", ""), owned, time.monotonic() + self.config.max_wait_s)
+        rows_ours = sum(request.length for request in split.ours)
+        pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
+        for key, off, length, pre in split.ours:
+            rows = slice(off, off + length)
+            if not key:
+                key = content_key(batch.input_ids[rows])
+                total = length
+            else:
+                total = rid_num_tokens(key)
+            tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
+            share = pass_cpu * length // max(rows_ours, 1)
+            self._handle_request(_RequestRows(key, total, pre, length, tensors, share, time.thread_time_ns()), pass_)
+
+    def _count(self, split: BatchSplit) -> None:
+        """The pass's requests in the stats; the first invalid rids in the log."""
+        self.stats["max_batch_requests"] = max(self.stats["max_batch_requests"], split.requests)
+        self.stats["foreign_skipped"] += split.foreign
+        self.reporter.recent_foreign.extend(split.foreign_rids)
+        self.stats["invalid_rids"] += len(split.invalid_rids)
+        for rid in split.invalid_rids:
+            if self._warned_invalid < _INVALID_RID_WARNINGS:
+                self._warned_invalid += 1
+                logger.warning("hs_dataset capture: ignoring request with invalid rid %r (not hs-<run>-<seq>-<T>)", rid[:120])
+        self.stats["requests_seen"] += split.requests
+
+    def _verify_first(self, aux: torch.Tensor) -> None:
+        """Record (and log) what the first usable pass carried: the check that the server captures what was configured."""
+        cfg = self.config
+        k, h = int(aux.shape[1]), int(aux.shape[2])
+        self.verified = {
+            "aux_layers": k,
+            "hidden_size": h,
+            "dtype": str(aux.dtype).replace("torch.", ""),
+            "hf_aux_layer_ids": list(cfg.hf_aux_layer_ids),
+            "sglang_aux_layer_ids": list(cfg.sglang_aux_layer_ids) if cfg.sglang_aux_layer_ids else None,
+        }
+        logger.info(
+            "hs_dataset capture: first prefill verified: %d aux layers (HF hidden_states %s, sglang ids %s), "
+            "hidden %d, dtype %s, final pre-norm; staging %s",
+            k,
+            list(cfg.hf_aux_layer_ids),
+            self.verified["sglang_aux_layer_ids"],
+            h,
+            self.verified["dtype"],
+            cfg.staging_dir,
+        )
+
+    def _handle_request(self, rows: _RequestRows, pass_: _PassInfo) -> None:
+        """Stage one request's rows; queue its dump once all its tokens are there."""
+        # staged bytes of these rows (ids counted as int64, as the dump stores them)
+        nbytes = rows.length * 8 + sum(t.numel() * t.element_size() for name, t in rows.tensors.items() if name != "input_ids")
+        with self._lock:
+            asm = self._add_rows_locked(rows, pass_, nbytes)
+            if asm is None:
+                return
+            if asm.length < rows.total:
+                self._assemblies[rows.rid] = asm
+                return
+            self._assemblies.pop(rows.rid, None)
+            if len(asm.pieces) > 1:
+                self.stats["chunks_assembled"] += 1
+        meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces)), "capture_cpu_ns": str(asm.capture_cpu_ns)}
+        self.writer.submit(DumpJob(rid=rows.rid, total=rows.total, pieces=asm.pieces, reserved=asm.reserved, meta=meta, state_dtype=asm.state_dtype))
+
+    def _add_rows_locked(self, rows: _RequestRows, pass_: _PassInfo, nbytes: int) -> _Assembly | None:
+        """The request's assembly with these rows reserved, copied and added; None once they are refused."""
+        asm = self._assemblies.get(rows.rid)
+        refusal = self._chunk_refusal_locked(rows, asm)
+        if refusal is not None:
+            self._refuse(rows.rid, refusal)
+            return None
+        if rows.prefix == 0:
+            asm = None  # dropped above if there was one
+        left = max(0.0, pass_.deadline - time.monotonic())
+        first = rows.prefix == 0
+        staged = time.perf_counter_ns()
+        reserved = self.budget.reserve(nbytes, left, nfiles=1 if first else 0)
+        self.stats["reserve_ns"] += time.perf_counter_ns() - staged
+        if not reserved:
+            if asm is not None:
+                self._drop_assembly_locked(rows.rid)
+            self._refuse(rows.rid, self._staging_full_reason())
+            return None
+        staged = time.perf_counter_ns()
+        piece = self.copier.snapshot(rows.tensors, left, owned=pass_.owned)
+        self.stats["copy_ns"] += time.perf_counter_ns() - staged
+        if piece is None:
+            self.budget.release(nbytes, 1 if first else 0)
+            if asm is not None:
+                self._drop_assembly_locked(rows.rid)
+            self._refuse(rows.rid, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
+            return None
+        if first:
+            asm = _Assembly(rid=rows.rid, total=rows.total, first_batch_size=pass_.requests, state_dtype=pass_.state_dtype)
+        asm.pieces.append(piece)
+        asm.length += rows.length
+        asm.reserved += nbytes
+        asm.capture_cpu_ns += rows.cpu_shared_ns + time.thread_time_ns() - rows.cpu_started_ns
+        asm.updated = time.monotonic()
+        return asm
+
+    def _chunk_refusal_locked(self, rows: _RequestRows, asm: _Assembly | None) -> str | None:
+        """Why these rows cannot start or continue the request's assembly (dropping what it held), or None.
+
+        A request's first rows (prefix 0) start over whatever was assembled (a
+        re-prefill, e.g. after a retraction); later rows must continue exactly where
+        the assembly stopped, within the tokens the rid names.
+        """
+        if rows.prefix == 0:
+            if asm is not None:  # re-prefilled from scratch (e.g. retracted): start over
+                self._drop_assembly_locked(rows.rid)
+            if rows.length > rows.total:
+                return f"the prefill has {rows.length} tokens but the request id says {rows.total}"
+            return None
+        if asm is None or asm.length != rows.prefix:
+            if asm is not None:
+                self._drop_assembly_locked(rows.rid)
+            return (
+                f"partial prompt: the first {rows.prefix} of {rows.total} tokens were not computed in this request "
+                "(prefix-cache hit); restart the server with --disable-radix-cache, or send requests with "
+                "return_logprob and logprob_start_len 0 to force a full prefill"
+            )
+        if rows.prefix + rows.length > rows.total:
+            self._drop_assembly_locked(rows.rid)
+            return f"chunks add up to {rows.prefix + rows.length} tokens but the request id says {rows.total}"
+        return None
+
+    def _staging_full_reason(self) -> str:
+        snap = self.budget.snapshot()
+        cfg = self.config
+        return (
+            f"{REFUSED_STAGING_FULL}: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting in "
+            f"{cfg.staging_dir} (limits {cfg.max_staging_files} files / "
+            f"{cfg.max_staging_bytes} bytes) and no room freed within {cfg.max_wait_s} s; "
+            "the client is not draining dumps fast enough"
+        )
+
+    def _drop_assembly_locked(self, rid: str) -> None:
+        asm = self._assemblies.pop(rid, None)
+        if asm is None:
+            return
+        for p in asm.pieces:
+            p.release()
+        self.budget.release(asm.reserved, 1)
+
+    def hook_failed(self, message: str) -> None:
+        """The glue's hook raised (the forward went on): counted and reported, so a waiting client can say why."""
+        self.stats["hook_errors"] += 1
+        self.reporter.error(message)
+
+    def _refuse(self, rid: str, reason: str) -> None:
+        self.stats["refused"] += 1
+        self.reporter.recent_refused.append(rid)
+        logger.warning("hs_dataset capture: refused %s: %s", rid, reason)
+        if not rid or RID_RE.match(rid) is None:
+            return
+        try:
+            self.staging.write_refusal(rid, reason)
+        except OSError as exc:
+            logger.error("hs_dataset capture: cannot write refusal marker for %s: %s", rid, exc)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def _sweeper_loop(self) -> None:
+        name_os_thread("hs-dump-sweeper")
+        # an Event, not sleep: close() wakes it, so no sweep runs on a closed staging fd
+        while not self._stop.wait(self.config.sweep_interval_s):
+            try:
+                self.sweep()
+            except Exception:  # pragma: no cover
+                logger.exception("hs_dataset capture: sweeping the staging directory failed")
+
+    def sweep(self, now: float | None = None) -> None:
+        """Expire stale chunk assemblies (refused) and unclaimed staging files (deleted)."""
+        now_mono = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [r for r, a in self._assemblies.items() if now_mono - a.updated > self.config.assembly_ttl_s]
+            for rid in stale:
+                asm = self._assemblies[rid]
+                self._drop_assembly_locked(rid)
+                self._refuse(rid, f"incomplete chunked prefill: {asm.length} of {asm.total} tokens arrived, then nothing for {self.config.assembly_ttl_s} s")
+        self.staging.sweep(self.config.orphan_ttl_s, spare_max_age_s=self.config.sweep_interval_s)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued dump is written (tests, shutdown)."""
+        return self.writer.flush(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._stop.set()
+        self.writer.stop()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)  # a sweep in progress finishes before its fd closes
+        self.budget.stop_meter()  # likewise its scan
+        self.reporter.stop()
+        self.staging.close()
+        if self._owns_copier:
+            self.copier.close()

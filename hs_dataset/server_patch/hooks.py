@@ -1,0 +1,419 @@
+"""``--forward-hooks`` factories that connect SGLang 0.5.9+ to the capture core.
+
+Imported inside SGLang scheduler processes: stdlib, torch, sglang and the stdlib/torch
+siblings of this package only. ``hs-dataset serve`` writes the hook specs; by hand::
+
+    --forward-hooks '[
+      {"name": "hs_capture_final", "target_modules": ["model.norm"],
+       "hook_factory": "hs_dataset.server_patch.hooks:norm_hook", "config": CFG},
+      {"name": "hs_capture", "target_modules": ["model"],
+       "hook_factory": "hs_dataset.server_patch.hooks:model_hook", "config": CFG}]'
+
+(``model`` -> ``language_model.model`` for Kimi-K2.5.) All specs of one server must carry
+the same ``CFG`` (see :class:`~hs_dataset.server_patch.config.CaptureConfig`).
+
+Mechanisms (``CFG["mechanism"]``):
+
+``aux_return`` (SGLang 0.5.23+)
+    the server runs with ``--enable-return-aux-hidden-states --speculative-algorithm
+    EAGLE3 --return-aux-hidden-state-layer-ids ...``, so ``model`` returns
+    ``(post_norm_hidden, aux [T, K*H])`` -- SGLang itself gathers complete states at
+    the layer boundaries, whatever the parallel layout. The ``model.norm`` hook adds
+    the pre-norm final state (its ``output[1]``, the residual sum the norm consumed).
+``layer_hooks`` (SGLang 0.5.9 - 0.5.19)
+    hooks on ``embed_tokens`` / ``layers.{i-1}`` (one spec per aux id, with
+    ``CFG["hook_hf_id"]``) record ``hidden + residual`` of each decoder layer output;
+    valid only where layer outputs are complete sums and the layer still returns its
+    residual: the first ``layer_hook`` reads the loaded decoder class's ``forward``
+    (``layer_outputs.layer_hooks_problem``) and refuses to start otherwise (0.5.23).
+
+The ``model`` hook receives the ForwardBatch, so it is where a pass is split into
+requests and handed to the core; the norm/layer hooks only park tensors for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import threading
+import time
+from typing import Any, Mapping
+
+import torch
+
+from hs_dataset.errors import HsDatasetError
+from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.states import prepare_quantizer
+from hs_dataset.server_patch.contract.layer_outputs import layer_hooks_problem
+
+__all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]
+
+logger = logging.getLogger("hs_dataset.server_patch")
+
+_RUNTIME: "_Runtime | None" = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+class SetupError(HsDatasetError, RuntimeError):
+    """The server is configured in a way capture cannot be correct for; raised at start-up."""
+
+
+def sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        try:
+            import sglang
+
+            return str(getattr(sglang, "__version__", "unknown"))
+        except Exception:
+            return "unknown"
+
+
+def _server_args() -> Any | None:
+    try:
+        from sglang.srt.runtime_context import get_server_args  # 0.5.23
+
+        return get_server_args()
+    except Exception:
+        pass
+    try:
+        from sglang.srt.server_args import get_global_server_args  # 0.5.9 - 0.5.19
+
+        return get_global_server_args()
+    except Exception:
+        return None
+
+
+def _attention_ranks() -> tuple[int, int, str]:
+    """(attention-TP rank, attention-DP rank, source) of this process."""
+    try:
+        from sglang.srt.runtime_context import get_parallel  # 0.5.23
+
+        p = get_parallel()
+        tp = int(p.attn_tp_rank)
+        try:
+            dp = int(p.attn_dp_rank)
+        except Exception:
+            dp = 0
+        return tp, dp, "runtime_context"
+    except Exception:
+        pass
+    try:
+        from sglang.srt.layers.dp_attention import get_attention_dp_rank, get_attention_tp_rank
+
+        return int(get_attention_tp_rank()), int(get_attention_dp_rank()), "dp_attention"
+    except Exception:
+        pass
+    from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank()), 0, "tensor_parallel"
+
+
+ALLOW_PREFILL_GRAPH_ENV = "HS_CAPTURE_ALLOW_PREFILL_GRAPH"  # "1": start even with a prefill CUDA graph on (diagnostics only)
+
+
+def forward_batch_rids() -> bool | None:
+    """Whether the loaded ``ForwardBatch`` carries request ids (a field ``rids``); ``None`` if it cannot be found.
+
+    Read from the class this server imported, not from its version: without rids the
+    hooks key dumps by content, and the client must know which (the status file says).
+    """
+    try:
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    except Exception:
+        return None
+    fields = getattr(ForwardBatch, "__dataclass_fields__", None)
+    return "rids" in (fields if fields is not None else getattr(ForwardBatch, "__annotations__", {}))
+
+
+def prefill_cuda_graph(args: Any) -> str:
+    """``on``, ``off``, ``absent`` (this SGLang has no prefill CUDA graph) or ``unknown``, from the resolved server args.
+
+    A prefill replayed in a CUDA graph runs no Python hook at all (SGLang 0.5.14 by default)
+    or only the outer model's (0.5.15+: no final-norm or layer hook), so capture cannot work.
+    """
+    if args is None:
+        return "unknown"
+    backend = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", None)
+    if backend is not None:
+        return "off" if str(getattr(backend, "value", backend)).lower() in ("disabled", "backend.disabled") else "on"
+    if hasattr(args, "disable_prefill_cuda_graph"):
+        off = bool(getattr(args, "disable_prefill_cuda_graph", False) or getattr(args, "disable_cuda_graph", False))
+        return "off" if off else "on"
+    return "absent"
+
+
+def check_server_args(args: Any, mechanism: str) -> list[str]:
+    """Problems that make captured states partial or token-scattered (empty list: fine)."""
+    if args is None:
+        return []
+
+    def get(name, default=None):
+        return getattr(args, name, default)
+
+    problems = []
+    if int(get("pp_size", 1) or 1) != 1:
+        problems.append("pipeline parallelism (pp_size > 1): only the last stage holds the final norm and late layers")
+    if int(get("attn_cp_size", 1) or 1) != 1 or get("enable_prefill_cp", False):
+        problems.append("context parallelism splits a prompt's tokens across ranks")
+    if get("enable_flashinfer_allreduce_fusion", False):
+        problems.append(
+            "--enable-flashinfer-allreduce-fusion leaves layer outputs as un-reduced partial sums and fuses the final "
+            "norm into the all-reduce"
+        )
+    if mechanism == "layer_hooks":
+        a2a = get("moe_a2a_backend", None)
+        if a2a not in (None, "none"):
+            problems.append(f"--moe-a2a-backend {a2a} scatters tokens across ranks between layers")
+        if get("enable_dp_attention", False) or int(get("attn_dp_size", 1) or 1) > 1:  # 0.5.23 resolves the flag
+            problems.append("DP attention scatters tokens between layers (use SGLang 0.5.23's aux_return mechanism)")
+    return problems
+
+
+class _Runtime:
+    """Per-process state shared by the hooks of one server."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.raw_config = {k: v for k, v in dict(config).items() if k != "hook_hf_id"}
+        self.config = CaptureConfig.from_sources(self.raw_config)
+        self.version = sglang_version()
+        args = _server_args()
+        self.facts = {"forward_batch_rids": forward_batch_rids(), "prefill_cuda_graph": prefill_cuda_graph(args)}
+        problems = check_server_args(args, self.config.mechanism)
+        if self.facts["prefill_cuda_graph"] == "on" and os.environ.get(ALLOW_PREFILL_GRAPH_ENV) != "1":
+            problems.append(
+                "the prefill runs in a CUDA graph, which replays the model without running the capture hooks; start the "
+                "server with --disable-prefill-cuda-graph (hs-dataset serve passes it; decode graphs stay on)"
+            )
+        if problems:
+            raise SetupError(
+                "hs_dataset capture cannot produce complete hidden states with this server set-up: "
+                + "; ".join(problems)
+                + ". Start the server without these options (hs-dataset serve does)."
+            )
+        self._writes: bool | None = None
+        self.core: CaptureCore | None = None
+        self.pending_final: torch.Tensor | None = None
+        self.pending_aux: torch.Tensor | None = None  # [N, K, H] the layer hooks of this pass write into
+        self.pending_layers: set[int] = set()  # HF ids written into it in this pass
+        self.aux_slot = {hf: k for k, hf in enumerate(self.config.hf_aux_layer_ids)}
+        self.layer_problem: str | None = None
+        self._errors = 0
+        logger.info(
+            "hs_dataset capture: hooks loaded (sglang %s, mechanism %s, HF aux ids %s, staging %s)",
+            self.version,
+            self.config.mechanism,
+            list(self.config.hf_aux_layer_ids),
+            self.config.staging_dir,
+        )
+        try:
+            self.writes()  # now, so the status file is there before the first request (the client reads its facts)
+        except Exception:  # pragma: no cover -- parallel state not ready: decided at the first pass instead
+            self._writes = None
+
+    def writes(self) -> bool:
+        if self._writes is None:
+            tp, dp, source = _attention_ranks()
+            self._writes = tp == 0
+            if self._writes:
+                self.core = CaptureCore(
+                    self.config,
+                    sglang_version=self.version,
+                    extra_metadata={"attn_dp_rank": str(dp)},
+                    status_writer=f"dp{dp}",
+                    facts=self.facts,
+                )
+                if str(getattr(_server_args(), "device", "")).startswith("cuda"):
+                    took = self.core.copier.prepare_pinned()
+                    logger.info("hs_dataset capture: pinned %d bytes for device copies in %.1f s", self.config.pinned_pool_bytes, took)
+                    took = prepare_quantizer(self.config.state_encoding, torch.device("cuda", torch.cuda.current_device()))
+                    logger.info("hs_dataset capture: %s quantizer ready in %.1f s", self.config.state_encoding or "no", took)
+            logger.info(
+                "hs_dataset capture: attention-TP rank %d, DP rank %d (%s): %s",
+                tp,
+                dp,
+                source,
+                "this rank writes dumps" if self._writes else "not writing (another rank of this group does)",
+            )
+        return self._writes
+
+    # hooks ------------------------------------------------------------------
+
+    def on_norm(self, inputs, output) -> None:
+        if isinstance(output, (tuple, list)) and len(output) >= 2 and isinstance(output[1], torch.Tensor):
+            self.pending_final = output[1]  # the residual sum the norm consumed: pre-norm
+        elif isinstance(output, torch.Tensor) and inputs and isinstance(inputs[0], torch.Tensor):
+            self.pending_final = inputs[0]  # norm(hidden) without residual: its input is complete
+        else:
+            self.pending_final = None
+
+    def on_layer(self, hf_id: int, output) -> None:
+        hidden = output[0] if isinstance(output, (tuple, list)) else output
+        if not isinstance(hidden, torch.Tensor):
+            # 0.5.23 under TP: an OwedOutput, the rank's partial sum reduced only at the next layer
+            self.layer_problem = (
+                f"decoder layer output for HF hidden_states {hf_id} is of type {type(hidden).__name__}, not a complete "
+                "tensor (under tensor parallelism: an un-reduced partial sum); use mechanism 'aux_return'"
+            )
+            return
+        residual = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+        residual = residual if isinstance(residual, torch.Tensor) else None
+        slot = self._aux_buffer(hidden, residual)[:, self.aux_slot[hf_id]]
+        if residual is not None:
+            torch.add(hidden, residual, out=slot)
+        else:
+            slot.copy_(hidden)
+        self.pending_layers.add(hf_id)
+
+    def _aux_buffer(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The pass's ``[N, K, H]`` aux states, made by its first layer hook.
+
+        Why one buffer: each layer's sum lands in the layout the dump stores, so the pass
+        needs no stack, and the core copies its rows to the host without a device
+        snapshot first (nothing but these hooks writes the buffer).
+        """
+        dtype = torch.result_type(hidden, residual) if residual is not None else hidden.dtype
+        shape = (hidden.shape[0], len(self.aux_slot), hidden.shape[-1])
+        buf = self.pending_aux
+        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != hidden.device:
+            buf = self.pending_aux = torch.empty(shape, dtype=dtype, device=hidden.device)
+            self.pending_layers = set()
+        return buf
+
+    def on_model(self, inputs, output) -> None:
+        final, self.pending_final = self.pending_final, None
+        layers, self.pending_layers = self.pending_layers, set()
+        packed, self.pending_aux = self.pending_aux, None
+        layer_problem, self.layer_problem = self.layer_problem, None
+        fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
+        if fb is None:
+            return
+        mode = getattr(fb.forward_mode, "name", None)
+        if mode != "EXTEND" or not self.writes():
+            return
+        ids = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+        batch = BatchView.from_forward_batch(fb, input_ids=ids)
+        missing = None
+        aux = None
+        if self.config.mechanism == "aux_return":
+            if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], torch.Tensor):
+                aux = output[1]
+            elif (  # Llama on SGLang 0.5.23: one tensor per captured layer (AuxHiddenStateList)
+                isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], (tuple, list))
+                and output[1] and all(isinstance(a, torch.Tensor) for a in output[1])
+            ):
+                aux = list(output[1])
+            else:
+                missing = (
+                    "the model returned no aux hidden states: start the server with --enable-return-aux-hidden-states "
+                    "--speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ... (hs-dataset serve does)"
+                )
+        else:
+            want = list(self.config.hf_aux_layer_ids)
+            lost = [i for i in want if i not in layers]
+            if lost:
+                missing = layer_problem or (
+                    f"the layer hooks for HF hidden_states {lost} recorded nothing in this pass: either they failed "
+                    "(see 'hook failed' in the server log) or a prefill CUDA graph replayed the layers without running "
+                    "hooks (pass --disable-prefill-cuda-graph / --disable-cuda-graph)"
+                )
+            else:
+                aux = packed
+        if final is None and missing is None:
+            missing = (
+                "the final-norm hook did not fire in this pass (prefill CUDA graph replay or a norm fused into an "
+                "all-reduce): pass --disable-prefill-cuda-graph and leave all-reduce fusion off"
+            )
+        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed)
+
+    def guard(self, fn, *args) -> None:
+        started = time.perf_counter_ns()
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._errors += 1
+            if self.core is not None:
+                self.core.hook_failed(f"{type(exc).__name__}: {exc}")
+            if self._errors <= 10:
+                logger.exception("hs_dataset capture: hook failed (the forward pass goes on; affected requests get no dump)")
+        finally:
+            if self.core is not None:  # what the hooks cost the forward thread, in the status file (hook_wall_ns)
+                self.core.stats["hook_wall_ns"] += time.perf_counter_ns() - started
+
+
+def get_runtime(config: Mapping[str, Any]) -> _Runtime:
+    """The process's runtime, created by the first factory call; later calls must carry the same config."""
+    global _RUNTIME
+    with _RUNTIME_LOCK:
+        cleaned = {k: v for k, v in dict(config or {}).items() if k != "hook_hf_id"}
+        if _RUNTIME is None:
+            _RUNTIME = _Runtime(cleaned)
+        elif cleaned != _RUNTIME.raw_config:
+            raise SetupError(
+                "hs_dataset capture: the forward-hook specs of one server carry different configs; "
+                "give every hs_dataset hook spec the same config"
+            )
+        return _RUNTIME
+
+
+def model_hook(config: Mapping[str, Any]):
+    """Factory for the hook on the decoder stack (``model`` / ``language_model.model``)."""
+    rt = get_runtime(config)
+
+    def hs_capture_model_hook(module, inputs, output):
+        rt.guard(rt.on_model, inputs, output)
+
+    return hs_capture_model_hook
+
+
+def norm_hook(config: Mapping[str, Any]):
+    """Factory for the hook on the final norm (``model.norm``): parks the pre-norm final state."""
+    rt = get_runtime(config)
+
+    def hs_capture_norm_hook(module, inputs, output):
+        rt.guard(rt.on_norm, inputs, output)
+
+    return hs_capture_norm_hook
+
+
+def _loaded_source(module: str, class_name: str) -> str | None:
+    """Source of the decoder class this server actually imports (``None`` if it cannot be found)."""
+    try:
+        return inspect.getsource(getattr(importlib.import_module(module), class_name))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+
+
+def _tp_size() -> int:
+    args = _server_args()
+    return int(getattr(args, "tp_size", 1) or 1) if args is not None else 1
+
+
+def check_layer_outputs(architectures: Any) -> None:
+    """:class:`SetupError` unless the loaded decoder layers return ``(hidden, residual)`` (``layer_hooks``' premise)."""
+    problem = layer_hooks_problem(architectures, _loaded_source, _tp_size())
+    if problem:
+        raise SetupError(f"hs_dataset capture cannot use mechanism 'layer_hooks' on SGLang {sglang_version()}: {problem}")
+
+
+def layer_hook(config: Mapping[str, Any]):
+    """Factory for one aux layer (``layer_hooks`` mechanism); ``config["hook_hf_id"]`` names the HF index."""
+    if "hook_hf_id" not in (config or {}):
+        raise SetupError("hs_dataset layer_hook needs config['hook_hf_id'] (the HF hidden_states index it records)")
+    hf_id = int(config["hook_hf_id"])
+    rt = get_runtime(config)
+    if rt.config.mechanism != "layer_hooks":
+        raise SetupError("hs_dataset layer_hook is only used with mechanism 'layer_hooks'")
+    check_layer_outputs(rt.config.architectures)
+
+    def hs_capture_layer_hook(module, inputs, output):
+        rt.guard(rt.on_layer, hf_id, output)
+
+    return hs_capture_layer_hook
