@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from hs_dataset.server_patch.legacy import edit as lp
+from hs_dataset.server_patch.contract.legacy_header import PATCH_VERSION
 from hs_dataset.server_patch.legacy.edit import LegacyPatchError, PatchState
 
 from tests.fixtures.paths import REPO  # noqa: E402
@@ -124,11 +125,11 @@ def test_apply_places_hook_calls(patchable):
     # Only insertions: one marked block plus three marked statements, nothing else changed.
     kept, inside, marked = [], False, 0
     for line in patched.splitlines(keepends=True):
-        if line.startswith("# >>> hs_dataset-patch v1 original-sha256=" + status.original_sha256):
+        if line.startswith(f"# >>> hs_dataset-patch v{PATCH_VERSION} original-sha256=" + status.original_sha256):
             inside = True
-        elif line.startswith("# <<< hs_dataset-patch v1"):
+        elif line.startswith(f"# <<< hs_dataset-patch v{PATCH_VERSION}"):
             inside = False
-        elif line.rstrip("\n").endswith("  # hs_dataset-patch v1"):
+        elif line.rstrip("\n").endswith(f"  # hs_dataset-patch v{PATCH_VERSION}"):
             marked += 1
         elif not inside:
             kept.append(line)
@@ -250,6 +251,25 @@ def test_edited_patch_lines_still_revert_exactly(tmp_path):
     assert lp.check(path).state is PatchState.MODIFIED
     lp.revert(path)
     assert path.read_bytes() == original
+
+
+def test_an_older_patch_version_reverts_and_is_not_taken_for_ours(tmp_path):
+    """A v1 patch (before the hook moved into server_patch/) is reported, refused by apply, and reverted byte for byte."""
+    path = tmp_path / "deepseek_v2.py"
+    original = real_source("0.5.5").read_bytes()
+    path.write_bytes(original)
+    lp.apply(path)
+    older = path.read_text("utf-8").replace(f"hs_dataset-patch v{PATCH_VERSION}", "hs_dataset-patch v1")
+    older = older.replace("hs_dataset.server_patch.legacy.hook", "hs_dataset.sglang.legacy.hook")
+    assert older != path.read_text("utf-8")
+    path.write_text(older, "utf-8")
+    status = lp.check(path)
+    assert status.state is PatchState.MODIFIED and "patch v1" in status.reason and "revert" in status.reason
+    with pytest.raises(LegacyPatchError, match="revert"):
+        lp.apply(path)
+    assert lp.revert(path).state is PatchState.UNPATCHED
+    assert path.read_bytes() == original
+    assert lp.apply(path).state is PatchState.PATCHED
 
 
 # --------------------------------------------------------------------- toy model that runs
@@ -487,7 +507,7 @@ def test_legacy_patch_runs_on_the_bare_standard_library(tmp_path):
     """-I -S: no site-packages, no hs_dataset, no PYTHONPATH -- as if copied into the server."""
     path = tmp_path / "deepseek_v2.py"
     path.write_text(TOY)
-    script = REPO / "hs_dataset" / "sglang" / "legacy" / "patch.py"
+    script = REPO / "hs_dataset" / "server_patch" / "legacy" / "patch.py"
     proc = subprocess.run([sys.executable, "-I", "-S", str(script), "apply", "--file", str(path)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["PATCH_VERSION", "BEGIN", "carries_patch"]
 
-PATCH_VERSION = 1
+# v2: the hook moved from hs_dataset.sglang.legacy.hook to hs_dataset.server_patch.legacy.hook.
+PATCH_VERSION = 2
 BEGIN = f"# >>> hs_dataset-patch v{PATCH_VERSION} original-sha256="
 
 

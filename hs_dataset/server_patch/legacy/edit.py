@@ -211,6 +211,11 @@ def check_text(text: str, path: str = "<text>") -> PatchStatus:
     except UnrecognisedSource as exc:
         return PatchStatus(path, PatchState.UNRECOGNISED, f"damaged hs_dataset patch: {exc}; restore the file "
                            "from its backup or reinstall sglang")
+    if version < PATCH_VERSION and _sha256(original.encode("utf-8")) == recorded:
+        # An older patch of ours, intact: it imports a hook module this hs_dataset no longer has. Revert takes it out.
+        return PatchStatus(path, PatchState.MODIFIED, f"patched by an older hs_dataset (patch v{version}, whose hook "
+                           f"module has moved; this is v{PATCH_VERSION}): run `hs-dataset patch revert`, then patch again",
+                           recorded, KNOWN_ORIGINALS.get(recorded))
     if version != PATCH_VERSION:
         return PatchStatus(path, PatchState.UNRECOGNISED, f"patched by hs_dataset patch v{version}, this is "
                            f"v{PATCH_VERSION}: revert it with the hs_dataset version that applied it", recorded)
