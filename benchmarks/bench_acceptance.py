@@ -49,7 +49,7 @@ def _percentiles(errors) -> str:
 
 def _encoding_report(A, datasets: dict, encodings: list[str]) -> None:
     """Bytes per token of the stored states (scales included) and per-layer error of each encoded copy."""
-    from hs_dataset.formats.encoding import get_encoding
+    from hs_dataset.codecs.registry import get_encoding
     from hs_dataset.formats.reader import open_dataset
 
     def state_bytes(path) -> float:

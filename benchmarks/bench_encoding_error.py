@@ -45,7 +45,8 @@ def synthetic(kind: str, tokens: int, hidden: int, seed: int = 0):
 
 
 def relative_errors(x, name: str):
-    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding
+    from hs_dataset.formats.encoding import decode_state, encode_state
+    from hs_dataset.codecs.registry import get_encoding
 
     encoding = get_encoding(name)
     y = decode_state(*encode_state(x, encoding), encoding).float()
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--dataset", default=None, help="also measure a stored dataset's states")
     opts = parser.parse_args()
 
-    from hs_dataset.formats.encoding import get_encoding
+    from hs_dataset.codecs.registry import get_encoding
 
     cases = [(kind, synthetic(kind, opts.tokens, opts.hidden)) for kind in ("gaussian", "heavy_tail", "massive")]
     if opts.dataset:

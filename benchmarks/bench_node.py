@@ -516,7 +516,7 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     # every phase writes about --phase-gb to disk: fp8 (1 byte a value) captures twice the passes of bf16,
     # 4-bit about four times, so all rates are measured over the same volume and the same fixed latencies
     # (first fill, last fsync)
-    from hs_dataset.formats.encoding import get_encoding, state_encoding_for
+    from hs_dataset.codecs.registry import get_encoding, state_encoding_for
 
     step_bytes = tokens * (K + 1) * get_encoding(state_encoding_for(torch.bfloat16, storage)).row_bytes(H)
     steps = max(4, math.ceil(args.phase_gb * 1e9 / step_bytes))
@@ -593,7 +593,8 @@ def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") 
 
     ``storage``: fp8, or a 4-bit one (mxfp4, nf4), whose figures are printed under the same keys with its name.
     """
-    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
+    from hs_dataset.formats.encoding import decode_state, encode_state
+    from hs_dataset.codecs.registry import get_encoding, state_encoding_for
     from hs_dataset.server_patch.states import QUANTIZERS
 
     device = model.w1[0].device
@@ -664,7 +665,7 @@ def main() -> None:
         f"{args.loaders} dump loaders, shard writer with {args.writer_threads} writer threads and {args.shard_mib} MiB shards",
         flush=True,
     )
-    from hs_dataset.formats.encoding import state_encoding_for
+    from hs_dataset.codecs.registry import state_encoding_for
     from hs_dataset.server_patch.copier import HostCopier
     from hs_dataset.server_patch.states import prepare_quantizer
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
-from hs_dataset.config.sections import STORAGE_CHOICES
+from hs_dataset.codecs.registry import STORAGE_CHOICES
 
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from hs_dataset.cli.style import add_global_flags
-from hs_dataset.config.sections import STORAGE_CHOICES
+from hs_dataset.codecs.registry import STORAGE_CHOICES
 
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
 

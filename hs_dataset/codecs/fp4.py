@@ -39,6 +39,8 @@ __all__ = [
     "dequantize_mxfp4",
     "quantize_nf4",
     "dequantize_nf4",
+    "bad_mx_exponents",
+    "bad_nf4_scales",
 ]
 
 MXFP4_ENCODING = "mxfp4_e2m1_g32"
@@ -216,3 +218,15 @@ def dequantize_nf4(codes: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.d
     levels = _decode_pairs(NF4_ENCODING, codes, tuple(scale.shape))
     out = (levels * scale.unsqueeze(-1)).view(*codes.shape[:-1], codes.shape[-1] * 2)
     return out if dtype == torch.bfloat16 else out.to(dtype)
+
+
+def bad_mx_exponents(exponents: "torch.Tensor") -> "torch.Tensor":
+    """Mask of the exponent bytes no finite group has: above :data:`MX_MAX_EXPONENT_BYTE` (a non-finite group's mark)."""
+    return exponents > MX_MAX_EXPONENT_BYTE
+
+
+def bad_nf4_scales(scale: "torch.Tensor") -> "torch.Tensor":
+    """Mask of the absmax scales that cannot decode: negative, inf or NaN."""
+    import torch
+
+    return ~(torch.isfinite(scale) & (scale >= 0))

@@ -1,4 +1,4 @@
-"""The 4-bit quantizers fused into one GPU kernel: the same bytes as ``wire/fp4.py``, in one pass over the states.
+"""The 4-bit quantizers fused into one GPU kernel: the same bytes as ``codecs/fp4.py``, in one pass over the states.
 
 Why: the reference quantizers (:func:`~hs_dataset.codecs.fp4.quantize_nf4`,
 :func:`~hs_dataset.codecs.fp4.quantize_mxfp4`) are a dozen torch operations, each a
@@ -28,8 +28,6 @@ from hs_dataset.codecs.fp4 import (
     MXFP4_ENCODING,
     NF4_ENCODING,
     code_table,
-    quantize_mxfp4,
-    quantize_nf4,
 )
 
 __all__ = ["fused_quantizer"]
@@ -108,12 +106,12 @@ def _run(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-_REFERENCE = {MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}
-
-
-def fused_quantizer(name: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """The quantizer for 4-bit encoding ``name``: the fused kernel where it applies, else the reference."""
-    reference = _REFERENCE[name]
+def fused_quantizer(
+    name: str, reference: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The quantizer for 4-bit encoding ``name``: the fused kernel where it applies, else ``reference`` (the registry's)."""
+    if name not in (MXFP4_ENCODING, NF4_ENCODING):
+        raise ValueError(f"no fused kernel for {name!r}")
 
     def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.device.type != "cuda" or x.dtype != torch.bfloat16 or triton is None:

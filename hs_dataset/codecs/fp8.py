@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with the stdlib alone
     import torch
 
-__all__ = ["STATE_ENCODING_KEY", "FP8_ENCODING", "FP8_MAX", "SCALE_SUFFIX", "quantize_fp8_per_token", "dequantize_fp8_per_token"]
+__all__ = [
+    "STATE_ENCODING_KEY", "FP8_ENCODING", "FP8_MAX", "SCALE_SUFFIX", "quantize_fp8_per_token", "dequantize_fp8_per_token", "bad_scales",
+]
 
 STATE_ENCODING_KEY = "state_encoding"  # dump metadata key; absent or "native" = model dtype
 FP8_ENCODING = "fp8_e4m3_per_token"
@@ -50,3 +52,10 @@ def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tens
 def dequantize_fp8_per_token(data: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
     """Inverse of :func:`quantize_fp8_per_token`, back to ``dtype``."""
     return (data.float() * scale.unsqueeze(-1)).to(dtype)
+
+
+def bad_scales(scale: "torch.Tensor") -> "torch.Tensor":
+    """Mask of the scales that cannot decode: not > 0, or not finite once multiplied by :data:`FP8_MAX`."""
+    import torch
+
+    return ~(torch.isfinite(scale * FP8_MAX) & (scale > 0))

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from hs_dataset.codecs.registry import ENCODINGS, STORAGE_VALUES
 from hs_dataset.dtypes import STATE_DTYPES
 
 __all__ = [
@@ -29,7 +30,6 @@ __all__ = [
     "LimitsSection",
     "StateDtypeName",
     "StorageName",
-    "STORAGE_CHOICES",
     "LAYER_CONVENTION",
     "MAX_SHARD_BYTES",
 ]
@@ -259,9 +259,9 @@ class SGLangBackendSection(Section):
 BackendSection = Annotated[Union[HFBackendSection, SGLangBackendSection], Field(discriminator="name")]
 
 
-# ``shards.storage`` values: short names and the encodings' full names (hs_dataset.codecs.storage.STORAGE_NAMES)
-StorageName = Literal["native", "fp8", "fp8_e4m3_per_token", "mxfp4", "mxfp4_e2m1_g32", "nf4", "nf4_g32"]
-STORAGE_CHOICES = ("native", "fp8", "mxfp4", "nf4")  # what the CLIs offer
+# ``shards.storage`` values and the CLIs' choices: the codec registry's (hs_dataset.codecs.registry)
+StorageName = Literal[STORAGE_VALUES]  # type: ignore[valid-type]
+_STORAGE_DOC = "; ".join(f"`{e.storage}` ({e.summary}; full name `{e.name}`)" for e in ENCODINGS.values() if e.storage)
 
 
 class ShardsSection(Section):
@@ -275,10 +275,8 @@ class ShardsSection(Section):
     )
     storage: StorageName = Field(
         "native",
-        description="State encoding on disk: `native` (the capture dtype), `fp8` (float8 e4m3 plus a float32 scale per "
-        "token, half the bytes of bf16; full name `fp8_e4m3_per_token`), `mxfp4` (4-bit e2m1 codes plus a power-of-two "
-        "scale per 32 values, 0.266 of bf16; `mxfp4_e2m1_g32`) or `nf4` (4-bit NormalFloat codes plus a bf16 absmax per "
-        "32 values, 0.281 of bf16; `nf4_g32`); see docs/FORMAT.md for their errors. `--storage` overrides it. Default `native`.",
+        description=f"State encoding on disk: `native` (the capture dtype); {_STORAGE_DOC}. See docs/FORMAT.md for their "
+        "errors. `--storage` overrides it. Default `native`.",
     )
 
 

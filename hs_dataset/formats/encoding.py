@@ -1,55 +1,34 @@
-"""How each stored tensor is encoded, so readers never guess.
+"""Host-side work on encoded tensors: encode, decode, check what a server sent, find non-finite values.
 
-Every tensor the format stores has an *encoding* recorded in the manifest. Plain
-encodings map one-to-one to a safetensors dtype. ``fp8_e4m3_per_token`` stores the
-state as float8 (e4m3) plus one float32 scale per token (and per aux layer), halving
-the bytes of a bf16 capture; ``mxfp4_e2m1_g32`` and ``nf4_g32`` store 4-bit codes two
-a byte plus one scale per 32 values (0.266 and 0.281 of bf16's bytes, ``wire/fp4.py``).
-Readers decode them back to bf16. A reader that meets an encoding it does not know
-refuses instead of misreading.
+Which encodings exist, and everything each one is, lives in the one codec registry
+(:mod:`hs_dataset.codecs.registry`); this module applies it to tensors on the host
+for the writer, the readers, ``verify`` and the SGLang client. A reader that meets
+an encoding the registry lacks refuses instead of misreading.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy
 import torch
 
-from hs_dataset.dtypes import DTYPES, STATE_DTYPES, dtype_info, from_torch
+from hs_dataset.codecs.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX
+from hs_dataset.codecs.registry import Encoding, get_encoding
+from hs_dataset.dtypes import DTYPES, from_torch
 from hs_dataset.errors import FormatError, UnsupportedFormatError
-from hs_dataset.codecs.fp4 import (
-    GROUP_SIZE,
-    MX_MAX_EXPONENT_BYTE,
-    MXFP4_ENCODING,
-    NF4_ENCODING,
-    dequantize_mxfp4,
-    dequantize_nf4,
-    quantize_mxfp4,
-    quantize_nf4,
-)
-from hs_dataset.codecs.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX, dequantize_fp8_per_token, quantize_fp8_per_token
-from hs_dataset.codecs.storage import STORAGE_NAMES
 
 __all__ = [
-    "Encoding",
-    "ENCODINGS",
     "SAFETENSORS_DTYPES",
-    "get_encoding",
     "check_tensor_table",
-    "state_encoding_for",
     "encode_state",
     "accept_encoded_state",
     "decode_state",
     "bad_scales",
     "scale_rule",
-    "SCALE_SUFFIX",
     "tensor_bytes",
     "all_finite",
-    "FP8_MAX",
 ]
 
 # safetensors dtype code -> torch dtype (the ones this format uses), from the one table in hs_dataset.dtypes.
@@ -63,97 +42,6 @@ def safetensors_dtype(dtype: torch.dtype) -> str:
     return row.safetensors
 
 
-@dataclass(frozen=True)
-class Encoding:
-    """A named storage encoding of one logical tensor.
-
-    A scaled encoding stores a state ``[..., H]`` as data ``[..., H / pack]`` plus a
-    companion ``<key>.scale`` tensor: one scale per row ``[...]`` (``group`` 0) or one
-    per ``group`` values ``[..., H / group]``.
-    """
-
-    name: str
-    storage_dtype: str  # safetensors dtype code of the main data
-    decoded_dtype: torch.dtype  # what readers hand out
-    scaled: bool = False  # a companion ``<key>.scale`` tensor exists
-    scale_dtype: str = "F32"  # safetensors dtype code of the scales
-    group: int = 0  # values per scale along the last dimension; 0: one scale per row
-    pack: int = 1  # values per stored element along the last dimension
-
-    @property
-    def storage_torch_dtype(self) -> torch.dtype:
-        return SAFETENSORS_DTYPES[self.storage_dtype]
-
-    @property
-    def scale_torch_dtype(self) -> torch.dtype:
-        return SAFETENSORS_DTYPES[self.scale_dtype]
-
-    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The stored data's shape for a state of logical ``shape`` ``[..., H]``."""
-        return (*shape[:-1], shape[-1] // self.pack)
-
-    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The scale tensor's shape for a state of logical ``shape`` ``[..., H]``."""
-        return tuple(shape[:-1]) if not self.group else (*shape[:-1], shape[-1] // self.group)
-
-    def row_bytes(self, hidden_size: int) -> int:
-        """Stored bytes of one ``[H]`` row, scales included."""
-        data = hidden_size // self.pack * self.storage_torch_dtype.itemsize
-        if not self.scaled:
-            return data
-        return data + (hidden_size // self.group if self.group else 1) * self.scale_torch_dtype.itemsize
-
-    def hidden_size_problem(self, hidden_size: int) -> str:
-        """Why states of this hidden size cannot be stored this way; empty when they can."""
-        step = max(self.group, self.pack)
-        if hidden_size % step:
-            return f"{self.name} stores groups of {step} values; hidden size {hidden_size} is not a multiple of {step}: use --storage fp8 or native"
-        return ""
-
-
-@dataclass(frozen=True)
-class _Codec:
-    """A scaled encoding's quantizer, dequantizer and scale check (bad-scale mask, same shape as the scales)."""
-
-    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-    dequantize: Callable[[torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
-    bad_scales: Callable[[torch.Tensor], torch.Tensor]
-    rule: str  # what a valid scale is, in words
-
-
-_U8, _BF16 = dtype_info("uint8").safetensors, dtype_info("bfloat16").safetensors
-
-ENCODINGS: dict[str, Encoding] = {
-    # plain: one per dtype the table gives an encoding name (int64, bool, bf16, f16, f32)
-    **{d.encoding: Encoding(d.encoding, d.safetensors, d.torch) for d in DTYPES if d.encoding},
-    # decoded dtype is bf16: the scaled encodings are opt-in storage reductions of bf16 captures.
-    FP8_ENCODING: Encoding(FP8_ENCODING, dtype_info("float8_e4m3fn").safetensors, torch.bfloat16, scaled=True),
-    MXFP4_ENCODING: Encoding(MXFP4_ENCODING, _U8, torch.bfloat16, scaled=True, scale_dtype=_U8, group=GROUP_SIZE, pack=2),
-    NF4_ENCODING: Encoding(NF4_ENCODING, _U8, torch.bfloat16, scaled=True, scale_dtype=_BF16, group=GROUP_SIZE, pack=2),
-}
-
-_CODECS: dict[str, _Codec] = {
-    FP8_ENCODING: _Codec(
-        quantize_fp8_per_token, dequantize_fp8_per_token, lambda s: ~(torch.isfinite(s * FP8_MAX) & (s > 0)), "finite and > 0"
-    ),
-    MXFP4_ENCODING: _Codec(quantize_mxfp4, dequantize_mxfp4, lambda s: s > MX_MAX_EXPONENT_BYTE, f"exponent bytes <= {MX_MAX_EXPONENT_BYTE}"),
-    NF4_ENCODING: _Codec(quantize_nf4, dequantize_nf4, lambda s: ~(torch.isfinite(s) & (s >= 0)), "finite and >= 0"),
-}
-
-# ``storage:`` card values -> encoding names
-_PLAIN_STATE_ENCODINGS = {dtype_info(name).torch: dtype_info(name).encoding for name in STATE_DTYPES}
-
-
-def get_encoding(name: str) -> Encoding:
-    try:
-        return ENCODINGS[name]
-    except KeyError:
-        raise UnsupportedFormatError(
-            f"unknown tensor encoding {name!r}: this data was written by a newer hs_dataset; "
-            f"upgrade hs_dataset (known encodings: {sorted(ENCODINGS)})"
-        ) from None
-
-
 def check_tensor_table(tensors: dict[str, dict], where: str) -> Encoding:
     """Refuse unknown encodings and states stored two ways; returns the state encoding (readers decode with it)."""
     for entry in tensors.values():
@@ -164,37 +52,23 @@ def check_tensor_table(tensors: dict[str, dict], where: str) -> Encoding:
     return get_encoding(aux)
 
 
-def state_encoding_for(dtype: torch.dtype, storage: str | None = None) -> str:
-    """The encoding name for hidden states captured in ``dtype`` (``storage='fp8'``, ``'mxfp4'``, ``'nf4'`` opt in)."""
-    if storage in (None, "", "native"):
-        try:
-            return _PLAIN_STATE_ENCODINGS[dtype]
-        except KeyError:
-            raise ValueError(f"hidden states must be bf16, f16 or f32, got {dtype}") from None
-    if storage in STORAGE_NAMES.values():
-        return storage
-    if storage in STORAGE_NAMES:
-        return STORAGE_NAMES[storage]
-    raise ValueError(f"unknown storage encoding {storage!r}; use 'native', {', '.join(repr(n) for n in STORAGE_NAMES)}")
-
-
 def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode a state tensor ``[..., H]`` for storage; returns (data, scale or None)."""
     if not encoding.scaled:
         same = tensor.dtype == encoding.storage_torch_dtype  # no call into torch when there is nothing to do: see _scales_valid
         return (tensor if same else tensor.to(encoding.storage_torch_dtype)).contiguous(), None
-    # The one quantizer per encoding, shared with the server, which runs it on the GPU (``wire/``).
-    return _CODECS[encoding.name].quantize(tensor)
+    # The one quantizer per encoding, shared with the server, which runs it on the GPU (the registry's).
+    return encoding.quantize(tensor)
 
 
 def bad_scales(scale: torch.Tensor, encoding: Encoding) -> torch.Tensor:
     """Boolean mask of the scales that would decode to inf/NaN (or are otherwise impossible), same shape as ``scale``."""
-    return _CODECS[encoding.name].bad_scales(scale)
+    return encoding.bad_scales(scale)
 
 
 def scale_rule(encoding: Encoding) -> str:
     """What a valid scale of ``encoding`` is, in words (for error messages)."""
-    return _CODECS[encoding.name].rule
+    return encoding.scale_rule
 
 
 def accept_encoded_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encoding, where: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,7 +119,7 @@ def decode_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encod
         return data
     if scale is None:
         raise UnsupportedFormatError(f"encoding {encoding.name} needs a '{SCALE_SUFFIX}' tensor but none is stored")
-    return _CODECS[encoding.name].dequantize(data, scale, encoding.decoded_dtype)
+    return encoding.dequantize(data, scale, encoding.decoded_dtype)
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

@@ -25,7 +25,9 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
-from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, SCALE_SUFFIX, bad_scales, check_tensor_table, decode_state, get_encoding, scale_rule
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, bad_scales, check_tensor_table, decode_state, scale_rule
+from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from hs_dataset.errors import SampleError
-from hs_dataset.formats.encoding import Encoding, accept_encoded_state, all_finite, encode_state
+from hs_dataset.formats.encoding import accept_encoded_state, all_finite, encode_state
+from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.sample import CapturedSample
 

@@ -21,7 +21,8 @@ import torch
 from hs_dataset.errors import FormatError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import remove_quietly, temp_path_for, write_all
-from hs_dataset.formats.encoding import SCALE_SUFFIX, safetensors_dtype, tensor_bytes
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX
+from hs_dataset.formats.encoding import safetensors_dtype, tensor_bytes
 from hs_dataset.formats.hashing import SHARD_HASH, Hasher, new_hasher
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import open_regular

@@ -30,7 +30,7 @@ from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import NonFiniteStateError, SampleError, UsageError
 from hs_dataset.formats.atomic import remove_quietly
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
-from hs_dataset.formats.encoding import Encoding, get_encoding, state_encoding_for
+from hs_dataset.codecs.registry import Encoding, get_encoding, state_encoding_for
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
 from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.sample_encoder import SampleEncoder

@@ -20,7 +20,7 @@ import torch
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME
-from hs_dataset.formats.encoding import Encoding
+from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.paths import open_regular, resolve_member

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from hs_dataset.codecs.storage import ENCODED_STORAGES, encoding_of_storage
+from hs_dataset.codecs.registry import STORAGE_VALUES, encoding_of_storage
 
 __all__ = ["CaptureConfig", "ENV_PREFIX"]
 
@@ -59,7 +59,7 @@ class CaptureConfig:
     storage: str = "native"
 
     MECHANISMS = ("aux_return", "layer_hooks", "legacy")
-    STORAGES = ("native", *ENCODED_STORAGES)
+    STORAGES = STORAGE_VALUES
 
     def __post_init__(self) -> None:
         if not self.staging_dir:

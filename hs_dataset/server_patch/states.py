@@ -17,9 +17,7 @@ from typing import Sequence
 import torch
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.codecs.fp4_kernel import fused_quantizer
-from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING
-from hs_dataset.codecs.fp8 import FP8_ENCODING, quantize_fp8_per_token
+from hs_dataset.codecs.registry import ENCODINGS
 
 __all__ = ["UnusableStates", "normalize_states", "pass_states", "prepare_quantizer"]
 
@@ -67,8 +65,8 @@ def normalize_states(
     return aux, final
 
 
-# The 4-bit ones run fused on a CUDA device (the same bytes as wire/fp4.py's, in one pass).
-QUANTIZERS = {FP8_ENCODING: quantize_fp8_per_token, MXFP4_ENCODING: fused_quantizer(MXFP4_ENCODING), NF4_ENCODING: fused_quantizer(NF4_ENCODING)}
+# The registry's device quantizer of every encoding that has one (the 4-bit ones fused on a CUDA device, the host's bytes).
+QUANTIZERS = {e.name: e.device_quantizer() for e in ENCODINGS.values() if e.device_quantizer is not None}
 
 
 def pass_states(

@@ -25,7 +25,8 @@ import torch
 
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UsageError
 from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
-from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
+from hs_dataset.formats.encoding import decode_state, encode_state
+from hs_dataset.codecs.registry import get_encoding, state_encoding_for
 from hs_dataset.formats.evict import evict_shards
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint, is_dataset_dir
 from hs_dataset.formats.paths import resolve_member

@@ -240,7 +240,9 @@ def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str, storage
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding, state_encoding_for
+    from hs_dataset.formats.encoding import decode_state, encode_state
+
+    from hs_dataset.codecs.registry import get_encoding, state_encoding_for
     from hs_dataset.formats.reader import open_dataset
 
     ds = open_dataset(dataset_dir)

@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from tests.fixtures.paths import REPO
 from tests.fixtures.samples import make_metadata, make_sample
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding
+from hs_dataset.formats.encoding import decode_state, encode_state
+from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter

@@ -159,7 +159,8 @@ _SCALE_VALUES = st.one_of(
 @given(values=st.lists(_SCALE_VALUES, min_size=1, max_size=40), transpose=st.booleans())
 def test_fp8_scale_check_matches_its_defining_formula(values, transpose):
     """The writer's GIL-free check of server-sent scales answers exactly as the torch formula does."""
-    from hs_dataset.formats.encoding import FP8_MAX, _scales_valid
+    from hs_dataset.codecs.fp8 import FP8_MAX
+    from hs_dataset.formats.encoding import _scales_valid
 
     scale = torch.tensor(values, dtype=torch.float32)
     if transpose and len(values) % 2 == 0:
@@ -210,7 +211,9 @@ def test_shards_of_the_old_layout_still_read_verify_and_resume(tmp_path, storage
     """Shards written before the one header builder (``sample_offsets`` first) read, verify and take new shards."""
     import shutil
 
-    from hs_dataset.formats.encoding import decode_state, encode_state, get_encoding
+    from hs_dataset.formats.encoding import decode_state, encode_state
+
+    from hs_dataset.codecs.registry import get_encoding
 
     root = tmp_path / storage
     shutil.copytree(OLD_LAYOUT / storage, root)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from tests.fixtures.samples import make_metadata, make_sample
 from hs_dataset.errors import SampleError, UsageError
-from hs_dataset.formats.encoding import ENCODINGS, bad_scales, decode_state, encode_state, get_encoding, state_encoding_for
+from hs_dataset.formats.encoding import bad_scales, decode_state, encode_state
+from hs_dataset.codecs.registry import ENCODINGS, get_encoding, state_encoding_for
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter

@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hs_dataset.formats.encoding import bad_scales, get_encoding
+from hs_dataset.formats.encoding import bad_scales
+
+from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.codecs import fp4_kernel
 from hs_dataset.server_patch.states import QUANTIZERS
 from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4

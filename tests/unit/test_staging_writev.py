@@ -20,7 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from hs_dataset.formats.encoding import ENCODINGS, decode_state, encode_state
+from hs_dataset.formats.encoding import decode_state, encode_state
+
+from hs_dataset.codecs.registry import ENCODINGS
 from hs_dataset.codecs import fp8, safetensors_header
 from hs_dataset.server_patch import staging as staging_mod
 from hs_dataset.server_patch.batch import BatchView

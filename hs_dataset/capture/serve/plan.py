@@ -51,7 +51,7 @@ from hs_dataset.capture.sglang.support import UnsupportedVersionError, mechanism
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.capture.serve.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.server_patch.contract.layer_outputs import layer_hooks_problem
-from hs_dataset.codecs.storage import ENCODED_STORAGES
+from hs_dataset.codecs.registry import ENCODED_STORAGES
 
 __all__ = [
     "ServerPlan",

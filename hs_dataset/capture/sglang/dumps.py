@@ -20,7 +20,8 @@ import torch
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
 from hs_dataset.errors import CaptureError
 from hs_dataset.capture.sglang.diagnose import CaptureStopped
-from hs_dataset.formats.encoding import ENCODINGS, SAFETENSORS_DTYPES, Encoding, all_finite
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
+from hs_dataset.codecs.registry import ENCODINGS, Encoding
 from hs_dataset.codecs.safetensors_layout import DTYPE_SIZES, read_header
 from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.sample import CapturedSample, TokenizedSample

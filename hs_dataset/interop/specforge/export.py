@@ -129,7 +129,7 @@ def export_specforge(
     other dtype fails its first step. ``keep_dtype=True`` keeps the stored dtype (with
     a warning in the report) for readers other than SpecForge's trainer.
     """
-    from hs_dataset.formats.encoding import get_encoding
+    from hs_dataset.codecs.registry import get_encoding
     from hs_dataset.formats.reader import open_dataset
 
     if group_size < 1:

@@ -273,7 +273,8 @@ def export_speculators(
     hs_dir = dest / HIDDEN_STATES_DIR
     hs_dir.mkdir(exist_ok=True)
     decoded = ds.manifest.tensors["aux_hidden_states"]["encoding"]
-    from hs_dataset.formats.encoding import get_encoding, safetensors_dtype
+    from hs_dataset.formats.encoding import safetensors_dtype
+    from hs_dataset.codecs.registry import get_encoding
 
     out_dtype = get_encoding(decoded).decoded_dtype
     all_ids: list[torch.Tensor] = []
