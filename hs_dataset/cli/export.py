@@ -30,69 +30,30 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="export only these stored aux layers (HF hidden_states indexes, ascending); default: all stored",
     )
-    p.add_argument("--verify-hashes", action="store_true", help="check every shard's sha256 while reading")
+    p.add_argument("--verify-hashes", action="store_true", help="check every shard's BLAKE3 hash while reading")
     p.add_argument("--json", action="store_true", help="print the export report as JSON")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hs_dataset.interop.trainers import TRAINERS, trainer_cli
+
     sub = parser.add_subparsers(dest="target", metavar="TARGET")
     sub.required = True
     style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
-    spec = sub.add_parser(
-        "speculators",
-        **style,
-        help="speculators 0.9.0: Arrow dataset + hidden_states/hs_{idx}.safetensors (pre-norm final last)",
-        description="Arrow dataset (save_to_disk, torch format: input_ids, loss_mask, seq_len) plus "
-        "hidden_states/hs_{idx}.safetensors with hidden_states [T, K+1, H] (aux ascending, pre-norm final last) "
-        "and token_ids [T], as speculators.train.data.ArrowDataset reads them.",
-    )
-    _common(spec)
-    spec.add_argument("--num-hidden-layers", type=int, default=None, help="L, if the manifest does not record it (the final state's id)")
-    spec.add_argument("--no-token-freq", action="store_true", help="do not write token_freq.pt")
-    forge = sub.add_parser(
-        "specforge",
-        **style,
-        help="SpecForge 0.2.0: rows_{g}-{g+2000}/data_{idx}.ckpt with a post-norm hidden_state",
-        description="rows_{g}-{g+N}/data_{idx}.ckpt (torch.save) with input_ids, loss_mask, aux_hidden_state [1, T, 3H] "
-        "and hidden_state [1, T, H] after the final norm (derived from the stored pre-norm state), as SpecForge's "
-        "OfflineManifestReader reads them; in bfloat16 unless --keep-dtype.",
-    )
-    _common(forge)
-    forge.add_argument("--group-size", type=int, default=2000, help="files per rows_{g}-{g+N} directory")
-    forge.add_argument(
-        "--keep-dtype",
-        action="store_true",
-        help="keep the stored dtype instead of bfloat16 (SpecForge 0.2.0 trains only on bfloat16: its target head is bf16)",
-    )
+    for name in TRAINERS:
+        trainer = trainer_cli(name)
+        target = sub.add_parser(name, **style, help=trainer.EXPORT_HELP, description=trainer.EXPORT_DESCRIPTION)
+        _common(target)
+        trainer.add_export_arguments(target)
 
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.formats.paths import check_local_path
+    from hs_dataset.interop.trainers import trainer_cli
 
     check_local_path(args.dest, what="export destination")
-    if args.target == "speculators":
-        from hs_dataset.interop.speculators.export import export_speculators
-
-        report = export_speculators(
-            args.src,
-            args.dest,
-            overwrite=args.overwrite,
-            aux_layer_ids=args.aux_layer_ids,
-            num_hidden_layers_override=args.num_hidden_layers,
-            verify_hashes=args.verify_hashes,
-            token_freq=not args.no_token_freq,
-        )
-    else:
-        from hs_dataset.interop.specforge.export import export_specforge
-
-        report = export_specforge(
-            args.src,
-            args.dest,
-            overwrite=args.overwrite,
-            aux_layer_ids=args.aux_layer_ids,
-            group_size=args.group_size,
-            verify_hashes=args.verify_hashes,
-            keep_dtype=args.keep_dtype,
-        )
+    report = trainer_cli(args.target).export(
+        args, overwrite=args.overwrite, aux_layer_ids=args.aux_layer_ids, verify_hashes=args.verify_hashes
+    )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0

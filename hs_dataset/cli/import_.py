@@ -38,35 +38,25 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hs_dataset.interop.trainers import TRAINERS, trainer_cli
+
     sub = parser.add_subparsers(dest="source_format", metavar="FORMAT")
     sub.required = True
     style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
-    spec = sub.add_parser(
-        "speculators",
-        **style,
-        help="speculators 0.9.0: Arrow dataset + hidden_states/hs_{idx}.safetensors (final = pre-norm)",
-        description="Import a speculators offline-data directory; the last layer of hidden_states is stored as the pre-norm final state.",
-    )
-    _common(spec)
-    spec.add_argument("--hidden-states-path", default=None, help="directory of hs_{idx}.safetensors (default SRC/hidden_states)")
-    spec.add_argument("--skip-missing", action="store_true", help="import rows whose hs_{idx}.safetensors exists, list the others")
-    forge = sub.add_parser(
-        "specforge",
-        **style,
-        help="SpecForge 0.2.0: rows_*/data_{idx}.ckpt (final = post-norm)",
-        description="Import SpecForge offline data; hidden_state is stored as a post_norm final state "
-        "(files are read with torch.load(weights_only=True) only).",
-    )
-    _common(forge)
+    for name in TRAINERS:
+        trainer = trainer_cli(name)
+        source = sub.add_parser(name, **style, help=trainer.IMPORT_HELP, description=trainer.IMPORT_DESCRIPTION)
+        _common(source)
+        trainer.add_import_arguments(source)
 
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.formats.paths import check_local_path
+    from hs_dataset.interop.settings import ImportSettings
+    from hs_dataset.interop.trainers import trainer_cli
 
     check_local_path(args.src, what="import source")
     check_local_path(args.dest, what="import destination")
-    from hs_dataset.interop.importing import ImportSettings
-
     settings = ImportSettings(
         config=args.config,
         aux_layer_ids=args.aux_layer_ids,
@@ -77,13 +67,6 @@ def run(args: argparse.Namespace) -> int:
         shard_bytes=args.shard_bytes,
         overwrite=args.overwrite,
     )
-    if args.source_format == "speculators":
-        from hs_dataset.interop.speculators.import_ import import_speculators
-
-        report = import_speculators(args.src, args.dest, settings, hidden_states_path=args.hidden_states_path, skip_missing=args.skip_missing)
-    else:
-        from hs_dataset.interop.specforge.import_ import import_specforge
-
-        report = import_specforge(args.src, args.dest, settings)
+    report = trainer_cli(args.source_format).import_(args, settings)
     print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.summary())
     return 0

@@ -14,9 +14,10 @@ neither torch nor the trainers' modules:
 * :func:`import_speculators`, :func:`import_specforge` -- their data back into our
   format, with :class:`ImportSettings` stating what neither layout records.
 
-The parts, by trainer: :mod:`.speculators` (``export``, ``import_``, ``backend``) and
-:mod:`.specforge` (``export``, ``import_``); shared: :mod:`.common` (export helpers and
-errors) and :mod:`.importing` (the import machinery).
+The parts, by trainer (:mod:`.trainers` lists them): :mod:`.speculators` (``export``,
+``import_``, ``cli``, ``backend``) and :mod:`.specforge` (``export``, ``import_``,
+``cli``); shared: :mod:`.settings` (:class:`ExportSettings`, :class:`ImportSettings`),
+:mod:`.common` (export helpers and errors) and :mod:`.importing` (the import machinery).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from hs_dataset.interop.trainers import TRAINERS
+
 __all__ = [
-    "export_speculators",
-    "export_specforge",
-    "import_speculators",
-    "import_specforge",
+    *(f"export_{name}" for name in TRAINERS),
+    *(f"import_{name}" for name in TRAINERS),
     "ImportSettings",
+    "ExportSettings",
     "ImportReport",
     "ImportDataError",
     "ExportError",
@@ -41,11 +43,10 @@ __all__ = [
 ]
 
 _HOME = {
-    "export_speculators": "hs_dataset.interop.speculators.export",
-    "export_specforge": "hs_dataset.interop.specforge.export",
-    "import_speculators": "hs_dataset.interop.speculators.import_",
-    "import_specforge": "hs_dataset.interop.specforge.import_",
-    "ImportSettings": "hs_dataset.interop.importing",
+    **{f"export_{name}": f"{home}.export" for name, home in TRAINERS.items()},
+    **{f"import_{name}": f"{home}.import_" for name, home in TRAINERS.items()},
+    "ImportSettings": "hs_dataset.interop.settings",
+    "ExportSettings": "hs_dataset.interop.settings",
     "ImportReport": "hs_dataset.interop.importing",
     "ImportDataError": "hs_dataset.interop.importing",
     "ExportError": "hs_dataset.interop.common",

@@ -14,7 +14,7 @@ Neither layout records what its states mean, so an import states it:
   capture, on purpose); ``aux_hidden_state`` is K aux layers concatenated, HF ids = the
   SGLang capture ids + 1 (default ``[2, L//2, L-3]``).
 
-Where the layer ids come from, first match wins: :attr:`ImportSettings.aux_layer_ids`; the
+Where the layer ids come from, first match wins: :attr:`~hs_dataset.interop.settings.ImportSettings.aux_layer_ids`; the
 ``hs_dataset_export.json`` record if the directory is one of our exports; the config
 card named by ``config`` (if it is a card); speculators'/SpecForge's default from
 ``num_hidden_layers`` (:func:`~hs_dataset.interop.common.trainer_default_aux_layer_ids`).
@@ -36,13 +36,12 @@ import torch
 
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError, UsageError
+from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.common import clear_own_export, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
 
 __all__ = [
-    "IMPORT_FORMATS",
     "ImportDataError",
     "ImportReport",
-    "ImportSettings",
     "ResolvedImport",
     "SampleItem",
     "resolve_settings",
@@ -51,39 +50,8 @@ __all__ = [
     "check_mask",
 ]
 
-IMPORT_FORMATS = ("speculators", "specforge")
-
-
 class ImportDataError(HsDatasetError, ValueError):
     """An input directory or file cannot be imported (named in the message)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImportSettings:
-    """What an import states about the data (neither trainer's layout records it) and how it is stored.
-
-    ``config``: a config card name or ``.yaml`` path (supplies layer ids, dtype, model), or
-    a free-form name for the imported dataset. ``aux_layer_ids``: the aux layers as HF
-    ``hidden_states`` indexes, ascending. ``num_hidden_layers``: L, for the trainers'
-    default ``[2, L//2, L-3]`` when no ids are given. ``model_path``: a local model
-    directory whose fingerprint and final-norm weight/eps are recorded; ``model_id``:
-    the model id to record. ``storage``, ``shard_bytes``: as for ``ShardWriter``
-    (``None``: its default size). ``overwrite``: delete an earlier export in the destination first (its own files only).
-    Unknown keys are refused (``TypeError`` naming the key).
-    """
-
-    config: str
-    aux_layer_ids: Sequence[int] | None = None
-    num_hidden_layers: int | None = None
-    model_path: str | None = None
-    model_id: str | None = None
-    storage: str = "native"
-    shard_bytes: int | None = None
-    overwrite: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.config, str) or not self.config:
-            raise UsageError(f"ImportSettings.config must name a config card or the imported dataset, got {self.config!r}")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from tests.fixtures.interop import require_interop
 from tests.fixtures.samples import PYTHON, make_metadata, make_sample
+from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.interop import (
     EXPORT_RECORD_NAME,
     ExportError,
@@ -122,22 +123,22 @@ def test_speculators_refuses_post_norm_and_bad_layers(tmp_path: Path) -> None:
         export_speculators(post, tmp_path / "out1")
     src = _write(tmp_path / "src")
     with pytest.raises(ExportMismatchError, match=r"aux layer\(s\) \[5\] are not in the data"):
-        export_speculators(src, tmp_path / "out2", aux_layer_ids=[2, 5])
+        export_speculators(src, tmp_path / "out2", ExportSettings(aux_layer_ids=[2, 5]))
     with pytest.raises(ExportMismatchError, match="contradicts the manifest's num_hidden_layers 6"):
-        export_speculators(src, tmp_path / "out3", num_hidden_layers_override=3)
+        export_speculators(src, tmp_path / "out3", ExportSettings(num_hidden_layers=3))
     nolayers = _write(tmp_path / "nolayers", num_hidden_layers=None)
     with pytest.raises(ExportMismatchError, match="num_hidden_layers"):
         export_speculators(nolayers, tmp_path / "out4")
     shallow = _write(tmp_path / "shallow", num_hidden_layers=None, aux_layer_ids=[2, 3, 4])
     with pytest.raises(ExportMismatchError, match=r"outside 0\.\.3"):
-        export_speculators(shallow, tmp_path / "out5", num_hidden_layers_override=4)
+        export_speculators(shallow, tmp_path / "out5", ExportSettings(num_hidden_layers=4))
     assert not (tmp_path / "out1").exists() or not any((tmp_path / "out1").iterdir())
 
 
 # ---------------------------------------------------------------------------- specforge
 def test_specforge_layout_and_post_norm(src: Path, tmp_path: Path) -> None:
     dest = tmp_path / "forge"
-    export_specforge(src, dest, group_size=2)
+    export_specforge(src, dest, ExportSettings(group_size=2))
     ds = open_dataset(src)
     weight, eps = ds.final_norm()
     assert sorted(p.name for p in dest.iterdir()) == sorted([EXPORT_RECORD_NAME, "rows_0-2", "rows_2-4", "rows_4-6"])
@@ -197,7 +198,7 @@ def test_specforge_post_norm_matches_real_transformers_state(tiny_card, hf_backe
     build_dataset(tiny_card, src, num_samples=4, backend=hf_backend)
     dest = tmp_path / "forge"
     with pytest.warns(UserWarning, match="cannot train"):
-        export_specforge(src, dest, keep_dtype=True)  # float32 kept, to measure the derivation itself
+        export_specforge(src, dest, ExportSettings(keep_dtype=True))  # float32 kept, to measure the derivation itself
     worst = 0.0
     for idx, sample in enumerate(open_dataset(src)):
         with torch.inference_mode():
@@ -216,7 +217,7 @@ def test_specforge_refusals(tmp_path: Path) -> None:
     four = _write(tmp_path / "four", k=4)
     with pytest.raises(ExportMismatchError, match="exactly 3 aux layers.*4"):
         export_specforge(four, tmp_path / "o1")
-    report = export_specforge(four, tmp_path / "o2", aux_layer_ids=[2, 3, 5])
+    report = export_specforge(four, tmp_path / "o2", ExportSettings(aux_layer_ids=[2, 3, 5]))
     assert report.layers["aux layers (HF hidden_states ids)"] == [2, 3, 5]
     raw = torch.load(tmp_path / "o2" / "rows_0-2000" / "data_0.ckpt", weights_only=True)
     assert torch.equal(raw["aux_hidden_state"][0].reshape(-1, 3, H), open_dataset(four)[0]["aux_hidden_states"][:, [0, 1, 3]])
@@ -245,19 +246,19 @@ def test_destination_with_other_data_is_refused_unless_overwrite(export, src: Pa
         export(src, dest)
     assert (dest / "notes.txt").read_text() == "mine"
     with pytest.raises(ExportError, match="deletes only an earlier hs_dataset export"):  # not ours: never deleted
-        export(src, dest, overwrite=True)
+        export(src, dest, ExportSettings(overwrite=True))
     assert (dest / "notes.txt").read_text() == "mine"
     (dest / "notes.txt").unlink()
     export(src, dest)
     other = _write(tmp_path / "other")
     with pytest.raises(ExportError, match="different export.*source_dataset_id"):
         export(other, dest)
-    export(other, dest, overwrite=True)  # an earlier export is ours: --overwrite replaces it
-    export(src, dest, overwrite=True)
+    export(other, dest, ExportSettings(overwrite=True))  # an earlier export is ours: --overwrite replaces it
+    export(src, dest, ExportSettings(overwrite=True))
     with pytest.raises(ExportError, match="overlaps"):
-        export(src, src / "inside", overwrite=True)
+        export(src, src / "inside", ExportSettings(overwrite=True))
     with pytest.raises(ExportError, match="hs_dataset dataset directory"):
-        export(src, other, overwrite=True)
+        export(src, other, ExportSettings(overwrite=True))
     assert open_dataset(other).manifest.num_samples == len(LENGTHS)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.errors import ForeignDatasetError, HsDatasetError, IntegrityError, UnsafePathError, UsageError
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.merge import merge_datasets
@@ -401,7 +402,7 @@ def test_export_into_a_symlinked_destination_is_refused(target, overwrite, sourc
     os.symlink(outside, dest)
     before = snapshot(outside)
     with pytest.raises(ExportError, match="symbolic link"):
-        _export(target)(source, dest, overwrite=overwrite)
+        _export(target)(source, dest, ExportSettings(overwrite=overwrite))
     untouched(outside, before, "ESCAPE:")
 
 
@@ -438,7 +439,7 @@ def test_a_link_inside_an_earlier_export_is_never_followed(target, inner, overwr
     os.symlink(link_target, path)
     before = snapshot(outside)
     with pytest.raises(ExportError, match="symbolic link|no export wrote"):
-        _export(target)(source, dest, overwrite=overwrite)
+        _export(target)(source, dest, ExportSettings(overwrite=overwrite))
     untouched(outside, before, "ESCAPE:")
 
 
@@ -452,7 +453,7 @@ def test_overwrite_keeps_a_user_file_beside_an_earlier_export(target, source, tm
     (dest / "notes.txt").write_bytes(SECRET)
     before = snapshot(dest)
     with pytest.raises(ExportError, match="no export wrote"):
-        _export(target)(source, dest, overwrite=True)
+        _export(target)(source, dest, ExportSettings(overwrite=True))
     untouched(dest, before, "LOST:")
 
 
@@ -466,7 +467,7 @@ def test_overwrite_refuses_a_directory_of_user_files(target, source, tmp_path):
     (dest / "hs_0.safetensors").write_bytes(SECRET)
     before = snapshot(dest)
     with pytest.raises(ExportError, match="deletes only an earlier hs_dataset export"):
-        _export(target)(source, dest, overwrite=True)
+        _export(target)(source, dest, ExportSettings(overwrite=True))
     untouched(dest, before, "LOST:")
 
 
@@ -475,7 +476,7 @@ def test_overwrite_replaces_an_earlier_export_of_ours(first, second, source, tmp
     dest = tmp_path / "dest"
     other = build(tmp_path / "other", ids=("o0", "o1", "o2", "o3", "o4"))
     _export(first)(other, dest)
-    _export(second)(source, dest, overwrite=True)
+    _export(second)(source, dest, ExportSettings(overwrite=True))
     record = json.loads((dest / "hs_dataset_export.json").read_text())
     assert record["target"] == second and record["status"] == "complete"
     leftovers = {"speculators": "hidden_states", "specforge": "rows_0-2000"}[first]

@@ -30,6 +30,7 @@ import torch
 
 from tests.fixtures.damage import rewrite_shard
 from tests.fixtures.samples import make_metadata, make_sample
+from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UnsupportedFormatError
 from hs_dataset.formats import manifest as manifest_module
 from hs_dataset.formats.merge import merge_datasets
@@ -490,7 +491,7 @@ def test_import_overwrite_refuses_to_delete_a_dataset(tmp_path):
     with pytest.raises(ExportError, match="will not delete it"):
         import_speculators(exported, victim, ImportSettings(config="unit-test", overwrite=True))
     with pytest.raises(ExportError, match="will not delete it"):
-        export_speculators(src, victim, overwrite=True)
+        export_speculators(src, victim, ExportSettings(overwrite=True))
     assert snapshot(victim) == before and verify_dataset(victim).ok
 
 

@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 import torch
 
-from hs_dataset.errors import FormatError, UsageError
+from hs_dataset.errors import FormatError
+from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
@@ -45,7 +46,7 @@ from hs_dataset.interop.common import (
 
 __all__ = ["export_specforge", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE"]
 
-DEFAULT_GROUP_SIZE = 2000
+DEFAULT_GROUP_SIZE = ExportSettings.group_size
 SPECFORGE_NUM_AUX = 3  # specforge.algorithms.model_providers.resolve_eagle_capture_layers: exactly three
 SPECFORGE_TRAIN_DTYPE = torch.bfloat16  # specforge/modeling/target/target_head.py: the target head is always bf16
 
@@ -115,27 +116,21 @@ def _valid_ckpt(path: Path, *, sample_id: str, input_ids: torch.Tensor, aux_shap
 def export_specforge(
     src: str | os.PathLike,
     dest: str | os.PathLike,
-    *,
-    overwrite: bool = False,
-    aux_layer_ids: Sequence[int] | None = None,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    verify_hashes: bool = False,
-    keep_dtype: bool = False,
+    settings: ExportSettings = ExportSettings(),
 ) -> ExportReport:
     """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout.
 
     States are written in bfloat16 by default: SpecForge 0.2.0's ``TargetHead`` always
     runs in bfloat16 (``modeling/target/target_head.py``) and nothing autocasts, so any
-    other dtype fails its first step. ``keep_dtype=True`` keeps the stored dtype (with
+    other dtype fails its first step. ``settings.keep_dtype`` keeps the stored dtype (with
     a warning in the report) for readers other than SpecForge's trainer.
     """
     from hs_dataset.codecs.registry import get_encoding
     from hs_dataset.formats.reader import open_dataset
 
-    if group_size < 1:
-        raise UsageError(f"group_size must be >= 1, got {group_size}")
     src, dest = Path(src), Path(dest)
-    ds = open_dataset(src, verify_hashes=verify_hashes)
+    aux_layer_ids, group_size, keep_dtype, overwrite = settings.aux_layer_ids, settings.group_size, settings.keep_dtype, settings.overwrite
+    ds = open_dataset(src, verify_hashes=settings.verify_hashes)
     check_layer_convention(ds, "SpecForge")
     positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "SpecForge")
     if len(layer_ids) != SPECFORGE_NUM_AUX:

@@ -21,10 +21,10 @@ import torch
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.interop.bounded_gzip import CompressedInputError, gunzip_to_temp
+from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
-    ImportSettings,
     SampleItem,
     check_mask,
     prepare_import_dest,

@@ -35,6 +35,7 @@ import torch
 
 from hs_dataset.errors import FormatError, IntegrityError
 from hs_dataset.formats.encoding import tensor_bytes
+from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
@@ -211,26 +212,22 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
 def export_speculators(
     src: str | os.PathLike,
     dest: str | os.PathLike,
-    *,
-    overwrite: bool = False,
-    aux_layer_ids: Sequence[int] | None = None,
-    num_hidden_layers_override: int | None = None,
-    verify_hashes: bool = False,
-    token_freq: bool = True,
+    settings: ExportSettings = ExportSettings(),
 ) -> ExportReport:
     """Export dataset ``src`` to ``dest`` in speculators 0.9.0's offline training layout.
 
-    ``aux_layer_ids`` (HF ``hidden_states`` ids) picks stored aux layers, default all;
-    ``num_hidden_layers_override`` is L when the manifest does not record it.
+    ``settings.aux_layer_ids`` (HF ``hidden_states`` ids) picks stored aux layers, default
+    all; ``settings.num_hidden_layers`` is L when the manifest does not record it.
     """
     from hs_dataset.formats.reader import open_dataset
 
     src, dest = Path(src), Path(dest)
-    ds = open_dataset(src, verify_hashes=verify_hashes)
+    aux_layer_ids, token_freq, overwrite = settings.aux_layer_ids, settings.token_freq, settings.overwrite
+    ds = open_dataset(src, verify_hashes=settings.verify_hashes)
     check_layer_convention(ds, "speculators")
     check_final_state(ds)
     positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "speculators")
-    num_layers = num_hidden_layers(ds, num_hidden_layers_override, "speculators")
+    num_layers = num_hidden_layers(ds, settings.num_hidden_layers, "speculators")
     bad = [i for i in layer_ids if not 0 <= i < num_layers]
     if bad:
         raise ExportMismatchError(

@@ -15,10 +15,10 @@ from typing import Any, Iterator
 import torch
 
 from hs_dataset.formats.paths import resolve_member
+from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
-    ImportSettings,
     SampleItem,
     check_mask,
     prepare_import_dest,
