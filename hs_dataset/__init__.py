@@ -22,7 +22,7 @@ from hs_dataset.version import __version__
 __all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "load_card", "build_dataset", "push_to_hub", "stream"]
 
 _LAZY = {
-    "open_dataset": "hs_dataset.remote.dataset",
+    "open_dataset": "hs_dataset.dataset_access",
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
     "load_card": "hs_dataset.config",

@@ -18,10 +18,8 @@ from typing import Any, Iterable, Iterator
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureResult
 from hs_dataset.config import Card
 from hs_dataset.config.run import BuildOptions, parse_options
+from hs_dataset.dataset_access import output_dir
 from hs_dataset.faults import crash_point
-from hs_dataset.formats.paths import check_local_path
-from hs_dataset.remote.destination import build_to_remote
-from hs_dataset.remote.location import is_url
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.run_report import RunReport, save_run_report
@@ -48,9 +46,8 @@ def build_dataset(card: Card | str | os.PathLike, out_dir: str | os.PathLike, *,
     """
     opts = parse_options(BuildOptions, "build_dataset()", options)
     started = time.perf_counter()
-    if is_url(out_dir):
-        return build_to_remote(os.fspath(out_dir), opts.remote, lambda stage: _build_dataset(card, stage, opts, backend, started))
-    return _build_dataset(card, check_local_path(out_dir, what="output directory"), opts, backend, started)
+    with output_dir(out_dir, opts.remote) as local_dir:
+        return _build_dataset(card, local_dir, opts, backend, started)
 
 
 def _build_dataset(card: Card | str | os.PathLike, out_dir: Path, opts: BuildOptions, backend: CaptureBackend | None, started: float) -> RunReport:

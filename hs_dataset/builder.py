@@ -138,12 +138,9 @@ def _source_identity(card: Card, source: Any) -> Any:
 
 def served_manifest(data_dir: str) -> Any:
     """The manifest of the existing dataset ``data_dir`` names: a local directory or an fsspec URL (``s3://...``)."""
-    from hs_dataset.formats.manifest import Manifest
-    from hs_dataset.remote.location import is_url, open_location
+    from hs_dataset.dataset_access import read_manifest
 
-    if is_url(data_dir):
-        return open_location(data_dir).require_manifest()
-    return Manifest.load(Path(data_dir).expanduser())
+    return read_manifest(data_dir)
 
 
 def _hidden_size(model_dir: Path | None) -> int | None:
@@ -241,7 +238,7 @@ class HsDataset(datasets.ArrowBasedBuilder):
         """
         from datasets.builder import Key
 
-        from hs_dataset.remote.dataset import open_dataset as open_any
+        from hs_dataset.dataset_access import open_dataset as open_any
 
         data = open_any(data_dir, verify_hashes=True)
         try:

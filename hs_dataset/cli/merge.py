@@ -26,22 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.cli.verify import EXIT_PROBLEMS
-    from hs_dataset.errors import UsageError
-    from hs_dataset.formats.merge import merge_datasets
-    from hs_dataset.formats.verify import verify_dataset
-    from hs_dataset.remote.location import is_url
-    from hs_dataset.remote.merge import merge_remote
-    from hs_dataset.remote.verify import verify_remote
+    from hs_dataset.dataset_access import merge
 
-    urls = [is_url(p) for p in (*args.parts, args.out)]
-    if any(urls) and not all(urls):
-        raise UsageError("give every part and the output as URLs of one store, or all as local directories (upload local parts with build --out URL)")
-    if all(urls):
-        merge_remote(args.parts, args.out)
-        result = verify_remote(args.out)
-    else:
-        merge_datasets(args.parts, args.out)
-        result = verify_dataset(args.out)
+    result = merge(args.parts, args.out)
     if not result.ok:
         for problem in result.problems:
             print(f"error: {problem}", file=sys.stderr)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 __all__ = ["HELP", "DESCRIPTION", "EXAMPLES", "EXIT_PROBLEMS", "add_arguments", "run"]
 
@@ -35,30 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _require_dataset_dir(path: Path) -> None:
-    """No directory or no manifest: nothing to verify, an error (exit 2) rather than a finding (exit 1)."""
-    from hs_dataset.errors import FormatError
-    from hs_dataset.formats.manifest import MANIFEST_NAME
-
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such directory")
-    if not path.is_dir():
-        raise NotADirectoryError(f"{path}: a file, not a dataset directory")
-    if not (path / MANIFEST_NAME).exists():
-        raise FormatError(f"{path}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was written yet)")
-
-
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.formats.paths import check_local_path
-    from hs_dataset.formats.verify import verify_dataset
-    from hs_dataset.remote.location import is_url
-    from hs_dataset.remote.verify import verify_remote
+    from hs_dataset.dataset_access import verify
 
-    if is_url(args.path):  # downloads check every hash, --no-hashes or not
-        result = verify_remote(args.path, check_values=not args.no_values)
-    else:
-        _require_dataset_dir(check_local_path(args.path, what="dataset"))
-        result = verify_dataset(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
+    # a URL's shards are downloaded, and every download checks its hash, --no-hashes or not
+    result = verify(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
     if args.json:
         print(json.dumps({"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}))
     elif result.ok:

@@ -39,13 +39,13 @@ from hs_dataset.config import Card
 from hs_dataset.errors import IntegrityError, UsageError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.paths import open_regular, resolve_member
-from hs_dataset.hub.card import render_card
+from hs_dataset.hub.readme import render_card
 from hs_dataset.hub.config_card import CardChoice, card_for_push, card_model_name
 from hs_dataset.hub.files import LocalFile, RemoteFile, batches, same_bytes
 from hs_dataset.hub.index import DEFAULT_INDEX_FILE_BYTES, IndexFiles, write_index
 from hs_dataset.hub.layout import FIGURES_FOLDER, README, REPO_TYPE, SHARDS_FOLDER
 from hs_dataset.hub.public import public_manifest, public_run_report
-from hs_dataset.hub.remote import remote_files, remote_readme
+from hs_dataset.hub.repo_state import remote_files, remote_readme
 from hs_dataset.run_report import RUN_REPORT_NAME
 
 __all__ = ["push_to_hub", "PushOptions", "PushReport", "DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES"]

@@ -1,4 +1,4 @@
-"""``open_dataset`` for a local directory or a URL: a remote dataset reads through the bounded local cache.
+"""A dataset at a URL, read through the bounded local cache (:func:`hs_dataset.dataset_access.open_dataset` opens it).
 
 :class:`RemoteDataset` is the reader's :class:`~hs_dataset.formats.reader.HiddenStateDataset`
 over a manifest read from the store, whose shards come from the
@@ -18,19 +18,17 @@ from typing import Any
 import torch
 
 from hs_dataset.config.remote import RemoteOptions
-from hs_dataset.config.run import parse_options
 from hs_dataset.errors import UsageError
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.formats.reader import HiddenStateDataset, ShardReader
-from hs_dataset.formats.reader import open_dataset as open_local_dataset
 from hs_dataset.remote.cache import ShardCache
-from hs_dataset.remote.location import is_url, open_location
+from hs_dataset.remote.location import open_location
 from hs_dataset.remote.prefetch import Prefetcher
 from hs_dataset.remote.header import read_offsets
 from hs_dataset.remote.transfer import Expected, download_file
 
-__all__ = ["RemoteDataset", "open_dataset", "OPEN_SHARDS"]
+__all__ = ["RemoteDataset", "OPEN_SHARDS"]
 
 OPEN_SHARDS = 2  # shards a reader keeps open (the one being read and the one before, for a reader at a boundary)
 _MAX_SIDE_FILE_BYTES = 64 * 1024 * 1024
@@ -133,18 +131,3 @@ def _check_bound(url: str, shards: list[ShardRecord], options: RemoteOptions) ->
             f"{url}: max_cache_bytes {options.max_cache_bytes} cannot hold {OPEN_SHARDS} open + {options.prefetch_shards} "
             f"prefetched shards of up to {largest} bytes; give at least {need} (HS_DATASET_CACHE_BYTES) or fewer prefetch_shards"
         )
-
-
-def open_dataset(path: str | os.PathLike, *, verify_hashes: bool = False, **options: Any) -> HiddenStateDataset:
-    """Open a dataset directory, or a dataset at an fsspec URL (``s3://bucket/prefix``) through the bounded cache.
-
-    ``options`` (URLs only): :class:`~hs_dataset.config.remote.RemoteOptions` (cache_dir,
-    max_cache_bytes, prefetch_shards, storage_options); unknown ones are refused by name.
-    """
-    if not is_url(path):
-        if options:
-            raise UsageError(f"open_dataset({os.fspath(path)!r}): {sorted(options)} apply to URLs only; a local directory is read in place")
-        return open_local_dataset(path, verify_hashes=verify_hashes)
-    return RemoteDataset(os.fspath(path), verify_hashes=verify_hashes, options=parse_options(RemoteOptions, "open_dataset()", options))
-
-

@@ -15,8 +15,9 @@ import hashlib
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Iterator
 
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.formats.atomic import atomic_write_bytes
@@ -26,10 +27,9 @@ from hs_dataset.remote.location import RemoteLocation, open_location
 from hs_dataset.remote.publish import publish_dataset
 from hs_dataset.remote.transfer import Expected, download_file
 
-__all__ = ["stage_dir_for", "build_to_remote", "seed_from_remote"]
+__all__ = ["stage_dir_for", "staged_upload", "seed_from_remote"]
 
 _log = logging.getLogger("hs_dataset.remote")
-Result = TypeVar("Result")
 
 
 def stage_dir_for(url: str, options: RemoteOptions) -> Path:
@@ -39,8 +39,13 @@ def stage_dir_for(url: str, options: RemoteOptions) -> Path:
     return options.cache_dir.parent / "stage" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def build_to_remote(url: str, options: RemoteOptions, build: Callable[[Path], Result]) -> Result:
-    """Run ``build(stage_dir)`` while uploading what it publishes to ``url``; the last upload follows its end."""
+@contextmanager
+def staged_upload(url: str, options: RemoteOptions) -> Iterator[Path]:
+    """``with staged_upload(url, opts) as stage:`` the body writes a dataset into ``stage`` while it is uploaded to ``url``.
+
+    The last upload follows the body's end; a body that raises publishes nothing more
+    (what was uploaded stays, and a rerun resumes from it).
+    """
     loc = open_location(url, options.storage_options)
     stage = stage_dir_for(url, options)
     stage.mkdir(parents=True, exist_ok=True)
@@ -49,11 +54,10 @@ def build_to_remote(url: str, options: RemoteOptions, build: Callable[[Path], Re
     uploader = _Uploader(stage, loc, options.upload_interval_s)
     uploader.start()
     try:
-        result = build(stage)
+        yield stage
     finally:
         uploader.stop()
     publish_dataset(stage, loc)
-    return result
 
 
 def seed_from_remote(loc: RemoteLocation, stage: Path) -> int:

@@ -97,11 +97,11 @@ def test_a_damaged_object_never_reaches_the_cache(remote, tmp_path):
     assert os.listdir(cache.directory) == [".lock"]
 
 
-def test_build_to_remote_uploads_while_the_build_runs_and_resumes_a_lost_stage(tmp_path):
+def test_staged_upload_uploads_while_the_build_runs_and_resumes_a_lost_stage(tmp_path):
     import time
 
     from hs_dataset.config.remote import RemoteOptions
-    from hs_dataset.remote.destination import build_to_remote
+    from hs_dataset.remote.destination import staged_upload
 
     url = f"file://{tmp_path}/bucket/part"
     options = RemoteOptions(cache_dir=tmp_path / "cache", stage_dir=tmp_path / "stage", upload_interval_s=0.1)
@@ -118,7 +118,8 @@ def test_build_to_remote_uploads_while_the_build_runs_and_resumes_a_lost_stage(t
                     seen_during.append(0 if manifest is None else manifest.num_samples)
         return "built"
 
-    assert build_to_remote(url, options, build) == "built"
+    with staged_upload(url, options) as stage:
+        assert build(stage) == "built"
     assert seen_during[-1] >= 2 and seen_during == sorted(seen_during)  # published while the build ran, only growing
     assert open_location(url).require_manifest().num_samples == 6
     shutil.rmtree(tmp_path / "stage")  # requeued elsewhere: the stage is seeded from the store before the build
@@ -127,4 +128,5 @@ def test_build_to_remote_uploads_while_the_build_runs_and_resumes_a_lost_stage(t
         with ShardWriter(stage, make_metadata()) as writer:
             return writer.stored_ids
 
-    assert build_to_remote(url, options, resumed) == {f"s{i}" for i in range(6)}
+    with staged_upload(url, options) as stage:
+        assert resumed(stage) == {f"s{i}" for i in range(6)}
