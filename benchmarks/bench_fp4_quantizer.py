@@ -2,7 +2,7 @@
 
 The reference (``hs_dataset/codecs/fp4.py``: the encodings' one definition, run by the
 writer on the host) is a dozen torch operations, each a pass over the states; the
-server runs ``sglang/server/fp4_kernel.py`` on CUDA, one Triton kernel with the same
+server runs ``codecs/fp4_kernel.py`` on CUDA, one Triton kernel with the same
 bytes (checked here on the timed tensors). Both are timed in the same run on the same
 tensors. States: 3 aux [4096, 3, 7168] + final [4096, 7168], bf16. Without CUDA (or
 Triton) the server takes the reference too, so the figure is 1 by construction and the

@@ -13,7 +13,7 @@ samples until the shard is written.
   buffer of its ``HostBufferPool`` (memory already touched, back in the pool when the
   sample dies) through the mapping it keeps of that file, and ``spares.hand_back_dump``
   returns the file, which the next write claims and writes over through the server's
-  kept mapping (``wire/mapped_files.py``).
+  kept mapping (``server_patch/contract/mapped_files.py``).
 
 The two run interleaved, one dump at a time, each in its own staging dir under /dev/shm.
 Prints the median ms/token of each side and of the round trip, and last

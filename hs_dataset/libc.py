@@ -3,7 +3,7 @@
 Why one module: the SGLang side (kept file mappings, thread names) and the client
 side (early writeback of shards) both need libc, and a signature set on a shared
 ``CDLL`` attribute by one caller would silently change it for another. Each call here
-gets its own function object. Stdlib only, so the server side (``sglang/server``) may import it inside
+gets its own function object. Stdlib only, so the server side (``server_patch``) may import it inside
 the server. Where there is no libc or no such call (Windows, macOS for
 ``sync_file_range``), the binding is ``None`` and callers take their portable path.
 """

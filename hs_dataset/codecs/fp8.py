@@ -31,7 +31,7 @@ def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tens
     on the GPU before the device-to-host copy (half the PCIe and staging bytes of
     bf16) and ``formats.encoding.encode_state`` runs it on the host, so a dataset's
     bytes do not depend on where the states were quantized (every step is IEEE
-    exact or correctly rounded on both). It lives in the wire contract because both
+    exact or correctly rounded on both). It lives with the codecs because both
     sides run it, and the server side imports nothing else of hs_dataset.
     """
     import torch

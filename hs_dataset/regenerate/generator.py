@@ -4,7 +4,7 @@ The regeneration stage (``regenerate/engine.py``) asks a :class:`Generator` to
 continue many prompts (token ids) at once; each answer is the token ids the model
 wrote, including the end-of-turn token when it stopped on one, and why it stopped.
 Two implementations: :class:`HFGenerator` here (``model.generate``, left-padded
-batches) and ``sglang/client/generate.py`` (the capture server's own ``/generate``).
+batches) and ``capture/sglang/generate.py`` (the capture server's own ``/generate``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a server process captures: :class:`CaptureConfig`, from the hook config or ``HS_CAPTURE_*`` env vars.
 
-Runs inside SGLang scheduler processes: stdlib and the wire contract only. The
+Runs inside SGLang scheduler processes: stdlib, the contract and the codec registry only. The
 forward-hooks specs (0.5.9+) carry the config as JSON (``hs-dataset serve`` writes
 it); the SGLang <= 0.5.5 source patch has no place for one, so there the env vars
 are the only source.

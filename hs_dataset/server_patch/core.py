@@ -118,7 +118,7 @@ class CaptureCore:
         facts: Mapping[str, object] | None = None,
     ) -> None:
         """``status_writer``: this process's name in the status file (``dp<attention-DP rank>``); ``facts``: what the
-        glue read of the SGLang it runs in, reported there (``wire/status.py``)."""
+        glue read of the SGLang it runs in, reported there (``server_patch/contract/status.py``)."""
         self.config = config
         self.sglang_version = str(sglang_version)
         self.extra_metadata = dict(extra_metadata or {})

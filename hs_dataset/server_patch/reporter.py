@@ -1,4 +1,4 @@
-"""The capture core's status file (``wire/status.py``), kept current by a background thread.
+"""The capture core's status file (``server_patch/contract/status.py``), kept current by a background thread.
 
 The forward thread only bumps counters (the core's ``stats``) and appends request ids to
 short deques (appends are atomic under the GIL); this thread copies them and rewrites

@@ -1,4 +1,4 @@
-"""The server's fused 4-bit quantizer gives the reference quantizer's bytes (wire/fp4.py), edge values included.
+"""The server's fused 4-bit quantizer gives the reference quantizer's bytes (codecs/fp4.py), edge values included.
 
 The kernel runs only on CUDA with Triton; the CPU installs take the reference, which
 is what the first test checks. On a GPU, every bfloat16 bit pattern goes through both

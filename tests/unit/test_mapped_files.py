@@ -1,7 +1,7 @@
 """Dump files are copied through mappings kept from the file's last round, and never give stale bytes.
 
 The server writes a claimed spare through its kept writable mapping and the client reads
-every dump through its own read-only one (``wire.mapped_files``). These tests
+every dump through its own read-only one (``server_patch.contract.mapped_files``). These tests
 drive the real ``StagingDir``, ``_read_dump`` and ``hand_back_dump`` on tmpfs and on the
 disk the tests run on: dumps of any sizes going round the pool read back exactly, a
 mapping is reused for its file and remapped when the file outgrows it, files deleted

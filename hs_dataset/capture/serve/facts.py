@@ -17,7 +17,7 @@ read here from the files the server will import, without importing them:
   ids it is given -- ``always`` (+1 to every id), ``first_is_one`` (+1 only when the first
   id is 1) or ``unknown``.
 
-The hooks check the same facts again in the running server (``sglang/server/hooks.py``).
+The hooks check the same facts again in the running server (``server_patch/hooks.py``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ __all__ = ["SHIFT_RULES", "LayerIdError", "model_family", "validate_hf_ids", "sg
 #
 # SGLang captures "at layer ``c``" = the stream entering layer ``c`` = HF index ``c``.
 # What its ``set_eagle3_layers_to_capture`` does with the ids it is given is read from the
-# installed source (``sglang/launch/facts.py``), per model family, as a *shift rule*:
+# installed source (``capture/serve/facts.py``), per model family, as a *shift rule*:
 #
 # * ``always``: ``+1`` to every id (Llama / Qwen on every release read; DeepseekV2 up to 0.5.9);
 # * ``first_is_one``: ``+1`` only when the first id is 1, ids as given otherwise

@@ -1,4 +1,4 @@
-"""Why a dump did not come: the hooks' status files (``wire/status.py``) read before and after a request.
+"""Why a dump did not come: the hooks' status files (``server_patch/contract/status.py``) read before and after a request.
 
 A request the server answered whose dump is late has one of a few causes, and each
 is visible in what the hooks report: no status file at all (the hooks are not running,

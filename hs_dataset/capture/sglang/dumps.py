@@ -1,7 +1,7 @@
 """One request's dump on the client side: waiting for it, reading it, and checking it against the sample sent.
 
 The server writes ``{key}.safetensors`` (or a ``{key}.refused.json`` marker) into its
-staging directory (``wire/dump.py`` is the contract). What comes out of here is a
+staging directory (``server_patch/contract/dump.py`` is the contract). What comes out of here is a
 :class:`~hs_dataset.sample.CapturedSample`, a :class:`~hs_dataset.capture.base.CaptureFailure`
 naming what did not match, a :class:`Refusal`, or :class:`DumpLost` when nothing appeared.
 """

@@ -2,7 +2,7 @@
 
 The same server that captures also writes the regenerated turns. Its capture hook
 stores only requests whose id starts with the run prefix (``hs-``, see
-``sglang/server/core.py``: any other rid is counted ``foreign_skipped`` and never
+``server_patch/core.py``: any other rid is counted ``foreign_skipped`` and never
 dumped), so generation requests use ``gen-<run>-<seq>`` ids: nothing is staged for
 them. The server runs with ``--skip-tokenizer-init``, so prompts go as token ids and
 answers come back as ``output_ids``.
