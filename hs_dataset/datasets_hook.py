@@ -62,7 +62,7 @@ def _wrap(load_module: Any) -> None:
 
 
 class _PatchOnImport:
-    """Meta-path finder (duck-typed: importlib.abc costs ~5 ms at startup) that wraps
+    """Meta-path finder (duck-typed: importing importlib.abc would add to every startup) that wraps
     ``datasets.load`` right after it is first executed; inert for every other import."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:

@@ -53,9 +53,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
 
     Why: a buffered file is otherwise written back only at ``fsync`` (or after
     ``dirty_expire``), so one file's bytes reach the disk as one late burst. Started
-    while the writer goes on, one file alone was written 1.29x and 1.54x faster on
-    the H200 host's disk in two runs (1.5–2.1 against 1.1–1.35 GB/s), and 8 files at
-    once lost nothing by it (1.06x; ``benchmarks/bench_writeback.py``). Durability is still ``fsync``'s job.
+    while the writer goes on, one file alone reaches the disk faster and several at
+    once lose nothing by it (docs/BENCHMARKS.md: early writeback,
+    ``benchmarks/bench_writeback.py``). Durability is still ``fsync``'s job.
     Returns False where the call is missing or refused (then the caller simply stops
     asking for that file).
     """

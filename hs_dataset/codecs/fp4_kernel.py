@@ -2,9 +2,9 @@
 
 Why: the reference quantizers (:func:`~hs_dataset.codecs.fp4.quantize_nf4`,
 :func:`~hs_dataset.codecs.fp4.quantize_mxfp4`) are a dozen torch operations, each a
-full pass over the states in memory; on an H200 at a Kimi node's prefill rate they
-cost the forward thread 6-8% of its throughput (``benchmarks/bench_node.py``). This
-Triton kernel reads each bfloat16 value once and writes its nibble and its group's
+full pass over the states in memory, and at a Kimi node's prefill rate they cost the
+forward thread more than the capture's 3% target on prefill (docs/BENCHMARKS.md: the
+node path with nf4 states, ``benchmarks/bench_node.py``). This Triton kernel reads each bfloat16 value once and writes its nibble and its group's
 scale, with the same IEEE-rounded steps (float32 division rounded to nearest, the
 round to bfloat16, the exact power-of-two exponent from the float's bits) and the
 same code table, so its bytes equal the reference's (``tests/unit/test_fp4_kernel.py``

@@ -103,8 +103,8 @@ def _scales_valid(scale: torch.Tensor) -> bool:
     values (a few thousand a sample): torch ops, and numpy ufuncs over more than a few
     hundred values, hand the GIL back, and on the writer's adding thread, which shares
     it with the client's loaders, each hand-back can wait a switch interval: with ten
-    such calls a sample, that thread was busy through the whole fp8 ramp on the H200
-    host (``bench_node.py --trace``). A NaN or inf makes the float64 sum non-finite;
+    such calls a sample, that thread was busy through the whole fp8 ramp
+    (``bench_node.py --trace`` shows its time). A NaN or inf makes the float64 sum non-finite;
     finite float32 values cannot.
     """
     if scale.device.type == "cpu" and not scale.requires_grad and scale.dtype == torch.float32 and scale.is_contiguous():
@@ -156,14 +156,14 @@ def _as_checked(state: torch.Tensor) -> tuple:
 
 
 def all_finite(state: torch.Tensor) -> bool:
-    """Exponent-bits test on the integer view: ~3x faster than torch.isfinite, which was slower than disk.
+    """Exponent-bits test on the integer view: faster than torch.isfinite, which could not keep up with the disk.
 
     A True answer is remembered for this tensor object until it is written in place
     (its version counter moves) or freed, so a check made where the data was just
     read (the SGLang client's loader threads, in parallel, while the bytes are in
-    cache) is not paid again by the shard writer's one adding thread, which
-    ``bench_node.py --trace`` showed busy the whole ramp with loaded samples queuing
-    behind it.
+    cache) is not paid again by the shard writer's one adding thread, the one that
+    loaded samples queue behind (``bench_node.py --trace`` shows its time; the
+    writer's cost of the check: docs/FORMAT.md, "Shard hashes").
     """
     if state.is_inference():  # no version counter to tell an in-place write: always scanned
         return _scan_finite(state)
@@ -190,9 +190,9 @@ def _scan_finite(state: torch.Tensor) -> bool:
     temporary and runs with the GIL released, so a scan hands the GIL back twice per
     state. The masked scan it replaced did so twice per 256K-value piece, and each
     hand-back can wait a switch interval while other threads want the GIL (the SGLang
-    client's loader threads scan while the writer's threads run): with 4 threads
-    spinning in Python on this 2-core machine a bf16 state of 11M values took 1.4 s
-    that way, against 0.05 s now; quiet, it is as fast (27 GB/s; fp8 47 against 31).
+    client's loader threads scan while the writer's threads run): under such
+    contention the per-piece scan was many times slower, and on a quiet machine this
+    one is no slower.
     """
     spec = _NONFINITE_BITS.get(state.dtype)
     if spec is None:

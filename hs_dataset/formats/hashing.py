@@ -1,8 +1,8 @@
 """The one place files and shards are hashed (shards are GiBs: bounded chunks, never read whole).
 
 Shards are hashed with BLAKE3 (manifest format 2): one core hashes it at several
-times the speed of sha256 (7.5 vs 2.0 GB/s on the reference VM), so hashing keeps
-up with the write; see docs/FORMAT.md, "Shard hashes". sha256 remains for the files
+times the speed of sha256, so hashing keeps up with the write (docs/FORMAT.md,
+"Shard hashes", has the rates). sha256 remains for the files
 the Hub addresses by sha256 (LFS oids) and for shards of format-1 manifests.
 """
 

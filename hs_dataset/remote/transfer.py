@@ -117,9 +117,8 @@ def put_bytes(loc: RemoteLocation, name: str, data: bytes) -> None:
 def _signed_url(loc: RemoteLocation, key: str) -> str | None:
     """A presigned http(s) URL for ``key`` where the filesystem gives one (fsspec's ``sign``: s3fs, gcsfs), else None.
 
-    Why: one plain HTTP GET of it streams several times faster than the async client's
-    reads (on the test VM 400-540 vs 150-210 MB/s from the same server), and the
-    download is CPU-bound on a busy node.
+    Why: one plain HTTP GET of it streams faster than the async client's reads from the
+    same server (docs/REMOTE.md has both rates), and the download is CPU-bound on a busy node.
     """
     try:
         url = loc.fs.sign(key, expiration=_SIGNED_URL_S)
@@ -150,9 +149,9 @@ class _HashingSink(threading.Thread):
     """Hashes and writes the received chunks on its own thread, in order.
 
     Why: all three steps release the GIL, so the next chunk can be received while this
-    one is hashed and written. On the 2-core test VM, with moto's server on the same
-    cores, that ran at 1.05-1.35x a one-thread download (407-478 MiB/s; the receive
-    alone 611-766): ``benchmarks/bench_remote_read.py`` times the three. A failure stops
+    one is hashed and written, faster than receiving, hashing and writing on one thread
+    even where the store's server shares the cores (docs/REMOTE.md;
+    ``benchmarks/bench_remote_read.py`` times the three). A failure stops
     the work but not the draining, so the receiving side never waits on a dead sink.
     """
 

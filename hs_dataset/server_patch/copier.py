@@ -70,8 +70,8 @@ class PinnedPool:
     """A bounded pool of host memory (uint8 views of one slab): pinned for device copies, plain for CPU snapshots.
 
     Why one slab, allocated once: pinning memory (``cudaHostAlloc``/``cudaHostRegister``)
-    costs milliseconds per 100 MB and stalls the thread that asks, so per request it
-    would stall the forward pass. The slab is pinned once, ideally at server start
+    is slow and stalls the thread that asks, so per request it would stall the forward
+    pass (docs/GPU.md, "The real server's cost of capture"). The slab is pinned once, ideally at server start
     (:meth:`prepare`), and requests take ranges of it (best fit, neighbours merged on
     release). Its size is exactly ``max_bytes``: registered with ``cudaHostRegister``,
     not allocated by torch's pinned allocator, which rounds up to a power of two.
@@ -229,8 +229,8 @@ class HostCopier:
 
         Why a pool: memory the process has not touched costs a page fault per 4 KiB, more
         than the copy; the buffer comes back when the dump is written. Why not ``clone``:
-        torch splits a large clone over its intra-op threads, about twice the CPU of one
-        ``memmove`` for the same wall time, taken from the cores the forward needs and
+        torch splits a large clone over its intra-op threads, more CPU than one
+        ``memmove`` for about the same wall time, taken from the cores the forward needs and
         missing from the forward thread's own CPU time, which the dump reports
         (``capture_cpu_ns``).
         """

@@ -92,8 +92,9 @@ def prepare_quantizer(encoding: str | None, device: torch.device | str) -> float
     """Run the pass quantizer once on ``device`` (server start); seconds it took.
 
     Why: the fused 4-bit kernel is compiled on its first call, and a first call in the
-    first forward pass stalls it for a second or more (seen as +8-24% prefill time in
-    that phase of ``bench_node.py``). Triton compiles one variant for group counts
+    first forward pass stalls that pass, which shows in the prefill overhead of the
+    first phase (docs/BENCHMARKS.md: the node path with nf4 states,
+    ``benchmarks/bench_node.py``). Triton compiles one variant for group counts
     divisible by 16 and one for the rest; both are made here.
     """
     started = time.monotonic()

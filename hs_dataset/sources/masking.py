@@ -120,7 +120,7 @@ def _template_text(tokenizer, chat_template: str | None) -> str | None:
 
 
 def _has_tokens(tokenizer, tokens: tuple[str, ...]) -> bool:
-    """``all(t in tokenizer.get_vocab())`` without building the vocabulary (70 ms for DeepSeek-V3) in the common case.
+    """``all(t in tokenizer.get_vocab())`` without building the vocabulary (slow for a large one) in the common case.
 
     A token counts as present when it maps to an id that maps back to it; unknown tokens give None, the unk id or an
     exception depending on the tokenizer, so anything short of that round trip is settled by ``get_vocab()``.

@@ -268,8 +268,8 @@ def state_hidden_size(result: CapturedSample) -> int:
     """The hidden size of a dump's states: the tensor's width, or for 4-bit codes (two values a byte) the group count times the group.
 
     Why not the width alone: a server that quantizes to 4 bits sends ``[T, H/2]`` bytes, and
-    a probe that read 512 for a hidden-1024 model refused the first real nf4 server as
-    "wrong model" (the H200 check, 2026-12-01).
+    a probe that read the width as the hidden size refused the first real nf4 server as
+    "wrong model" (docs/GPU.md, the GPU check with ``--storage nf4``).
     """
     scale = result.final_scale
     if scale is not None and scale.dim() == 2:  # per-group scales [T, H/32]; fp8's are per token, [T]

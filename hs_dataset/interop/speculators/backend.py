@@ -108,8 +108,8 @@ def _stack_states(aux: torch.Tensor, final: torch.Tensor, positions: Sequence[in
     """``[T, K+1, H]``: the selected aux layers, then the final state, copied with numpy.
 
     Not ``torch.cat``/``copy_``: those run as an OpenMP parallel region, which on a busy
-    CPU (threads >= cores, other processes) costs ~3-6 ms per sample waiting for the pool,
-    against ~0.02 ms for numpy's single-threaded copy. Copies the bits (same-size integer
+    CPU (threads >= cores, other processes) waits for the pool far longer than numpy's
+    single-threaded copy takes (docs/TRAINING.md, "Speed"). Copies the bits (same-size integer
     view), so any stored dtype works, bfloat16 and fp8 included.
     """
     t, _, h = aux.shape

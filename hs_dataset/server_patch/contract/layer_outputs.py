@@ -4,7 +4,8 @@ The ``layer_hooks`` mechanism records ``hidden + residual`` from each decoder la
 ``(hidden, residual)`` output. SGLang 0.5.23 moved the residual into
 ``forward_batch.residual_stream``; ``DeepseekV2DecoderLayer.forward`` now returns
 ``(hidden_states, topk_indices)``, so a layer hook would store the MLP output without
-the residual stream (relative error ~0.9) while every check downstream looks healthy.
+the residual stream (far from the true state: docs/SGLANG.md) while every check
+downstream looks healthy.
 Version tables cannot see back-ports or patched wheels, so the rule reads the code:
 every ``return`` of the layer class's ``forward`` must be a tuple whose second element
 is a name containing ``residual``. Anything else (or a class we cannot find) refuses

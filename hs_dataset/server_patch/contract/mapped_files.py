@@ -3,9 +3,9 @@
 Stdlib only (runs inside SGLang scheduler processes and in the client).
 
 Why: on tmpfs, ``read`` and ``write`` pay a page-cache lookup per 4 KiB page, and a
-fresh ``mmap`` pays a page fault per page just the same: about 8 GB/s either way on the
-reference VM, against 27 GB/s for a copy through a mapping whose pages are already in
-the page table (``benchmarks/bench_staging_pool.py``). Dump files are recycled through
+fresh ``mmap`` pays a page fault per page just the same, so either is several times
+slower than a copy through a mapping whose pages are already in the page table
+(docs/SGLANG.md, "Kept mappings"; ``benchmarks/bench_staging_pool.py``). Dump files are recycled through
 the spare pool (``spares.hand_back_dump``), so the same few files come back dump
 after dump: the server writes a claimed spare through the mapping it kept from the
 file's last round, and the client reads each dump through its own.
@@ -94,7 +94,7 @@ class FileMaps:
         ``kept_only``: yield an address only where one was kept from an earlier round;
         a file seen for the first time is mapped for next time but yields None. Why: a
         first copy through a new mapping pays a fault per page, which costs more than
-        ``read`` on tmpfs (0.73 against 0.37 ms for 7 MiB here), and a file that is
+        ``read`` on tmpfs (docs/SGLANG.md, "Kept mappings"), and a file that is
         deleted after this round (the spare pool was full) never pays it at all.
 
         ``file_stat``: the caller's own ``fstat`` of ``fd``, where it has one (only the

@@ -3,8 +3,9 @@
 ``{staging}/.spares/<size hex>-<32 hex>``: a dump the client has read, handed back with
 :func:`hand_back_dump`. The server claims one (rename), truncates it to the next dump's
 size and writes over its pages: a dump's round trip through pages tmpfs already holds
-costs a third to a half of one through fresh pages, allocated, zeroed and later freed
-(benchmarks/bench_staging_pool.py). The pool has its own directory, so neither side
+is cheaper than one through fresh pages, allocated, zeroed and later freed
+(docs/BENCHMARKS.md: staging with kept mappings and spares, benchmarks/bench_staging_pool.py).
+The pool has its own directory, so neither side
 scans the dumps waiting beside it; it is capped by :data:`SPARE_MAX_FILES` /
 :data:`SPARE_MAX_BYTES`, and the server's sweeper deletes spares nobody claimed within
 a sweep interval. The name carries the size (:func:`spare_name`), so neither side stats
