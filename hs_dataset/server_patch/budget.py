@@ -50,6 +50,7 @@ class StagingBudget:
         self._cond = threading.Condition()
         self._inflight_bytes = 0
         self._inflight_files = 0
+        self.peak_bytes = 0  # most bytes ever reserved or waiting at once, as this process counted them
         self._disk_bytes = 0
         self._disk_files = 0
         self._scanned_at = float("-inf")
@@ -140,6 +141,7 @@ class StagingBudget:
                 if self._fits_locked(nbytes, nfiles):
                     self._inflight_bytes += nbytes
                     self._inflight_files += nfiles
+                    self.peak_bytes = max(self.peak_bytes, self._disk_bytes + self._inflight_bytes)
                     return True
                 if not metered:
                     self._rescan_locked()

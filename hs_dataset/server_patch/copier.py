@@ -85,6 +85,8 @@ class PinnedPool:
         self._registered = False
         self._free: list[tuple[int, int]] = []  # (offset, size) of the free ranges, by offset
         self._cond = threading.Condition()
+        self._in_use = 0
+        self.peak_bytes = 0  # most of the slab ever handed out at once
 
     def prepare(self) -> None:
         """Allocate (and pin) the slab now, so no request pays for it."""
@@ -120,6 +122,8 @@ class PinnedPool:
                         del self._free[i]
                     else:
                         self._free[i] = (offset + size, free - size)
+                    self._in_use += size
+                    self.peak_bytes = max(self.peak_bytes, self._in_use)
                     return self._slab[offset : offset + size]
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -139,6 +143,7 @@ class PinnedPool:
             after = self._free[i] if i < len(self._free) else None
             if (before and before[0] + before[1] > offset) or (after and offset + size > after[0]):
                 raise ValueError(f"range {offset}+{size} released twice")
+            self._in_use -= size
             if after and offset + size == after[0]:
                 size += after[1]
                 del self._free[i]
@@ -210,6 +215,11 @@ class HostCopier:
             self._pool = PinnedPool(self._pool_bytes)
         self._pool.prepare()
         return time.monotonic() - started
+
+    @property
+    def peak_bytes(self) -> int:
+        """Most host memory the copies ever held at once, in either pool (bounded by ``pinned_pool_bytes``)."""
+        return max((pool.peak_bytes for pool in (self._pool, self._cpu_pool) if pool is not None), default=0)
 
     def pinned_slab_is_pinned(self) -> bool:
         """Whether torch sees the device-copy pool as page-locked (else its "asynchronous" copies would block)."""

@@ -142,10 +142,13 @@ class CaptureCore:
             "hook_wall_ns": 0,  # forward-thread wall time inside the hooks (all of them, waits included)
             "reserve_ns": 0,  # of which reserving staging room (waits for the client included: back-pressure)
             "copy_ns": 0,  # and taking host memory and issuing the copies to it (waits for a free range included)
+            "staging_peak_bytes": 0,  # most staging bytes reserved or waiting at once (bound: max_staging_bytes)
+            "pinned_peak_bytes": 0,  # most host copy memory held at once (bound: pinned_pool_bytes)
         }
         self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
             "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
             "hf_aux_layer_ids": list(config.hf_aux_layer_ids), "content_keys": bool(config.content_keys),
+            "max_staging_bytes": config.max_staging_bytes, "pinned_pool_bytes": config.pinned_pool_bytes,
         })
         self.verified: dict | None = None
         self.writer = DumpWriter(
@@ -300,6 +303,9 @@ class CaptureCore:
         staged = time.perf_counter_ns()
         piece = self.copier.snapshot(rows.tensors, left, owned=pass_.owned)
         self.stats["copy_ns"] += time.perf_counter_ns() - staged
+        # high-water marks, so a run can show its bounds held (the status file carries them)
+        self.stats["staging_peak_bytes"] = max(self.stats["staging_peak_bytes"], self.budget.peak_bytes)
+        self.stats["pinned_peak_bytes"] = max(self.stats["pinned_peak_bytes"], self.copier.peak_bytes)
         if piece is None:
             self.budget.release(nbytes, 1 if first else 0)
             if asm is not None:

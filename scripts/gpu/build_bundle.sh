@@ -7,8 +7,11 @@
 # (Python 3.12, torch 2.11 CUDA, transformers 5.17, ...) lacks, unpacked into one relocatable
 # site-packages folder, minus what the server never loads with `hs-dataset serve`'s GPU flags
 # (--attention-backend triton --sampling-backend pytorch --grammar-backend none): FlashAttention-3 and the
-# Blackwell kernels of sgl_kernel (1.76 of its 1.8 GB), flashinfer's cubins, xgrammar and friends.
-# On the host: `bash scripts/gpu/unpack_bundle.sh` puts it on PYTHONPATH (ahead of site-packages).
+# Blackwell kernels of sgl_kernel (1.76 of its 1.8 GB), flashinfer's cubins, the CUDA compiler wheels, the
+# libraries sgl_kernel and zstandard load only on request (FlashMLA, a CPython 3.10 InfLLM build, the cffi
+# backend) and xgrammar's static library. The tarball must fit one device transfer with the repository
+# (64 MiB); the script fails if it does not.
+# On the host: `bash scripts/gpu/unpack_bundle.sh VERSION` puts it on PYTHONPATH (ahead of site-packages).
 # Re-running reuses the downloaded wheels (.gpu-bundle/wheels-<version>).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -34,10 +37,20 @@ done
 # Left behind (see the header): FlashAttention-3 and the Blackwell kernels; the C++ sources flashinfer and
 # DeepGEMM JIT-compile from (the triton backends compile none of them; a JIT that ran would fail loudly); the
 # cuDNN frontend flashinfer imports only if present; SGLang's tests.
+# sgl_kernel's FlashMLA (imported in a try: the triton backends never call it) and its InfLLM ops (a CPython 3.10
+# build, loaded on first call only, which cannot load on the host's 3.12 anyway); zstandard's cffi backend (its C
+# backend is the default); xgrammar's static library and headers (for C++ builds against it).
 rm -rf "$SITE"/sgl_kernel/flash_ops*.so "$SITE"/sgl_kernel/sm100 "$SITE"/bin \
+       "$SITE"/sgl_kernel/flashmla_ops*.so "$SITE"/sgl_kernel/infllm_ops.cpython-310-*.so "$SITE"/zstandard/_cffi.*.so \
+       "$SITE"/xgrammar/lib/*.a "$SITE"/xgrammar/include \
        "$SITE"/flashinfer/data/cutlass "$SITE"/flashinfer/data/cccl "$SITE"/deep_gemm/include \
        "$SITE"/cudnn "$SITE"/nvidia_cudnn_frontend* "$SITE"/sglang/test
 find "$SITE" -name __pycache__ -prune -exec rm -rf {} +
 TAR="$OUT/sglang-$VERSION-py312-site.tar.xz"
 tar -C "$SITE" -cf - . | xz -T2 -9 > "$TAR.tmp" && mv "$TAR.tmp" "$TAR"
-echo "gpu bundle: $TAR ($(du -m "$TAR" | cut -f1) MiB; unpacked $(du -sm "$SITE" | cut -f1) MiB)"
+MIB=$(( ($(stat -c %s "$TAR") + 1048575) / 1048576 ))
+echo "gpu bundle: $TAR ($MIB MiB; unpacked $(du -sm "$SITE" | cut -f1) MiB)"
+if [ "$MIB" -gt 58 ]; then  # 64 MiB a transfer, the repository's few MiB included
+  echo "gpu bundle: $MIB MiB will not travel with the repository in one device transfer (64 MiB); leave more out" >&2
+  exit 1
+fi

@@ -46,10 +46,14 @@ triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkz
 """.split()))
 
 # Never imported by a server started with --attention-backend triton --sampling-backend pytorch
-# --grammar-backend none (or only by models/features hs_dataset does not use): left behind.
+# --grammar-backend none (or only by models/features hs_dataset does not use): left behind. The CUDA compiler
+# wheels (nvcc, nvvm, crt, cccl: 338 MB unpacked) serve JIT-compiled kernels (humming's quantized MoE) that an
+# unquantized model on the triton backends never builds. xgrammar is NOT here: 0.5.15+ import it whatever the
+# grammar backend (sglang/srt/function_call/inkling_detector.py), so it travels, minus its static library.
 NOT_NEEDED = set(map(canonicalize_name, """
-flash-attn-4 flashinfer-cubin nvidia-cutlass-dsl nvidia-mathdx tilelang tokenspeed-mla quack-kernels xgrammar
+flash-attn-4 flashinfer-cubin nvidia-cutlass-dsl nvidia-mathdx tilelang tokenspeed-mla quack-kernels
 llguidance mistral-common outlines modelscope py-spy torchcodec kernels decord2 av timm
+nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-cccl
 """.split()))
 
 # Wanted even though the host has a version: sglang pins another one it needs to import.

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/hs-gpu-bench-out}"; mkdir -p "$OUT"
 WORK=/tmp/hs-gpu-bench
 mkdir -p "$WORK"
-eval "$(bash scripts/gpu/unpack_bundle.sh)"
+eval "$(bash scripts/gpu/unpack_bundle.sh ${HS_SGLANG_VERSION:-})"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 scripts/gpu/fail_fast_graph.py --out "$WORK/ff" > "$WORK/ff.log" 2>&1 &
 python3 benchmarks/bench_server_gpu.py --out "$WORK" --wait-for "$WORK/ff/fail_fast_graph.done" "$@" 2>&1 \

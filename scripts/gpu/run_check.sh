@@ -5,7 +5,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/hs-gpu-check-out}"; mkdir -p "$OUT"
 WORK=/tmp/hs-gpu-check  # the dataset and logs stay here; the few files worth reading go to $OUT (at most 8 come back)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-eval "$(bash scripts/gpu/unpack_bundle.sh)"
+eval "$(bash scripts/gpu/unpack_bundle.sh ${HS_SGLANG_VERSION:-})"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 scripts/gpu/check_server.py --out "$WORK" "$@" 2>&1 | grep -v "SyntaxWarning\|Configuration class for applying\|RoPE scaling factor" | tee "$OUT/check.txt"
 rc=${PIPESTATUS[0]}

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/hs-gpu-smoke}"; mkdir -p "$OUT"
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-eval "$(bash scripts/gpu/unpack_bundle.sh)"; echo "unpacked in $(( $(date +%s) - t0 )) s"
+eval "$(bash scripts/gpu/unpack_bundle.sh ${HS_SGLANG_VERSION:-})"; echo "unpacked in $(( $(date +%s) - t0 )) s"
 python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.cuda.is_available())"
 python3 -c "import sglang.srt.entrypoints.http_server, sglang.srt.models.deepseek_v2; print('server imports ok')" 2>&1 | tail -3
 python3 - <<'PY'

@@ -340,6 +340,10 @@ def test_chunked_prefill_is_assembled_into_one_dump(tmp_path):
     assert torch.equal(t["final_hidden_state"], final)
     assert meta["num_chunks"] == "2"
     assert int(meta["capture_cpu_ns"]) > first_chunk_cpu > 0  # the hook's CPU of both chunks
+    # the high-water marks the status file carries: the chunked request's 10 rows held at once, within the bounds
+    row = (K + 1) * H * 4
+    assert 10 * row <= core.stats["pinned_peak_bytes"] <= core.config.pinned_pool_bytes
+    assert 10 * row <= core.stats["staging_peak_bytes"] <= core.config.max_staging_bytes
     core.close()
 
 

@@ -231,3 +231,29 @@ def test_layer_hooks_under_tp_names_the_partial_sum_and_aux_return(fake_env, tmp
     msg = str(err.value)
     assert "returns `(hidden_states, topk_indices)`" in msg and "'aux_return'" in msg and "CUDA graph" not in msg
     assert ("tp 2" in msg and "OwedOutput" in msg and "un-reduced partial sum" in msg) == (tp == 2), msg
+
+
+def test_a_longest_sample_the_pools_cannot_hold_is_refused_before_starting(fake_env, tmp_path):
+    """32k tokens of Kimi-K2.5's 4 states in bf16 fit the default 2 GiB pinned pool; 5 taps do not: refused, naming the setting."""
+    from hs_dataset.config import load_card
+
+    card = load_card("kimi-k25-sglang").with_overrides(max_length=32768)
+    kimi = str(_kimi_dir(tmp_path))
+    base = {"staging": {"pinned_pool_bytes": None}}
+    plan = serve.plan_server(card, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base)
+    assert plan.hook_config["hf_aux_layer_ids"] == [2, 30, 58]
+    wider = card.with_overrides(layers={"aux": [2, 16, 30, 44, 58]})
+    with pytest.raises(ServeError, match=r"max_length 32768 .* 2\.62 GiB .* raise sglang\.staging\.pinned_pool_bytes to at least 2818572288"):
+        serve.plan_server(wider, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base)
+    nf4 = wider.with_overrides(shards={"storage": "nf4"})  # a quarter of the bytes: fits again
+    assert serve.plan_server(nf4, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base).mechanism
+    with pytest.raises(ServeError, match=r"sglang\.staging\.max_bytes"):
+        serve.plan_server(card, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides={"staging": {"max_bytes": 1 << 30}})
+
+
+def test_the_sizing_defaults_are_the_capture_config_s():
+    from hs_dataset.capture.serve.sizing import DEFAULT_PINNED_POOL_BYTES, DEFAULT_STAGING_BYTES
+    from hs_dataset.server_patch.config import CaptureConfig
+
+    assert CaptureConfig(staging_dir="x", hf_aux_layer_ids=(1,)).pinned_pool_bytes == DEFAULT_PINNED_POOL_BYTES
+    assert CaptureConfig(staging_dir="x", hf_aux_layer_ids=(1,)).max_staging_bytes == DEFAULT_STAGING_BYTES

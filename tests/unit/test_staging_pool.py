@@ -263,3 +263,22 @@ def test_client_reads_a_dump_written_over_a_spare(stage):
     meta, got = _read_dump(os.path.join(stage.path, "hs-r1-1-5.safetensors"))
     assert meta == {"rid": "hs-r1-1-5"}
     assert set(got) == set(tensors) and all(torch.equal(got[k], v) for k, v in tensors.items())
+
+
+def test_the_budget_and_the_pinned_pool_keep_their_high_water_marks():
+    """What a run shows to prove its bounds held: the most ever reserved, and the most of the slab ever handed out."""
+    from hs_dataset.server_patch.budget import StagingBudget
+    from hs_dataset.server_patch.copier import PinnedPool
+
+    budget = StagingBudget(100, 10, lambda: (0, 0))
+    assert budget.reserve(60, 0) and not budget.reserve(50, 0) and budget.peak_bytes == 60
+    budget.release(60)
+    assert budget.reserve(30, 0) and budget.peak_bytes == 60
+    pool = PinnedPool(8 << 20, granularity=1 << 20, pin_memory=False)
+    a, b = pool.acquire(3 << 20, 0), pool.acquire(4 << 20, 0)
+    assert pool.acquire(2 << 20, 0) is None and pool.peak_bytes == 7 << 20
+    pool.release(a)
+    pool.release(b)
+    c = pool.acquire(1 << 20, 0)
+    assert pool.peak_bytes == 7 << 20 and pool.free_bytes() == 7 << 20
+    pool.release(c)

@@ -47,6 +47,7 @@ from hs_dataset.config import Card, SGLangServerSection, card_from_dict
 from hs_dataset.capture.serve import cpu_ranks, probe
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.facts import SGLangFacts, read_facts
+from hs_dataset.capture.serve.sizing import refuse_samples_that_cannot_fit
 from hs_dataset.capture.sglang.support import UnsupportedVersionError, mechanism_for, verification
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.capture.serve.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
@@ -173,6 +174,8 @@ def plan_server(
     if sglang_overrides:
         card = card.with_overrides(sglang=dict(sglang_overrides))
     target = _target(card, host=host, port=port, python=python, model_path=model_path)
+    if target.hidden_size:
+        refuse_samples_that_cannot_fit(card, target.hidden_size)
     notes: list[str] = []
     info = probe.probe_server_env(target.python)
     capture = _capture(card, target, info, extra_args, notes)
@@ -217,6 +220,7 @@ class _Target:
     model_path: str
     architectures: Sequence[str]
     num_layers: int
+    hidden_size: int | None  # from config.json; None where the card names the layers by hand
 
 
 def _target(card: Card, *, host: str | None, port: int | None, python: str | None, model_path: str | None) -> _Target:
@@ -236,7 +240,8 @@ def _target(card: Card, *, host: str | None, port: int | None, python: str | Non
             f"cannot read num_hidden_layers for {mpath}: point model.path at a local snapshot with config.json "
             "(or set sglang.num_hidden_layers and sglang.architectures in the card)"
         )
-    return _Target(python, host, port, module_path, mpath, architectures, int(num_layers))
+    hidden = mcfg.get("hidden_size")
+    return _Target(python, host, port, module_path, mpath, architectures, int(num_layers), int(hidden) if hidden else None)
 
 
 def _model_config(model_path: str) -> dict:
