@@ -67,10 +67,35 @@ def build_model(directory: Path, dtype: str) -> Path:
     return directory
 
 
+def build_kimi_snapshot(directory: Path) -> Path:
+    """The Kimi-K2.5-shaped remote-code snapshot of the tests (tiktoken tokenizer behind ``auto_map``,
+    ``KimiK25ForConditionalGeneration`` wrapping a tiny DeepseekV3 at ``language_model.model``, a remote-code processor)."""
+    from tests.fixtures.remote_code_snapshot import build_kimi_like_snapshot
+
+    return build_kimi_like_snapshot(directory)
+
+
+def text_model_dir(kimi: Path, directory: Path) -> Path:
+    """transformers' own DeepseekV3 of the snapshot's text model (``text_config``, the wrapper prefix stripped):
+    the reference the server's states are compared with, loaded by no hs_dataset code."""
+    from safetensors.torch import load_file, save_file
+
+    if (directory / "config.json").is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((kimi / "config.json").read_text())["text_config"]
+    cfg["model_type"] = "deepseek_v3"
+    (directory / "config.json").write_text(json.dumps(cfg))
+    weights = load_file(str(kimi / "model.safetensors"))
+    save_file({k[len("language_model."):]: v for k, v in weights.items() if k.startswith("language_model.")},
+              str(directory / "model.safetensors"))
+    return directory
+
+
 def write_card(path: Path, model: Path, args: argparse.Namespace, port: int, staging: Path) -> Path:
     import yaml
 
-    server_args = list(args.server_arg)
+    server_args = list(args.server_arg) + (["--trust-remote-code"] if args.model == "kimi" else [])
     if args.device == "cuda":
         server_args += ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
                         "--mem-fraction-static", "0.3"]
@@ -79,12 +104,14 @@ def write_card(path: Path, model: Path, args: argparse.Namespace, port: int, sta
                         "--sampling-backend", "pytorch", "--grammar-backend", "none", "--sleep-on-idle"]
     card = {
         "name": "gpu-check", "description": "hs_dataset GPU check (scripts/gpu/check_server.py)",
-        "model": {"path": str(model)}, "layers": {"aux": AUX}, "dtype": args.dtype, "max_length": 2048,
+        "model": {"path": str(model), **({"text_module": "language_model.model", "trust_remote_code": True} if args.model == "kimi" else {})},
+        "layers": {"aux": AUX}, "dtype": args.dtype, "max_length": 2048,
         "source": {"path": "builtin:conversations"},
         "backend": {"name": "sglang", "urls": [f"http://127.0.0.1:{port}"], "concurrency": args.concurrency,
                     "request_timeout_s": 300, "dump_timeout_s": 60},
         "shards": {"bytes": 64 << 20, **({} if args.storage == "native" else {"storage": args.storage})},
         "sglang": {"python": args.python, "device": args.device, "port": port, "chunked_prefill_size": args.chunk,
+                   **({"module_path": "language_model.model"} if args.model == "kimi" else {}),
                    "startup_timeout_s": 600, "args": server_args, "staging": {"dir": str(staging)},
                    "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"} if args.device == "cpu" else {}},
     }
@@ -329,12 +356,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
     p.add_argument("--storage", default="native", help="the card's shards.storage (fp8, nf4, mxfp4: quantized by the server on the GPU)")
     p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")
+    p.add_argument("--model", choices=["deepseek", "kimi"], default="deepseek",
+                   help="deepseek: a Kimi-shaped tiny DeepseekV3; kimi: the Kimi-K2.5-class remote-code snapshot "
+                   "(KimiK25ForConditionalGeneration, tiktoken tokenizer, language_model.model)")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    model = build_model(Path(os.environ.get("HS_GPU_MODEL_DIR", "/tmp/hs-gpu-check-model")), args.dtype if args.device == "cuda" else "float32")
+    if args.model == "kimi":
+        model = build_kimi_snapshot(Path(os.environ.get("HS_GPU_KIMI_DIR", "/tmp/hs-gpu-check-kimi")))
+        reference_dir = text_model_dir(model, out / "kimi-text-model")
+    else:
+        model = build_model(Path(os.environ.get("HS_GPU_MODEL_DIR", "/tmp/hs-gpu-check-model")), args.dtype if args.device == "cuda" else "float32")
+        reference_dir = model
     timings["model_s"] = time.monotonic() - t0
     url = f"http://127.0.0.1:{args.port}"
     card = write_card(out / "gpu-check.yaml", model, args, args.port, Path("/dev/shm") / f"hs-gpu-check-{args.port}")
@@ -354,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"timings": timings, "build_rc": built.returncode, "verify_rc": verified.returncode, "args": vars(args) | {"out": str(out)}}
     if built.returncode == 0 and verified.returncode == 0:
         t0 = time.monotonic()
-        report["compare"] = compare(out / "ds", model, args.device, args.dtype, args.storage)
+        report["compare"] = compare(out / "ds", reference_dir, args.device, args.dtype, args.storage)
         timings["compare_s"] = time.monotonic() - t0
         report["problems"] = judge(report["compare"], args.slack, 10.0 if args.storage == "native" else 1.5)
         print(table(report["compare"]))
