@@ -75,7 +75,7 @@ def experts_that_fit(gpu_bytes: int, top_k: int, weights_share: float) -> int:
     return max(top_k, int((gpu_bytes * weights_share / 2 - fixed) // per_expert))
 
 
-def write_model(directory: Path, experts: int, top_k: int, tiny: bool) -> Path:
+def write_model(directory: Path, experts: int, top_k: int) -> Path:
     """config.json, the demo tokenizer and the final norm weight alone: the server runs with ``--load-format dummy``,
     and the client reads only the norm (for the manifest) from the snapshot."""
     import torch
@@ -85,9 +85,8 @@ def write_model(directory: Path, experts: int, top_k: int, tiny: bool) -> Path:
     from hs_dataset.demo.tiny_tokenizer import write_tiny_tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
-    shape = {} if tiny else {**KIMI_TEXT, "n_routed_experts": experts, "num_experts_per_tok": top_k}
-    config = {**TINY_DEEPSEEK_CONFIG, **shape, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-              "torch_dtype": "bfloat16"}
+    config = {**TINY_DEEPSEEK_CONFIG, **KIMI_TEXT, "n_routed_experts": experts, "num_experts_per_tok": top_k,
+              "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16"}
     rope = dict(config.pop("rope_parameters"))  # written the way DeepSeek's own config.json spells it
     config["rope_theta"] = rope.pop("rope_theta")
     config["rope_scaling"] = {**rope, "type": rope["rope_type"]}
@@ -121,8 +120,7 @@ def read_prompts(path: Path) -> list[list[int]]:
 def card_dict(model: Path, args: argparse.Namespace, staging: Path) -> dict:
     if args.cpu_smoke:
         python, device, dtype = args.cpu_smoke, "cpu", "float32"
-        server_args = ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", str(4 * args.long_tokens),
-                       "--load-format", "dummy"]
+        server_args = ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", str(4 * args.long_tokens)]
         env = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
         aux = [2, 3, 4]
     else:
@@ -159,25 +157,36 @@ def plain_plan(card_path: Path):
     return dataclasses.replace(hooked, argv=argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2:])
 
 
-class PeakRss:
-    """The largest resident set of a process and its children, polled every ``interval`` seconds."""
+def group_rss(pgid: int) -> int:
+    """Resident bytes of every process in process group ``pgid`` (a server and its scheduler processes), from /proc."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # pgrp, the fifth field of stat
+                continue
+            with open(f"/proc/{entry}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
-    def __init__(self, pid: int, interval: float = 0.5) -> None:
-        self.pid, self.interval, self.peak = pid, interval, 0
+
+class PeakRss:
+    """The largest resident set of a process group (started with its own session), polled every ``interval`` seconds."""
+
+    def __init__(self, pgid: int, interval: float = 0.5) -> None:
+        self.pgid, self.interval, self.peak = pgid, interval, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        import psutil
-
         while not self._stop.wait(self.interval):
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
-            except psutil.Error:
-                continue
+            self.peak = max(self.peak, group_rss(self.pgid))
 
     def stop(self) -> int:
         self._stop.set()
@@ -284,7 +293,8 @@ def _cli(argv: list[str], log_path: Path, timeout: float) -> tuple[int, float, i
     """(exit status, seconds, peak RSS) of one ``hs-dataset`` command."""
     with open(log_path, "ab") as out:
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", *argv], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", *argv], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         rss = PeakRss(proc.pid)
         try:
             rc = proc.wait(timeout)
@@ -380,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", default="nf4")
     p.add_argument("--in-flight", type=int, default=64)
     p.add_argument("--chunk", type=int, default=16384)
-    p.add_argument("--top-k", type=int, default=8, help="routed experts per token (Kimi-K2.5: 8)")
+    p.add_argument("--top-k", type=int, default=2,
+                   help="routed experts per token (Kimi-K2.5: 8; fewer make one GPU's run fit a device call, and a higher "
+                   "token rate is a harder test of capture)")
     p.add_argument("--weights-share", type=float, default=0.6, help="of the GPU's memory, for the weights")
     p.add_argument("--mem-fraction", type=float, default=0.88)
     p.add_argument("--pinned-bytes", type=int, default=8 << 30)
@@ -389,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=33000)
     p.add_argument("--dataset-dir", type=Path, default=None, help="where the dataset goes (default OUT/ds: local disk)")
     p.add_argument("--cpu-smoke", default=None, metavar="SERVER_PYTHON", help="try every step on the CPU server with the tiny model")
+    p.add_argument("--seed-report", type=Path, default=None,
+                   help="start from this report (an earlier call's plain phase, when the phases ran on two hosts)")
     args = p.parse_args(argv)
     import torch
 
@@ -399,13 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.dataset_dir = (args.dataset_dir or args.out / "ds").resolve()
     report_path = args.out / "bench_flagship_gpu.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    seed = args.seed_report if args.seed_report and args.seed_report.exists() else report_path
+    report = json.loads(seed.read_text()) if seed.exists() else {}
     gpu = torch.cuda.get_device_properties(0) if not args.cpu_smoke else None
     experts = experts_that_fit(gpu.total_memory, args.top_k, args.weights_share) if gpu else 0
-    model = write_model(args.out / "model", experts, args.top_k, tiny=bool(args.cpu_smoke))
+    if args.cpu_smoke:  # the demo's tiny DeepseekV3 with its real (random) weights: the CPU server is tried as it runs in the tests
+        from hs_dataset.demo.tiny_model import build_tiny_deepseek
+
+        model = build_tiny_deepseek()
+    else:
+        model = write_model(args.out / "model", experts, args.top_k)
     vocab = 100000  # within the demo tokenizer's vocabulary (DeepSeek-V3's; the pre-tokenized rows are checked against it)
     prompts_path = args.out / "prompts.jsonl"
-    if "prompts" not in report:
+    if "prompts" not in report or not prompts_path.exists():  # the same seed writes the same rows on any host
         rows, tokens = write_prompts(prompts_path, args, vocab)
         report.update(prompts={"rows": rows, "tokens": tokens}, device=gpu.name if gpu else "cpu", experts=experts, top_k=args.top_k,
                       storage=args.storage, args={k: str(v) for k, v in vars(args).items()})

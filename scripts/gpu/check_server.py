@@ -72,7 +72,7 @@ def build_kimi_snapshot(directory: Path) -> Path:
     ``KimiK25ForConditionalGeneration`` wrapping a tiny DeepseekV3 at ``language_model.model``, a remote-code processor)."""
     from tests.fixtures.remote_code_snapshot import build_kimi_like_snapshot
 
-    return build_kimi_like_snapshot(directory)
+    return build_kimi_like_snapshot(directory, GPU_MODEL)  # the real MLA dims: the triton kernels refuse the tiny ones
 
 
 def text_model_dir(kimi: Path, directory: Path) -> Path:
@@ -212,11 +212,33 @@ def judge_graph_servers(started: dict, card: Path, source: Path, out: Path) -> t
     return result, problems
 
 
+def prefill_graph_in_log(text: str) -> bool | None:
+    """Whether the server's own prefill log lines say a CUDA graph ran (None: no prefill logged yet)."""
+    seen = [line for line in text.splitlines() if "Prefill batch" in line and "cuda graph:" in line]
+    return any("cuda graph: True" in line for line in seen) if seen else None
+
+
+def _not_applicable(server: dict, result: dict, key: str) -> bool:
+    """A release that resolves the prefill graph to off for this setup runs prefill eagerly: nothing to fail fast on."""
+    if prefill_graph_in_log(server["log"].read_text(errors="replace")) is False:
+        result[key] = {"not_applicable": "this SGLang ran the prefill without a CUDA graph here although the flag was "
+                                         "left out (its log: 'cuda graph: False'); the hooks saw every pass"}
+        return True
+    return False
+
+
 def _judge_refused(refused: dict, result: dict) -> list[str]:
     problems = []
-    try:
-        refused["proc"].wait(timeout=600)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + 600
+    while refused["proc"].poll() is None and time.monotonic() < deadline:
+        if _healthy(refused["url"]):  # it started: a release whose prefill graph is off here, or a hook that failed to refuse
+            time.sleep(2)  # its warm-up prefill is logged
+            stop(refused["proc"])
+            if _not_applicable(refused, result, "refused_at_start"):
+                return problems
+            break
+        time.sleep(1)
+    if refused["proc"].poll() is None:
         stop(refused["proc"])
     text = refused["log"].read_text(errors="replace")
     result["refused_at_start"] = {"exit": refused["proc"].returncode, "after_s": round(time.monotonic() - refused["t0"], 1),
@@ -240,6 +262,8 @@ def _judge_allowed(allowed: dict, card: Path, source: Path, out: Path, result: d
                  "--out", str(out / "ds-graph"), log=out / "build-graph.log", timeout=600)
     took = time.monotonic() - t0
     stop(allowed["proc"])
+    if built.returncode == 0 and _not_applicable(allowed, result, "build_against_graph"):
+        return problems
     said = (out / "build-graph.log").read_text(errors="replace").strip().splitlines()[-1:]
     result["build_against_graph"] = {"exit": built.returncode, "after_s": round(took, 1), "said": said}
     if built.returncode == 0 or took > 30 or not said or "prefill CUDA graph" not in said[0]:
