@@ -157,36 +157,37 @@ def plain_plan(card_path: Path):
     return dataclasses.replace(hooked, argv=argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2:])
 
 
-def group_rss(pgid: int) -> int:
-    """Resident bytes of every process in process group ``pgid`` (a server and its scheduler processes), from /proc."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (``hs-dataset serve`` starts SGLang in a session of its own), from /proc."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
             continue
+        seen.add(p)
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # pgrp, the fifth field of stat
-                continue
-            with open(f"/proc/{entry}/statm") as f:
+            with open(f"/proc/{p}/statm") as f:
                 total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
             continue
     return total
 
 
 class PeakRss:
-    """The largest resident set of a process group (started with its own session), polled every ``interval`` seconds."""
+    """The largest resident set of a process tree, polled every ``interval`` seconds."""
 
-    def __init__(self, pgid: int, interval: float = 0.5) -> None:
-        self.pgid, self.interval, self.peak = pgid, interval, 0
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        self.pid, self.interval, self.peak = pid, interval, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, group_rss(self.pgid))
+            self.peak = max(self.peak, tree_rss(self.pid))
 
     def stop(self) -> int:
         self._stop.set()
