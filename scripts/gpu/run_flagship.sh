@@ -11,7 +11,7 @@ eval "$(bash scripts/gpu/unpack_bundle.sh "$VERSION")"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 df -h /tmp /dev/shm | tail -n 2
 python3 benchmarks/bench_flagship_gpu.py --out "$WORK" "$@" 2>&1 \
-  | grep -v "SyntaxWarning\|Configuration class for applying\|RoPE scaling factor\|Writing model shards\|Loading weights" | tee -a "$OUT/bench_flagship_gpu.txt"
+  | grep --line-buffered -v "SyntaxWarning\|Configuration class for applying\|RoPE scaling factor\|Writing model shards\|Loading weights" | tee -a "$OUT/bench_flagship_gpu.txt"
 rc=${PIPESTATUS[0]}
 cp "$WORK/bench_flagship_gpu.json" "$OUT/" 2>/dev/null
 for f in server-plain server-hooks build verify serve; do

@@ -13,9 +13,9 @@ eval "$(bash scripts/gpu/unpack_bundle.sh "$VERSION")"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 noise="SyntaxWarning\|Configuration class for applying\|RoPE scaling factor\|Writing model shards\|Loading weights"
-python3 scripts/gpu/check_server.py --out "$WORK/deepseek" "$@" 2>&1 | grep -v "$noise" | tee "$OUT/check-$VERSION.txt"
+python3 scripts/gpu/check_server.py --out "$WORK/deepseek" "$@" 2>&1 | grep --line-buffered -v "$noise" | tee "$OUT/check-$VERSION.txt"
 rc=${PIPESTATUS[0]}
-python3 scripts/gpu/check_server.py --out "$WORK/kimi" --model kimi --no-fail-fast --port 31100 2>&1 | grep -v "$noise" | tee "$OUT/kimi-$VERSION.txt"
+python3 scripts/gpu/check_server.py --out "$WORK/kimi" --model kimi --no-fail-fast --port 31100 2>&1 | grep --line-buffered -v "$noise" | tee "$OUT/kimi-$VERSION.txt"
 rc_kimi=${PIPESTATUS[0]}
 cp "$WORK/deepseek/check_server.json" "$OUT/check-$VERSION.json" 2>/dev/null
 cp "$WORK/kimi/check_server.json" "$OUT/kimi-$VERSION.json" 2>/dev/null
