@@ -15,7 +15,7 @@ copied into the packed batch):
 
 The two passes alternate --repeat times (each remote pass from an empty cache, each local
 pass with the pages dropped again). First, one shard's download three ways (the receive
-alone; receive, hash and write on one thread; ``download_file``). Prints every pass, the medians, the cache's peak on
+alone; receive, hash and write on one thread; ``receive_file``). Prints every pass, the medians, the cache's peak on
 disk against its bound, and last ``remote_vs_local=X.XX`` (median state bytes per
 second, remote / local).
 """
@@ -67,12 +67,12 @@ def write_dataset(root: Path, total_bytes: int, hidden: int, shard_bytes: int) -
 
 def download_rates(record, work: Path, repeats: int = 3) -> dict[str, float]:
     """MiB/s of one shard's download three ways (best of ``repeats``): the receive alone, receive + hash + write on
-    one thread (the baseline), and ``download_file`` as the cache calls it (receive on one thread, hash + write on
+    one thread (the baseline), and ``receive_file`` as the cache calls it (receive on one thread, hash + write on
     another, the hash checked, no fsync)."""
     import urllib.request
 
     from hs_dataset.formats.hashing import new_hasher
-    from hs_dataset.remote.transfer import Expected, download_file
+    from hs_dataset.remote.transfer import Expected, receive_file
 
     loc = open_location("s3://bench/ds")
     shard, size = record.file, record.bytes
@@ -93,7 +93,7 @@ def download_rates(record, work: Path, repeats: int = 3) -> dict[str, float]:
     ways = {
         "receive only": lambda: receive(False),
         "receive + hash + write, one thread": lambda: receive(True),
-        "download_file (hash + write on a second thread)": lambda: download_file(
+        "receive_file (hash + write on a second thread)": lambda: receive_file(
             loc, shard, work / "dl.bin", Expected(size, record.hash_algorithm, record.digest), durable=False),
     }
     rates: dict[str, float] = {}

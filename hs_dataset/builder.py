@@ -32,6 +32,7 @@ import pyarrow as pa
 from hs_dataset.config import Card, list_cards, load_card
 from hs_dataset.config.run import RunOptions, parse_options
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.paths import check_local_path
 
 __all__ = ["HsDatasetConfig", "HsDataset", "load_dataset", "builder_module", "row_features", "WORK_DIR_NAME"]
 
@@ -69,6 +70,8 @@ class HsDatasetConfig(datasets.BuilderConfig):
         if name in RunOptions.model_fields:
             self.options = parse_options(RunOptions, "hs_dataset.load_dataset()", {**self.options.settings(), name: value})
         else:
+            if name == "work_dir" and value is not None:  # before any capture: the parts are written locally, shard by shard
+                check_local_path(value, what="work_dir")
             super().__setattr__(name, value)
 
     def resolved_card(self) -> Card:

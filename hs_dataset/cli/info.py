@@ -71,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.formats.paths import check_local_path
 
+    if args.plots:  # before anything is read or printed: a URL would become a local directory named 's3:'
+        check_local_path(args.plots, what="--plots directory")
     manifest = Manifest.load(Path(args.path))
     print(json.dumps(manifest.to_json(), indent=1) if args.json else describe(manifest))
     if args.plots:

@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.serve.probe import check_processor_in_server
 
+    from hs_dataset.formats.paths import check_local_path
+
+    for value, what in ((args.log, "--log"), (args.staging_dir, "--staging-dir")):
+        if value:  # before the server starts: a URL would become a local directory named 's3:'
+            check_local_path(value, what=what)
     card = card_from_args(args, default_backend="sglang")
     plan = plan_server(
         card,

@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
 
+    from hs_dataset.formats.paths import check_local_path
+
+    if args.rows_dir:  # before anything is written: a URL would become a local directory named 's3:'
+        check_local_path(args.rows_dir, what="--rows-dir")
     register()  # before speculators' config module is imported: it reads backend flags once
     aux = [int(i) for i in open_dataset(args.dataset).manifest.aux_layer_ids]
     rows = Path(args.rows_dir) if args.rows_dir else Path(tempfile.mkdtemp(prefix="hs_dataset-speculators-rows-"))

@@ -19,7 +19,7 @@ from typing import Any
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
-from hs_dataset.formats.paths import check_local_path, check_member_name, open_member
+from hs_dataset.formats.paths import check_local_path, check_member_name, check_plain_name, open_member
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY
 
 __all__ = [
@@ -126,7 +126,7 @@ class ShardRecord:
             return cls(
                 check_member_name(raw["file"], what=f"{field_name}.file", where=where),
                 _count(raw["samples"]), _count(raw["tokens"]), _count(raw["bytes"]), hashes.get("sha256"),
-                None if dataset_id is None else str(dataset_id), hashes.get("blake3"),
+                None if dataset_id is None else check_plain_name(dataset_id, what=f"{field_name}.dataset_id", where=where), hashes.get("blake3"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: malformed {field_name} {str(raw)[:200]} ({exc}); restore the manifest") from None
@@ -218,7 +218,7 @@ class Manifest:
             )
         try:
             manifest = cls(
-                dataset_id=str(raw["dataset_id"]),
+                dataset_id=check_plain_name(raw["dataset_id"], what="dataset_id", where=where),
                 metadata=dict(raw["metadata"]),
                 tensors=dict(raw["tensors"]),
                 shards=[ShardRecord.from_json(s, where, i, version=version) for i, s in enumerate(raw["shards"])],

@@ -19,7 +19,10 @@ from typing import BinaryIO
 
 from hs_dataset.errors import FormatError, UnsafePathError, UsageError
 
-__all__ = ["MAX_NAME_CHARS", "MAX_NAME_DEPTH", "url_scheme", "check_local_path", "check_member_name", "resolve_member", "open_regular", "open_member"]
+__all__ = [
+    "MAX_NAME_CHARS", "MAX_NAME_DEPTH", "url_scheme", "check_local_path", "check_member_name", "check_plain_name", "resolve_member",
+    "open_regular", "open_member",
+]
 
 MAX_NAME_CHARS = 1024  # a whole relative name
 MAX_NAME_DEPTH = 8  # components ("part-00001/shard-000000.safetensors" has 2)
@@ -63,6 +66,18 @@ def check_member_name(name: object, *, what: str, where: str) -> str:
     if problem:
         raise FormatError(f"{where}: {what} {name[:200]!r} {problem}; {_FIX}")
     return name
+
+
+def check_plain_name(name: object, *, what: str, where: str) -> str:
+    """Return ``name`` if it is one plain component (a ``dataset_id``: it names a directory of its own), else raise FormatError.
+
+    Why: a reader keeps a dataset's side files under ``<cache>/meta/<dataset_id>``; an
+    absolute id (``/home/x/.ssh``) or one holding ``..`` would put them anywhere.
+    """
+    check_member_name(name, what=what, where=where)
+    if "/" in str(name):
+        raise FormatError(f"{where}: {what} {str(name)[:200]!r} holds a '/'; it must be one plain name; {_FIX}")
+    return str(name)
 
 
 def _name_problem(name: str) -> str | None:

@@ -1,37 +1,60 @@
 """The bounded local cache of verified shards: what a remote dataset is read from.
 
-Files are named by their recorded hash (``blake3-<hex>.safetensors``), so one shard is
-cached once whichever dataset or process asks, and a name is only ever published after
-its bytes were hashed on download (:mod:`.transfer`). Downloads are not fsynced (the disk's
-write speed would cap them): a file older than the machine's last boot, which a crash
-could have cut, is hashed again before it is used. Every file in the directory counts
-toward ``max_bytes``, downloads in flight too: room for a download is reserved (its temp
-file is allocated at full size) under the directory's lock, evicting the least recently
-used shards first. A shard a reader has open holds a shared ``flock`` on its file and is
-never evicted (in any process on the node), so the bound holds for bytes really on disk.
+A cache owns only what it wrote. Its directory is claimed once, empty, by writing the
+cache's index (``.hs_dataset-cache.json``, its marker too); a directory holding anything
+else (a dataset, a user's ``model.safetensors``, an older cache) is refused, nothing in
+it touched. The index lists every shard the cache downloaded, checked and placed: its
+name (``blake3-<hex>.safetensors``, the recorded hash, so one shard is cached once
+whichever dataset or process asks), and the inode, size and mtime it was placed with,
+read-only. A file is served only while it still matches its entry; one that does not
+(flipped after download, planted under a cache name, cut by a crash: downloads are not
+fsynced, so every entry is checked again by hash after a reboot) is hashed again
+before use, and removed only if the cache wrote it. Eviction takes only index entries.
+
+Every file in the directory counts toward ``max_bytes``, downloads in flight too: room
+for a download is reserved (its temp file is allocated at full size) under the
+directory's lock, evicting the least recently used shards first (use = the atime the
+cache sets on each hit). A shard a reader has open holds a shared ``flock`` on its file
+and is never evicted (in any process on the node), so the bound holds for bytes really on disk.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
+import json
+import logging
 import os
+import re
+import stat
 import time
 from pathlib import Path
+from typing import Any
 
-from hs_dataset.errors import UsageError
-from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for
-from hs_dataset.formats.writable import open_for_writing
+from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
+from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.hashing import file_digests
-from hs_dataset.formats.manifest import ShardRecord
-from hs_dataset.formats.paths import open_regular
+from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
+from hs_dataset.formats.paths import check_local_path, open_regular
+from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.remote.location import RemoteLocation
-from hs_dataset.remote.transfer import Expected, download_file
+from hs_dataset.remote.transfer import Expected, receive_file
 
-__all__ = ["ShardCache", "disk_usage"]
+__all__ = ["ShardCache", "disk_usage", "INDEX_NAME", "META_DIR"]
 
-_SUFFIX = ".safetensors"
+INDEX_NAME = ".hs_dataset-cache.json"
+META_DIR = "meta"  # the small files datasets name besides shards (remote/dataset.py), one directory per dataset id
 _LOCK_NAME = ".lock"
+_FORMAT = "hs_dataset-cache"
+_MAX_INDEX_BYTES = 64 * 1024 * 1024
+_NAME_RE = re.compile(r"^(blake3|sha256)-[0-9a-f]{64}\.safetensors$")
 _WAIT_S = 0.02  # poll interval while another thread or process downloads the same shard
+_READ_ONLY = 0o444
+_BLOCK = 4096  # a file's allocation unit here
+_ENTRY_BYTES = 160  # one more index entry, at most
+
+_log = logging.getLogger("hs_dataset.remote")
+Entry = dict[str, int]  # ino, size, mtime_ns, boot
 
 
 def disk_usage(directory: Path) -> int:
@@ -48,15 +71,27 @@ def disk_usage(directory: Path) -> int:
 
 
 class ShardCache:
-    """Shards of remote datasets on local disk, at most ``max_bytes`` of them."""
+    """Shards of remote datasets on local disk, at most ``max_bytes`` of them, in a directory the cache owns."""
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int) -> None:
-        self.directory = Path(directory)
+        self.directory = check_local_path(directory, what="cache_dir")
         self.max_bytes = int(max_bytes)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise UsageError(f"{self.directory}: cache_dir is a file, not a directory; give a directory (or HS_DATASET_CACHE_DIR)")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UsageError(f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory") from None
+        if not os.path.lexists(self.directory / INDEX_NAME):
+            self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
+        lock = _lock(self.directory)
+        try:
+            self._claim()
+        finally:
+            os.close(lock)
 
     def path_for(self, record: ShardRecord) -> Path:
-        return self.directory / f"{record.hash_algorithm}-{record.digest}{_SUFFIX}"
+        return self.directory / f"{record.hash_algorithm}-{record.digest}.safetensors"
 
     def fetch(self, loc: RemoteLocation, record: ShardRecord) -> Path:
         """The cached copy of ``record``'s shard under ``loc``, downloaded (and hash-checked) when absent."""
@@ -71,8 +106,20 @@ class ShardCache:
             if temp is None:  # another thread or process is downloading it: wait for its copy
                 time.sleep(_WAIT_S)
                 continue
-            download_file(loc, record.file, path, Expected(record.bytes, record.hash_algorithm, record.digest), temp=temp, durable=False)
+            receive_file(loc, record.file, temp, Expected(record.bytes, record.hash_algorithm, record.digest), durable=False)
+            self._place(temp, path)
         return path
+
+    def fetch_side_file(self, loc: RemoteLocation, name: str, dest: Path, expected: Expected) -> None:
+        """A small file a dataset names besides its shards (the norm weight) into ``dest`` inside the cache, checked before it is placed.
+
+        Its room is reserved as a shard's is (it counts toward the bound); it is not evicted.
+        """
+        while (temp := self._reserve(expected.size, loc.url, dest)) is None:
+            time.sleep(_WAIT_S)
+        receive_file(loc, name, temp, expected, durable=False)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(temp, dest)
 
     def open_pinned(self, path: Path) -> int:
         """A file descriptor holding a shared lock on a cached shard: it is not evicted until the fd is closed."""
@@ -80,21 +127,138 @@ class ShardCache:
         fcntl.flock(fd, fcntl.LOCK_SH)
         return fd
 
-    @staticmethod
-    def _hit(path: Path, record: ShardRecord) -> bool:
-        """Present and whole. Downloads are not fsynced, so a file older than the last boot is hashed again first."""
+    # ------------------------------------------------------------------ ownership
+    def _claim(self) -> None:
+        """Write the index into an empty directory; refuse one holding anything the cache did not write."""
+        index = self.directory / INDEX_NAME
+        if os.path.lexists(index):
+            if not stat.S_ISREG(os.lstat(index).st_mode):
+                raise ForeignDatasetError(f"{index}: not a regular file (a link?); this is no hs_dataset cache: give cache_dir an empty or new directory")
+            return
+        self._refuse_foreign()
+        self._write_index({})
+
+    def _refuse_foreign(self) -> None:
+        """A directory without the cache's index may hold only a lock and temp files (an interrupted claim)."""
+        foreign = sorted(n for n in os.listdir(self.directory) if n != _LOCK_NAME and not is_temp_name(n))
+        if MANIFEST_NAME in foreign:
+            raise ForeignDatasetError(
+                f"{self.directory}: cache_dir holds a dataset ({MANIFEST_NAME}); the cache would evict its files: "
+                "give cache_dir an empty or new directory (a local dataset is read in place, with no cache)"
+            )
+        if foreign and all(_NAME_RE.match(n) or n == META_DIR for n in foreign):
+            raise ForeignDatasetError(
+                f"{self.directory}: a cache written by an older hs_dataset (no {INDEX_NAME}); nothing in it was changed: "
+                "delete the directory (its shards are downloaded again) or give another cache_dir"
+            )
+        if foreign:
+            raise ForeignDatasetError(
+                f"{self.directory}: cache_dir holds files the cache did not write ({len(foreign)}, e.g. {foreign[:3]}); "
+                "nothing in it was changed: give cache_dir an empty or new directory"
+            )
+
+    def _read_index(self) -> dict[str, Entry]:
+        """The index's entries; a damaged index counts as empty (files are then hashed again before use)."""
+        path = self.directory / INDEX_NAME
         try:
-            st = os.stat(path)
-            if st.st_size != record.bytes:
-                return False
-            if st.st_mtime < _boot_time() and not _same_hash(path, record):
-                remove_quietly(path)
-                return False
-            os.utime(path)  # most recently used (and known whole in this boot)
-            return True
+            with open_regular(path, what="cache index") as f:
+                data = f.read(_MAX_INDEX_BYTES + 1)
+            raw = json.loads(data.decode("utf-8")) if len(data) <= _MAX_INDEX_BYTES else None
+        except FileNotFoundError:
+            raise ForeignDatasetError(f"{path}: the cache's index was removed while the cache was in use; reopen the dataset") from None
+        except (OSError, ValueError, RecursionError, IntegrityError):
+            raw = None
+        files = raw.get("files") if isinstance(raw, dict) and raw.get("format") == _FORMAT else None
+        if not isinstance(files, dict):
+            _log.warning("%s: damaged; cached shards are hashed again before use", path)
+            return {}
+        return {name: entry for name, entry in files.items() if _NAME_RE.match(str(name)) and _valid_entry(entry)}
+
+    def _write_index(self, files: dict[str, Entry]) -> None:
+        """Rewrite the index in place, under the exclusive lock (readers take it shared).
+
+        In place, not through a temp copy: the copy would count toward the bound too. A
+        crash mid-write leaves a damaged index, which counts as empty: cached shards are
+        then hashed again before use, none is lost or served unchecked.
+        """
+        data = json.dumps({"format": _FORMAT, "version": 1, "files": files}).encode()
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = open_for_writing(self.directory / INDEX_NAME, flags)
+        try:
+            write_all(fd, memoryview(data))  # from offset 0: the fd is new
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ serving
+    def _hit(self, path: Path, record: ShardRecord) -> bool:
+        """Present, the cache's own and whole: as its index entry says, else hashed again (and then listed, or removed)."""
+        try:
+            st = os.lstat(path)
         except FileNotFoundError:
             return False
+        lock = _lock(self.directory, shared=True)
+        try:
+            entry = self._read_index().get(path.name)
+        finally:
+            os.close(lock)
+        if stat.S_ISREG(st.st_mode) and entry == _entry(st):
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)  # used now; the mtime (its entry) stays
+            return True
+        return self._recheck(path, record, st)
 
+    def _recheck(self, path: Path, record: ShardRecord, st: os.stat_result) -> bool:
+        """A file under a cache name that its entry does not vouch for: hash it, then list it, remove it (if the cache's) or refuse it."""
+        whole = stat.S_ISREG(st.st_mode) and st.st_size == record.bytes and _same_hash(path, record)
+        changed = False
+        lock = _lock(self.directory)
+        try:
+            files = self._read_index()
+            entry = files.pop(path.name, None)
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                self._write_index(files)
+                return False
+            if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
+                changed = True  # changed while it was hashed: look again
+            elif whole:
+                os.chmod(path, _READ_ONLY)
+                files[path.name] = _entry(os.lstat(path))
+                self._write_index(files)
+                return True
+            elif entry is not None and entry["ino"] == st.st_ino and stat.S_ISREG(st.st_mode):
+                _log.warning("%s: cached shard changed since it was downloaded (or cut by a crash); downloading it again", path)
+                remove_quietly(path)
+                self._write_index(files)
+                return False
+            elif entry is not None:
+                self._write_index(files)  # the entry's file is gone: another took its name
+        finally:
+            os.close(lock)
+        if changed:
+            return self._hit(path, record)
+        raise IntegrityError(
+            f"{path}: a file the cache did not write lies under a cache name and does not hold the bytes that name records; "
+            "the cache never serves or deletes files it did not write: remove it"
+        )
+
+    def _place(self, temp: Path, path: Path) -> None:
+        """Give the checked download its name, read-only, and list it, under the lock (the index and the name change together)."""
+        lock = _lock(self.directory)
+        try:
+            files = self._read_index()
+            if os.path.lexists(path):  # another process placed it meanwhile (or a file was planted: _hit decides)
+                remove_quietly(temp)
+                return
+            os.chmod(temp, _READ_ONLY)
+            os.replace(temp, path)
+            files[path.name] = _entry(os.lstat(path))
+            self._write_index(files)
+        finally:
+            os.close(lock)
+
+    # ------------------------------------------------------------------ the bound
     def _reserve(self, size: int, url: str, path: Path) -> Path | None:
         """A temp file of ``size`` allocated bytes for ``path``, after evicting least recently used shards to make room.
 
@@ -104,18 +268,23 @@ class ShardCache:
         try:
             if self._remove_dead_temps(path.name):
                 return None
-            used = disk_usage(self.directory)
-            for candidate in self._eviction_order():
+            used = disk_usage(self.directory) + self._index_headroom()
+            size = -(-size // _BLOCK) * _BLOCK  # what the file will hold on disk: whole blocks
+            files = self._read_index()
+            listed = len(files)
+            for name in _least_recent_first(self.directory, files):
                 if used + size <= self.max_bytes:
                     break
-                used -= self._evict(candidate)
+                used -= self._evict(self.directory / name, files)
+            if len(files) != listed:
+                self._write_index(files)
             if used + size > self.max_bytes:
                 raise UsageError(
                     f"{self.directory}: the cache bound {self.max_bytes} bytes cannot hold {url}'s next shard ({size} bytes) beside "
-                    f"the {used} bytes of shards in use or downloading; raise max_cache_bytes (HS_DATASET_CACHE_BYTES) or read "
-                    "with fewer prefetch_shards / processes"
+                    f"the {used} bytes of shards in use or downloading (and of files the cache did not write); raise max_cache_bytes "
+                    "(HS_DATASET_CACHE_BYTES), read with fewer prefetch_shards / processes, or remove files you put there"
                 )
-            temp = temp_path_for(path)
+            temp = self.directory / temp_path_for(path).name  # in the cache root, where dead downloads are found
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
             try:
                 _allocate(fd, size)
@@ -125,32 +294,41 @@ class ShardCache:
         finally:
             os.close(lock)
 
-    def _eviction_order(self) -> list[Path]:
-        """Complete cached shards, least recently used first."""
-        entries = []
-        for entry in os.scandir(self.directory):
-            if entry.name.endswith(_SUFFIX) and not is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
-                entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
-        return [path for _mtime, path in sorted(entries)]
+    def _index_headroom(self) -> int:
+        """Room the index's next entry may take (a block where it crosses one): the index counts toward the bound too."""
+        try:
+            st = os.lstat(self.directory / INDEX_NAME)
+        except FileNotFoundError:
+            return _BLOCK
+        return _BLOCK if st.st_blocks * 512 - st.st_size < _ENTRY_BYTES else 0
 
     @staticmethod
-    def _evict(path: Path) -> int:
-        """Delete ``path`` unless a reader holds it; returns the bytes it held.
+    def _evict(path: Path, files: dict[str, Entry]) -> int:
+        """Delete ``path`` if it is still the file the cache placed and no reader holds it; returns the bytes freed.
 
         Always unlinked, never overwritten in place: tensors a reader handed out may
         still map the file after its pin is gone, and an unlinked file stays valid for them.
         """
+        entry = files.get(path.name)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
+            files.pop(path.name, None)
+            return 0
+        except OSError:  # a link (ELOOP): not the cache's
+            files.pop(path.name, None)
             return 0
         try:
+            st = os.fstat(fd)
+            if entry is None or not stat.S_ISREG(st.st_mode) or st.st_ino != entry["ino"]:
+                files.pop(path.name, None)  # another file took the name: not the cache's to delete
+                return 0
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0  # in use by a reader
-            st = os.fstat(fd)
             remove_quietly(path)
+            files.pop(path.name, None)
             return max(st.st_size, st.st_blocks * 512)
         finally:
             os.close(fd)
@@ -169,20 +347,42 @@ class ShardCache:
         return busy
 
 
-def _lock(directory: Path) -> int:
-    """The cache's ``.lock``, exclusively, waiting for another process's reservation (held for milliseconds)."""
+def _entry(st: os.stat_result) -> Entry:
+    """What the index records of a placed file (and compares on every hit): inode, size, mtime, and the boot it was checked in."""
+    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "boot": _boot_time()}
+
+
+def _valid_entry(entry: Any) -> bool:
+    keys = ("ino", "size", "mtime_ns", "boot")
+    return isinstance(entry, dict) and set(entry) == set(keys) and all(type(entry[k]) is int for k in keys)
+
+
+def _least_recent_first(directory: Path, files: dict[str, Entry]) -> list[str]:
+    """The index's shards, least recently used (atime, set on each hit) first."""
+    order = []
+    for name in files:
+        try:
+            order.append((os.lstat(directory / name).st_atime_ns, name))
+        except FileNotFoundError:
+            order.append((0, name))
+    return [name for _used, name in sorted(order)]
+
+
+def _lock(directory: Path, *, shared: bool = False) -> int:
+    """The cache's ``.lock`` (shared: to read the index), waiting for another process's reservation (held for milliseconds)."""
     fd = open_for_writing(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
     return fd
 
 
-def _boot_time() -> float:
-    """When the machine booted (0 where unknown: every cached file is then trusted as written)."""
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> int:
+    """When the machine booted (0 where unknown: every entry then stays trusted across boots)."""
     try:
         with open("/proc/stat") as f:
-            return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+            return int(next(line.split()[1] for line in f if line.startswith("btime ")))
     except (OSError, StopIteration, ValueError, IndexError):
-        return 0.0
+        return 0
 
 
 def _same_hash(path: Path, record: ShardRecord) -> bool:

@@ -20,18 +20,17 @@ import torch
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import UsageError
 from hs_dataset.formats.manifest import ShardRecord
-from hs_dataset.formats.paths import resolve_member
-from hs_dataset.formats.reader import HiddenStateDataset, ShardReader
-from hs_dataset.remote.cache import ShardCache
+from hs_dataset.formats.paths import check_local_path, resolve_member
+from hs_dataset.formats.reader import MAX_NORM_WEIGHT_BYTES, HiddenStateDataset, ShardReader
+from hs_dataset.remote.cache import META_DIR, ShardCache
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.prefetch import Prefetcher
 from hs_dataset.remote.header import read_offsets
-from hs_dataset.remote.transfer import Expected, download_file
+from hs_dataset.remote.transfer import Expected
 
 __all__ = ["RemoteDataset", "OPEN_SHARDS"]
 
 OPEN_SHARDS = 2  # shards a reader keeps open (the one being read and the one before, for a reader at a boundary)
-_MAX_SIDE_FILE_BYTES = 64 * 1024 * 1024
 
 
 class RemoteDataset(HiddenStateDataset):
@@ -40,10 +39,12 @@ class RemoteDataset(HiddenStateDataset):
     def __init__(self, url: str, *, verify_hashes: bool = False, options: RemoteOptions | None = None) -> None:
         self.url = url
         self.options = options or RemoteOptions()
-        self.location = open_location(url, self.options.storage_options)
+        check_local_path(self.options.cache_dir, what="cache_dir")  # before the store is asked anything
+        self.location = open_location(url, self.options)
         manifest = self.location.require_manifest()
         self.cache = ShardCache(self.options.cache_dir, self.options.max_cache_bytes)
-        side = self.options.cache_dir / "meta" / manifest.dataset_id  # the small files the manifest names besides shards
+        # the small files the manifest names besides shards: inside the cache (the dataset id is one plain name, no link on the way)
+        side = resolve_member(self.cache.directory, f"{META_DIR}/{manifest.dataset_id}", what="side-file directory", where=str(self.cache.directory))
         super().__init__(side, verify_hashes=verify_hashes, manifest=manifest)
         _check_bound(self.url, manifest.shards, self.options)
         self._prefetch = Prefetcher(self.cache, self.location, manifest.shards, self.options.prefetch_shards)
@@ -91,21 +92,24 @@ class RemoteDataset(HiddenStateDataset):
     def final_norm(self) -> tuple[torch.Tensor, float]:
         info = self.manifest.metadata.get("final_norm") or {}
         if "weight_file" in info:
-            self._fetch_side_file(str(info["weight_file"]))
+            sha256 = info.get("weight_sha256")
+            self._fetch_side_file(str(info["weight_file"]), sha256 if isinstance(sha256, str) else None)
         return super().final_norm()
 
-    def _fetch_side_file(self, name: str) -> None:
-        """Download a small member the manifest names (the norm weight) beside nothing else in the meta directory."""
+    def _fetch_side_file(self, name: str, sha256: str | None) -> None:
+        """Download a small member the manifest names (the norm weight) into the meta directory, its hash checked before it is placed.
+
+        A copy there is reused only when a hash is recorded (the reader checks it); else it is downloaded again.
+        """
         dest = resolve_member(self.root, name, what="metadata.final_norm.weight_file")
-        if dest.is_file():
+        if sha256 is not None and dest.is_file():
             return
         size = self.location.size(name)
         if size is None:
             raise FileNotFoundError(f"{self.url}/{name}: the final-norm weight the manifest names is missing from the store")
-        if size > _MAX_SIDE_FILE_BYTES:
+        if size > MAX_NORM_WEIGHT_BYTES:
             raise UsageError(f"{self.url}/{name}: {size} bytes is no norm weight (replaced object?)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        download_file(self.location, name, dest, Expected(size))  # its sha256 is checked by load_norm_weight
+        self.cache.fetch_side_file(self.location, name, dest, Expected(size, "sha256" if sha256 else None, sha256))
 
     def close(self) -> None:
         """Stop prefetching and let go of every open shard (the dataset can be read again after)."""

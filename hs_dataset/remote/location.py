@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
+from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import FormatError, HsDatasetError, RemoteError, UsageError
 from hs_dataset.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from hs_dataset.formats.paths import check_member_name, url_scheme
+from hs_dataset.remote.reads import Budget, Deadline, read_range
 
 __all__ = ["SUPPORTED", "RemoteLocation", "is_url", "open_location", "storage_errors"]
 
@@ -44,43 +47,80 @@ def storage_errors(url: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class RemoteLocation:
-    """A directory-like prefix in a filesystem: ``fs`` and ``root`` (fsspec's path, no scheme), and the ``url`` given."""
+    """A directory-like prefix in a filesystem: ``fs`` and ``root`` (fsspec's path, no scheme), and the ``url`` given.
+
+    ``budget`` bounds every request's time (RemoteOptions' request_timeout_s and min_bytes_per_s).
+    """
 
     fs: Any
     root: str
     url: str
+    budget: Budget = Budget()
 
     def key(self, name: str) -> str:
         """The path of member ``name`` (a plain relative name, checked as every dataset member is)."""
         check_member_name(name, what="member", where=self.url)
         return f"{self.root}/{name}"
 
+    @property
+    def is_local(self) -> bool:
+        """A plain directory (``file://``): objects are files there, written through a temp name."""
+        from fsspec.implementations.local import LocalFileSystem
+
+        return isinstance(self.fs, LocalFileSystem)
+
     def child(self, sub: str) -> "RemoteLocation":
-        return RemoteLocation(self.fs, self.key(sub), f"{self.url}/{sub}")
+        return replace(self, root=self.key(sub), url=f"{self.url}/{sub}")
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.<method>(...)`` (a metadata call: info, ls, rm, copy, pipe_file) within ``timeout_s``.
+
+        fsspec's async filesystems (s3fs, gcsfs, http) cancel the request at the deadline;
+        the local ones answer at once.
+        """
+        if getattr(self.fs, "async_impl", False):
+            kwargs["timeout"] = self.budget.timeout_s
+        try:
+            return getattr(self.fs, method)(*args, **kwargs)
+        except TimeoutError:  # fsspec's FSTimeoutError
+            raise Deadline(self.budget.timeout_s).expired(f"{self.url} ({method})") from None
 
     def size(self, name: str) -> int | None:
         """The stored size of ``name``, None when absent."""
         with storage_errors(self.url):
             self.fs.invalidate_cache(self.key(name))  # a listing cached earlier must not hide a newer upload
             try:
-                return int(self.fs.info(self.key(name))["size"])
+                size = self.call("info", self.key(name)).get("size")
             except FileNotFoundError:
                 return None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise RemoteError(f"{self.url}/{name}: the store states no size for it ({str(size)[:40]}); hs_dataset reads only stores that do")
+        return size
 
-    def read_bytes(self, name: str, limit: int) -> bytes | None:
-        """The whole of a small member (a manifest, a norm weight), at most ``limit`` bytes; None when absent."""
-        with storage_errors(self.url):
+    def read_bytes(self, name: str, limit: int) -> bytes | bytearray | None:
+        """The whole of a small member (a manifest, a norm weight), at most ``limit`` bytes; None when absent.
+
+        One GET of at most ``limit + 1`` bytes: an object being replaced is read whole, old
+        or new, and a store that sends more (a Range ignored, a body that never ends) is cut there.
+        """
+        where = f"{self.url}/{name}"
+        with storage_errors(where):
             self.fs.invalidate_cache(self.root)
-            try:  # one (ranged) GET: an object being replaced is read whole, old or new, never refused mid-read
-                data = self.fs.cat_file(self.key(name), start=0, end=limit + 1)
+            try:
+                data = read_range(self.fs, self.key(name), 0, limit + 1, budget=self.budget, where=where)
             except FileNotFoundError:
                 return None
         if len(data) > limit:
-            raise FormatError(f"{self.url}/{name}: larger than {limit} bytes; not a file hs_dataset writes (replaced or damaged)")
+            raise FormatError(f"{where}: larger than {limit} bytes; not a file hs_dataset writes (replaced or damaged)")
         return data
 
     def manifest(self) -> Manifest | None:
         """The dataset's manifest, parsed and checked as a local one is; None when there is none."""
+        got = self.manifest_and_bytes()
+        return None if got is None else got[0]
+
+    def manifest_and_bytes(self) -> tuple[Manifest, bytes] | None:
+        """The manifest and the bytes it was parsed from (one read: a copy of it is the same manifest); None when there is none."""
         data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
         if data is None:
             return None
@@ -89,7 +129,7 @@ class RemoteLocation:
             raw = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise FormatError(f"{where}: not valid JSON ({type(exc).__name__}); the object was edited or damaged") from None
-        return Manifest.from_json(raw, where)
+        return Manifest.from_json(raw, where), bytes(data)
 
     def require_manifest(self) -> Manifest:
         manifest = self.manifest()
@@ -98,8 +138,9 @@ class RemoteLocation:
         return manifest
 
 
-def open_location(url: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> RemoteLocation:
-    """The filesystem behind ``url``; a scheme that cannot be served here is refused in one line naming it."""
+def open_location(url: str | os.PathLike, options: RemoteOptions | None = None) -> RemoteLocation:
+    """The filesystem behind ``url``; a scheme that cannot be served here, or a bucket's root, is refused in one line naming it."""
+    options = options or RemoteOptions()
     text = os.fspath(url)
     scheme = url_scheme(text)
     if scheme is None:
@@ -116,11 +157,25 @@ def open_location(url: str | os.PathLike, storage_options: dict[str, Any] | None
     except ImportError as exc:
         raise UsageError(f"{text}: {scheme}:// needs a package that is not installed ({' '.join(str(exc).split())[:200]})") from None
     with storage_errors(text):
-        fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+        fs, root = fsspec.core.url_to_fs(text, **options.storage_options)
     root = root.rstrip("/")
-    if not root or root == fs.root_marker:
+    if _is_root(fs, root):
         raise UsageError(f"{text}: give a prefix inside the bucket or directory (e.g. {scheme}://bucket/datasets/name), not its root")
-    return RemoteLocation(fs, root, text.rstrip("/"))
+    return RemoteLocation(fs, root, text.rstrip("/"), Budget(options.request_timeout_s, options.min_bytes_per_s))
+
+
+def _is_root(fs: Any, root: str) -> bool:
+    """A filesystem's or a bucket's root (``s3://bucket``, ``http://host/``): a dataset lives under a prefix inside it."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    stripped = root.strip("/")
+    if not stripped or root == fs.root_marker:
+        return True
+    if isinstance(fs, LocalFileSystem):
+        return False
+    if root.startswith(("http://", "https://")):
+        return not urlsplit(root).path.strip("/")
+    return "/" not in stripped  # the first component of an object store's path is its bucket
 
 
 def _fsspec(url: str, scheme: str):

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import replace
 from pathlib import PurePosixPath
 
+from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.merge import check_compatible
@@ -27,12 +28,12 @@ from hs_dataset.remote.transfer import put_bytes
 __all__ = ["merge_remote"]
 
 
-def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, storage_options: dict | None = None) -> Manifest:
+def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options: RemoteOptions | None = None) -> Manifest:
     """Write ``out``'s manifest listing every part's shards (copied only when a part is not under ``out``)."""
     if not parts:
         raise UsageError("merge needs at least one part")
-    target = open_location(out, storage_options)
-    loaded = _load_parts([open_location(p, storage_options) for p in parts], target)
+    target = open_location(out, options)
+    loaded = _load_parts([open_location(p, options) for p in parts], target)
     check_compatible([(PurePosixPath(loc.url), manifest) for loc, manifest in loaded])  # type: ignore[misc]
     if any(manifest.metadata.get("regeneration") is not None for _loc, manifest in loaded):
         raise UsageError(f"{out}: parts built with --regenerate are merged locally only (hs-dataset merge DIR... DIR); download them first")
@@ -82,13 +83,35 @@ def _relative(loc: RemoteLocation, target: RemoteLocation) -> str | None:
 
 
 def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> None:
-    """``out`` holds no dataset, or a previous merge of these parts (merging again replaces it)."""
+    """``out`` holds no dataset, or a previous merge of these parts (merging again replaces it).
+
+    Without a manifest there, no object the merge would write (a copied shard, the norm
+    weight) may exist yet: it would be another tool's, overwritten.
+    """
     previous = target.manifest()
     if previous is None:
+        for name in _written_names(target, loaded):
+            if target.size(name) is not None:
+                raise ForeignDatasetError(
+                    f"{target.url}/{name}: already exists and no merged manifest lists it (another tool's object?); "
+                    "nothing was written: merge into a new prefix"
+                )
         return
     ids = {manifest.dataset_id for _loc, manifest in loaded}
     if previous.identity != loaded[0][1].identity or not all(record.dataset_id in ids for record in previous.shards):
         raise ForeignDatasetError(f"{target.url} already holds another dataset (not a merge of these parts); merge into a new prefix")
+
+
+def _written_names(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> list[str]:
+    """The objects a merge writes under ``target``: the copies of parts that lie elsewhere, and the norm weight."""
+    names = []
+    for index, (loc, manifest) in enumerate(loaded):
+        if _relative(loc, target) is None:
+            names.extend(f"part-{index:05d}/{record.file}" for record in manifest.shards)
+    norm = loaded[0][1].metadata.get("final_norm") or {}
+    if "weight_file" in norm:
+        names.append(str(norm["weight_file"]))
+    return names
 
 
 def _claim_ids(loc: RemoteLocation, record: ShardRecord, seen: dict[str, str]) -> None:
@@ -103,7 +126,7 @@ def _claim_ids(loc: RemoteLocation, record: ShardRecord, seen: dict[str, str]) -
 def _copy(src: RemoteLocation, name: str, dst: RemoteLocation, dst_name: str, size: int) -> None:
     """A server-side copy, its size checked (its bytes are those the part's record hashes; verify checks them)."""
     with storage_errors(f"{src.url}/{name}"):
-        dst.fs.copy(src.key(name), dst.key(dst_name))
+        dst.call("copy", src.key(name), dst.key(dst_name))
     if dst.size(dst_name) != size:
         raise IntegrityError(f"{dst.url}/{dst_name}: the copy of {src.url}/{name} is not {size} bytes; merge again")
 

@@ -1,5 +1,12 @@
 """A dataset directory written locally, uploaded to a URL: shards first, the manifest last.
 
+A prefix is written only once it is this dataset's: it holds this dataset's manifest,
+or it held nothing and the first upload claimed it by writing ``hs_dataset-upload.json``
+(the dataset id) before any shard. A prefix holding anything else, another dataset or
+another tool's objects, is refused before anything is written (:func:`refuse_foreign`),
+as a local output directory is; one holding the claim of an upload that never wrote a
+manifest holds only that upload's leftovers, and is taken over.
+
 The remote manifest is a byte-for-byte copy of a local one, uploaded only after every
 shard it lists is stored and checked (:mod:`.transfer`), so a reader of the URL never
 sees a listed shard that is missing or partial. What the remote manifest already lists
@@ -13,20 +20,24 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hs_dataset.errors import ForeignDatasetError, IntegrityError
+from hs_dataset.errors import ForeignDatasetError, HsDatasetError, IntegrityError
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, read_manifest_bytes
-from hs_dataset.formats.paths import resolve_member
-from hs_dataset.remote.location import RemoteLocation
+from hs_dataset.formats.paths import check_plain_name, resolve_member
+from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.transfer import Expected, put_bytes, upload_file
 
-__all__ = ["PublishReport", "publish_dataset"]
+__all__ = ["CLAIM_NAME", "PublishReport", "publish_dataset", "foreign_objects", "refuse_foreign"]
 
 _log = logging.getLogger("hs_dataset.remote")
 _RUN_REPORT = "run_report.json"
+CLAIM_NAME = "hs_dataset-upload.json"  # written first into an empty prefix: the dataset id whose upload owns it
+_CLAIM_FORMAT = "hs_dataset-upload"
 
 
 @dataclass
@@ -45,6 +56,8 @@ def publish_dataset(local: str | Path, loc: RemoteLocation) -> PublishReport:
     data = read_manifest_bytes(local)  # one snapshot: the writer may publish more meanwhile
     manifest = Manifest.from_json(json.loads(data.decode("utf-8")), str(local / MANIFEST_NAME))
     remote = loc.manifest()
+    if remote is None:
+        _claim(loc, manifest.dataset_id)
     report = PublishReport()
     if remote is not None and remote.encode() == manifest.encode():
         report.already_there = len(manifest.shards)
@@ -65,6 +78,58 @@ def publish_dataset(local: str | Path, loc: RemoteLocation) -> PublishReport:
     if report.uploaded:
         _log.info("uploaded %d shard(s), %.1f MiB, and the manifest to %s", len(report.uploaded), report.bytes / 2**20, loc.url)
     return report
+
+
+def foreign_objects(loc: RemoteLocation) -> list[str]:
+    """What lies under ``loc`` besides temp objects (of an interrupted upload): names, sorted; [] where nothing is."""
+    with storage_errors(loc.url):
+        loc.fs.invalidate_cache(loc.root)
+        try:
+            names = loc.call("ls", loc.root, detail=False)
+        except FileNotFoundError:
+            return []
+    found = {os.path.basename(str(name).rstrip("/")) for name in names}
+    return sorted(name for name in found if name and not is_temp_name(name))
+
+
+def refuse_foreign(loc: RemoteLocation, dataset_id: str | None) -> None:
+    """The destination rule where ``loc`` holds no manifest: nothing there (a local --out directory's rule too), or an upload's claim.
+
+    The claim must be ``dataset_id``'s, or, where the caller has no dataset yet (None),
+    any upload's that never wrote a manifest (a rank requeued without its staging directory).
+    """
+    foreign = foreign_objects(loc)
+    if not foreign:
+        return
+    claimed = _claimed_by(loc) if CLAIM_NAME in foreign else None
+    if claimed is not None and dataset_id in (None, claimed):
+        return
+    if claimed is not None:
+        raise ForeignDatasetError(
+            f"{loc.url}: another build (dataset id {claimed}) is uploading there, this one is {dataset_id}; nothing was changed: "
+            "give each build its own prefix"
+        )
+    raise ForeignDatasetError(
+        f"{loc.url} is not empty and holds no hs_dataset manifest ({len(foreign)} entries, e.g. {foreign[:3]}); "
+        "nothing in it was changed: choose an empty or new prefix"
+    )
+
+
+def _claimed_by(loc: RemoteLocation) -> str | None:
+    """The dataset id the prefix's claim names; None when it is not one hs_dataset wrote."""
+    try:
+        raw = json.loads(bytes(loc.read_bytes(CLAIM_NAME, 4096) or b"").decode("utf-8"))
+        if isinstance(raw, dict) and raw.get("format") == _CLAIM_FORMAT:
+            return check_plain_name(raw.get("dataset_id"), what="dataset_id", where=f"{loc.url}/{CLAIM_NAME}")
+    except (ValueError, HsDatasetError):
+        pass
+    return None
+
+
+def _claim(loc: RemoteLocation, dataset_id: str) -> None:
+    """A prefix becomes this dataset's before any shard is written there: its claim names the dataset id."""
+    refuse_foreign(loc, dataset_id)
+    put_bytes(loc, CLAIM_NAME, json.dumps({"format": _CLAIM_FORMAT, "dataset_id": dataset_id}).encode())
 
 
 def _remote_shards(local: Path, manifest: Manifest, remote: Manifest | None, loc: RemoteLocation) -> dict[str, str]:

@@ -3,10 +3,10 @@
 An upload streams the local file to the object and hashes exactly the chunks it
 sends; the object then must hold the recorded size and the sent bytes the recorded
 hash (BLAKE3, or sha256 for format-1 shards and small files), else it is deleted and
-the upload fails. A download streams into a temp file beside its destination (one
-plain HTTP GET of a presigned URL where the filesystem signs one, else fsspec's reads), hashed
-on the way, and is renamed into place only when size and hash match, so a damaged or
-replaced object never reaches a reader.
+the upload fails. A download streams into a temp file beside its destination (the bounded
+reads of :mod:`.reads`: never more than the recorded size plus one byte, within the
+operation's deadline), hashed on the way, and is renamed into place only when size and
+hash match, so a damaged, longer or replaced object never reaches a reader.
 
 Objects are written where they will stay: an object store publishes an object whole
 when its upload completes (one PUT, or a completed multipart upload), so a process
@@ -20,9 +20,8 @@ import os
 import queue
 import secrets
 import threading
-import urllib.request
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
@@ -30,12 +29,10 @@ from hs_dataset.formats.atomic import TEMP_PREFIX, publish, remove_quietly, temp
 from hs_dataset.formats.hashing import new_hasher
 from hs_dataset.formats.paths import open_regular
 from hs_dataset.remote.location import RemoteLocation, storage_errors
+from hs_dataset.remote.reads import CHUNK_BYTES, object_chunks
 
-__all__ = ["CHUNK_BYTES", "Expected", "upload_file", "put_bytes", "download_file"]
+__all__ = ["Expected", "upload_file", "put_bytes", "download_file", "receive_file"]
 
-CHUNK_BYTES = 8 * 1024 * 1024
-_SIGNED_URL_S = 3600  # a presigned download URL's life: one shard's download
-_HTTP_TIMEOUT_S = 120  # no byte for this long: the download fails (and is retried by the next read)
 _BUFFERS = 3  # receive buffers per download: one filling, one being hashed and written, one spare
 
 
@@ -52,16 +49,10 @@ class Expected:
             raise IntegrityError(f"{where}: {self.algorithm} {digest} != recorded {self.digest} ({fix})")
 
 
-def _is_local(loc: RemoteLocation) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-
-    return isinstance(loc.fs, LocalFileSystem)
-
-
 def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expected: Expected) -> None:
     """Write ``chunks`` to ``name``; delete what was written when it is not ``expected``."""
     key = loc.key(name)
-    local = _is_local(loc)
+    local = loc.is_local
     target = f"{key.rpartition('/')[0]}/{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{key.rpartition('/')[2]}" if local else key
     hasher = new_hasher(expected.algorithm) if expected.algorithm else None
     sent = 0
@@ -76,7 +67,7 @@ def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expec
                     out.write(chunk)
                     sent += len(chunk)
             expected.check(sent, hasher.hexdigest() if hasher else None, f"{loc.url}/{name}", "the local file changed while it was uploaded; upload again")
-            stored = int(loc.fs.info(target)["size"])
+            stored = int(loc.call("info", target)["size"])
             expected.check(stored, expected.digest, f"{loc.url}/{name}", "the store kept other bytes than were sent; upload again")
         except BaseException:
             _remove(loc, target)
@@ -87,7 +78,7 @@ def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expec
 
 def _remove(loc: RemoteLocation, key: str) -> None:
     try:
-        loc.fs.rm(key)
+        loc.call("rm", key)
     except Exception:  # noqa: BLE001 -- best effort: the object is not listed by any manifest
         pass
 
@@ -112,37 +103,6 @@ def upload_file(path: Path, loc: RemoteLocation, name: str, expected: Expected) 
 def put_bytes(loc: RemoteLocation, name: str, data: bytes) -> None:
     """A small object (a manifest) written whole: a reader sees the old one or the new one, never a part."""
     _write_object(loc, name, [data], Expected(len(data)))
-
-
-def _signed_url(loc: RemoteLocation, key: str) -> str | None:
-    """A presigned http(s) URL for ``key`` where the filesystem gives one (fsspec's ``sign``: s3fs, gcsfs), else None.
-
-    Why: one plain HTTP GET of it streams faster than the async client's reads from the
-    same server (docs/REMOTE.md has both rates), and the download is CPU-bound on a busy node.
-    """
-    try:
-        url = loc.fs.sign(key, expiration=_SIGNED_URL_S)
-    except Exception:  # noqa: BLE001 -- NotImplementedError, or a backend that cannot sign here: read through fsspec
-        return None
-    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
-
-
-def _object_chunks(loc: RemoteLocation, name: str, buffers: "queue.Queue[bytearray]") -> Iterator[tuple[memoryview | bytes, bytearray | None]]:
-    """The object's bytes in order, each with the buffer it lies in (to hand back to ``buffers`` once used), or None."""
-    key = loc.key(name)
-    url = _signed_url(loc, key)
-    if url is None:
-        with loc.fs.open(key, "rb", block_size=CHUNK_BYTES, cache_type="none") as src:
-            while chunk := src.read(CHUNK_BYTES):
-                yield chunk, None
-        return
-    with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:
-        while True:
-            buf = buffers.get()
-            n = response.readinto(buf)
-            if not n:
-                return
-            yield memoryview(buf)[:n], buf
 
 
 class _HashingSink(threading.Thread):
@@ -177,15 +137,16 @@ class _HashingSink(threading.Thread):
                 self.buffers.put(buf)
 
 
-def _receive_into(out, hasher, loc: RemoteLocation, name: str) -> int:
-    """Stream ``loc/name`` into the open file ``out`` (hashing it too); returns the bytes written."""
+def _receive_into(out, hasher, loc: RemoteLocation, name: str, size: int) -> int:
+    """Stream ``loc/name`` into the open file ``out`` (hashing it too); returns the bytes written, at most ``size + 1``."""
     buffers: "queue.Queue[bytearray]" = queue.Queue()
     for _ in range(_BUFFERS):
         buffers.put(bytearray(CHUNK_BYTES))
     sink = _HashingSink(out, hasher, buffers)
     sink.start()
+    chunks = object_chunks(loc.fs, loc.key(name), size, budget=loc.budget, where=f"{loc.url}/{name}", buffers=buffers)
     try:
-        for item in _object_chunks(loc, name, buffers):
+        for item in chunks:
             sink.work.put(item)
             if sink.error is not None:
                 break
@@ -197,20 +158,17 @@ def _receive_into(out, hasher, loc: RemoteLocation, name: str) -> int:
     return sink.got
 
 
-def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected, *, temp: Path | None = None, durable: bool = True) -> None:
-    """Download ``loc/name`` to ``dest`` (atomically), refusing bytes that are not ``expected``.
+def receive_file(loc: RemoteLocation, name: str, temp: Path, expected: Expected, *, durable: bool = True) -> None:
+    """Download ``loc/name`` into ``temp`` (created, or already allocated by the caller), refusing bytes that are not ``expected``.
 
-    ``temp`` is a file already created (and sized) for the download; the cache reserves
-    its room that way before the bytes arrive. ``durable=False`` skips the fsyncs: the
-    cache re-hashes a file that a crash of the machine could have cut (see cache.py), and
-    waiting for the disk would cap downloads at its write speed.
+    ``temp`` is removed on any failure. The caller places it (a rename): the cache does
+    that under its lock, so its index and the name change together.
     """
-    temp = temp or temp_path_for(dest)
     hasher = new_hasher(expected.algorithm) if expected.algorithm else None
     where = f"{loc.url}/{name}"
     try:
         with storage_errors(where), open(temp, "r+b" if temp.exists() else "wb") as out:
-            got = _receive_into(out, hasher, loc, name)
+            got = _receive_into(out, hasher, loc, name, expected.size)
             out.truncate(got)
             out.flush()
             if durable:
@@ -220,7 +178,10 @@ def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected
     except BaseException:
         remove_quietly(temp)
         raise
-    if durable:
-        publish(temp, dest)
-    else:
-        os.replace(temp, dest)
+
+
+def download_file(loc: RemoteLocation, name: str, dest: Path, expected: Expected) -> None:
+    """Download ``loc/name`` to ``dest`` atomically and durably: its bytes are checked before they get the name."""
+    temp = temp_path_for(dest)
+    receive_file(loc, name, temp, expected)
+    publish(temp, dest)

@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 from hs_dataset.config.remote import RemoteOptions
-from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError
+from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
+from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.verify import VerifyResult, check_finite
 from hs_dataset.remote.dataset import RemoteDataset
@@ -31,12 +32,16 @@ __all__ = ["verify_remote"]
 def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions | None = None, max_problems: int = 20) -> VerifyResult:
     """Every check (see the module docstring); problems are collected, a URL holding no dataset is an error."""
     options = options or RemoteOptions()
-    loc = open_location(url, options.storage_options)
+    loc = open_location(url, options)
     if loc.size(MANIFEST_NAME) is None:
         raise FormatError(f"{url}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was uploaded yet)")
     result = VerifyResult()
-    options.cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=options.cache_dir.parent)  # beside the shared cache
+    parent = check_local_path(options.cache_dir, what="cache_dir").parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory") from None
+    private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=parent)  # beside the shared cache
     try:
         data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))
     except HsDatasetError as exc:
@@ -90,7 +95,10 @@ def _check_listing(loc: RemoteLocation, manifest: Manifest, result: VerifyResult
     listed = {record.file for record in manifest.shards}
     with storage_errors(loc.url):
         loc.fs.invalidate_cache(loc.root)
-        names = [os.path.basename(str(name).rstrip("/")) for name in loc.fs.ls(loc.root, detail=False)]
+        try:
+            names = [os.path.basename(str(name).rstrip("/")) for name in loc.call("ls", loc.root, detail=False)]
+        except FileNotFoundError:  # a store that cannot list a prefix (a plain http:// server): nothing to compare
+            names = []
     for name in sorted(names):
         if is_temp_name(name):
             result.problems.append(f"{loc.url}/{name}: leftover temp object of an interrupted upload (rerun the build to finish it)")

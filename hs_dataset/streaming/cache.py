@@ -9,7 +9,9 @@ Shards are written by a ``ShardWriter`` session each, so the directory stays one
 directory's ``.lock`` (``formats/dirlock.py``) and hands it to the writer while a shard
 is written. A cached shard is served only after its bytes matched the recorded hash in
 this process (again whenever the file changed); one that does not is evicted and its
-samples are captured again, never counted as hits.
+samples are captured again, never counted as hits. The manifest's metadata carries
+``stream_cache: true``: a dataset without it (one ``hs-dataset build`` wrote, even of
+the same card) is refused as a cache directory, so its shards are never evicted.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample
 
-__all__ = ["MANIFEST_ENTRY_BYTES", "StreamCache", "disk_bytes"]
+__all__ = ["MANIFEST_ENTRY_BYTES", "STREAM_CACHE_KEY", "StreamCache", "disk_bytes"]
 
 _HEADER_BYTES = 2048  # a shard header's fixed part (tensor table, metadata, padding); sample ids are added per sample
 MANIFEST_ENTRY_BYTES = 512  # one more shards[] entry in manifest.json
+STREAM_CACHE_KEY = "stream_cache"  # metadata key marking a stream's cache directory (true)
 
 Where = tuple[str, int]  # a cached sample's shard file and index in it
 Signature = tuple[int, int, int, int]  # inode, size, mtime_ns, ctime_ns: a file changed since it was checked has another
@@ -63,7 +66,8 @@ class StreamCache:
         self, root: Path, max_bytes: int, metadata: dict[str, Any], *, final_norm_weight: torch.Tensor, storage: str,
         dtype: torch.dtype, card_name: str,
     ) -> None:
-        self.root, self.max_bytes, self.metadata = root, max_bytes, metadata
+        # marked as a cache: a dataset built by hs-dataset build of the same card is never taken for one (and evicted)
+        self.root, self.max_bytes, self.metadata = root, max_bytes, {**metadata, STREAM_CACHE_KEY: True}
         self.final_norm_weight, self.storage, self.card_name = final_norm_weight, storage, card_name
         self.encoding = get_encoding(state_encoding_for(dtype, storage))
         self._lock_fd: int | None = None
@@ -84,6 +88,11 @@ class StreamCache:
                     f"{self.root}: holds the states of config {manifest.metadata.get('config_name')!r} "
                     f"(model {model.get('id') or model.get('path')!r}, aux layers {manifest.metadata.get('aux_layer_ids')}), "
                     f"not of {self.card_name!r}; pass another cache_dir, or delete this one to reuse the name"
+                )
+            if manifest.metadata.get(STREAM_CACHE_KEY) is not True:
+                raise ForeignDatasetError(
+                    f"{self.root}: holds a dataset that is not a stream cache (metadata.{STREAM_CACHE_KEY} unset: hs-dataset build's "
+                    "output, or a cache of an older hs_dataset); the stream would evict its shards: pass another cache_dir"
                 )
             self.lock()
             try:

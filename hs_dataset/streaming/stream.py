@@ -57,6 +57,7 @@ from hs_dataset.config.run import StreamOptions, parse_options
 from hs_dataset.errors import CaptureError, ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.encoding import all_finite
 from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.paths import check_local_path
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.session import CaptureSession, as_card
 from hs_dataset.streaming.cache import MANIFEST_ENTRY_BYTES, StreamCache, Where, disk_bytes
@@ -119,7 +120,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
     def __init__(self, card: Card, options: StreamOptions, *, backend: CaptureBackend | None = None) -> None:
         super().__init__()
         self.options = options
-        self.root = options.cache_dir
+        self.root = check_local_path(options.cache_dir, what="stream cache_dir")  # before the model loads
         self.max_cache_bytes = options.max_cache_bytes
         if card.regenerate.enabled:
             raise UsageError(f"config {card.name!r} has regenerate.enabled: stream() captures the source as written; use build_dataset for regeneration")
