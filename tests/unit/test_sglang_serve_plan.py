@@ -46,7 +46,8 @@ def test_serve_reads_the_model_config_with_the_same_bounds_as_build(fake_env, tm
 def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
     from hs_dataset.config import load_card
 
-    plan = serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    card = load_card("kimi-k25-sglang").with_overrides(sglang={"mechanism": "auto"})  # on 0.5.23: aux_return, as the card says
+    plan = serve.plan_server(card, model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
     argv = plan.argv
     joined = " ".join(argv)
     assert "--tp-size 8" in joined and "--dtype bfloat16" in joined
@@ -106,7 +107,7 @@ def test_the_verified_release_says_which_test_ran_it(fake_env, tmp_path):
 def test_the_eagle3_ids_follow_the_shift_rule_of_the_source(fake_env, tmp_path):
     from hs_dataset.config import load_card
 
-    card = load_card("kimi-k25-sglang")
+    card = load_card("kimi-k25-sglang").with_overrides(sglang={"mechanism": "auto"})  # 0.5.23's aux_return, as the card says
     fake_env.update(sglang_dir=fake_sglang(tmp_path / "always", eagle3=ALWAYS))
     plan = serve.plan_server(card, model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
     assert "--return-aux-hidden-state-layer-ids 1 29 57" in " ".join(plan.argv)
@@ -231,6 +232,17 @@ def test_layer_hooks_under_tp_names_the_partial_sum_and_aux_return(fake_env, tmp
     msg = str(err.value)
     assert "returns `(hidden_states, topk_indices)`" in msg and "'aux_return'" in msg and "CUDA graph" not in msg
     assert ("tp 2" in msg and "OwedOutput" in msg and "un-reduced partial sum" in msg) == (tp == 2), msg
+
+
+def test_the_flagship_card_takes_the_route_a_gpu_run_took(fake_env, tmp_path):
+    """kimi-k25-sglang asks for layer_hooks (SGLang 0.5.16 on the H200): forward hooks on the aux layers and the norm."""
+    from hs_dataset.config import load_card
+
+    plan = serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    assert plan.mechanism == "layer_hooks" and "--enable-return-aux-hidden-states" not in plan.argv
+    assert {t for s in specs for t in s["target_modules"]} >= {"language_model.model.layers.1", "language_model.model.layers.29",
+                                                               "language_model.model.layers.57", "language_model.model.norm"}
 
 
 def test_a_longest_sample_the_pools_cannot_hold_is_refused_before_starting(fake_env, tmp_path):

@@ -34,6 +34,9 @@ VERIFIED: dict[tuple[str, str, str], str] = {
     ("0.5.5", "legacy", "cpu"): "tests/integration/test_sglang_legacy_server.py (the source patch, float32, CPU)",
     ("0.5.14", "layer_hooks", "cuda"): "scripts/gpu/check_server.py on an H200, 2026-12-01 (bf16, decode CUDA graphs on; "
                                       "benchmarks/results/check_server_gpu.txt)",
+    ("0.5.16", "layer_hooks", "cuda"): "scripts/gpu/run_release_check.sh 0.5.16 on an H200, 2026-12-01 (bf16, decode CUDA graphs on, "
+                                      "tp 1; benchmarks/results/check_server_gpu_0.5.16.txt), and benchmarks/bench_flagship_gpu.py "
+                                      "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt)",
 }
 
 
