@@ -17,7 +17,7 @@ import importlib.util
 from pathlib import Path
 
 
-_STAND_IN = Path(__file__).resolve().parents[4] / "hs_dataset" / "sglang" / "cpu_support" / "sgl_kernel" / "__init__.py"
+_STAND_IN = Path(__file__).resolve().parents[4] / "hs_dataset" / "server_patch" / "cpu_support" / "sgl_kernel" / "__init__.py"
 _spec = importlib.util.spec_from_file_location("_hs_sgl_kernel_stand_in", _STAND_IN)
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
