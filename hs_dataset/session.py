@@ -185,6 +185,7 @@ class CaptureSession:
         rules = SampleRules(
             max_length=card.max_length, overflow=card.overflow, strict=strict, vocab_size=self.info.vocab_size,
             columns=card.source.columns, keep_conversation=card.regenerate.enabled, limits=card.limits,
+            template_source=f"the chat template {card.model.chat_template} (model.chat_template)" if card.model.chat_template else None,
         )
         samples = iter_samples(rows, self.tokenizer, rules, report=report)
         return read_ahead(partition(limit_samples(samples, self.num_samples), rank, world_size), depth=depth)

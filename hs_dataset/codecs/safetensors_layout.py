@@ -58,16 +58,19 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def parse_header(prefix: bytes, file_size: int, where: str) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
+def parse_header(prefix: bytes, file_size: int, where: str, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
     """Validate and parse a header; ``prefix`` must hold at least the 8 + N header bytes.
 
     Returns (specs by name, metadata, absolute offset of the data section). Every
     range is checked against ``file_size`` so a truncated file is caught here.
+    ``max_header_bytes``: the largest header the caller's kind of file can have.
     """
     if len(prefix) < 8 or file_size < 8:
         raise FormatError(f"{where}: file is too short to be safetensors ({file_size} bytes)")
     (n,) = struct.unpack("<Q", prefix[:8])
-    if n > MAX_HEADER_BYTES or 8 + n > file_size:
+    if n > max_header_bytes:
+        raise FormatError(f"{where}: header length {n} is over the {max_header_bytes}-byte bound for this kind of file")
+    if 8 + n > file_size:
         raise FormatError(f"{where}: header length {n} does not fit in a {file_size}-byte file (truncated or not safetensors)")
     try:
         raw = json.loads(prefix[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -133,14 +136,16 @@ def _check_layout(specs: dict[str, TensorSpec], data_bytes: int, where: str) -> 
         )
 
 
-def read_header(f: BinaryIO, where: str) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
-    """Read and parse the header of an open binary file."""
+def read_header(f: BinaryIO, where: str, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
+    """Read and parse the header of an open binary file (no more than ``max_header_bytes`` of it)."""
     size = os.fstat(f.fileno()).st_size
     f.seek(0)
     first = f.read(8)
     if len(first) < 8:
         raise FormatError(f"{where}: file is too short to be safetensors ({size} bytes)")
     (n,) = struct.unpack("<Q", first)
-    if n > MAX_HEADER_BYTES or 8 + n > size:
+    if n > max_header_bytes:
+        raise FormatError(f"{where}: header length {n} is over the {max_header_bytes}-byte bound for this kind of file")
+    if 8 + n > size:
         raise FormatError(f"{where}: header length {n} does not fit in a {size}-byte file (truncated or not safetensors)")
-    return parse_header(first + f.read(n), size, where)
+    return parse_header(first + f.read(n), size, where, max_header_bytes)

@@ -185,7 +185,7 @@ class LimitsSection(Section):
         1024, ge=1, le=1_000_000, description="Most messages a conversation row may have; a longer row is skipped and counted `oversized`. Default 1024."
     )
     row_chars: int | None = Field(
-        None, ge=1, description="Most characters of text (every string of the row together) before anything is expanded; a longer row is "
+        None, ge=1, le=1 << 32, description="Most characters of text (every string of the row together) before anything is expanded; a longer row is "
         "skipped and counted `oversized`. Default null: the JSONL line cap, `max(16 MiB, 64 * max(65536, 16 * max_length))`.",
     )
     row_depth: int = Field(
@@ -193,12 +193,19 @@ class LimitsSection(Section):
         "a deeper row is skipped and counted `oversized`. Default 64.",
     )
     template_chars: int = Field(
-        16 * 1024 * 1024, ge=1024, description="Most characters a chat template may render for one row (and the largest string or "
-        "list one template operation may build); over it the row is skipped and counted `oversized`. Default 16777216.",
+        16 * 1024 * 1024, ge=1024, le=1 << 28, description="Most characters a chat template may render for one row (and the largest "
+        "string or list one template operation may build; a render may build twice this in all); over it the row is skipped and "
+        "counted `oversized`. A render is also refused, before it is tokenized, past 4 times the row character cap (what "
+        "`max_length` tokens can use). Default 16777216.",
     )
     template_seconds: float = Field(
-        5.0, gt=0, le=3600, description="Seconds a chat template may take to render one row; over it the row is skipped and counted "
-        "`oversized`. Default 5.",
+        5.0, gt=0, le=3600, description="Seconds a chat template may take for one row, all of its renders together (a regenerated "
+        "row renders once or twice per turn); over it the row is skipped and counted `oversized`. Default 5.",
+    )
+    template_failures: int = Field(
+        8, ge=1, le=1_000_000, description="Rows in a row that may fail in the chat template the same way, before any row got "
+        "through it, until the build stops naming the template (a broken template would otherwise cost every row its "
+        "`template_seconds` and write nothing). Default 8.",
     )
 
 

@@ -17,10 +17,11 @@ import torch
 from hs_dataset.codecs.fp8 import FP8_ENCODING, FP8_MAX, SCALE_SUFFIX
 from hs_dataset.codecs.registry import Encoding, get_encoding
 from hs_dataset.dtypes import DTYPES, from_torch
-from hs_dataset.errors import FormatError, UnsupportedFormatError
+from hs_dataset.errors import FormatError, SampleError, UnsupportedFormatError
 
 __all__ = [
     "SAFETENSORS_DTYPES",
+    "BadScaleError",
     "check_tensor_table",
     "encode_state",
     "accept_encoded_state",
@@ -33,6 +34,10 @@ __all__ = [
 
 # safetensors dtype code -> torch dtype (the ones this format uses), from the one table in hs_dataset.dtypes.
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {d.safetensors: d.torch for d in DTYPES}
+
+
+class BadScaleError(SampleError):
+    """A pre-encoded state's scales cannot decode (NaN, inf, or outside the encoding's rule): the sample's values are lost."""
 
 
 def safetensors_dtype(dtype: torch.dtype) -> str:
@@ -92,7 +97,7 @@ def accept_encoded_state(data: torch.Tensor, scale: torch.Tensor | None, encodin
         raise ValueError(f"{where}: {encoding.name} needs {encoding.scale_torch_dtype} scales of shape {want}, got {got}")
     valid = _scales_valid(scale) if encoding.name == FP8_ENCODING else not bool(bad_scales(scale, encoding).any())
     if scale.numel() and not valid:
-        raise ValueError(f"{where}: {encoding.name} scales must be {scale_rule(encoding)}")
+        raise BadScaleError(f"{where}: {encoding.name} scales must be {scale_rule(encoding)}, and some are not (NaN/inf once decoded)")
     return data.contiguous(), scale.contiguous()
 
 

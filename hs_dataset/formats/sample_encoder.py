@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hs_dataset.errors import SampleError
-from hs_dataset.formats.encoding import accept_encoded_state, all_finite, encode_state
+from hs_dataset.errors import NonFiniteStateError, SampleError
+from hs_dataset.formats.encoding import BadScaleError, accept_encoded_state, all_finite, encode_state
 from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.sample import CapturedSample
@@ -82,13 +82,19 @@ class SampleEncoder:
         return "; ".join(problems)
 
     def encode(self, s: CapturedSample) -> EncodedSample:
-        """The checked sample in storage form, on the host; states from the server's GPU quantizer are kept as encoded."""
+        """The checked sample in storage form, on the host; states from the server's GPU quantizer are kept as encoded.
+
+        Raises :class:`NonFiniteStateError` for pre-encoded states whose scales cannot decode
+        (one NaN scale of a 4-bit group), :class:`SampleError` for anything else wrong with them.
+        """
         sid = s.sample_id
         aux, final = s.aux_hidden_states, s.final_hidden_state
         if _pre_encoded(s):  # stored as the server encoded them (the same quantizer), after checks
             try:
                 aux_data, aux_scale = accept_encoded_state(on_host(aux), on_host(s.aux_scale), self.encoding, f"{sid}: aux_hidden_states")
                 final_data, final_scale = accept_encoded_state(on_host(final), on_host(s.final_scale), self.encoding, f"{sid}: final_hidden_state")
+            except BadScaleError as exc:  # non-finite once decoded: the writer's nonfinite policy decides, as for NaN states
+                raise NonFiniteStateError(str(exc)) from None
             except ValueError as exc:
                 raise SampleError(str(exc)) from None
         else:

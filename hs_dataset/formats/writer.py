@@ -175,12 +175,17 @@ class ShardWriter:
         """The sample in storage form; None when it was quarantined for NaN/inf states."""
         self._encoder.check(sample)
         bad = self._encoder.nonfinite_problem(sample)
-        if bad:
+        encoded = None
+        if not bad:
+            try:
+                encoded = self._encoder.encode(sample)
+            except NonFiniteStateError as exc:  # states the server encoded, with scales that decode to NaN/inf
+                bad = str(exc).removeprefix(f"{sample.sample_id}: ")
+        if encoded is None:
             if self.nonfinite == "refuse":
                 raise NonFiniteStateError(f"{sample.sample_id}: {bad}")
             self._session.quarantine(sample.sample_id, bad)
             return None
-        encoded = self._encoder.encode(sample)
         self._hold_room_for_leases(encoded.aux, encoded.aux_scale, encoded.final, encoded.final_scale)
         return encoded
 

@@ -45,6 +45,7 @@ __all__ = [
     "derive_post_norm",
     "trainer_default_aux_layer_ids",
     "quarantined_count",
+    "note_source_storage",
     "check_layer_convention",
     "select_aux_layers",
     "num_hidden_layers",
@@ -86,6 +87,8 @@ class ExportReport:
     bytes_written: int = 0
     resumed: bool = False
     quarantined_not_exported: int = 0
+    source_storage: str = ""  # how the source stores its states (native, fp8, nf4, mxfp4), and what the export wrote
+    exported_dtype: str = ""
     layers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -98,6 +101,8 @@ class ExportReport:
             f"  files written {self.files_written} ({self.bytes_written / 2**20:.1f} MiB), skipped (already complete) "
             f"{self.files_skipped}, rewritten (invalid) {self.files_rewritten}" + ("; resumed" if self.resumed else ""),
         ]
+        if self.source_storage:
+            lines.append(f"  states: stored {self.source_storage} in the source, exported as {self.exported_dtype}")
         for key, value in self.layers.items():
             lines.append(f"  {key}: {value}")
         if self.quarantined_not_exported:
@@ -173,6 +178,22 @@ def trainer_default_aux_layer_ids(num_layers: int) -> list[int]:
 # ---------------------------------------------------------------------------- source checks
 def quarantined_count(ds: "HiddenStateDataset") -> int:
     return len(ds.manifest.quarantine)
+
+
+def note_source_storage(ds: "HiddenStateDataset", report: ExportReport, out_dtype: "torch.dtype") -> None:
+    """Say in the report how the source stores its states and what the export wrote: a lossy source (fp8, 4-bit)
+    exported as bf16 is not bf16 data, and a trainer's user must know that the values carry its rounding."""
+    from hs_dataset.codecs.registry import get_encoding
+
+    encoding = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"])
+    report.source_storage = encoding.storage or encoding.name
+    report.exported_dtype = str(out_dtype).replace("torch.", "")
+    if encoding.scaled:
+        bits = f"{encoding.storage_torch_dtype.itemsize * 8 // encoding.pack}-bit"
+        report.notes.append(
+            f"the source states are {bits} ({encoding.name}: {encoding.summary}); they are exported decoded to "
+            f"{report.exported_dtype}, so they carry the {bits} rounding: this is not {report.exported_dtype} data captured at full precision"
+        )
 
 
 def check_layer_convention(ds: "HiddenStateDataset", target: str) -> None:

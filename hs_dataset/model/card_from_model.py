@@ -17,6 +17,7 @@ from typing import Any, Literal
 from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.snapshot import resolve_model_path
 from hs_dataset.model.text_model import is_wrapper, text_weight_prefix
+from hs_dataset.model.weights import check_weights
 from hs_dataset.config import Card, card_from_dict, load_card
 from hs_dataset.dtypes import STATE_DTYPES
 
@@ -85,6 +86,7 @@ def model_card_dict(
     """The card of ``model`` (a directory, a Hub id in the local cache, or ``builtin:NAME``) as a mapping."""
     directory = resolve_model_path(model, revision=revision)
     config = read_model_config(directory)
+    check_weights(directory, config)  # a card is never derived from a config its weights do not match
     text = dict(text_config(config))
     layers = int(text["num_hidden_layers"])
     text_module = f"{text_weight_prefix(directory)}model" if is_wrapper(config) else None

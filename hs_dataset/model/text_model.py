@@ -10,21 +10,22 @@ modeling code executed (the wrapper's remote code is not needed for text capture
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from hs_dataset.errors import ModelConfigError
 from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.remote_code import from_pretrained_kwargs
+from hs_dataset.model.weights import check_weights, text_prefix, weight_shapes
 
 __all__ = ["is_wrapper", "text_weight_prefix", "load_causal_lm", "loaded_module_path"]
 
-_EMBED_SUFFIX = "model.embed_tokens.weight"
 # Text model types of wrappers that transformers knows under another name
 # (Kimi-K2.5's text_config says kimi_k2; transformers' own Kimi_K25Config maps it the same way).
 _TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
+_SHOWN_KEYS = 3  # keys named in a refusal; the count says how many more
 
 
 def is_wrapper(config: dict[str, Any]) -> bool:
@@ -32,50 +33,78 @@ def is_wrapper(config: dict[str, Any]) -> bool:
     return text_config(config) is not config
 
 
-def _weight_names(directory: Path) -> list[str]:
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        return list(json.loads(index.read_text())["weight_map"])
-    from safetensors import safe_open
-
-    names: list[str] = []
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            names.extend(f.keys())
-    return names
-
-
 def text_weight_prefix(directory: str | os.PathLike) -> str:
     """The prefix of the text model's weights (``language_model.`` for Kimi-K2.5), from the embedding's name."""
-    for name in _weight_names(Path(directory)):
-        if name.endswith(_EMBED_SUFFIX) and "vision" not in name:
-            return name[: -len(_EMBED_SUFFIX)]
-    raise ValueError(f"{directory}: no weight named '*{_EMBED_SUFFIX}' (the text model's embedding); set model.text_module in the card")
+    return text_prefix(weight_shapes(directory), str(directory))
 
 
-def _load_text_of_wrapper(directory: Path, config: dict[str, Any], dtype: Any) -> Any:
+def _built(directory: Path, what: str, build: Any) -> Any:
+    """What ``build()`` returns, or one line naming why transformers refuses ``config.json`` (an unknown
+    ``model_type``, a field of the wrong type its own validation catches, an activation it has no function for)."""
+    try:
+        return build()
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelConfigError(
+            f"{directory / 'config.json'}: transformers cannot build the {what} from it ({type(exc).__name__}: {first[:300]}); "
+            "use the snapshot's own config.json, or a transformers that knows its model_type"
+        ) from None
+
+
+def _load_text_of_wrapper(directory: Path, config: dict[str, Any], dtype: Any) -> tuple[Any, dict[str, Any]]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     text = dict(text_config(config))
     model_type = text.pop("model_type", "deepseek_v3")
-    text_cfg = AutoConfig.for_model(_TEXT_MODEL_TYPES.get(model_type, model_type), **text)
+    text_cfg = _built(directory, "model config", lambda: AutoConfig.for_model(_TEXT_MODEL_TYPES.get(model_type, model_type), **text))
     prefix = text_weight_prefix(directory)
     # transformers' own loading (fused experts, dtype), with the wrapper's prefix mapped away;
     # weights outside it (the vision tower) are left unread.
-    return AutoModelForCausalLM.from_pretrained(
-        directory, config=text_cfg, dtype=dtype, key_mapping={f"^{re.escape(prefix)}": ""}, local_files_only=True
-    )
+    model, info = _built(directory, "model", lambda: AutoModelForCausalLM.from_pretrained(
+        directory, config=text_cfg, dtype=dtype, key_mapping={f"^{re.escape(prefix)}": ""}, local_files_only=True, output_loading_info=True,
+        ignore_mismatched_sizes=True,
+    ))
+    # the wrapper's other weights (its vision tower, its projector) are not the text model's to load
+    info["unexpected_keys"] = [k for k in info.get("unexpected_keys") or () if k.startswith(("model.", "lm_head."))]
+    return model, info
+
+
+def _refuse_loading_problems(directory: Path, info: dict[str, Any]) -> None:
+    """Weights the model lacks (they would stay random), weights it does not know, or shapes that differ: one line each."""
+    for kind, what in (("missing_keys", "missing weights (they would run from random numbers)"),
+                       ("unexpected_keys", "unexpected weights (the config builds no place for them)"),
+                       ("mismatched_keys", "weights whose shapes the config does not make")):
+        keys = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(kind) or ())
+        if keys:
+            more = f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
+            raise ModelConfigError(
+                f"{directory}: {what}: {', '.join(keys[:_SHOWN_KEYS])}{more}; use the snapshot's own config.json (or download the weights again)"
+            )
 
 
 def load_causal_lm(directory: str | os.PathLike, *, dtype: Any, trust_remote_code: bool = False) -> Any:
-    """The causal LM of the snapshot in ``directory`` (the text model of a wrapper), in ``dtype``, offline."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM of the snapshot in ``directory`` (the text model of a wrapper), in ``dtype``, offline.
+
+    Before anything is allocated, the config's sizes are checked against the weights'
+    headers (:func:`~hs_dataset.model.weights.check_weights`); after loading, any weight
+    transformers reports missing, unexpected or of another shape is refused, so no forward
+    runs with layers made of random numbers.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     directory = Path(directory)
     config = read_model_config(directory)  # sizes checked before transformers allocates from them
+    check_weights(directory, config)
     if is_wrapper(config):
-        return _load_text_of_wrapper(directory, config, dtype)
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **from_pretrained_kwargs(directory, trust_remote_code))
+        model, info = _load_text_of_wrapper(directory, config, dtype)
+    else:
+        kwargs = from_pretrained_kwargs(directory, trust_remote_code)
+        built = _built(directory, "model config", lambda: AutoConfig.from_pretrained(directory, **kwargs))
+        model, info = _built(directory, "model", lambda: AutoModelForCausalLM.from_pretrained(
+            directory, config=built, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        ))
+    _refuse_loading_problems(directory, info)
+    return model
 
 
 def loaded_module_path(directory: str | os.PathLike, text_module: str | None) -> str | None:

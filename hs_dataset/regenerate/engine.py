@@ -26,6 +26,7 @@ from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.masking import resolve_mask_rule
 from hs_dataset.sources.report import MalformedRowError
+from hs_dataset.sources.template_guard import RowBudget
 
 __all__ = ["Regeneration"]
 
@@ -47,6 +48,7 @@ class _Conversation:
     prompts: list[list[int]] = field(default_factory=list)
     answers: list[TurnOutcome] = field(default_factory=list)
     stopped: str | None = None
+    budget: RowBudget | None = None  # the conversation's template time, across all of its turns
 
 
 class Regeneration:
@@ -54,7 +56,7 @@ class Regeneration:
 
     def __init__(self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str) -> None:
         section = card.regenerate
-        chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
+        chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer), limits=card.limits)
         self.generator = generator
         self.section = section
         self.params = GenerationParams(
@@ -103,7 +105,9 @@ class Regeneration:
         convs = []
         for sample in window:
             conv = sample.meta.get("conversation")
-            convs.append(_Conversation(sample, regenerable_turns(conv, self.section.turns) if conv is not None else []))
+            convs.append(_Conversation(
+                sample, regenerable_turns(conv, self.section.turns) if conv is not None else [], budget=RowBudget(self.renderer.chat.limits),
+            ))
         for k in itertools.count():
             active = [c for c in convs if c.stopped is None and k < len(c.turns)]
             if not active:
@@ -121,7 +125,7 @@ class Regeneration:
         index = conv.turns[len(conv.prompts)]
         context = conv.messages + source.messages[conv.pos:index]
         try:
-            prompt = self.renderer.prompt_ids(context, source.tools)
+            prompt = self.renderer.prompt_ids(context, source.tools, conv.budget)
             if conv.prompts:
                 prompt = self._spliced(conv, prompt, source.tools) or prompt
         except MalformedRowError as exc:
@@ -133,7 +137,7 @@ class Regeneration:
 
     def _spliced(self, conv: _Conversation, fresh: list[int], tools: Any) -> list[int] | None:
         """The next prompt holding the previous turn's ids as the model wrote them (None: the template rewrote it)."""
-        history = self.renderer.render_ids(conv.messages, tools, generation_prompt=False)
+        history = self.renderer.render_ids(conv.messages, tools, generation_prompt=False, budget=conv.budget)
         answer = conv.answers[-1].token_ids
         stop = self.params.stop_token_ids
         end_id = next((t for t in stop if answer and t == answer[-1]), stop[0])

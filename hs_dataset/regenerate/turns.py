@@ -18,6 +18,7 @@ from typing import Any
 
 from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.messages import Conversation
+from hs_dataset.sources.template_guard import RowBudget
 
 __all__ = ["TurnRenderer", "assemble", "regenerable_turns", "splice"]
 
@@ -47,18 +48,21 @@ class TurnRenderer:
     chat: ChatTokenizer
     thinking: bool | None = None
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, budget: RowBudget | None = None) -> list[int]:
         """Token ids of ``messages`` followed by the template's assistant header (what the model continues)."""
-        return self.render_ids(messages, tools, generation_prompt=True)
+        return self.render_ids(messages, tools, generation_prompt=True, budget=budget)
 
-    def render_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool) -> list[int]:
-        """Token ids the template renders for ``messages`` (with or without the assistant header)."""
+    def render_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool, budget: RowBudget | None = None,
+    ) -> list[int]:
+        """Token ids the template renders for ``messages`` (with or without the assistant header); ``budget``: the
+        conversation's template time, shared by all of its turns' renders."""
         kwargs: dict[str, Any] = {}
         if self.thinking is not None:
             kwargs["thinking"] = self.thinking
         if getattr(self.chat, "_sanitize", False):
             kwargs["sanitize_control_tokens"] = True
-        out = self.chat.apply(messages, tools, what="a generation prompt", add_generation_prompt=generation_prompt, **kwargs)
+        out = self.chat.apply(messages, tools, what="a generation prompt", budget=budget, add_generation_prompt=generation_prompt, **kwargs)
         return list(out["input_ids"])
 
     def message(self, generated: list[int], stop_ids: tuple[int, ...]) -> dict[str, Any]:

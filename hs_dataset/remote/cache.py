@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
-from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
+from hs_dataset.formats.atomic import TEMP_PREFIX, is_stale_temp, is_temp_name, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
 from hs_dataset.formats.paths import check_local_path, open_regular
@@ -334,13 +334,12 @@ class ShardCache:
             os.close(fd)
 
     def _remove_dead_temps(self, wanted: str) -> bool:
-        """Remove the downloads of processes that died (they count toward the bound); True if ``wanted`` is downloading."""
+        """Remove stale downloads (a dead writer, or none written for a while: they count toward the bound); True if ``wanted`` is downloading."""
         busy = False
         for name in os.listdir(self.directory):
             if not name.startswith(TEMP_PREFIX):
                 continue
-            pid = name[len(TEMP_PREFIX):].partition("-")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if is_stale_temp(self.directory / name):
                 remove_quietly(self.directory / name)
             elif name.endswith("-" + wanted):
                 busy = True
@@ -398,13 +397,3 @@ def _allocate(fd: int, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
     except (AttributeError, OSError):
         os.ftruncate(fd, size)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

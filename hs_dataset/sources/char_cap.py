@@ -26,11 +26,15 @@ from typing import Any
 from hs_dataset.sources.messages import Conversation
 from hs_dataset.sources.report import OversizedRowError
 
-__all__ = ["CHARS_PER_TOKEN", "MIN_ROW_CHARS", "MARGIN_FRACTION", "conversation_chars", "encode_capped", "row_char_cap"]
+__all__ = [
+    "CHARS_PER_TOKEN", "MIN_ROW_CHARS", "MARGIN_FRACTION", "OUTPUT_FACTOR", "conversation_chars", "encode_capped", "row_char_cap",
+    "output_char_cap",
+]
 
 CHARS_PER_TOKEN = 16  # far above any real tokenizer's average (about 3-5 for text, 1-2 for CJK)
 MIN_ROW_CHARS = 65_536  # small max_length values keep whole ordinary rows
 MARGIN_FRACTION = 8  # the second render is cut cap // 8 characters earlier
+OUTPUT_FACTOR = 4  # a render may output this many times the row cap: the row's text plus the template's markup around it
 
 Encode = Callable[[Conversation], tuple[list[int], list[bool]]]
 
@@ -38,6 +42,17 @@ Encode = Callable[[Conversation], tuple[list[int], list[bool]]]
 def row_char_cap(max_length: int) -> int:
     """Characters of text a row may have before it is cut: ``max(65536, 16 * max_length)``."""
     return max(MIN_ROW_CHARS, CHARS_PER_TOKEN * max_length)
+
+
+def output_char_cap(max_length: int) -> int:
+    """Characters one render of a row may output before it is refused untokenized: ``4 * row_char_cap(max_length)``.
+
+    A row's text is cut to :func:`row_char_cap` first, so its render is that text plus the
+    template's markup (roles, turn markers, tool schemas written out); an output several
+    times longer holds nothing the first ``max_length`` tokens can use, and tokenizing it
+    would cost memory and time by its own length (16M characters: gigabytes).
+    """
+    return OUTPUT_FACTOR * row_char_cap(max_length)
 
 
 def _args_len(call: dict[str, Any]) -> int:

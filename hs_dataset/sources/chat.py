@@ -26,9 +26,13 @@ from hs_dataset.config import LimitsSection
 from hs_dataset.sources.masking import CompiledMarkerRule, MarkerSpanRule
 from hs_dataset.sources.messages import Conversation
 from hs_dataset.sources.report import MalformedRowError
-from hs_dataset.sources.template_guard import bounded_render, harden_template
+from hs_dataset.sources.template_guard import RowBudget, bounded_render, harden_template
 
-__all__ = ["ChatTokenizer"]
+__all__ = ["ChatTokenizer", "TemplateFailedError"]
+
+
+class TemplateFailedError(MalformedRowError):
+    """The chat template itself refused the row (``raise_exception``, a type it cannot handle, ...)."""
 
 
 @lru_cache(maxsize=None)
@@ -99,6 +103,7 @@ class ChatTokenizer:
     chat_template: str | None = None
     template_kwargs: Mapping[str, Any] | None = None
     limits: LimitsSection = field(default_factory=LimitsSection)
+    max_output_chars: int | None = None  # what one render may output (None: limits.template_chars)
 
     def __post_init__(self) -> None:
         self._hardened: set[str] = set()
@@ -126,22 +131,28 @@ class ChatTokenizer:
             harden_template(source, self.limits)
             self._hardened.add(source)
 
-    def apply(self, messages: list[dict[str, Any]], tools: Any, *, what: str = "this row", **extra: Any) -> Mapping[str, Any]:
-        """``apply_chat_template`` (tokenized, as a dict) within the card's template bounds; one-line errors naming ``what``."""
+    def apply(
+        self, messages: list[dict[str, Any]], tools: Any, *, what: str = "this row", budget: RowBudget | None = None, **extra: Any,
+    ) -> Mapping[str, Any]:
+        """``apply_chat_template`` (tokenized, as a dict) within the card's template bounds; one-line errors naming ``what``.
+
+        ``budget``: the row's template time, shared by all of its renders (default: this render's own).
+        """
         extra.setdefault("add_generation_prompt", False)
         kwargs = {**(self.template_kwargs or {}), **extra}
         try:
             self._harden(tools)
             return bounded_render(self.limits, lambda: self.tokenizer.apply_chat_template(
                 messages, tools=tools, chat_template=self.chat_template, tokenize=True, return_dict=True, **kwargs,
-            ))
+            ), budget=budget, output_chars=self.max_output_chars)
         except MalformedRowError:
             raise
         except Exception as exc:  # the template itself refused the row (raise_exception, bad types, ...)
-            raise MalformedRowError(f"the chat template failed on {what}: {type(exc).__name__}: {exc}") from exc
+            text = str(exc).strip().splitlines()
+            raise TemplateFailedError(f"the chat template failed on {what}: {type(exc).__name__}: {text[0][:500] if text else ''}") from exc
 
-    def _apply(self, conv: Conversation, **extra: Any) -> Mapping[str, Any]:
-        return self.apply(conv.messages, conv.tools, **extra)
+    def _apply(self, conv: Conversation, budget: RowBudget | None, **extra: Any) -> Mapping[str, Any]:
+        return self.apply(conv.messages, conv.tools, budget=budget, **extra)
 
     def _reject_control_text(self, conv: Conversation) -> None:
         markers = (self.rule.header, self.rule.end)
@@ -153,20 +164,20 @@ class ChatTokenizer:
                         "encode it as plain text (needs apply_chat_template(sanitize_control_tokens=...))"
                     )
 
-    def encode(self, conv: Conversation) -> tuple[list[int], list[bool]]:
-        """Token ids and the assistant-only mask of the full (untruncated) conversation."""
+    def encode(self, conv: Conversation, budget: RowBudget | None = None) -> tuple[list[int], list[bool]]:
+        """Token ids and the assistant-only mask of the full (untruncated) conversation (``budget``: see :meth:`apply`)."""
         if self._compiled is None:
-            out = self._apply(conv, return_assistant_tokens_mask=True)
+            out = self._apply(conv, budget, return_assistant_tokens_mask=True)
             ids = list(out["input_ids"])
             return ids, [bool(x) for x in out["assistant_masks"]]
         if self._sanitize:
             pattern = self._control_text
             if pattern is None or _needs_sanitize(conv.messages, pattern) or _needs_sanitize(conv.tools, pattern):
-                out = self._apply(conv, sanitize_control_tokens=True)
+                out = self._apply(conv, budget, sanitize_control_tokens=True)
             else:
-                out = self._apply(conv)
+                out = self._apply(conv, budget)
         else:
             self._reject_control_text(conv)
-            out = self._apply(conv)
+            out = self._apply(conv, budget)
         ids = list(out["input_ids"])
         return ids, self._compiled.mask(ids, expected_turns=conv.num_assistant)

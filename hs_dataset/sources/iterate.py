@@ -8,6 +8,7 @@ limits"), rows with nothing to learn, and strict vs. lenient handling of bad row
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
@@ -18,8 +19,8 @@ import torch
 from hs_dataset.config import LimitsSection
 from hs_dataset.errors import SourceError
 from hs_dataset.sample import TokenizedSample
-from hs_dataset.sources.char_cap import conversation_chars, encode_capped, row_char_cap
-from hs_dataset.sources.chat import ChatTokenizer
+from hs_dataset.sources.char_cap import conversation_chars, encode_capped, output_char_cap, row_char_cap
+from hs_dataset.sources.chat import ChatTokenizer, TemplateFailedError
 from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
@@ -29,6 +30,7 @@ from hs_dataset.sources.row_bounds import check_row_bounds
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
 from hs_dataset.sources.sample_ids import IdPolicy, sample_id_for
 from hs_dataset.sources.shapes import apply_columns, detect_shape, to_chat_row
+from hs_dataset.sources.template_guard import RowBudget, TemplateBoundError
 
 __all__ = ["BYTES_PER_CHAR", "Overflow", "SampleRules", "iter_samples", "line_byte_cap", "load_samples"]
 
@@ -74,6 +76,8 @@ class SampleRules:
     ``keep_conversation`` puts the normalized conversation in ``meta["conversation"]``
     (for regeneration). ``limits``: the card's per-row and per-template bounds
     (turns, characters, nesting, template output and time; docs/LIMITS.md).
+    ``template_source`` names the template in the message that stops a run whose
+    rows all fail in it (default: the tokenizer's).
     """
 
     max_length: int = 4096
@@ -88,6 +92,7 @@ class SampleRules:
     columns: Mapping[str, str] = field(default_factory=dict)
     keep_conversation: bool = False
     limits: LimitsSection = field(default_factory=LimitsSection)
+    template_source: str | None = None  # where the template comes from, for messages (a card's model.chat_template file)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_length, int) or self.max_length < 1:
@@ -111,6 +116,8 @@ class _Run:
         self.seen: dict[str, int] = {}
         self._chat: ChatTokenizer | None = None
         self.char_limit = rules.limits.row_chars or line_byte_cap(rules.max_length)
+        self.rendered = False  # some row got through the chat template
+        self.failing: tuple[tuple[str, str], int] | None = None  # how the rows so far failed in the template, and how many
 
     def issue(self, row_index: int, kind: IssueKind, reason: str, sample_id: str | None) -> _Skip:
         issue = RowIssue(row_index, kind, reason, sample_id, file=self.rows.file, line=self.rows.line)
@@ -124,8 +131,27 @@ class _Run:
             if self.tokenizer is None:
                 raise SourceError("conversation rows need a tokenizer with a chat template; pass tokenizer=...")
             rule = resolve_mask_rule(self.tokenizer, self.rules.mask, self.rules.chat_template)
-            self._chat = ChatTokenizer(self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs, self.rules.limits)
+            self._chat = ChatTokenizer(
+                self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs, self.rules.limits,
+                max_output_chars=output_char_cap(self.rules.max_length),
+            )
         return self._chat
+
+    def template_trouble(self, exc: Exception) -> None:
+        """Stop the run, naming the template, once ``limits.template_failures`` rows in a row failed in it the same way
+        and none ever got through: every further row would cost up to ``template_seconds`` for the same answer."""
+        if self.rendered:
+            return
+        way = (type(exc).__name__, re.sub(r"\d+", "N", str(exc))[:300])
+        count = self.failing[1] + 1 if self.failing is not None and self.failing[0] == way else 1
+        self.failing = (way, count)
+        if count >= self.rules.limits.template_failures:
+            which = self.rules.template_source or ("the chat_template given" if self.rules.chat_template else (
+                f"the chat template of the tokenizer {getattr(self.tokenizer, 'name_or_path', '') or ''}".rstrip()))
+            raise SourceError(
+                f"{which} failed on the first {count} rows the same way and no row got through it: {exc}; "
+                "fix the template (or raise limits.template_failures in the card to go on skipping such rows)"
+            )
 
     def vocab_size(self) -> int:
         if self.rules.vocab_size is not None:
@@ -153,10 +179,13 @@ class _Run:
             if self.rules.keep_conversation:
                 meta["conversation"] = conv  # the regeneration stage re-renders it turn by turn
             limit = row_char_cap(self.rules.max_length)
+            budget = RowBudget(self.rules.limits)  # the row's template time, across its renders
             if conversation_chars(conv) <= limit:
-                ids, mask = chat.encode(conv)
+                ids, mask = chat.encode(conv, budget)
+                self.rendered = True
                 return ids, mask, meta
-            ids, mask = encode_capped(chat.encode, conv, limit, self.rules.max_length)
+            ids, mask = encode_capped(lambda cut: chat.encode(cut, budget), conv, limit, self.rules.max_length)
+            self.rendered = True
             self.report.char_capped += 1
             return ids, mask, {**meta, "char_capped": limit}
         raise MalformedRowError(
@@ -188,6 +217,10 @@ class _Run:
         try:
             ids, mask, meta = self.encode(row)
             self.check_vocab(ids)
+        except (TemplateBoundError, TemplateFailedError) as exc:
+            skip = self.issue(row_index, "oversized" if isinstance(exc, OversizedRowError) else "malformed", str(exc), sid)
+            self.template_trouble(exc)
+            raise skip from None
         except OversizedRowError as exc:
             raise self.issue(row_index, "oversized", str(exc), sid) from None
         except MalformedRowError as exc:

@@ -416,3 +416,20 @@ def test_follow_yields_a_prefix_rebuilt_under_the_same_shard_names(tmp_path):
     assert seen[:4] == [f"s{i:02d}" for i in range(4)]
     assert seen[4:] == [f"s{i:02d}" for i in range(30, 34)], f"SILENT: the rebuilt prefix's samples were not yielded: {seen}"
 
+
+
+def test_a_planted_download_under_a_live_pid_is_not_waited_on_for_ever(tmp_path):
+    """HANG: a `.hs-tmp-<live pid>-...` file in the cache that nobody writes is stale after STALE_TEMP_S, not a download in progress."""
+    import os
+    import time as _time
+
+    from hs_dataset.formats.atomic import STALE_TEMP_S, TEMP_PREFIX
+    from hs_dataset.remote.cache import ShardCache
+
+    cache = ShardCache(tmp_path / "cache", max_bytes=1 << 20)
+    planted = cache.directory / f"{TEMP_PREFIX}{os.getppid()}-0000abcd-shard-000000.safetensors"
+    planted.write_bytes(b"x" * 100)
+    old = _time.time() - STALE_TEMP_S - 5
+    os.utime(planted, (old, old))
+    assert cache._remove_dead_temps("shard-000000.safetensors") is False
+    assert not planted.exists()

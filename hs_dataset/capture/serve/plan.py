@@ -249,8 +249,10 @@ def _model_config(model_path: str) -> dict:
     if not cfg_path.is_file():
         return {}
     from hs_dataset.model.model_config import read_model_config, text_config
+    from hs_dataset.model.weights import check_weights
 
     cfg = read_model_config(model_path)  # bounded read, sizes range-checked: a hostile config.json is one line
+    check_weights(model_path, cfg)  # ... and against the weights the server would load, before it is started
     text = dict(text_config(cfg))  # multimodal wrappers (Kimi-K2.5): layers live in the text config
     text["architectures"] = cfg.get("architectures") or text.get("architectures")  # the served class is the wrapper's
     return text

@@ -32,7 +32,8 @@ from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo,
 from hs_dataset.config import Card, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
-from hs_dataset.model.model_config import load_text_config
+from hs_dataset.model.model_config import read_model_config, text_config
+from hs_dataset.model.weights import check_weights
 from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.capture.sglang.attempts import (
@@ -106,6 +107,7 @@ class SGLangBackend(CaptureBackend):
         self._picker = EndpointPicker()
         self._validated = False
         self._hidden_size: int | None = None
+        self._local_config: dict | None = None
         self._info: CaptureInfo | None = None
         self._loop: LoopThread | None = None
         self._session = None
@@ -163,11 +165,17 @@ class SGLangBackend(CaptureBackend):
             return
         loop = self._ensure_loop()
         problems = []
+        limit = self.request_timeout_s + self.section.dump_timeout_s + 60
         for ep in self.endpoints:
             try:
-                loop.run(self._validate_endpoint(ep), timeout=self.request_timeout_s + self.section.dump_timeout_s + 60)
+                loop.run(self._validate_endpoint(ep), timeout=limit)
             except ServerValidationError as exc:
                 problems.append(str(exc))
+            except concurrent.futures.TimeoutError:
+                problems.append(
+                    f"SGLang server {ep.url}: the checks and the probe request did not finish within {limit:.0f} s "
+                    "(backend.request_timeout_s + backend.dump_timeout_s + 60); see the server log"
+                )
         if problems:
             raise ServerValidationError("\n".join(problems))
         self._validated = True
@@ -179,12 +187,21 @@ class SGLangBackend(CaptureBackend):
             await self._probe(ep)
 
     def _local_model_config(self) -> dict:
+        """The local snapshot's text config, checked against its weights once (before the first probe)."""
         if not (Path(self.model_path) / "config.json").is_file():
             return {}
-        return load_text_config(self.model_path)
+        if self._local_config is None:
+            config = read_model_config(self.model_path)
+            check_weights(self.model_path, config)
+            self._local_config = dict(text_config(config))
+        return self._local_config
 
     async def _probe(self, ep: Endpoint) -> None:
-        """A short request whose dump must appear; it sets the hidden size, and the dtype when none was asked for."""
+        """A short request whose dump must appear; it sets the hidden size, and the dtype when none was asked for.
+
+        The local snapshot's config is checked against its weights first: the probe's
+        token ids and the hidden size it expects come from it.
+        """
         cfg = self._local_model_config()
         result = await self._capture_one(probe_sample(cfg.get("vocab_size")), endpoints=[ep])
         self._hidden_size, produced = check_probe(ep.url, result, cfg.get("hidden_size"), self.dtype)

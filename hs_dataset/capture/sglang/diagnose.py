@@ -41,29 +41,31 @@ class HookReport:
     last_error: str | None = None
     last_unusable: str | None = None
     counted_at: float = 0.0  # wall-clock time of the oldest writer's counters (0: no writer)
+    skipped: tuple[str, ...] = ()  # status files that were not ours (wrong kind of file, size, format or field type), and why
 
     def count(self, name: str) -> int:
         return int(self.counts.get(name, 0))
 
 
 def read_report(staging_dir: str) -> HookReport:
-    statuses = read_statuses(staging_dir)
+    """The status files of ``staging_dir`` summed; each is typed by :func:`~hs_dataset.server_patch.contract.status.status_problem`."""
+    skipped: list[str] = []
+    statuses = read_statuses(staging_dir, skipped)
     counts: dict[str, int] = {}
     foreign: list[str] = []
     dumps: list[str] = []
     for status in statuses:
         for name, value in (status.get("counts") or {}).items():
-            if isinstance(value, int):
-                counts[name] = counts.get(name, 0) + value
-        foreign += [r for r in status.get("recent_foreign") or [] if isinstance(r, str)]
-        dumps += [r for r in status.get("recent_dumps") or [] if isinstance(r, str)]
+            counts[name] = counts.get(name, 0) + value
+        foreign += status.get("recent_foreign") or []
+        dumps += status.get("recent_dumps") or []
     first = statuses[0] if statuses else {}
     return HookReport(
         writers=len(statuses), counts=counts, recent_foreign=tuple(foreign), recent_dumps=tuple(dumps),
-        facts=dict(first.get("facts") or {}), rid_prefix=str(first.get("rid_prefix") or "hs-"),
-        last_error=next((str(s["last_error"])[:500] for s in statuses if s.get("last_error")), None),
-        last_unusable=next((str(s["last_unusable"])[:500] for s in statuses if s.get("last_unusable")), None),
-        counted_at=min((float(s.get("counted_at") or 0.0) for s in statuses), default=0.0),
+        facts=dict(first.get("facts") or {}), rid_prefix=first.get("rid_prefix") or "hs-",
+        last_error=next((s["last_error"][:500] for s in statuses if s.get("last_error")), None),
+        last_unusable=next((s["last_unusable"][:500] for s in statuses if s.get("last_unusable")), None),
+        counted_at=min((float(s.get("counted_at") or 0.0) for s in statuses), default=0.0), skipped=tuple(skipped[:8]),
     )
 
 
@@ -79,6 +81,8 @@ def diagnose(url: str, staging_dir: str, key: str, rid: str, before: HookReport,
         if late_s < NO_REPORT_S:
             return None
         what = "no capture hook reports" if after.writers == 0 else f"no capture hook has reported for {late_s:.0f} s"
+        if after.skipped:
+            what += f" (status files skipped as not the hooks': {after.skipped[0]})"
         return (
             f"SGLang server {url} answered request {rid}, but {what} into {staging_dir}: hs_dataset's hooks are not "
             "running there (they failed to load or are stuck, see the server log for 'hs_dataset capture', or the server "

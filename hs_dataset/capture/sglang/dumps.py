@@ -22,18 +22,23 @@ from hs_dataset.errors import CaptureError
 from hs_dataset.capture.sglang.diagnose import CaptureStopped
 from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
 from hs_dataset.codecs.registry import ENCODINGS, Encoding
-from hs_dataset.codecs.safetensors_layout import DTYPE_SIZES, read_header
+from hs_dataset.codecs.safetensors_layout import DTYPE_SIZES, TensorSpec, read_header
 from hs_dataset.host_buffers import HostBufferPool
+from hs_dataset.model.model_config import FIELD_RANGES
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_SUFFIX
 from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_out
 from hs_dataset.server_patch.contract.spares import hand_back_dump
+from hs_dataset.server_patch.contract.staged_file import StagedFileError, open_staged, read_staged
 
 __all__ = ["ExpectedDump", "Refusal", "DumpLost", "await_dump", "check_dump", "delete_staged", "prune_mappings"]
 
 _READ_BUFFERS = HostBufferPool()  # one per process: every backend's dump reads reuse it
 _DUMP_MAPS = FileMaps(writable=False)  # one per process: the dump files going round the spare pool, each mapped once
+MAX_DUMP_HEADER_BYTES = 1 << 20  # a dump's header names five tensors and a few metadata keys: a few KiB
+MAX_REFUSAL_BYTES = 64 * 1024  # a refusal marker is one reason line
+_MAX_HIDDEN = FIELD_RANGES["hidden_size"][1]  # the widest state a dump may declare when the model's is not known yet
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,14 @@ async def await_dump(
     next_look = started + min(grace_s, timeout_s)
     delay = 0.002
     while True:
-        if os.path.exists(dump):
+        if os.path.lexists(dump):  # whatever is there, a link or a FIFO too, is read (and refused) at once
             loop = asyncio.get_running_loop()
             try:
                 return await loop.run_in_executor(None, check_dump, dump, key, sample, expected)
             finally:
                 hand_back_dump(dump)  # read into our memory: the server may write the next dump over it
                 _unlink_if_present(refused)
-        if os.path.exists(refused):
+        if os.path.lexists(refused):
             return _take_refusal(refused)
         now = time.monotonic()
         if explain is not None and now >= next_look:
@@ -99,11 +104,11 @@ async def await_dump(
 
 
 def _take_refusal(path: str) -> Refusal:
-    """Read a refusal marker and delete it."""
+    """Read a refusal marker (a small regular file, never waited on) and delete it."""
     try:
-        with open(path, "rb") as f:
-            reason = str(json.loads(f.read()).get("reason", "no reason given"))
-    except (OSError, ValueError) as exc:
+        marker = json.loads(read_staged(path, MAX_REFUSAL_BYTES))
+        reason = str(marker.get("reason", "no reason given"))[:1000] if isinstance(marker, dict) else "a refusal marker that is not an object"
+    except (OSError, ValueError, RecursionError) as exc:
         reason = f"unreadable refusal marker ({exc})"
     _unlink_if_present(path)
     return Refusal(reason)
@@ -112,7 +117,7 @@ def _take_refusal(path: str) -> Refusal:
 def _unlink_if_present(path: str) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # a directory planted at the name is refused, and left alone
         pass
 
 
@@ -132,11 +137,21 @@ def prune_mappings() -> None:
 # ---------------------------------------------------------------------------- reading
 
 
-def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """Read a dump without following symlinks; returns (metadata, tensors).
+Admit = Callable[[dict[str, TensorSpec], dict[str, str]], "str | None"]
 
-    The header goes through the one safetensors header parser (bounds, offsets, known
-    dtypes, sizes, tensors tiling the data exactly); the data is then copied once (no
+
+class _Refused(Exception):
+    """The dump's header does not describe the request's states: nothing of its data was read."""
+
+
+def _read_dump(path: str, admit: Admit | None = None) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """Read a dump as the untrusted file it is; returns (metadata, tensors).
+
+    The file must be a regular one (:func:`open_staged`: no FIFO, no symlink); its header
+    (at most :data:`MAX_DUMP_HEADER_BYTES`) goes through the one safetensors header parser
+    (bounds, offsets, known dtypes, sizes, tensors tiling the data exactly) and then
+    ``admit`` (the request's own shapes; :func:`check_dump` always passes one), so a file declaring more than the request can
+    hold is refused before a byte of its data is read. The data is then copied once (no
     GIL held) into one buffer whose slices are the tensors: through the mapping kept of
     the file from its earlier rounds (``mapped_files``), or with ``readinto`` the first
     time a file is seen (it is mapped then, for its next round) and where no mapping can
@@ -144,10 +159,12 @@ def _read_dump(path: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     under the GIL. The buffer is leased from a pool of memory already touched
     (``host_buffers``), and comes back when the sample's tensors are gone.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd, st = open_staged(path)
     with os.fdopen(fd, "rb", buffering=0) as f:
-        specs, metadata, start = read_header(f, path)
-        st = os.fstat(fd)
+        specs, metadata, start = read_header(f, path, MAX_DUMP_HEADER_BYTES)
+        problem = admit(specs, metadata) if admit is not None else None
+        if problem:
+            raise _Refused(problem)
         data = _READ_BUFFERS.lease(st.st_size - start)
         view = memoryview(data.numpy())
         with _DUMP_MAPS.mapped(fd, st.st_size, kept_only=True, file_stat=st) as address:
@@ -183,10 +200,14 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
     """Read the dump of request ``key`` and check it holds ``sample``'s states as ``expected``; never a partial sample."""
     sid = sample.sample_id
     try:
-        meta, tensors = _read_dump(path)
+        meta, tensors = _read_dump(path, lambda specs, meta: _metadata_problem(meta, key, expected) or _header_problem(specs, meta, key, sample, expected))
+    except _Refused as exc:
+        return CaptureFailure(sid, str(exc))
+    except StagedFileError as exc:
+        return CaptureFailure(sid, f"unreadable dump {key}: {exc}")
     except Exception as exc:
         return CaptureFailure(sid, f"unreadable dump {key}: {type(exc).__name__}: {exc}")
-    problem = _metadata_problem(meta, key, expected) or _shape_problem(meta, tensors, key, sample, expected) or _encoding_problem(meta, tensors, key, expected)
+    problem = _shape_problem(meta, tensors, key, sample, expected) or _encoding_problem(meta, tensors, key, expected)
     if problem:
         return CaptureFailure(sid, problem)
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
@@ -226,6 +247,40 @@ def _metadata_problem(meta: dict[str, str], key: str, expected: ExpectedDump) ->
     wanted = list(expected.aux_layer_ids)
     if ids_meta != wanted:
         return f"dump {key} holds HF layers {ids_meta}, expected {wanted}"
+    return None
+
+
+def _header_problem(specs: dict[str, TensorSpec], meta: dict[str, str], key: str, sample: TokenizedSample, expected: ExpectedDump) -> str | None:
+    """The tensors a dump's header declares are those of this request, before any data is read.
+
+    Names, ranks and the token and layer counts come from the request; the width from the
+    model (the probe's, or at most the widest hidden size a config may have), so the bytes
+    a header can make the client read are bounded by what the request needs.
+    """
+    states = ("input_ids", "aux_hidden_states", "final_hidden_state")
+    scaled = _scaled_encoding(meta) is not None
+    allowed = {*states, *((name + SCALE_SUFFIX for name in states[1:]) if scaled else ())}
+    extra = sorted(set(specs) - allowed)
+    if extra:
+        return f"dump {key} holds tensors this request has no use for: {', '.join(n[:40] for n in extra[:4])}"
+    if any(name not in specs for name in states):
+        return f"dump {key} lacks tensors (has {sorted(specs)})"
+    t, k = sample.num_tokens, len(expected.aux_layer_ids)
+    ids, aux, final = specs["input_ids"].shape, specs["aux_hidden_states"].shape, specs["final_hidden_state"].shape
+    if ids != (t,) or specs["input_ids"].dtype != "I64":
+        return f"dump {key}: token ids differ from the ones sent ({ids} vs {t} tokens)"
+    if len(aux) != 3 or aux[:2] != (t, k):
+        return f"dump {key}: aux_hidden_states shape {aux}, expected [{t}, {k}, H]"
+    if final != (t, aux[2]):
+        return f"dump {key}: final_hidden_state shape {final}, expected [{t}, {aux[2]}]"
+    hidden = aux[2] * (_scaled_encoding(meta).pack if scaled else 1)  # 4-bit codes: two values a byte
+    if expected.hidden_size is not None and hidden != expected.hidden_size:
+        return f"dump {key}: hidden size {hidden}, expected {expected.hidden_size}"
+    if hidden > _MAX_HIDDEN:
+        return f"dump {key}: hidden size {hidden}, over the largest a model config may have ({_MAX_HIDDEN})"
+    for name in allowed - set(states):
+        if name in specs and specs[name].nbytes > specs[name.removesuffix(SCALE_SUFFIX)].nbytes:
+            return f"dump {key}: tensor {name} is larger than the states it scales"
     return None
 
 

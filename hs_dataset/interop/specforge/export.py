@@ -36,6 +36,7 @@ from hs_dataset.interop.common import (
     base_record,
     check_layer_convention,
     derive_post_norm,
+    note_source_storage,
     prepare_destination,
     quarantined_count,
     remove_temp_files,
@@ -159,6 +160,7 @@ def export_specforge(
     resumed = prepare_destination(src, dest, target="specforge", resume_key=resume_key, overwrite=overwrite)
     report = ExportReport(target="specforge", source=str(src), dest=str(dest), resumed=resumed)
     report.quarantined_not_exported = quarantined_count(ds)
+    note_source_storage(ds, report, out_dtype)
     layers = {
         "aux_layer_ids_hf": layer_ids,
         "specforge_aux_hidden_state_layer_ids": specforge_ids,

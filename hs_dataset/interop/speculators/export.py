@@ -42,6 +42,7 @@ from hs_dataset.interop.common import (
     base_record,
     check_layer_convention,
     num_hidden_layers,
+    note_source_storage,
     prepare_destination,
     quarantined_count,
     remove_temp_files,
@@ -274,6 +275,7 @@ def export_speculators(
     from hs_dataset.codecs.registry import get_encoding
 
     out_dtype = get_encoding(decoded).decoded_dtype
+    note_source_storage(ds, report, out_dtype)
     all_ids: list[torch.Tensor] = []
     all_masks: list[torch.Tensor] = []
     sample_ids: list[str] = []

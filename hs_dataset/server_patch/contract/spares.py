@@ -15,6 +15,7 @@ the spares to weigh the pool; a name without it (an older client) is weighed by 
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir
@@ -34,8 +35,15 @@ def hand_back_dump(path: str) -> None:
     (swept, or never written).
     """
     try:
-        size = os.stat(path, follow_symlinks=False).st_size
+        st = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
+        return
+    size = st.st_size
+    if not stat.S_ISREG(st.st_mode):  # a link, FIFO or directory at a dump's name is nobody's dump: never a spare
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # a directory: left where it is (the sweeper's to judge), never moved into the pool
         return
     pool = os.path.join(os.path.dirname(path) or ".", SPARE_DIR)
     if _pool_has_room(pool, size):
@@ -44,6 +52,10 @@ def hand_back_dump(path: str) -> None:
             return
         except OSError:
             pass
+    _unlink_quietly(path)
+
+
+def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -23,9 +23,12 @@ import time
 import uuid
 from typing import Any
 
+from hs_dataset.server_patch.contract.staged_file import read_staged
+
 __all__ = [
     "STATUS_FORMAT", "STATUS_VERSION", "STATUS_PREFIX", "STATUS_SUFFIX", "MAX_STATUS_BYTES", "RECENT_IDS",
-    "STATUS_INTERVAL_S", "STATUS_HEARTBEAT_S", "status_name", "is_status_name", "write_status", "read_statuses",
+    "STATUS_INTERVAL_S", "STATUS_HEARTBEAT_S", "STATUS_FIELDS", "status_name", "is_status_name", "write_status", "read_statuses",
+    "status_problem",
 ]
 
 STATUS_FORMAT = "hs_dataset.status"
@@ -64,21 +67,80 @@ def write_status(staging_dir: str, writer: str, payload: dict[str, Any]) -> None
     os.replace(tmp, final)
 
 
-def read_statuses(staging_dir: str) -> list[dict[str, Any]]:
-    """Every well-formed status file in ``staging_dir`` (none: ``[]``); unreadable or foreign ones are skipped."""
+# The fields a reader uses, and the JSON types each must have when present (a file of ours always has them right;
+# anything else is not ours, and is skipped with the reason). Unknown fields are left alone (newer writers).
+_NUMBER, _TEXT, _TEXT_OR_NULL = (int, float), (str,), (str, type(None))
+STATUS_FIELDS: dict[str, tuple[type, ...]] = {
+    "writer": _TEXT, "updated": _NUMBER, "counted_at": _NUMBER, "started": _NUMBER, "pid": (int,),
+    "counts": (dict,), "facts": (dict,), "recent_foreign": (list,), "recent_dumps": (list,), "recent_refused": (list,),
+    "rid_prefix": _TEXT, "mechanism": _TEXT, "sglang_version": _TEXT, "last_error": _TEXT_OR_NULL,
+    "last_unusable": _TEXT_OR_NULL, "hf_aux_layer_ids": (list,), "content_keys": (bool,),
+}
+_MAX_LIST = 64  # ids a list may hold (a writer keeps RECENT_IDS)
+
+
+def status_problem(status: object) -> str | None:
+    """Why a parsed status file is not one of ours (a wrong format or a field of the wrong type), or None."""
+    if not isinstance(status, dict):
+        return f"not a JSON object but a {type(status).__name__}"
+    if status.get("format") != STATUS_FORMAT or status.get("version") != STATUS_VERSION:
+        return f"format {str(status.get('format'))[:40]!r} v{str(status.get('version'))[:8]}, not {STATUS_FORMAT} v{STATUS_VERSION}"
+    for name, types in STATUS_FIELDS.items():
+        if name not in status:
+            continue
+        value = status[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"field {name} is a {type(value).__name__}, expected {' or '.join(t.__name__ for t in types if t is not type(None))}"
+        if isinstance(value, float) and value != value:
+            return f"field {name} is NaN"
+    return _member_problem(status)
+
+
+def _member_problem(status: dict[str, Any]) -> str | None:
+    counts = status.get("counts") or {}
+    bad = next((k for k, v in counts.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+    if bad is not None:
+        return f"counts.{str(bad)[:40]} is {str(counts[bad])[:40]!r}, expected a count"
+    for name in ("recent_foreign", "recent_dumps", "recent_refused"):
+        ids = status.get(name) or []
+        if len(ids) > _MAX_LIST or not all(isinstance(i, str) for i in ids):
+            return f"field {name} must be a list of at most {_MAX_LIST} request ids"
+    layers = status.get("hf_aux_layer_ids") or []
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        return "field hf_aux_layer_ids must be a list of integers"
+    return None
+
+
+def read_statuses(staging_dir: str, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every status file of ours in ``staging_dir`` (none: ``[]``).
+
+    Each is read as the untrusted file it is (:mod:`.staged_file`: a regular file, never
+    a FIFO or a link, at most :data:`MAX_STATUS_BYTES`) and checked field by field
+    (:func:`status_problem`). Anything else is skipped; ``problems``, when given,
+    receives one line per skipped file naming it and why.
+    """
     found = []
     try:
         names = [n for n in os.listdir(staging_dir) if is_status_name(n)]
     except OSError:
         return []
     for name in sorted(names):
+        path = os.path.join(staging_dir, name)
         try:
-            fd = os.open(os.path.join(staging_dir, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as f:
-                raw = f.read(MAX_STATUS_BYTES + 1)
-            status = json.loads(raw) if len(raw) <= MAX_STATUS_BYTES else None
-        except (OSError, ValueError):
+            status = json.loads(read_staged(path, MAX_STATUS_BYTES))
+        except FileNotFoundError:
+            continue  # replaced between the listing and the open: the next reading has it
+        except (OSError, ValueError, RecursionError) as exc:
+            _note(problems, f"{path}: {str(exc).removeprefix(path + ': ')[:200]}")
             continue
-        if isinstance(status, dict) and status.get("format") == STATUS_FORMAT and status.get("version") == STATUS_VERSION:
+        problem = status_problem(status)
+        if problem is None:
             found.append(status)
+        else:
+            _note(problems, f"{path}: {problem}")
     return found
+
+
+def _note(problems: list[str] | None, line: str) -> None:
+    if problems is not None:
+        problems.append(line)
