@@ -701,6 +701,31 @@ def test_client_reports_an_unreachable_server_clearly(tmp_path):
         be.close()
 
 
+def test_the_client_checks_the_weights_unless_every_server_loaded_none(tmp_path):
+    """A snapshot holding only its final norm fails the check, except against servers started with --load-format dummy."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from hs_dataset.capture.base import CaptureTarget
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.config import SGLangBackendSection
+    from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG
+    from hs_dataset.errors import ModelConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_DEEPSEEK_CONFIG))
+    save_file({"model.norm.weight": torch.ones(TINY_DEEPSEEK_CONFIG["hidden_size"])}, str(tmp_path / "model.safetensors"))
+    section = SGLangBackendSection(name="sglang", request_timeout_s=5.0)
+    be = SGLangBackend(section, CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS), servers=["http://127.0.0.1:9"])
+    try:
+        with pytest.raises(ModelConfigError):
+            be._local_model_config()
+        be.endpoints[0].server_info = {"load_format": "dummy"}
+        assert be._local_model_config()["hidden_size"] == TINY_DEEPSEEK_CONFIG["hidden_size"]
+    finally:
+        be.close()
+
+
 def test_client_turns_bad_dumps_into_failures(tmp_path):
     from safetensors.torch import save_file
 

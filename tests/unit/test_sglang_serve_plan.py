@@ -269,3 +269,20 @@ def test_the_sizing_defaults_are_the_capture_config_s():
 
     assert CaptureConfig(staging_dir="x", hf_aux_layer_ids=(1,)).pinned_pool_bytes == DEFAULT_PINNED_POOL_BYTES
     assert CaptureConfig(staging_dir="x", hf_aux_layer_ids=(1,)).max_staging_bytes == DEFAULT_STAGING_BYTES
+
+
+def test_weights_are_checked_unless_the_server_loads_none(fake_env, tmp_path):
+    """A snapshot holding only its final norm is refused, unless the server is told `--load-format dummy` (a rehearsal)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hs_dataset.config import load_card
+    from hs_dataset.errors import ModelConfigError
+
+    d = _kimi_dir(tmp_path)
+    save_file({"language_model.model.norm.weight": torch.ones(7168)}, str(d / "model.safetensors"))
+    card = load_card("kimi-k25-sglang")
+    with pytest.raises(ModelConfigError):
+        serve.plan_server(card, model_path=str(d), staging_dir=str(tmp_path / "st"))
+    plan = serve.plan_server(card, model_path=str(d), staging_dir=str(tmp_path / "st"), extra_args=["--load-format", "dummy"])
+    assert plan.argv[-2:] == ["--load-format", "dummy"] or "--load-format" in plan.argv

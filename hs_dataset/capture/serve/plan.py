@@ -173,7 +173,7 @@ def plan_server(
     card = card if isinstance(card, Card) else card_from_dict(card)
     if sglang_overrides:
         card = card.with_overrides(sglang=dict(sglang_overrides))
-    target = _target(card, host=host, port=port, python=python, model_path=model_path)
+    target = _target(card, host=host, port=port, python=python, model_path=model_path, extra_args=extra_args)
     if target.hidden_size:
         refuse_samples_that_cannot_fit(card, target.hidden_size)
     notes: list[str] = []
@@ -223,7 +223,8 @@ class _Target:
     hidden_size: int | None  # from config.json; None where the card names the layers by hand
 
 
-def _target(card: Card, *, host: str | None, port: int | None, python: str | None, model_path: str | None) -> _Target:
+def _target(card: Card, *, host: str | None, port: int | None, python: str | None, model_path: str | None,
+            extra_args: Sequence[str] = ()) -> _Target:
     sg, model = card.sglang, card.model
     host = host or sg.host
     port = int(port or sg.port)
@@ -232,7 +233,7 @@ def _target(card: Card, *, host: str | None, port: int | None, python: str | Non
         python = str(REPO_ROOT / python)
     module_path = sg.module_path or model.text_module or "model"
     mpath = resolve_server_model_path(model_path or os.environ.get("HS_DATASET_MODEL_PATH") or model.path or model.id)
-    mcfg = _model_config(mpath)
+    mcfg = _model_config(mpath, loads_weights=not _dummy_weights([*sg.args, *extra_args]))
     architectures = mcfg.get("architectures") or sg.architectures or []
     num_layers = mcfg.get("num_hidden_layers") or sg.num_hidden_layers
     if not num_layers:
@@ -244,7 +245,17 @@ def _target(card: Card, *, host: str | None, port: int | None, python: str | Non
     return _Target(python, host, port, module_path, mpath, architectures, int(num_layers), int(hidden) if hidden else None)
 
 
-def _model_config(model_path: str) -> dict:
+def _dummy_weights(args: Sequence[str]) -> bool:
+    """``--load-format dummy`` among the server's arguments: it loads no weights (a throughput rehearsal)."""
+    for i, arg in enumerate(args):
+        if arg == "--load-format" and i + 1 < len(args):
+            return args[i + 1] == "dummy"
+        if arg.startswith("--load-format="):
+            return arg.split("=", 1)[1] == "dummy"
+    return False
+
+
+def _model_config(model_path: str, *, loads_weights: bool = True) -> dict:
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
         return {}
@@ -252,7 +263,8 @@ def _model_config(model_path: str) -> dict:
     from hs_dataset.model.weights import check_weights
 
     cfg = read_model_config(model_path)  # bounded read, sizes range-checked: a hostile config.json is one line
-    check_weights(model_path, cfg)  # ... and against the weights the server would load, before it is started
+    if loads_weights:  # ... and against the weights the server would load, before it is started
+        check_weights(model_path, cfg)
     text = dict(text_config(cfg))  # multimodal wrappers (Kimi-K2.5): layers live in the text config
     text["architectures"] = cfg.get("architectures") or text.get("architectures")  # the served class is the wrapper's
     return text
