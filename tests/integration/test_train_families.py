@@ -157,19 +157,20 @@ def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(trainer, q
     layers = ["--verifier-name-or-path", str(qwen3_verifier), "--speculator-type", "dflash", "--target-layer-ids", *map(str, ids),
               "--total-seq-len", "512", "--max-anchors", "32", "--draft-attn-impl", "sdpa"]
     for seed in JUDGE_SEEDS:
-        judged = {}
+        judged, own = {}, {}
         for name, export in (("ours", real), ("one layer off", tmp_path / "shifted-export")):
             save = tmp_path / f"seed{seed}-{name.replace(' ', '-')}"
-            with trainer.cpu_trainer():  # two epochs of about 20 steps
+            with trainer.cpu_trainer(), trainer.val_losses() as val:  # two epochs of about 20 steps, validated on its own data
                 trainer_entry()([*layers, *_flags(seed=seed, ratio=0.8), "--data-path", str(export), "--save-path", str(save), "--epochs", "2",
                                  "--num-layers", "1"])
+            own[name] = val[-1]
             # a no-op step per epoch (lr 1e-12), then the validation pass on our data; the checkpoint is bfloat16, so are the states
             with trainer.cpu_trainer(), trainer.val_losses() as val:
                 trainer_entry()([*layers, *_flags(seed=seed, ratio=0.8, dtype="bfloat16", lr="1e-12"), "--data-path", str(real),
                                  "--save-path", f"{save}-judged", "--from-pretrained", str(save / "1"), "--epochs", "4", "--max-steps", "1"])
             judged[name] = sum(val) / len(val)
         print(f"\nseed {seed}: DFlash validation loss on our data: trained on ours {judged['ours']:.4f}, "
-              f"on the copy one layer off {judged['one layer off']:.4f}")
+              f"on the copy one layer off {judged['one layer off']:.4f} (each on its own data: {own['ours']:.4f}, {own['one layer off']:.4f})")
         assert judged["ours"] < judged["one layer off"]
 
 
