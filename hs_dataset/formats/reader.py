@@ -131,7 +131,10 @@ class ShardReader:
             if key not in self._tensors:
                 raise FormatError(f"{where}: tensor {key!r} is missing")
         if AUX_KEY not in self.state_keys and AUX_KEY in self._tensors:
-            raise IntegrityError(f"{where}: holds an aux tensor, but the manifest records no aux layers (the final state only)")
+            raise IntegrityError(
+                f"{where}: holds an aux tensor, but the manifest records no aux layers (the final state only): a shard of "
+                "another dataset; restore it from a copy or rebuild the dataset"
+            )
         n = len(self.sample_ids)
         offsets = self._tensors[OFFSETS_KEY]
         tokens = self._tensors[INPUT_IDS_KEY].shape[0]
@@ -241,6 +244,7 @@ class ShardReader:
         }
 
     def _aux(self, begin: int, end: int) -> torch.Tensor:
+        """Tokens ``[begin, end)`` of the aux states, decoded; a zero-width view of nothing when none are stored."""
         if AUX_KEY not in self._tensors:
             return torch.empty((end - begin, *self._empty_aux), dtype=self._state_encoding.decoded_dtype)
         scale = self._tensors.get(AUX_KEY + SCALE_SUFFIX)
