@@ -153,22 +153,38 @@ def _hidden_size(model_dir: Path | None) -> int | None:
     return int(size) if size else None
 
 
-def row_features(num_aux: int, hidden: int | None) -> datasets.Features:
-    """Row schema; states are float32 (Arrow has no bfloat16). Shapes show when the hidden size is known."""
+def _num_aux(card: Card, model_dir: Path | None) -> int | None:
+    """How many aux layers the card captures (a preset's count needs the model's layer count; None when it is not here)."""
+    if card.layers.aux is not None:
+        return len(card.layers.aux)
+    if model_dir is None:
+        return None
+    from hs_dataset.capture.base import card_aux_layers
+
+    return len(card_aux_layers(card, model_dir))
+
+
+def row_features(num_aux: int | None, hidden: int | None) -> datasets.Features:
+    """Row schema; states are float32 (Arrow has no bfloat16). Shapes show when the sizes are known.
+
+    A dataset of the final state only (``num_aux`` 0) has no aux column: Arrow has no zero-width dimension.
+    """
     f32 = datasets.Value("float32")
-    aux = datasets.Array3D((None, num_aux, hidden), "float32") if hidden else datasets.List(datasets.List(datasets.List(f32)))
+    known = hidden and num_aux is not None
+    aux = datasets.Array3D((None, num_aux, hidden), "float32") if known else datasets.List(datasets.List(datasets.List(f32)))
     final = datasets.Array2D((None, hidden), "float32") if hidden else datasets.List(datasets.List(f32))
-    return datasets.Features(
-        {
-            "sample_id": datasets.Value("string"),
-            "input_ids": datasets.List(datasets.Value("int64")),
-            "loss_mask": datasets.List(datasets.Value("bool")),
-            "seq_len": datasets.Value("int64"),
-            "num_supervised": datasets.Value("int64"),
-            "aux_hidden_states": aux,
-            "final_hidden_state": final,
-        }
-    )
+    columns = {
+        "sample_id": datasets.Value("string"),
+        "input_ids": datasets.List(datasets.Value("int64")),
+        "loss_mask": datasets.List(datasets.Value("bool")),
+        "seq_len": datasets.Value("int64"),
+        "num_supervised": datasets.Value("int64"),
+        "aux_hidden_states": aux,
+        "final_hidden_state": final,
+    }
+    if num_aux == 0:
+        del columns["aux_hidden_states"]
+    return datasets.Features(columns)
 
 
 class HsDataset(datasets.ArrowBasedBuilder):
@@ -203,7 +219,8 @@ class HsDataset(datasets.ArrowBasedBuilder):
             metadata = served_manifest(self.config.data_dir).metadata
             features = row_features(len(metadata["aux_layer_ids"]), int(metadata["hidden_size"]))
             return datasets.DatasetInfo(description=f"hs_dataset rows of {self.config.data_dir}", features=features)
-        features = row_features(len(self.card.aux_layer_ids), _hidden_size(self.config.model_dir()))
+        model_dir = self.config.model_dir()
+        features = row_features(_num_aux(self.card, model_dir), _hidden_size(model_dir))
         return datasets.DatasetInfo(description=self.card.description, features=features)
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
@@ -341,9 +358,10 @@ def _table(samples: list[dict[str, Any]], features: datasets.Features) -> pa.Tab
         "loss_mask": _ragged(torch.cat(mask).numpy().astype(bool), lengths),
         "seq_len": pa.array(lengths),
         "num_supervised": pa.array([int(m.sum()) for m in mask], pa.int64()),
-        "aux_hidden_states": _ragged(torch.cat([s["aux_hidden_states"].float() for s in samples]).numpy(), lengths),
         "final_hidden_state": _ragged(torch.cat([s["final_hidden_state"].float() for s in samples]).numpy(), lengths),
     }
+    if "aux_hidden_states" in features:  # not in a dataset of the final state only
+        columns["aux_hidden_states"] = _ragged(torch.cat([s["aux_hidden_states"].float() for s in samples]).numpy(), lengths)
     schema = features.arrow_schema
     arrays = []
     for name in schema.names:

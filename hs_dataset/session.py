@@ -25,7 +25,7 @@ from hs_dataset.sources.report import SourceReport
 from hs_dataset.sources.rows import RowSource
 
 __all__ = [
-    "CaptureSession", "as_card", "batches", "dataset_metadata", "limit_samples", "make_backend", "make_generator", "open_rows",
+    "CaptureSession", "as_card", "batches", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "make_generator", "open_rows",
     "partition", "resolve_source",
 ]
 
@@ -79,6 +79,7 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
             "fingerprint": info.model_fingerprint,
         },
         "aux_layer_ids": list(info.aux_layer_ids),
+        "layer_preset": layer_preset_record(card, info),
         "layer_convention": "hf_hidden_states_index",
         "final_state": info.final_state,
         "final_norm": {"kind": "rmsnorm", "eps": info.final_norm_eps},
@@ -92,6 +93,19 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         "backend": {"name": info.backend, **info.backend_details},
         "capture": dict(info.verification),
     }
+
+
+def layer_preset_record(card: Card, info: CaptureInfo) -> dict[str, Any] | None:
+    """The card's ``layers.preset`` as the manifest records it (None without one), checked against what the backend captures."""
+    record = card.layers.preset_record()
+    if record is not None and record["ids_from"] == "preset":
+        wanted = card.aux_layers_for(info.num_hidden_layers)
+        if wanted != list(info.aux_layer_ids):
+            raise UsageError(
+                f"{card.source_path}: layers.preset {card.layers.preset} gives aux layers {wanted} on the {info.num_hidden_layers}-layer "
+                f"model, but the backend captures {list(info.aux_layer_ids)}; open the backend from this card"
+            )
+    return record
 
 
 def resolve_source(card: Card, source: Any) -> Any:

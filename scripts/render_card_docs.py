@@ -146,12 +146,36 @@ def _table(model: type[BaseModel]) -> list[str]:
     return rows
 
 
+def _preset_table() -> list[str]:
+    """``layers.preset``: each family's rule, what it gives on two real layer counts, and where the rule comes from."""
+    from hs_dataset.layer_presets import DEFAULT_TAPS, LAYER_PRESETS
+
+    rows = [
+        "### Layer presets",
+        "",
+        f"`layers.preset` derives the aux ids (HF `hidden_states` indexes) from the model's layer count L when the capture "
+        f"starts; `taps` (DFlash family, default {DEFAULT_TAPS}) sets how many. An explicit `aux` wins. The manifest records "
+        "`layer_preset` (name, taps, whether `aux` overrode it) next to the ids, and `hs-dataset train speculators` passes "
+        "the preset as `--speculator-type`. Ids that collide on a small model move to the nearest free ones.",
+        "",
+        "| preset | trains | rule | L = 61 (Kimi-K2.5) | L = 64 | where the rule comes from |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, preset in LAYER_PRESETS.items():
+        rows.append(
+            f"| `{name}` | {preset.families} | {preset.rule} | `{preset.aux_layers(61)}` | `{preset.aux_layers(64)}` | {preset.source} |"
+        )
+    return rows + [""]
+
+
 def render() -> str:
     """The whole page, from the models."""
     lines = [INTRO]
     for heading, model in SECTIONS:
         doc = " ".join((model.__doc__ or "").split())
         lines += [f"## {heading}", "", doc, "", *_table(model), ""]
+        if model is LayersSection:
+            lines += _preset_table()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -17,6 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest_plugins = [
     "tests.fixtures.samples",
     "tests.fixtures.models",
+    "tests.fixtures.families",
     "tests.fixtures.sglang_server",
     "tests.fixtures.tally",
     "tests.fixtures.s3_server",

@@ -23,14 +23,16 @@ from hs_dataset.sample import CapturedSample, TokenizedSample
 if TYPE_CHECKING:
     from hs_dataset.config import Card
 
-__all__ = ["CaptureTarget", "CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend"]
+__all__ = ["CaptureTarget", "CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend", "card_aux_layers"]
 
 
 @dataclass(frozen=True)
 class CaptureTarget:
     """What is captured, whatever the backend: the model snapshot, the aux layers and the dtype.
 
-    ``aux_layer_ids`` are HF ``hidden_states`` indexes (see :class:`CaptureInfo`);
+    ``aux_layer_ids`` are HF ``hidden_states`` indexes (see :class:`CaptureInfo`), a
+    card's preset already turned into ids for the model's layer count; ``()``
+    captures the final state only;
     ``dtype`` ``None`` means "whatever the backend produces" (the SGLang client takes
     the server's, the in-process backend float32). A path-like ``model_path`` is kept
     as its string, the ids as a tuple of ints.
@@ -53,14 +55,24 @@ class CaptureTarget:
         path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
         if not path:
             raise UsageError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
+        directory = resolve_model_path(str(path))
         return cls(
-            model_path=str(resolve_model_path(str(path))),
-            aux_layer_ids=tuple(card.layers.aux),
+            model_path=str(directory),
+            aux_layer_ids=tuple(card_aux_layers(card, directory)),
             dtype=card.dtype,
             model_revision=card.model.revision,
             text_module=card.model.text_module,
             trust_remote_code=card.model.trust_remote_code,
         )
+
+
+def card_aux_layers(card: "Card", model_dir: str | os.PathLike) -> list[int]:
+    """The aux ids the card captures on the model in ``model_dir``: its ``layers.aux``, or its preset for the model's layer count."""
+    if card.layers.aux is not None:
+        return list(card.layers.aux)
+    from hs_dataset.model.model_config import load_text_config
+
+    return card.aux_layers_for(int(load_text_config(model_dir)["num_hidden_layers"]))
 
 
 @dataclass

@@ -173,8 +173,11 @@ class HFBackend(CaptureBackend):
         store: dict[Any, torch.Tensor] = {}
         with self._hooks(store):
             self.decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
-        aux = torch.stack([store[i] for i in self.aux_layer_ids], dim=2).to("cpu")  # [B, W, K, H]
         final = store["final"].to("cpu")  # [B, W, H]
+        if self.aux_layer_ids:
+            aux = torch.stack([store[i] for i in self.aux_layer_ids], dim=2).to("cpu")  # [B, W, K, H]
+        else:  # the final state only: K = 0
+            aux = final.new_empty((*final.shape[:2], 0, final.shape[-1]))
         for row, sample in enumerate(samples):
             if results[row] is not None:
                 continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hs_dataset.layer_presets import PRESET_NAMES
+
 __all__ = ["add_card_arguments", "add_override_arguments", "card_from_args"]
 
 
@@ -29,6 +31,9 @@ def add_card_arguments(parser: argparse.ArgumentParser, *, config: bool = True, 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     """Every card field used for capture, settable on the command line."""
     parser.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes (e.g. 2 30 58)")
+    parser.add_argument("--layer-preset", choices=PRESET_NAMES, default=None,
+                        help="a drafter family's layers, derived from the model's layer count (layers.preset; mtp: the final state only)")
+    parser.add_argument("--taps", type=int, default=None, help="layers a DFlash-family preset taps (layers.taps, default 5)")
     parser.add_argument("--max-length", type=int, default=None, help="longest sample in tokens")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="dtype the states are captured and stored in")
     parser.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template used instead of the tokenizer's own")
@@ -42,6 +47,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "chat_template", None):
         model["chat_template"] = args.chat_template
     layers: dict[str, Any] = {}
+    if getattr(args, "layer_preset", None):  # the preset's ids, unless --aux-layer-ids names them
+        layers.update(preset=args.layer_preset, taps=getattr(args, "taps", None), aux=None)
+    elif getattr(args, "taps", None) is not None:
+        layers["taps"] = args.taps
     if getattr(args, "aux_layer_ids", None):
         layers["aux"] = list(args.aux_layer_ids)
     if getattr(args, "final_state", None):

@@ -34,8 +34,20 @@ def trainer_layer_flags(md: dict) -> str:
     aux = [int(i) for i in md.get("aux_layer_ids") or []]
     if md.get("layer_convention", "hf_hidden_states_index") != "hf_hidden_states_index":
         return "n/a (not hf_hidden_states_index)"
-    forge = f"SpecForge aux_hidden_state_layer_ids {[i - 1 for i in aux]}" if aux and min(aux) >= 1 else "SpecForge: n/a (layer 0)"
+    if not aux:
+        return "speculators --speculator-type mtp (the final state only); SpecForge: n/a (needs 3 aux layers)"
+    forge = f"SpecForge aux_hidden_state_layer_ids {[i - 1 for i in aux]}" if min(aux) >= 1 else "SpecForge: n/a (layer 0)"
     return f"speculators --target-layer-ids {' '.join(map(str, aux))}; {forge}"
+
+
+def layer_preset_line(md: dict) -> str:
+    """The drafter family the layers were captured for (``layers.preset``), or that the card named them."""
+    preset = md.get("layer_preset")
+    if not isinstance(preset, dict):
+        return "none (the card named the layers)"
+    taps = f", {preset['taps']} taps" if preset.get("taps") else ""
+    pinned = "; ids pinned by layers.aux" if preset.get("ids_from") == "aux" else ""
+    return f"{preset.get('name')}{taps}{pinned}"
 
 
 def describe(manifest: "Manifest") -> str:
@@ -50,9 +62,10 @@ def describe(manifest: "Manifest") -> str:
         f"config           {md.get('config_name')} (fingerprint {str(md.get('config_fingerprint'))[:16]})",
         f"model            {model.get('path') or model.get('id')} (revision/fingerprint {model.get('revision') or str(model.get('fingerprint'))[:16]})",
         f"aux layers       {md.get('aux_layer_ids')} ({md.get('layer_convention', 'hf_hidden_states_index')})",
+        f"layer preset     {layer_preset_line(md)}",
         f"trainer layers   {trainer_layer_flags(md)}",
         f"final state      {md.get('final_state')} (norm eps {norm.get('eps')}, weight in {norm.get('weight_file')})",
-        f"dtype / hidden   {md.get('dtype')} / {md.get('hidden_size')}; stored as {manifest.tensors.get('aux_hidden_states', {}).get('encoding')}",
+        f"dtype / hidden   {md.get('dtype')} / {md.get('hidden_size')}; stored as {manifest.state_encoding}",
         f"tokenizer        {md.get('tokenizer')}",
         f"samples          {manifest.num_samples}",
         f"tokens           {manifest.num_tokens}",

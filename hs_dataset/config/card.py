@@ -71,7 +71,20 @@ class Card(Section):
 
     @property
     def aux_layer_ids(self) -> list[int]:
+        """The explicit ``layers.aux``; a preset's ids depend on the model: :meth:`aux_layers_for`."""
+        if self.layers.aux is None:
+            raise CardError(
+                f"{self.source_path}: layers.preset {self.layers.preset}: the aux ids depend on the model's layer count; "
+                "read them with card.aux_layers_for(num_hidden_layers)"
+            )
         return list(self.layers.aux)
+
+    def aux_layers_for(self, num_layers: int) -> list[int]:
+        """The aux ids (HF ``hidden_states`` indexes) this card captures on a ``num_layers``-layer model."""
+        try:
+            return self.layers.resolve(num_layers)
+        except ValueError as exc:
+            raise CardError(f"{self.source_path}: {exc}") from None
 
     @property
     def final_state(self) -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from hs_dataset.codecs.registry import ENCODINGS, STORAGE_VALUES
+from hs_dataset.layer_presets import DEFAULT_TAPS, PRESET_NAMES, TAPPED_PRESETS, preset_aux_layers
 from hs_dataset.dtypes import STATE_DTYPES
 
 __all__ = [
@@ -38,6 +39,7 @@ LAYER_CONVENTION = "hf_hidden_states_index"
 MAX_SHARD_BYTES = 4 * 1024**3 - 1  # shards stay < 4 GiB (32-bit offsets in some readers)
 
 StateDtypeName = Literal[STATE_DTYPES]  # type: ignore[valid-type]  # one list: hs_dataset.dtypes
+PresetName = Literal[PRESET_NAMES]  # type: ignore[valid-type]  # one list: hs_dataset.layer_presets
 
 
 def _scalar_to_str(value: Any) -> Any:
@@ -91,16 +93,31 @@ class ModelSection(Section):
 
 
 class LayersSection(Section):
-    """Which hidden states are captured, and what the indexes mean."""
+    """Which hidden states are captured, and what the indexes mean: explicit `aux` ids, or a drafter family's `preset`
+    derived from the model's layer count (the preset table below says each rule and where it comes from)."""
 
     convention: Literal["hf_hidden_states_index"] = Field(
         LAYER_CONVENTION,
         description="How `aux` is counted: indexes into transformers' `output_hidden_states` tuple "
         "(`hidden_states[0]` = embedding output, `hidden_states[i]` = output of decoder layer `i-1`). The only value.",
     )
-    aux: list[int] = Field(
-        description="The EAGLE-3 aux layers as HF `hidden_states` indexes, e.g. `[2, 30, 58]` for Kimi-K2.5. Required.",
-        json_schema_extra={"constraint": "non-empty, ascending, distinct, each >= 0"},
+    preset: PresetName | None = Field(  # type: ignore[valid-type]
+        None,
+        description="A drafter family whose layers are derived from the model's layer count L when the capture starts "
+        f"(one of {', '.join(f'`{n}`' for n in PRESET_NAMES)}; `eagle3` also serves Eagle 3.1, `mtp` captures the final state "
+        "only). The manifest records the preset and the ids it gave. Default null: `aux` names the layers.",
+    )
+    taps: int | None = Field(
+        None,
+        ge=1,
+        description=f"How many layers a DFlash-family preset ({', '.join(f'`{n}`' for n in TAPPED_PRESETS)}) taps. "
+        f"Default null: {DEFAULT_TAPS}, as the published recipes.",
+    )
+    aux: list[int] | None = Field(
+        None,
+        description="The aux layers as HF `hidden_states` indexes, e.g. `[2, 30, 58]` for Kimi-K2.5; `[]` captures the final "
+        "state only (an MTP dataset). Wins over `preset`. Default null: the preset's layers (one of the two is required).",
+        json_schema_extra={"constraint": "ascending, distinct, each >= 0"},
     )
     final: Literal["pre_norm", "post_norm"] = Field(
         "pre_norm",
@@ -111,14 +128,41 @@ class LayersSection(Section):
 
     @field_validator("aux")
     @classmethod
-    def _ascending_indexes(cls, aux: list[int]) -> list[int]:
-        if not aux:
-            raise ValueError("must list at least one HF hidden_states index, e.g. [2, 3, 4]")
-        if min(aux) < 0:
+    def _ascending_indexes(cls, aux: list[int] | None) -> list[int] | None:
+        if aux is None:
+            return aux
+        if aux and min(aux) < 0:
             raise ValueError(f"must be HF hidden_states indexes >= 0 (0 is the embedding output), got {aux}")
         if any(b <= a for a, b in zip(aux, aux[1:])):
             raise ValueError(f"must be ascending distinct HF hidden_states indexes, got {aux}")
         return aux
+
+    @model_validator(mode="after")
+    def _ids_or_preset(self) -> "LayersSection":
+        if self.aux is None and self.preset is None:
+            raise ValueError(
+                "name the captured layers: `aux: [2, 30, 58]` (HF hidden_states indexes) or `preset: NAME` "
+                f"({', '.join(PRESET_NAMES)})"
+            )
+        if self.taps is not None and self.preset not in TAPPED_PRESETS:
+            raise ValueError(f"taps applies to the presets {', '.join(TAPPED_PRESETS)} only, not to preset {self.preset}; drop it")
+        return self
+
+    def resolve(self, num_layers: int) -> list[int]:
+        """The aux ids (HF ``hidden_states`` indexes) captured on a ``num_layers``-layer model: ``aux``, else the preset's."""
+        if self.aux is not None:
+            return list(self.aux)
+        try:
+            return preset_aux_layers(str(self.preset), num_layers, self.taps)
+        except ValueError as exc:
+            raise ValueError(f"layers.preset {self.preset}: {exc}") from None
+
+    def preset_record(self) -> dict[str, Any] | None:
+        """What the manifest records of the preset: its name, its taps and whether explicit ``aux`` overrode it."""
+        if self.preset is None:
+            return None
+        taps = (self.taps or DEFAULT_TAPS) if self.preset in TAPPED_PRESETS else None
+        return {"name": self.preset, "taps": taps, "ids_from": "aux" if self.aux is not None else "preset"}
 
 
 class SourceSection(Section):

@@ -48,13 +48,17 @@ def safetensors_dtype(dtype: torch.dtype) -> str:
 
 
 def check_tensor_table(tensors: dict[str, dict], where: str) -> Encoding:
-    """Refuse unknown encodings and states stored two ways; returns the state encoding (readers decode with it)."""
+    """Refuse unknown encodings and states stored two ways; returns the state encoding (readers decode with it).
+
+    A dataset of the final state only lists no aux tensor (the manifest checks that against its layer ids).
+    """
     for entry in tensors.values():
         get_encoding(entry["encoding"])
-    aux, final = tensors["aux_hidden_states"]["encoding"], tensors["final_hidden_state"]["encoding"]
+    final = tensors["final_hidden_state"]["encoding"]
+    aux = tensors.get("aux_hidden_states", {}).get("encoding", final)
     if aux != final:
         raise FormatError(f"{where}: aux states are {aux!r} but the final state {final!r}; a dataset stores both one way (restore the manifest)")
-    return get_encoding(aux)
+    return get_encoding(final)
 
 
 def encode_state(tensor: torch.Tensor, encoding: Encoding) -> tuple[torch.Tensor, torch.Tensor | None]:

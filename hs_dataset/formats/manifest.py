@@ -20,7 +20,7 @@ from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, Unsup
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.paths import check_local_path, check_member_name, check_plain_name, open_member
-from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY
+from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, state_keys
 
 __all__ = [
     "FORMAT_NAME",
@@ -178,6 +178,11 @@ class Manifest:
     def hidden_size(self) -> int:
         return int(self.metadata["hidden_size"])
 
+    @property
+    def state_encoding(self) -> str:
+        """The encoding name of the stored states: one for both, read off the final state (a dataset may hold no aux tensor)."""
+        return str(self.tensors[FINAL_KEY]["encoding"])
+
     # ---- serialisation -------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         # a format-1 dataset stays format 1 (old readers keep reading it) until it lists a BLAKE3-hashed shard
@@ -314,9 +319,11 @@ def _check_shape_fields(manifest: "Manifest", where: str) -> None:
         if not isinstance(entry, dict) or not isinstance(entry.get("encoding"), str):
             raise FormatError(f"{where}: tensors.{name} needs an 'encoding' name; restore the manifest")
     fixed = {OFFSETS_KEY: "int64", INPUT_IDS_KEY: "int64", LOSS_MASK_KEY: "bool"}
-    for name in (*fixed, AUX_KEY, FINAL_KEY):
+    for name in (*fixed, *state_keys(len(ids))):
         if name not in manifest.tensors:
             raise FormatError(f"{where}: tensors.{name} is missing; every dataset records its encoding; restore the manifest")
+    if not ids and AUX_KEY in manifest.tensors:
+        raise FormatError(f"{where}: tensors.{AUX_KEY} is listed but metadata.aux_layer_ids is empty (the final state only); restore the manifest")
     wrong = [n for n, enc in fixed.items() if manifest.tensors[n]["encoding"] != enc]
     if wrong:
         raise FormatError(f"{where}: tensors {wrong} have the wrong encoding (offsets and ids are int64, the mask bool); restore the manifest")

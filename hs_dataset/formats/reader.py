@@ -40,6 +40,7 @@ from hs_dataset.formats.shard_layout import (
     NORM_WEIGHT_KEY,
     OFFSETS_KEY,
     SHARD_FORMAT,
+    state_keys,
 )
 
 __all__ = ["ShardReader", "HiddenStateDataset", "open_dataset", "load_norm_weight"]
@@ -76,7 +77,9 @@ class ShardReader:
         self.specs = specs
         self._data_start = data_start
         self._tensors = {name: self._view(spec, manifest, where) for name, spec in specs.items()}
-        self._state_encoding = get_encoding(manifest.tensors[AUX_KEY]["encoding"])
+        self._state_encoding = get_encoding(manifest.state_encoding)
+        self.state_keys = state_keys(len(manifest.aux_layer_ids))  # no aux tensor in a dataset of the final state only
+        self._empty_aux = (0, manifest.hidden_size)
         self._check_structure(manifest, record, where)
         self.offsets = self._tensors[OFFSETS_KEY]
         if self._state_encoding.scaled:
@@ -124,9 +127,14 @@ class ShardReader:
         return flat.view(spec.shape)
 
     def _check_structure(self, manifest: Manifest, record: ShardRecord | None, where: str) -> None:
-        for key in (OFFSETS_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, AUX_KEY, FINAL_KEY):
+        for key in (OFFSETS_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, *self.state_keys):
             if key not in self._tensors:
                 raise FormatError(f"{where}: tensor {key!r} is missing")
+        if AUX_KEY not in self.state_keys and AUX_KEY in self._tensors:
+            raise IntegrityError(
+                f"{where}: holds an aux tensor, but the manifest records no aux layers (the final state only): a shard of "
+                "another dataset; restore it from a copy or rebuild the dataset"
+            )
         n = len(self.sample_ids)
         offsets = self._tensors[OFFSETS_KEY]
         tokens = self._tensors[INPUT_IDS_KEY].shape[0]
@@ -143,6 +151,8 @@ class ShardReader:
             FINAL_KEY: stored((tokens, h)),
         }
         for key, shape in shapes.items():
+            if key not in self._tensors:
+                continue  # the aux tensor of a dataset of the final state only (checked above)
             if tuple(self._tensors[key].shape) != shape:
                 raise IntegrityError(f"{where}: {key} has shape {tuple(self._tensors[key].shape)}, expected {shape}")
         if record is not None and (record.samples != n or record.tokens != tokens):
@@ -157,8 +167,9 @@ class ShardReader:
         """
         encoding = self._state_encoding
         tokens, k, h = int(self._tensors[INPUT_IDS_KEY].shape[0]), len(manifest.aux_layer_ids), manifest.hidden_size
-        for key, shape in ((AUX_KEY, encoding.scale_shape((tokens, k, h))), (FINAL_KEY, encoding.scale_shape((tokens, h)))):
-            name = key + SCALE_SUFFIX
+        shapes = {AUX_KEY: encoding.scale_shape((tokens, k, h)), FINAL_KEY: encoding.scale_shape((tokens, h))}
+        for key in self.state_keys:
+            shape, name = shapes[key], key + SCALE_SUFFIX
             scale = self._tensors.get(name)
             if scale is None or tuple(scale.shape) != shape:
                 got = "missing" if scale is None else f"of shape {tuple(scale.shape)}"
@@ -218,21 +229,26 @@ class ShardReader:
         return int(self.offsets[i]), int(self.offsets[i + 1])
 
     def sample(self, i: int) -> dict[str, Any]:
+        """Sample ``i``'s tensors; without aux layers ``aux_hidden_states`` is an empty ``[T, 0, H]`` (no bytes stored)."""
         begin, end = self.token_range(i)
         t = self._tensors
-        aux_scale = t.get(AUX_KEY + SCALE_SUFFIX)
         final_scale = t.get(FINAL_KEY + SCALE_SUFFIX)
         return {
             "sample_id": self.sample_ids[i],
             "input_ids": t[INPUT_IDS_KEY][begin:end],
             "loss_mask": t[LOSS_MASK_KEY][begin:end],
-            "aux_hidden_states": decode_state(
-                t[AUX_KEY][begin:end], None if aux_scale is None else aux_scale[begin:end], self._state_encoding
-            ),
+            "aux_hidden_states": self._aux(begin, end),
             "final_hidden_state": decode_state(
                 t[FINAL_KEY][begin:end], None if final_scale is None else final_scale[begin:end], self._state_encoding
             ),
         }
+
+    def _aux(self, begin: int, end: int) -> torch.Tensor:
+        """Tokens ``[begin, end)`` of the aux states, decoded; a zero-width view of nothing when none are stored."""
+        if AUX_KEY not in self._tensors:
+            return torch.empty((end - begin, *self._empty_aux), dtype=self._state_encoding.decoded_dtype)
+        scale = self._tensors.get(AUX_KEY + SCALE_SUFFIX)
+        return decode_state(self._tensors[AUX_KEY][begin:end], None if scale is None else scale[begin:end], self._state_encoding)
 
 
 def _expected_storage_dtype(name: str, manifest: Manifest) -> str | None:

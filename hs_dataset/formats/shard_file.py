@@ -75,6 +75,9 @@ def _shard_tensors(batch: list[EncodedSample]) -> dict[str, tuple[str, tuple[int
         # per-token scales [T, K] / [T], or per-group ones [T, K, G] / [T, G]: the samples' own trailing shape
         tensors[AUX_KEY + SCALE_SUFFIX] = (first.aux_scale.dtype, (tokens, *first.aux_scale.shape[1:]), [tensor_bytes(s.aux_scale) for s in batch])
         tensors[FINAL_KEY + SCALE_SUFFIX] = (first.final_scale.dtype, (tokens, *first.final_scale.shape[1:]), [tensor_bytes(s.final_scale) for s in batch])
+    if first.aux.shape[1] == 0:  # no aux layer (the final state only): the shard holds no aux tensor at all
+        tensors.pop(AUX_KEY)
+        tensors.pop(AUX_KEY + SCALE_SUFFIX, None)
     return {name: (safetensors_dtype(dtype), shape, views) for name, (dtype, shape, views) in tensors.items()}
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "AUX_KEY",
     "FINAL_KEY",
     "STATE_KEYS",
+    "state_keys",
     "NORM_WEIGHT_FILE",
     "NORM_WEIGHT_KEY",
     "DEFAULT_SHARD_BYTES",
@@ -39,3 +40,8 @@ SHARD_NAME_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]*?)shard-(?P<seq>\d{6})\.
 def shard_file_name(prefix: str, seq: int) -> str:
     """``{prefix}shard-000042.safetensors``; the prefix separates concurrent writers (ranks)."""
     return f"{prefix}shard-{seq:06d}{SHARD_SUFFIX}"
+
+
+def state_keys(num_aux: int) -> tuple[str, ...]:
+    """The state tensors a shard holds: both, or only the final state when no aux layer is captured (an MTP dataset)."""
+    return STATE_KEYS if num_aux else (FINAL_KEY,)

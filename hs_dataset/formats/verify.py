@@ -109,9 +109,7 @@ def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], c
 
 def check_finite(reader: ShardReader, path: Path) -> None:
     """No NaN/inf in any state of the shard (remote verify runs it on each downloaded shard too)."""
-    from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
-
-    for key in (AUX_KEY, FINAL_KEY):
+    for key in reader.state_keys:
         data = reader.tensor(key)
         for start in range(0, data.shape[0], _STATE_CHUNK_TOKENS):
             chunk = data[start : start + _STATE_CHUNK_TOKENS]

@@ -100,13 +100,16 @@ def _is_our_norm_weight(path: Path) -> bool:
 def _tensor_table(target: WriteTarget) -> dict[str, dict[str, Any]]:
     state = {"encoding": target.encoding.name}
     num_aux, hidden_size = len(target.metadata["aux_layer_ids"]), int(target.metadata["hidden_size"])
-    return {
+    table = {
         OFFSETS_KEY: {"encoding": "int64", "shape": ["samples+1"]},
         INPUT_IDS_KEY: {"encoding": "int64", "shape": ["tokens"]},
         LOSS_MASK_KEY: {"encoding": "bool", "shape": ["tokens"]},
         AUX_KEY: {**state, "shape": ["tokens", num_aux, hidden_size]},
         FINAL_KEY: {**state, "shape": ["tokens", hidden_size]},
     }
+    if not num_aux:  # the final state only: the shards hold no aux tensor, the table lists none
+        del table[AUX_KEY]
+    return table
 
 
 def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created_by: str | None) -> Manifest:
@@ -149,9 +152,9 @@ def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> Op
             f"{root} already holds a different dataset (config {manifest.metadata.get('config_name')!r}, "
             f"model {manifest.metadata.get('model')!r}); write to another directory or delete this one"
         )
-    if manifest.tensors.get(AUX_KEY, {}).get("encoding") != target.encoding.name:
+    if manifest.tensors.get(FINAL_KEY, {}).get("encoding") != target.encoding.name:
         raise ForeignDatasetError(
-            f"{root} stores states as {manifest.tensors.get(AUX_KEY, {}).get('encoding')!r} but this run asks for "
+            f"{root} stores states as {manifest.tensors.get(FINAL_KEY, {}).get('encoding')!r} but this run asks for "
             f"{target.encoding.name!r}; use the same --storage as the first run or another directory"
         )
     listed = {s.file for s in manifest.shards}

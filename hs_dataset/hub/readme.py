@@ -93,7 +93,7 @@ def _tensor_facts(manifest: Any, card: Card | None) -> dict[str, Any]:
         "final_state": md.get("final_state", "pre_norm"),
         "final_norm": md.get("final_norm") or {},
         "dtype": md.get("dtype"),
-        "encoding": (manifest.tensors.get("aux_hidden_states") or {}).get("encoding"),
+        "encoding": (manifest.tensors.get("final_hidden_state") or {}).get("encoding"),
         "hidden_size": md.get("hidden_size"),
         "vocab_size": md.get("vocab_size"),
         "tokenizer": public.get("tokenizer") or {},

@@ -405,7 +405,7 @@ def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any
             "config_name": md.get("config_name"),
             "model": md.get("model"),
             "dtype": md.get("dtype"),
-            "state_encoding": ds.manifest.tensors.get("aux_hidden_states", {}).get("encoding"),
+            "state_encoding": ds.manifest.state_encoding,
             "final_state": md.get("final_state"),
         },
         **extra,

@@ -132,6 +132,8 @@ def resolve_settings(src: Path, fmt: str, settings: ImportSettings) -> ResolvedI
         norm = record.get("final_norm")
         if isinstance(norm, dict) and "weight_file" in norm:
             norm_weight, norm_eps = _recorded_norm(src, norm)
+    if not sources and card is not None and card.layers.aux is None and num_hidden_layers:  # the card's preset, for the model's layers
+        sources.append((f"config {card.name}", card.aux_layers_for(int(num_hidden_layers))))
     ids = sources[0][1] if sources else (trainer_default_aux_layer_ids(int(num_hidden_layers)) if num_hidden_layers else None)
     if card is not None:
         fingerprint = card.fingerprint
@@ -156,10 +158,10 @@ def _layer_id_sources(src: Path, aux_layer_ids: Sequence[int] | None, layers: di
     sources: list[tuple[str, list[int]]] = []
     if aux_layer_ids is not None:
         sources.append(("--aux-layer-ids", [int(i) for i in aux_layer_ids]))
-    recorded_ids = layers.get("target_layer_ids") or layers.get("aux_layer_ids_hf")
+    recorded_ids = layers.get("target_layer_ids", layers.get("aux_layer_ids_hf"))  # [] is a record: the final state only
     if recorded_ids is not None:
         sources.append((f"{src}/hs_dataset_export.json", [int(i) for i in recorded_ids]))
-    if card is not None:
+    if card is not None and card.layers.aux is not None:
         sources.append((f"config {card.name}", list(card.layers.aux)))
     # The explicit value and the export record describe the files; they must agree.
     hard = [s for s in sources if not s[0].startswith("config ")]
@@ -217,9 +219,9 @@ def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: 
         )
     if len(ids) != k:
         raise ImportDataError(f"{where}: the files hold {k} aux layers but the layer ids are {ids} ({len(ids)} layers)")
-    if sorted(set(ids)) != ids or min(ids) < 0:
+    if sorted(set(ids)) != ids or min(ids, default=0) < 0:
         raise ImportDataError(f"aux layer ids {ids} must be ascending, distinct, non-negative HF hidden_states indexes")
-    if resolved.num_hidden_layers is not None and max(ids) >= resolved.num_hidden_layers:
+    if resolved.num_hidden_layers is not None and max(ids, default=-1) >= resolved.num_hidden_layers:
         raise ImportDataError(f"aux layer ids {ids} reach past the {resolved.num_hidden_layers} decoder layers (id L is the final state)")
     try:
         dtype_name = state_dtype_name(dtype)

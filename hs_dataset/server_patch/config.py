@@ -27,7 +27,7 @@ class CaptureConfig:
 
     Keys of the JSON config (env var in brackets, used when the key is absent):
     ``staging_dir`` [HS_CAPTURE_STAGING_DIR], ``hf_aux_layer_ids`` [HS_CAPTURE_LAYER_IDS,
-    comma-separated], ``rid_prefix`` [HS_CAPTURE_RID_PREFIX], ``max_staging_bytes``
+    comma-separated; ``[]`` in the JSON config: the final state only], ``rid_prefix`` [HS_CAPTURE_RID_PREFIX], ``max_staging_bytes``
     [HS_CAPTURE_MAX_BYTES], ``max_staging_files`` [HS_CAPTURE_MAX_FILES], ``max_wait_s``
     [HS_CAPTURE_MAX_WAIT_S], ``writer_threads`` [HS_CAPTURE_WRITERS], ``pinned_pool_bytes``
     [HS_CAPTURE_PINNED_BYTES], ``orphan_ttl_s`` [HS_CAPTURE_ORPHAN_TTL_S], ``assembly_ttl_s``
@@ -64,10 +64,10 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         if not self.staging_dir:
             raise ValueError("capture config: staging_dir is required (config key or HS_CAPTURE_STAGING_DIR)")
-        if not self.hf_aux_layer_ids:
+        if self.hf_aux_layer_ids is None:
             raise ValueError("capture config: hf_aux_layer_ids is required (config key or HS_CAPTURE_LAYER_IDS)")
-        ids = list(self.hf_aux_layer_ids)
-        if any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < 0:
+        ids = list(self.hf_aux_layer_ids)  # none: the final state only
+        if any(b <= a for a, b in zip(ids, ids[1:])) or (ids and ids[0] < 0):
             raise ValueError(f"capture config: hf_aux_layer_ids must be ascending and >= 0, got {ids}")
         if not self.rid_prefix.startswith("hs-") or not all(c.isalnum() or c == "-" for c in self.rid_prefix):
             raise ValueError(f"capture config: rid_prefix must start with 'hs-' and hold only [a-z0-9-], got {self.rid_prefix!r}")
@@ -124,7 +124,7 @@ class CaptureConfig:
         if config.get("architectures"):
             values["architectures"] = tuple(config["architectures"])
         for required, env_key in (("staging_dir", "STAGING_DIR"), ("hf_aux_layer_ids", "LAYER_IDS")):
-            if not values.get(required):
+            if values.get(required) is None or values[required] == "":  # an empty id list is the final state only
                 raise ValueError(f"capture config: {required} is required (config key or {ENV_PREFIX}{env_key})")
         return cls(**{k: v for k, v in values.items() if v is not None})
 

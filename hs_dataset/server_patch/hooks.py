@@ -27,6 +27,10 @@ Mechanisms (``CFG["mechanism"]``):
     residual: the first ``layer_hook`` reads the loaded decoder class's ``forward``
     (``layer_outputs.layer_hooks_problem``) and refuses to start otherwise (0.5.23).
 
+With no aux layer (``hf_aux_layer_ids: []``, the final state only) either mechanism
+runs without aux flags or layer hooks: the norm hook alone supplies the state, and
+the aux part of every dump is an empty ``[T, 0, H]``.
+
 The ``model`` hook receives the ForwardBatch, so it is where a pass is split into
 requests and handed to the core; the norm/layer hooks only park tensors for it.
 """
@@ -302,7 +306,9 @@ class _Runtime:
         batch = BatchView.from_forward_batch(fb, input_ids=ids)
         missing = None
         aux = None
-        if self.config.mechanism == "aux_return":
+        if not self.aux_slot:  # the final state only (an MTP capture): no aux layer is asked for, none is returned
+            aux = final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None
+        elif self.config.mechanism == "aux_return":
             if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], torch.Tensor):
                 aux = output[1]
             elif (  # Llama on SGLang 0.5.23: one tensor per captured layer (AuxHiddenStateList)
@@ -331,7 +337,7 @@ class _Runtime:
                 "the final-norm hook did not fire in this pass (prefill CUDA graph replay or a norm fused into an "
                 "all-reduce): pass --disable-prefill-cuda-graph and leave all-reduce fusion off"
             )
-        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed)
+        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed or not self.aux_slot)
 
     def guard(self, fn, *args) -> None:
         started = time.perf_counter_ns()

@@ -336,6 +336,27 @@ def test_import_speculators_round_trip(src: Path, tmp_path: Path) -> None:
         import_speculators(tmp_path / "spec", tmp_path / "back2", ImportSettings(config="unit-test", aux_layer_ids=[1, 2, 3]))
 
 
+def test_a_final_state_only_dataset_exports_the_final_alone_and_comes_back(tmp_path: Path) -> None:
+    """``aux_layer_ids: []`` (the mtp preset): speculators gets hidden_states [T, 1, H]; SpecForge, which needs 3 aux layers, refuses in one line."""
+    final_only = _write(tmp_path / "mtp", k=0, layer_preset={"name": "mtp", "taps": None, "ids_from": "preset"})
+    report = export_speculators(final_only, tmp_path / "spec")
+    assert any("only speculators' MTP trains on it" in note for note in report.notes)
+    record = json.loads((tmp_path / "spec" / EXPORT_RECORD_NAME).read_text())["layers"]
+    assert record["target_layer_ids"] == [] and record["hidden_states_layer_ids"] == [L]
+    assert record["train_flags"][:2] == ["--speculator-type", "mtp"] and "--target-layer-ids" not in record["train_flags"]
+    orig = open_dataset(final_only)
+    for idx, sample in enumerate(orig):
+        hs = load_file(str(tmp_path / "spec" / "hidden_states" / f"hs_{idx}.safetensors"))["hidden_states"]
+        assert hs.shape == (sample["input_ids"].shape[0], 1, H) and torch.equal(hs[:, 0], sample["final_hidden_state"])
+    import_speculators(tmp_path / "spec", tmp_path / "back", ImportSettings(config="unit-test"))
+    back = open_dataset(tmp_path / "back")
+    assert back.manifest.aux_layer_ids == [] and "aux_hidden_states" not in back.manifest.tensors
+    for a, b in zip(back, orig):
+        assert torch.equal(a["final_hidden_state"], b["final_hidden_state"]) and a["aux_hidden_states"].shape[1] == 0
+    with pytest.raises(ExportMismatchError, match=r"holds the final state only .*layer preset mtp.*exactly 3 aux layers"):
+        export_specforge(final_only, tmp_path / "forge")
+
+
 def test_import_specforge_stores_post_norm(src: Path, tmp_path: Path) -> None:
     export_specforge(src, tmp_path / "forge")
     import_specforge(tmp_path / "forge", tmp_path / "back", ImportSettings(config="unit-test"))

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.model.card_from_model import card_from_model, eagle3_default_aux_layers
+from hs_dataset.layer_presets import eagle3_default_aux_layers
+from hs_dataset.model.card_from_model import card_from_model
 from hs_dataset.model.snapshot import ModelPathError, resolve_model_path
 from hs_dataset.model.processor import ProcessorFilesError, check_processor_files
 from hs_dataset.model.remote_code import RemoteCodeError
@@ -90,7 +91,8 @@ def test_command_line_overrides_every_capture_field(tiny_model_dir, tmp_path, ca
     import yaml
 
     card = yaml.safe_load(capsys.readouterr().out)
-    assert card["layers"] == {"convention": "hf_hidden_states_index", "aux": [1, 5], "final": "post_norm"}
+    # preset/taps: the layer-preset keys (issue #38), printed null because --aux-layer-ids names the layers
+    assert card["layers"] == {"convention": "hf_hidden_states_index", "preset": None, "taps": None, "aux": [1, 5], "final": "post_norm"}
     assert (card["max_length"], card["dtype"], card["model"]["chat_template"], card["model"]["trust_remote_code"]) == (64, "bfloat16", str(template), True)
 
 

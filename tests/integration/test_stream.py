@@ -29,7 +29,7 @@ from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
-from hs_dataset.sample import CapturedSample
+from hs_dataset.sample import CapturedSample, TokenizedSample
 
 from tests.fixtures.paths import REPO
 from tests.fixtures.samples import make_metadata, make_sample
@@ -158,6 +158,32 @@ def test_a_shard_name_reused_after_evicting_the_newest_is_read_anew(tiny_model_d
     assert not torch.equal(second[last]["aux_hidden_states"], first[last]["aux_hidden_states"])
     for key, value in second[last].items():  # what the re-created shard holds, not the evicted one
         assert torch.equal(third[last][key], value) if isinstance(value, torch.Tensor) else third[last][key] == value, key
+
+
+def test_a_final_state_only_stream_serves_and_caches_the_final_state_alone(tiny_model_dir, tiny_card, hf_backend, tmp_path):
+    """``layers.preset: mtp`` online: training rows carry an empty [T-1, 0, H] aux; the cache holds the final state of the capture with aux layers."""
+    from hs_dataset import stream
+    from hs_dataset.capture.base import CaptureTarget
+    from hs_dataset.capture.hf import HFBackend
+    from hs_dataset.config import HFBackendSection
+
+    card = tiny_card.with_overrides(layers={"aux": None, "preset": "mtp"})
+    backend = HFBackend(HFBackendSection(name="hf", device="cpu"), CaptureTarget(tiny_model_dir, (), dtype="float32"))
+    try:
+        ds = stream(card, cache_dir=tmp_path / "cache", max_cache_bytes=50_000_000, backend=backend, num_samples=5)
+        first = {item["sample_id"]: item for item in ds}
+        second = {item["sample_id"]: item for item in ds}  # from the cache
+    finally:
+        backend.close()
+    assert len(first) == 5 and ds.stats.hits == 5
+    for sid, item in first.items():  # the shifted training rows (training.shift_sample)
+        assert item["aux_hidden_states"].shape == (item["input_ids"].shape[0], 0, 64)
+        assert torch.equal(second[sid]["final_hidden_state"], item["final_hidden_state"])
+    cached = open_dataset(tmp_path / "cache")
+    assert cached.manifest.aux_layer_ids == [] and "aux_hidden_states" not in cached.manifest.tensors
+    for stored in cached:
+        (with_aux,) = hf_backend.capture_batch([TokenizedSample(stored["sample_id"], stored["input_ids"], stored["loss_mask"])])
+        assert torch.allclose(stored["final_hidden_state"], with_aux.final_hidden_state, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------- the real server

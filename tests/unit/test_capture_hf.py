@@ -85,6 +85,16 @@ def test_aux_layer_zero_is_the_embedding_output(tiny_model_dir):
     assert _rel(result.aux_hidden_states[:, 1], hidden[5][0]) <= REL_TOL
 
 
+def test_no_aux_layer_captures_the_final_state_alone(tiny_model_dir, hf_backend):
+    """``aux: []`` (an MTP dataset): K = 0 aux states, the same pre-norm final state as with aux layers."""
+    backend = HFBackend(ON_CPU, CaptureTarget(tiny_model_dir, (), dtype="float32"))
+    samples = _samples([7, 30], seed=9)
+    for alone, with_aux in zip(backend.capture_batch(samples), hf_backend.capture_batch(samples)):
+        assert alone.aux_hidden_states.shape == (alone.num_tokens, 0, 64)
+        assert _rel(alone.final_hidden_state, with_aux.final_hidden_state) <= REL_TOL
+    assert backend.info().aux_layer_ids == []
+
+
 def test_out_of_range_layers_and_tokens_are_refused(tiny_model_dir, hf_backend):
     with pytest.raises(ValueError, match="outside 0..5"):
         HFBackend(ON_CPU, CaptureTarget(tiny_model_dir, (2, 6), dtype="float32"))

@@ -109,7 +109,10 @@ def test_a_key_nothing_resembles_lists_the_known_keys(tmp_path, sglang_raw):
     [
         (lambda raw: raw["layers"].update(aux=[3, 2]), "layers.aux: must be ascending distinct HF hidden_states indexes, got [3, 2]"),
         (lambda raw: raw["layers"].update(aux=[2, 2]), "layers.aux: must be ascending distinct HF hidden_states indexes, got [2, 2]"),
-        (lambda raw: raw["layers"].update(aux=[]), "layers.aux: must list at least one"),
+        # aux: [] is a valid card now (the final state only, issue #38); naming no layers at all is what is refused
+        (lambda raw: raw["layers"].pop("aux"), "layers: name the captured layers: `aux: [2, 30, 58]`"),
+        (lambda raw: raw["layers"].update(aux=None, preset="dflash3"), "layers.preset: must be one of 'eagle3'"),
+        (lambda raw: raw["layers"].update(preset="eagle3", taps=3), "layers: taps applies to the presets dflash, dflash2, dspark, xpress only"),
         (lambda raw: raw["layers"].update(aux=[-1, 2]), "layers.aux: must be HF hidden_states indexes >= 0"),
         (lambda raw: raw["layers"].update(aux=[1, "2"]), "layers.aux[1]: must be an integer, got '2'"),
         (lambda raw: raw["layers"].update(final="mid_norm"), "layers.final: must be one of 'pre_norm' or 'post_norm', got 'mid_norm'"),

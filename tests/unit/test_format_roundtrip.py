@@ -24,7 +24,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lengths=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=25),
-    k=st.integers(min_value=1, max_value=4),
+    k=st.integers(min_value=0, max_value=4),  # 0: the final state only
     h=st.sampled_from([1, 8, 24]),
     dtype=st.sampled_from(sorted(DTYPES)),
     shard_bytes=st.integers(min_value=1, max_value=20_000),
@@ -241,3 +241,49 @@ def test_shards_of_the_old_layout_still_read_verify_and_resume(tmp_path, storage
     check(open_dataset(root, verify_hashes=True), old + new)
     newest = sorted(root.glob("shard-*.safetensors"))[-1]
     assert _tensor_order(newest)[:2] == ["input_ids", "sample_offsets"]
+
+
+@pytest.mark.parametrize("storage", ["native", "fp8", "nf4"])
+def test_a_final_only_dataset_holds_no_aux_tensor_and_every_reader_reads_it(tmp_path, storage):
+    """``aux_layer_ids: []`` (an MTP capture): shards and manifest hold the final state only; readers see K = 0."""
+    import json
+
+    from hs_dataset.builder import _shard_tables, row_features
+    from hs_dataset.formats.stats import compute_stats
+    from hs_dataset.training import make_loader
+
+    samples = [make_sample(f"s{i}", 6 + i, k=0, h=32, seed=i) for i in range(6)]
+    with ShardWriter(tmp_path, make_metadata(k=0, h=32), storage=storage, shard_bytes=2_000) as writer:
+        writer.add_many(samples[:4])
+    with ShardWriter(tmp_path, make_metadata(k=0, h=32), storage=storage, shard_bytes=2_000) as writer:  # resumed
+        writer.add_many(samples)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "aux_hidden_states" not in manifest["tensors"] and manifest["metadata"]["aux_layer_ids"] == []
+    for record in manifest["shards"]:
+        with safe_open(str(tmp_path / record["file"]), framework="pt") as f:
+            assert not [k for k in f.keys() if k.startswith("aux_hidden_states")], list(f.keys())
+    ds = open_dataset(tmp_path, verify_hashes=True)
+    assert len(ds) == 6 and verify_dataset(tmp_path).ok
+    for item, ref in zip(ds, samples):
+        assert item["aux_hidden_states"].shape == (ref.num_tokens, 0, 32)
+        err = (item["final_hidden_state"].float() - ref.final_hidden_state.float()).norm() / ref.final_hidden_state.float().norm()
+        assert err < (1e-7 if storage == "native" else 0.2), err
+    batch = next(iter(make_loader(tmp_path, max_tokens=64)))  # the EAGLE-3 pairs of training.py
+    assert batch["aux_hidden_states"].shape[2] == 0 and batch["final_hidden_state"].shape[-1] == 32
+    rows = [row for table in _shard_tables(ds.shard(0), row_features(0, 32)) for row in table.to_pylist()]
+    assert rows and "aux_hidden_states" not in rows[0] and len(rows[0]["final_hidden_state"][0]) == 32  # the datasets rows
+    assert [layer.name for layer in compute_stats(tmp_path).layers] == ["final (pre_norm)"]
+
+
+def test_a_manifest_whose_tensor_table_contradicts_its_layers_is_refused(tmp_path):
+    import json
+
+    from hs_dataset.errors import FormatError
+
+    with ShardWriter(tmp_path, make_metadata(k=0)) as writer:
+        writer.add_many(make_sample(f"s{i}", 5, k=0) for i in range(2))
+    raw = json.loads((tmp_path / "manifest.json").read_text())
+    raw["tensors"]["aux_hidden_states"] = dict(raw["tensors"]["final_hidden_state"])
+    (tmp_path / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(FormatError, match="tensors.aux_hidden_states is listed but metadata.aux_layer_ids is empty"):
+        open_dataset(tmp_path)

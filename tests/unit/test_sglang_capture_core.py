@@ -578,6 +578,35 @@ def test_hooks_pair_the_prenorm_final_with_the_model_output(monkeypatch, tmp_pat
     core.close()
 
 
+@pytest.mark.parametrize("mechanism", ["aux_return", "layer_hooks"])
+def test_no_aux_layer_dumps_the_final_state_alone_and_the_client_takes_it(monkeypatch, tmp_path, mechanism):
+    """``hf_aux_layer_ids: []``: no aux flag, no layer hook; the norm hook's state is dumped with an empty [T, 0, H] aux."""
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
+    from hs_dataset.sample import CapturedSample, TokenizedSample
+
+    hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism=mechanism, architectures=["DeepseekV3ForCausalLM"], hf_aux_layer_ids=[])
+    norm, model = hooks.norm_hook(config), hooks.model_hook(config)
+    final, post = torch.randn(4, H), torch.randn(4, H)
+    fb = fake_batch("EXTEND", [4], rids=["hs-r1-1-4"])
+    norm(None, (torch.randn(4, H), torch.randn(4, H)), (post, final))
+    model(None, (fb.input_ids, None, fb, None), post)  # a server without --enable-return-aux-hidden-states returns one tensor
+    core = hooks._RUNTIME.core
+    core.flush()
+    meta, t = read(core, "hs-r1-1-4")
+    assert t["aux_hidden_states"].shape == (4, 0, H) and torch.equal(t["final_hidden_state"], final)
+    sample = TokenizedSample("s", fb.input_ids, torch.ones(4, dtype=torch.bool))
+    path = os.path.join(core.config.staging_dir, "hs-r1-1-4.safetensors")
+    got = check_dump(path, "hs-r1-1-4", sample, ExpectedDump(aux_layer_ids=(), dtype=torch.float32))
+    assert isinstance(got, CapturedSample) and got.aux_hidden_states.shape == (4, 0, H), getattr(got, "reason", None)
+    core.close()
+
+
+def test_a_config_with_no_aux_layer_is_the_final_state_only_but_one_with_none_named_is_refused():
+    assert CaptureConfig.from_sources({"staging_dir": "/x", "hf_aux_layer_ids": []}, environ={}).hf_aux_layer_ids == ()
+    with pytest.raises(ValueError, match="hf_aux_layer_ids is required"):
+        CaptureConfig.from_sources({"staging_dir": "/x"}, environ={})
+
+
 OLD_LAYER_SOURCE = """
 class DeepseekV2DecoderLayer:
     def forward(self, positions, hidden_states, forward_batch, residual):

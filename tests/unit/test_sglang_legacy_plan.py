@@ -52,6 +52,11 @@ def test_a_patched_release_without_hooks_is_served_through_the_patch(card, patch
     assert all(var in plan.env for key, var in serve.LEGACY_ENV if key in plan.hook_config)
 
 
+def test_the_patch_always_returns_aux_layers_so_a_final_only_card_is_refused(card, patched_env, tmp_path):
+    with pytest.raises(ServeError, match="final-state-only capture.*needs SGLang's forward hooks.*use SGLang >= 0.5.9"):
+        serve.plan_server(card.with_overrides(layers={"aux": []}), staging_dir=str(tmp_path / "st"))
+
+
 def test_the_patch_cannot_join_partial_prompts_so_the_plan_refuses_them(card, patched_env, tmp_path):
     with pytest.raises(ServeError, match="chunked_prefill_size.*cannot be joined"):
         serve.plan_server(card.with_overrides(sglang={"chunked_prefill_size": 64}), staging_dir=str(tmp_path / "st"))

@@ -121,6 +121,20 @@ def test_unexpressible_layer_ids_are_refused_before_starting(fake_env, tmp_path)
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
 
 
+@pytest.mark.parametrize("mechanism", ["auto", "layer_hooks"])
+def test_a_final_state_only_card_plans_no_aux_flag_and_no_layer_hook(fake_env, tmp_path, mechanism):
+    from hs_dataset.config import load_card
+
+    card = load_card("tiny-deepseek-sglang").with_overrides(layers={"aux": None, "preset": "mtp"}, sglang={"mechanism": mechanism})
+    plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
+    assert plan.hf_aux_layer_ids == [] and plan.sglang_aux_layer_ids is None
+    assert "--enable-return-aux-hidden-states" not in plan.argv and "--return-aux-hidden-state-layer-ids" not in plan.argv
+    specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
+    assert [s["name"] for s in specs] == ["hs_cpu_mla", "hs_capture_final", "hs_capture"]
+    assert all(s["config"]["hf_aux_layer_ids"] == [] for s in specs if s["name"].startswith("hs_capture"))
+    assert any("final state only" in note for note in plan.notes)
+
+
 def test_serve_check_cli(fake_env, capsys):
     from hs_dataset.cli.main import main
 

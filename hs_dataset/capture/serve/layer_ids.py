@@ -60,10 +60,10 @@ def model_family(architectures: Sequence[str] | str | None) -> str:
 
 
 def validate_hf_ids(hf_ids: Iterable[int], num_hidden_layers: int) -> list[int]:
-    """Check ids are ints, strictly ascending, and within ``[0, num_hidden_layers - 1]``."""
+    """Check ids are ints, strictly ascending, and within ``[0, num_hidden_layers - 1]`` (none: the final state only)."""
     ids = list(hf_ids)
     if not ids:
-        raise LayerIdError("aux layer ids must not be empty")
+        return ids
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int):
             raise LayerIdError(f"aux layer ids must be integers, got {ids!r}")

@@ -30,7 +30,7 @@ Card keys read (``sglang:`` section unless noted; all optional except where said
 ``args``              extra SGLang arguments (list)
 ``staging``           ``dir``, ``max_bytes``, ``max_files``, ``max_wait_s``, ``writer_threads``,
                       ``pinned_pool_bytes``, ``orphan_ttl_s`` (see docs/SGLANG.md)
-top level: ``model.path`` (or ``model.id``), ``layers.aux``, ``dtype``.
+top level: ``model.path`` (or ``model.id``), ``layers.aux`` (or ``layers.preset``: ids for the model's layer count), ``dtype``.
 """
 
 from __future__ import annotations
@@ -291,19 +291,35 @@ class _Capture:
 def _capture(card: Card, target: _Target, info: dict, extra_args: Sequence[str], notes: list[str]) -> _Capture:
     facts = read_facts(info.get("sglang_dir"), info["sglang"])
     notes.append(f"SGLang {facts.version} {facts.describe()}")
-    mechanism = _choose_mechanism(card.sglang, target, info, facts, extra_args, notes)
+    try:
+        hf_ids = validate_hf_ids(card.aux_layers_for(target.num_layers), target.num_layers)
+    except LayerIdError as exc:
+        raise ServeError(str(exc)) from None
+    mechanism = _choose_mechanism(card.sglang, target, info, facts, extra_args, notes, bool(hf_ids))
+    if not hf_ids:
+        if mechanism == "legacy":
+            raise ServeError(
+                f"{card.source_path}: layers: a final-state-only capture (no aux layers) needs SGLang's forward hooks; SGLang "
+                f"{facts.version} captures through the source patch, which always returns aux layers: use SGLang >= 0.5.9"
+            )
+        notes.append("final state only (no aux layers): no aux-return flags and no layer hooks; the norm hook captures the final state")
     _verified, status = verification(facts.version, mechanism, card.sglang.device)
     shift = facts.eagle3_shift.get(model_family(target.architectures), "unknown")
     try:
-        hf_ids = validate_hf_ids(list(card.layers.aux), target.num_layers)
-        sglang_ids = sglang_eagle3_ids(hf_ids, target.architectures, shift, target.num_layers) if mechanism == "aux_return" else None
+        wants_ids = mechanism == "aux_return" and hf_ids
+        sglang_ids = sglang_eagle3_ids(hf_ids, target.architectures, shift, target.num_layers) if wants_ids else None
     except LayerIdError as exc:
         raise ServeError(str(exc)) from None
     return _Capture(facts, mechanism, status, hf_ids, sglang_ids)
 
 
-def _choose_mechanism(sg: SGLangServerSection, target: _Target, info: dict, facts: SGLangFacts, extra_args: Sequence[str], notes: list[str]) -> str:
-    """The card's mechanism where the installed SGLang allows it, else what it allows (``layer_hooks`` where its layers return the residual)."""
+def _choose_mechanism(
+    sg: SGLangServerSection, target: _Target, info: dict, facts: SGLangFacts, extra_args: Sequence[str], notes: list[str], aux: bool = True
+) -> str:
+    """The card's mechanism where the installed SGLang allows it, else what it allows (``layer_hooks`` where its layers return the residual).
+
+    ``aux``: aux layers are captured; without them no layer hook is set, so what the layers return does not matter.
+    """
     version = facts.version
     try:
         mechanism = mechanism_for(facts, sg.mechanism)
@@ -311,7 +327,7 @@ def _choose_mechanism(sg: SGLangServerSection, target: _Target, info: dict, fact
         raise ServeError(str(exc)) from None
     if sg.mechanism == "layer_hooks" and facts.aux_return:
         notes.append("mechanism forced to layer_hooks by the card")
-    if mechanism == "layer_hooks":
+    if mechanism == "layer_hooks" and aux:
         tp_size = cpu_ranks.parallel_sizes(["--tp-size", str(sg.tp), *sg.args, *extra_args])[0]["tp"]
         _refuse_wrong_layer_outputs(target.architectures, info, version, tp_size)
         if model_family(target.architectures) != "deepseek":
@@ -385,7 +401,7 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
         argv += ["--tp-size", str(sg.tp)]
     if sg.device == "cpu":
         argv += ["--device", "cpu", "--disable-cuda-graph"]
-    if capture.mechanism == "aux_return":
+    if capture.mechanism == "aux_return" and capture.sglang_ids:  # none: the final state only, no aux to return
         argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids"]
         argv += [str(i) for i in capture.sglang_ids]
     if capture.facts.prefill_graph_flag:

@@ -202,8 +202,9 @@ def check_layer_ids(url: str, config: dict, aux_layer_ids: list[int]) -> None:
 
 
 def check_aux_return(url: str, config: dict, info: dict) -> None:
-    """The ``aux_return`` mechanism needs SGLang's own aux-hidden-state output switched on."""
-    if config.get("mechanism", "aux_return") == "aux_return" and not info.get("enable_return_aux_hidden_states", False):
+    """The ``aux_return`` mechanism needs SGLang's own aux-hidden-state output switched on (unless no aux layer is captured)."""
+    wants_aux = config.get("hf_aux_layer_ids") != []  # [] is a final-state-only capture: no aux output to switch on
+    if wants_aux and config.get("mechanism", "aux_return") == "aux_return" and not info.get("enable_return_aux_hidden_states", False):
         raise ServerValidationError(
             f"SGLang server {url} has hs_dataset's hooks but not --enable-return-aux-hidden-states; restart it with `hs-dataset serve`"
         )

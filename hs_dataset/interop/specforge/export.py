@@ -134,6 +134,11 @@ def export_specforge(
     ds = open_dataset(src, verify_hashes=settings.verify_hashes)
     check_layer_convention(ds, "SpecForge")
     positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "SpecForge")
+    if not ds.manifest.aux_layer_ids:
+        raise ExportMismatchError(
+            f"{src}: holds the final state only (no aux layers; layer preset {(ds.manifest.metadata.get('layer_preset') or {}).get('name')}), "
+            f"but SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers: capture with layers.preset: eagle3"
+        )
     if len(layer_ids) != SPECFORGE_NUM_AUX:
         raise ExportMismatchError(
             f"SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers, the export would hold {len(layer_ids)} "
@@ -147,7 +152,7 @@ def export_specforge(
     weight, eps = _final_norm(ds)
     hidden = int(ds.manifest.hidden_size)
     num_layers = ds.manifest.metadata.get("num_hidden_layers")
-    stored_dtype = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"]).decoded_dtype
+    stored_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
     out_dtype = stored_dtype if keep_dtype else SPECFORGE_TRAIN_DTYPE
     specforge_ids = [i - 1 for i in layer_ids]
     resume_key = {

@@ -5,7 +5,8 @@ speculators' trainer reads states through a plug-in registry,
 ``HiddenStatesBackend.registry[args.hidden_states_backend].from_train_args(args, data_path)``),
 and per sample calls ``transfer.get_cached(file_idx)`` for a dict with
 ``hidden_states`` [T, K+1, H] (aux ascending, pre-norm final last) and ``token_ids``
-[T], exactly what its ``file`` backend loads from ``hs_{idx}.safetensors``.
+[T], exactly what its ``file`` backend loads from ``hs_{idx}.safetensors``. For MTP,
+whose draft reads the final state alone, K is 0 whatever the dataset stores.
 
 This backend answers ``get_cached(idx)`` from sample ``idx`` of our dataset (manifest
 order, the export's file index): the token ids are a view of the mapped shard, and the
@@ -161,8 +162,11 @@ class HsDatasetTransfer:
         """Nothing to clean: no file is ever written."""
 
 
-def _verified_positions(root: str, target_layer_ids: Sequence[int] | None) -> list[int]:
-    """Check every shard's hash once (BLAKE3; sha256 for format-1 shards); the positions of the aux layers speculators will train on."""
+def _verified_positions(root: str, target_layer_ids: Sequence[int] | None, final_only: bool = False) -> list[int]:
+    """Check every shard's hash once (BLAKE3; sha256 for format-1 shards); the positions of the aux layers speculators will train on.
+
+    ``final_only`` (MTP, whose draft reads the final state alone): none, so no aux layer is copied per sample.
+    """
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.interop.common import check_layer_convention, select_aux_layers
     from hs_dataset.interop.speculators.export import check_final_state
@@ -172,6 +176,8 @@ def _verified_positions(root: str, target_layer_ids: Sequence[int] | None) -> li
         ds.shard(i)
     check_layer_convention(ds, "speculators")
     check_final_state(ds)
+    if final_only:
+        return []
     positions, _ = select_aux_layers(ds, list(target_layer_ids) if target_layer_ids else None, "speculators")
     return positions
 
@@ -195,7 +201,8 @@ def _backend_class() -> type:
         root = getattr(args, "hs_dataset_path", None)
         if not root:
             raise UsageError(f"--hidden-states-backend {BACKEND_NAME} needs --hs-dataset-path DIR (an hs_dataset dataset directory)")
-        return _transfer_class()(root, _verified_positions(root, getattr(args, "target_layer_ids", None)))
+        final_only = getattr(args, "speculator_type", None) == "mtp"
+        return _transfer_class()(root, _verified_positions(root, getattr(args, "target_layer_ids", None), final_only))
 
     def build_kv_transfer_config(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"the {BACKEND_NAME} backend reads captured data; it cannot configure a vLLM server")

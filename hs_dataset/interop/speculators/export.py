@@ -21,13 +21,16 @@ one to one. Post-norm data is refused (the norm cannot be undone).
 
 speculators reads no layer record from the data directory: the trainer takes the aux
 ids from ``--target-layer-ids`` (default ``[2, L//2, L-3]``). The export record says
-which ids to pass.
+which ids to pass, with the type the dataset's layer preset captured for and the
+verifier (``layers.train_flags``). A dataset of the final state only exports
+``hidden_states`` ``[T, 1, H]``, which speculators' MTP trains on.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,6 +39,7 @@ import torch
 from hs_dataset.errors import FormatError, IntegrityError
 from hs_dataset.formats.encoding import tensor_bytes
 from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.speculators.launch import dataset_facts, dataset_flags
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
@@ -237,6 +241,7 @@ def export_speculators(
         )
     hidden = int(ds.manifest.hidden_size)
     defaults = trainer_default_aux_layer_ids(num_layers)  # the final is id num_layers
+    flags = dataset_flags(replace(dataset_facts(ds.manifest), aux_layer_ids=layer_ids))
     resume_key = {
         "target": "speculators",
         "source_dataset_id": ds.manifest.dataset_id,
@@ -256,10 +261,17 @@ def export_speculators(
         "hidden_size": hidden,
         "convention": "speculators: id k = HF hidden_states[k] (input of decoder layer k); id L = final state before the norm",
         "speculators_default_target_layer_ids": defaults,
-        "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)),
+        "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)) if layer_ids else "",
+        "train_flags": flags,  # what the dataset knows: type (its layer preset), layers, verifier
+        "layer_preset": ds.manifest.metadata.get("layer_preset"),
     }
-    report.layers = {"hidden_states layers (aux ascending, final last)": layers["hidden_states_layer_ids"], "pass to speculators train": layers["train_flag"]}
-    if layer_ids != defaults:
+    report.layers = {
+        "hidden_states layers (aux ascending, final last)": layers["hidden_states_layer_ids"],
+        "pass to speculators train": " ".join(flags) + f" --data-path {dest}",
+    }
+    if not layer_ids:
+        report.notes.append("the final state only (hidden_states [T, 1, H]): only speculators' MTP trains on it (--speculator-type mtp)")
+    elif layer_ids != defaults:
         report.notes.append(
             f"aux layers {layer_ids} differ from speculators' default {defaults} for L={num_layers}: "
             f"train with {layers['train_flag']} (speculators otherwise assumes the default silently, with a warning)"
@@ -270,7 +282,7 @@ def export_speculators(
 
     hs_dir = dest / HIDDEN_STATES_DIR
     hs_dir.mkdir(exist_ok=True)
-    decoded = ds.manifest.tensors["aux_hidden_states"]["encoding"]
+    decoded = ds.manifest.state_encoding
     from hs_dataset.formats.encoding import safetensors_dtype
     from hs_dataset.codecs.registry import get_encoding
 

@@ -88,8 +88,8 @@ def _load_sample(src: Path, row: dict[str, Any], idx: int, path: Path) -> tuple[
             token_ids = f.get_tensor("token_ids")
     except SafetensorError as exc:
         raise ImportDataError(f"{path}: not a readable safetensors file ({exc}); truncated?") from None
-    if hs.dim() != 3 or hs.shape[1] < 2:
-        raise ImportDataError(f"{path}: hidden_states has shape {tuple(hs.shape)}, expected [T, K+1, H] with K >= 1")
+    if hs.dim() != 3 or hs.shape[1] < 1:
+        raise ImportDataError(f"{path}: hidden_states has shape {tuple(hs.shape)}, expected [T, K+1, H] (K = 0: the final state only)")
     if int(hs.shape[0]) != t or token_ids.reshape(-1).shape[0] != t:
         raise ImportDataError(
             f"{path}: hidden_states has {hs.shape[0]} tokens, token_ids {token_ids.numel()}, Arrow row {idx} input_ids {t}"
