@@ -175,7 +175,7 @@ def plan_server(
         card = card.with_overrides(sglang=dict(sglang_overrides))
     target = _target(card, host=host, port=port, python=python, model_path=model_path, extra_args=extra_args)
     if target.hidden_size:
-        refuse_samples_that_cannot_fit(card, target.hidden_size)
+        refuse_samples_that_cannot_fit(card, target.hidden_size, len(card.aux_layers_for(target.num_layers)))
     notes: list[str] = []
     info = probe.probe_server_env(target.python)
     capture = _capture(card, target, info, extra_args, notes)

@@ -22,15 +22,15 @@ DEFAULT_STAGING_BYTES = 16 << 30
 _GiB = float(1 << 30)
 
 
-def largest_sample_bytes(card: Card, hidden_size: int) -> int:
-    """State bytes of a ``max_length``-token sample: K aux layers and the final state, in the card's storage."""
+def largest_sample_bytes(card: Card, hidden_size: int, num_aux: int) -> int:
+    """State bytes of a ``max_length``-token sample: ``num_aux`` aux layers and the final state, in the card's storage."""
     encoding = get_encoding(state_encoding_for(state_dtype(card.dtype), card.shards.storage))
-    return card.max_length * (len(card.layers.aux) + 1) * encoding.row_bytes(hidden_size)
+    return card.max_length * (num_aux + 1) * encoding.row_bytes(hidden_size)
 
 
-def refuse_samples_that_cannot_fit(card: Card, hidden_size: int) -> None:
+def refuse_samples_that_cannot_fit(card: Card, hidden_size: int, num_aux: int) -> None:
     """:class:`ServeError` when a ``max_length`` sample exceeds the pinned pool or the staging budget."""
-    need = largest_sample_bytes(card, hidden_size)
+    need = largest_sample_bytes(card, hidden_size, num_aux)
     staging = card.sglang.staging
     bounds = (
         ("sglang.staging.pinned_pool_bytes", staging.pinned_pool_bytes or DEFAULT_PINNED_POOL_BYTES),
@@ -40,7 +40,7 @@ def refuse_samples_that_cannot_fit(card: Card, hidden_size: int) -> None:
         if need > have:
             raise ServeError(
                 f"a sample of max_length {card.max_length} tokens holds {need / _GiB:.2f} GiB of states "
-                f"({len(card.layers.aux)} aux + final, hidden {hidden_size}, {card.dtype}, storage {card.shards.storage}), "
+                f"({num_aux} aux + final, hidden {hidden_size}, {card.dtype}, storage {card.shards.storage}), "
                 f"more than {setting} ({have / _GiB:.2f} GiB) can hold: raise {setting} to at least {need} "
                 "(a few times that to keep several long samples in flight), lower max_length, or store them smaller "
                 "(shards.storage: nf4)"
