@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from scripts.gpu.check_server import stop as stop_server  # noqa: E402  (the GPU check's: SIGTERM to the group, then SIGKILL)
+
 # Kimi-K2.5's text model (config.json's text_config), routed experts aside.
 KIMI_TEXT = {
     "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
@@ -218,18 +220,6 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, what: str) ->
     raise SystemExit(f"{what} was not healthy within {timeout:.0f} s")
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 # ---------------------------------------------------------------------------- the phases
 def raw_disk_rate(directory: Path, nbytes: int) -> float:
     """Sequential buffered writes of ``nbytes`` in 16 MiB blocks, then fsync: GB/s of the disk the dataset goes to."""
@@ -283,7 +273,7 @@ def phase_plain(args: argparse.Namespace, card_path: Path, prompts: list[list[in
         rate = run_plain_client(plan.url, prompts, args.in_flight)
         result = {"start_s": started, "client_tok_s": rate, "sglang_prefill_tok_s": prefill_rate(log_path, mark)}
     finally:
-        stop_group(proc)
+        stop_server(proc)
         result_rss = rss.stop()
     result["server_peak_rss_bytes"] = result_rss
     log(f"plain: {result['client_tok_s']:.0f} tok/s through the client, SGLang prefill {result['sglang_prefill_tok_s']:.0f} tok/s")
@@ -338,7 +328,7 @@ def phase_hooks(args: argparse.Namespace, card_path: Path, staging: Path, tokens
         time.sleep(1.0)  # the status file is rewritten every 0.25 s
         result["status"] = server_status(staging)
     finally:
-        stop_group(proc)
+        stop_server(proc)
         result["server_peak_rss_bytes"] = rss.stop()
     rc, took, verify_rss = _cli(["verify", str(dataset), "--json"], args.out / "verify.log", 3600)
     result.update(verify_rc=rc, verify_s=took, verify_peak_rss_bytes=verify_rss)
