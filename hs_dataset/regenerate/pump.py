@@ -10,7 +10,7 @@ server batches capture prefills together with the decodes.
 Every stage is bounded, so memory does not grow with the source, and a stage that falls
 behind (capture, the disk) holds the ones before it::
 
-    source --todo (slots)--> slots --finished (slots)--> store --ready (slots)--> consumer
+    source --todo (2 x slots)--> slots --finished (slots)--> store --ready (slots)--> consumer
 
 A record is stored whole or not at all, before its sample goes on; a sample whose record
 is already stored is handed on without generation. The pump runs on its own thread with
@@ -20,6 +20,7 @@ its own asyncio loop; the generator's futures are awaited there.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
@@ -88,11 +89,12 @@ class ConversationPump:
     # ------------------------------------------------------------------ the stages, on the pump's loop
     async def _main(self, samples: Iterator[TokenizedSample], started: threading.Event) -> None:
         self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-        self._todo: asyncio.Queue = asyncio.Queue(self.slots)
+        self._todo: asyncio.PriorityQueue = asyncio.PriorityQueue(2 * self.slots)
         self._finished: asyncio.Queue = asyncio.Queue(self.slots)
         self._ready: asyncio.Queue = asyncio.Queue(self.slots)
         started.set()
         reader = ThreadPoolExecutor(1, thread_name_prefix="hs-regenerate-source")
+        self._render = ThreadPoolExecutor(1, thread_name_prefix="hs-regenerate-render")  # one: a tokenizer is not shared safely
         tasks: list[asyncio.Task] = []
         try:
             tasks = [asyncio.create_task(self._feed(samples, reader)), asyncio.create_task(self._generate()), asyncio.create_task(self._store())]
@@ -108,6 +110,7 @@ class ConversationPump:
             await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             reader.shutdown(wait=False, cancel_futures=True)
+            self._render.shutdown(wait=False, cancel_futures=True)
         await self._ready.put(_END)
         await self._ready.join()  # the loop lives until the consumer took everything, the end mark included
 
@@ -118,28 +121,41 @@ class ConversationPump:
         return item
 
     async def _feed(self, samples: Iterator[TokenizedSample], reader: ThreadPoolExecutor) -> None:
-        """Samples from the source (read on its own thread) to the slots; then one end mark per slot."""
+        """Samples from the source (read on its own thread) to the slots; then one end mark per slot.
+
+        The slots take, of the next ``2 * slots`` conversations, a stored one first, then the
+        one with the most turns to regenerate (ties in source order): a long chain of turns
+        started last would leave the servers nearly idle at the end of the run.
+        """
         loop = asyncio.get_running_loop()
+        seq = itertools.count()
         try:
             while (sample := await loop.run_in_executor(reader, next, samples, None)) is not None:
-                await self._todo.put(sample)
+                stored = sample.sample_id in self.store
+                turns = 0 if stored else len(self.rules.start(sample).turns)
+                await self._todo.put((0, not stored, -turns, next(seq), sample))
         except Exception as exc:  # noqa: BLE001 - the source's error: the conversations taken are finished first
             self._error = exc
         for _ in range(self.slots):
-            await self._todo.put(None)
+            await self._todo.put((1, True, 0, next(seq), None))
 
     async def _generate(self) -> None:
         await asyncio.gather(*(self._slot() for _ in range(self.slots)))
         await self._finished.put(_END)
 
     async def _slot(self) -> None:
-        """One conversation after another, each turn sent the moment the previous answer arrived."""
-        while (sample := await self._todo.get()) is not None:
+        """One conversation after another, each turn sent the moment the previous answer arrived.
+
+        Prompts are rendered on the render thread (a chat template costs milliseconds), so
+        the loop keeps sending the other slots' turns meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        while (sample := (await self._todo.get())[-1]) is not None:
             if sample.sample_id in self.store:
                 await self._ready.put((sample, ConversationRecord.from_json(self.store.get(sample.sample_id)), False))
                 continue
             conv = self.rules.start(sample)
-            while (prompt := self.rules.next_prompt(conv)) is not None:
+            while (prompt := await loop.run_in_executor(self._render, self.rules.next_prompt, conv)) is not None:
                 result = await asyncio.wrap_future(self.generator.submit(prompt, self.rules.params))
                 self.rules.take_turn(conv, prompt, result)
                 self.on_tokens(len(result.token_ids))

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from hs_dataset.capture.sglang.backend import SGLangBackend
 from hs_dataset.formats.regenerated import RegeneratedStore
+from tests.fixtures.sglang_server import staged_files
 
 pytestmark = pytest.mark.sglang
 
@@ -88,7 +90,17 @@ def test_kill_during_regeneration_then_resume(point, tmp_path, chats, capture_se
     for sid, record in stored.items():  # never half a conversation
         assert len(record["turns"]) == turns[sid] and record["input_ids"], (sid, record["turns"])
 
-    report = build_dataset(regen_card(tiny_model), out, source=str(chats), servers=[capture_server.url])
+    card = regen_card(tiny_model)
+    backend = SGLangBackend.from_card(card, servers=[capture_server.url])
+    try:
+        report = build_dataset(card, out, source=str(chats), backend=backend)
+    finally:
+        backend.close()
+    # the killed child's captures in flight were dumped for nobody: the shared server's later tests must not see them
+    leftovers = staged_files(capture_server.staging_dir)
+    assert not [n for n in leftovers if n.startswith(f"hs-{backend.run_id}")], leftovers
+    for name in leftovers:
+        (Path(capture_server.staging_dir) / name).unlink(missing_ok=True)
     regen = report.regeneration
     print(f"\n{point}: {len(stored)} conversations stored before the kill; the resumed build read {regen['from_store']} back, "
           f"regenerated {regen['regenerated']} ({regen['generated_tokens']} tokens)")
