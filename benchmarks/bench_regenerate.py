@@ -327,12 +327,14 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
                 extra = f"{sum(len(p) for p, _ in samples)} prompt tokens"
             times[name].append(seconds)
             say(f"round {r + 1} {name:8s} {seconds:7.1f} s  {extra}")
+    paired = sorted(n / c for n, c in zip(rates["new"], rates["client"]))  # each round's runs saw about the same machine
     best = {k: max(v) for k, v in rates.items()}
     fastest = {k: min(v) for k, v in times.items()}
     base = fastest["client"] + fastest["prefill"]
     say(f"best of {args.rounds}: generation tok/s new {best['new']:.1f}, old {best['old']:.1f}, client {best['client']:.1f}; "
         f"wall s new {fastest['new']:.1f}, old {fastest['old']:.1f}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}")
-    say(f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f}")
+    say(f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f} "
+        f"(per round: {', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.2f})")
     say(f"(b) end to end, build / (client generation + prefill): {fastest['new'] / base:.2f}x")
     say(f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
         f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
@@ -352,7 +354,7 @@ def main() -> int:
     server, shm_seen, log = None, set(), io.StringIO()
     try:
         with redirect_stdout(_Tee(sys.stdout, log)):
-            print(f"$ python benchmarks/bench_regenerate.py {' '.join(sys.argv[1:])}   # {time.strftime('%Y-%m-%d %H:%M')}")
+            print(f"$ python benchmarks/bench_regenerate.py {' '.join(sys.argv[1:])}   # {time.strftime('%Y-%m-%d %H:%M')}, {_load()}")
             if args.server:
                 url, model_dir, card = args.server.rstrip("/"), args.model_path, None
             else:
@@ -369,6 +371,7 @@ def main() -> int:
             source.write_text("".join(json.dumps(row) + "\n" for row in rows))
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=bool(card.model.trust_remote_code))
             measure(args, url, card, tokenizer, tmp, source)
+            print(f"at the end: {_load()}")
         if args.results:
             with open(args.results, "a") as f:
                 f.write(log.getvalue() + "\n")
@@ -379,6 +382,14 @@ def main() -> int:
         raise
     finally:
         finish_run(server, shm_seen, tmp, shm)
+
+
+def _load() -> str:
+    """The machine's load average, for reading the figures of a shared machine."""
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average unknown"
 
 
 class _Tee(io.TextIOBase):

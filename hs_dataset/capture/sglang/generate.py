@@ -150,7 +150,7 @@ class SGLangGenerator(StreamingGenerator):
         """``/server_info`` for the manifest's description; an unreadable one describes nothing."""
         try:
             return await get_json(await self._get_session(), url, self.request_timeout_s, self.max_response_bytes)
-        except (HTTPStatusError, BadResponseError):
+        except (HTTPStatusError, BadResponseError, *connection_errors()):
             return {}
 
     def close(self) -> None:
