@@ -14,7 +14,9 @@ order of the runs rotated every round (the machine is noisy). Per round:
 * ``prefill``: the same client sending each stored sample's ids with ``max_new_tokens``
   1 (the prefill capture costs the server), as many in flight as capture uses.
 
-Printed: (a) generation throughput of ``new`` (generated tokens over the span from its
+With ``--isolate`` each round also runs ``isolated``: the ``new`` build with its capture
+left out (regeneration alone), to tell the engine's scheduling from what capture costs the
+server. Printed: (a) generation throughput of ``new`` (generated tokens over the span from its
 first request to its last answer) / the client's; (b) ``new``'s wall time (the whole
 ``build_dataset``: start-up, regeneration, capture, shards) / (client + prefill time);
 (c) ``new`` against ``old``, both ways. Answer lengths spread as real answers do: each
@@ -174,8 +176,15 @@ def windowed_regeneration() -> Any:
     return WindowedRegeneration
 
 
-def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, engine: Any) -> tuple[float, Any]:
-    """``build_dataset`` with the lengths drawn (and, for ``old``, the windowed engine); its wall time and run report."""
+def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report: Any) -> Any:
+    """In place of the build's capture (``--isolate``): take every regenerated sample, capture none."""
+    for _ in samples:
+        report.samples_considered += 1
+    return iter(())
+
+
+def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, engine: Any, capture: bool = True) -> tuple[float, Any]:
+    """``build_dataset`` with the lengths drawn (``old``: the windowed engine; ``capture`` False: regeneration only); wall time, run report."""
     import hs_dataset.build as build
     from hs_dataset.session import make_generator
 
@@ -184,15 +193,16 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
         generator.__class__ = generator_cls
         return generator
 
-    saved = build.make_generator, build.Regeneration
+    saved = build.make_generator, build.Regeneration, build._capture
     build.make_generator, build.Regeneration = make, engine or build.Regeneration
+    build._capture = build._capture if capture else _no_capture
     shutil.rmtree(out, ignore_errors=True)
     try:
         t0 = time.perf_counter()
         report = build.build_dataset(card, out, source=str(source), servers=[server])
         return time.perf_counter() - t0, report
     finally:
-        build.make_generator, build.Regeneration = saved
+        build.make_generator, build.Regeneration, build._capture = saved
 
 
 # ---------------------------------------------------------------------------- the plain client
@@ -239,6 +249,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sigma", type=float, default=1.2, help="lognormal sigma of the answer lengths (1.2: CV 1.8 before the cap)")
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=None, help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)")
     ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="local server: extra KEY=VALUE")
@@ -306,14 +317,18 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
     capture_in_flight = max(card.backend.batch_size, card.backend.concurrency)
     say(f"reference build: {seconds:.1f} s, {report.regeneration['turns']} turns, {report.samples_written} samples, "
         f"{in_flight} requests in flight ({meta['concurrency_from']}); capture {capture_in_flight} in flight")
-    times: dict[str, list[float]] = {"new": [], "old": [], "client": [], "prefill": []}
+    times: dict[str, list[float]] = {"new": [], "old": [], "client": [], "prefill": [], "isolated": []}
     rates: dict[str, list[float]] = {"new": [], "old": [], "client": []}
-    runs = ["new", "old", "client", "prefill"]
+    runs = ["new", "old", "client", "prefill"] + (["isolated"] if args.isolate else [])
+    if args.isolate:
+        rates["isolated"] = []
     for r in range(args.rounds):
-        for name in runs[r % 4:] + runs[: r % 4]:
-            if name in ("new", "old"):
+        for name in runs[r % len(runs):] + runs[: r % len(runs)]:
+            cpu = _cpu_s()
+            if name in ("new", "old", "isolated"):
                 span.__init__()
-                seconds, report = run_build(card, source, work / name, url, generator_cls, windowed_regeneration() if name == "old" else None)
+                engine = windowed_regeneration() if name == "old" else None
+                seconds, report = run_build(card, source, work / name, url, generator_cls, engine, capture=name != "isolated")
                 assert report.regeneration["failed"] == 0 and not report.capture_failures, report.summary()
                 rates[name].append(span.tokens / span.seconds())
                 extra = f"generation {span.seconds():6.1f} s, {span.tokens} tokens, {rates[name][-1]:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average"
@@ -326,10 +341,10 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
                 seconds, _ = plain_client(url, samples, capture_in_flight, Span())
                 extra = f"{sum(len(p) for p, _ in samples)} prompt tokens"
             times[name].append(seconds)
-            say(f"round {r + 1} {name:8s} {seconds:7.1f} s  {extra}")
+            say(f"round {r + 1} {name:8s} {seconds:7.1f} s  {extra}; this process {_cpu_s() - cpu:.1f} CPU s")
     paired = sorted(n / c for n, c in zip(rates["new"], rates["client"]))  # each round's runs saw about the same machine
     best = {k: max(v) for k, v in rates.items()}
-    fastest = {k: min(v) for k, v in times.items()}
+    fastest = {k: min(v) for k, v in times.items() if v}
     base = fastest["client"] + fastest["prefill"]
     say(f"best of {args.rounds}: generation tok/s new {best['new']:.1f}, old {best['old']:.1f}, client {best['client']:.1f}; "
         f"wall s new {fastest['new']:.1f}, old {fastest['old']:.1f}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}")
@@ -339,6 +354,10 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
     say(f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
         f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
         f"end to end {fastest['old'] / base:.2f}x)")
+    if args.isolate:
+        alone = sorted(n / c for n, c in zip(rates["isolated"], rates["client"]))
+        say(f"(a') generation with capture left out of the build / continuous client: {best['isolated'] / best['client']:.2f} "
+            f"(per round: {', '.join(f'{r:.2f}' for r in alone)}; median {statistics.median(alone):.2f})")
     say(f"generation_ratio={best['new'] / best['client']:.2f} end_to_end_ratio={fastest['new'] / base:.2f} "
         f"new_vs_old={best['new'] / best['old']:.2f}")
     return lines
@@ -382,6 +401,14 @@ def main() -> int:
         raise
     finally:
         finish_run(server, shm_seen, tmp, shm)
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process (the build, or the plain client; not the server) used so far, all its threads."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _load() -> str:

@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
-from hs_dataset.regenerate.conversation import Finished, TurnRules
-from hs_dataset.regenerate.generator import StreamingGenerator
+from hs_dataset.regenerate.conversation import Conversation, Finished, TurnRules
+from hs_dataset.regenerate.generator import GenerationResult, StreamingGenerator
 from hs_dataset.regenerate.records import ConversationRecord
 from hs_dataset.sample import TokenizedSample
 
@@ -66,17 +66,18 @@ class ConversationPump:
         thread = threading.Thread(target=self._thread, args=(iter(samples), started), name="hs-regenerate", daemon=True)
         thread.start()
         started.wait()
-        loop = self._loop
+        loop, ended = self._loop, False
         try:
             while True:
                 item = asyncio.run_coroutine_threadsafe(self._take(), loop).result()
                 if item is _END:
+                    ended = True
                     break
                 yield item
             if self._error is not None:
                 raise self._error
         finally:
-            if thread.is_alive():
+            if not ended:
                 loop.call_soon_threadsafe(self._task.cancel)
             thread.join()
 
@@ -146,8 +147,9 @@ class ConversationPump:
     async def _slot(self) -> None:
         """One conversation after another, each turn sent the moment the previous answer arrived.
 
-        Prompts are rendered on the render thread (a chat template costs milliseconds), so
-        the loop keeps sending the other slots' turns meanwhile.
+        Answers are decoded and prompts rendered on the render thread (a chat template costs
+        milliseconds; the tokenizer is used by that one thread only), so the loop keeps
+        sending the other slots' turns meanwhile.
         """
         loop = asyncio.get_running_loop()
         while (sample := (await self._todo.get())[-1]) is not None:
@@ -155,12 +157,19 @@ class ConversationPump:
                 await self._ready.put((sample, ConversationRecord.from_json(self.store.get(sample.sample_id)), False))
                 continue
             conv = self.rules.start(sample)
-            while (prompt := await loop.run_in_executor(self._render, self.rules.next_prompt, conv)) is not None:
+            prompt = await loop.run_in_executor(self._render, self._advance, conv, None, None)
+            while prompt is not None:
                 result = await asyncio.wrap_future(self.generator.submit(prompt, self.rules.params))
-                self.rules.take_turn(conv, prompt, result)
                 self.on_tokens(len(result.token_ids))
+                prompt = await loop.run_in_executor(self._render, self._advance, conv, prompt, result)
                 crash_point("regenerate.after_turn")
             await self._finished.put((sample, self.rules.record(conv)))
+
+    def _advance(self, conv: Conversation, prompt: list[int] | None, result: GenerationResult | None) -> list[int] | None:
+        """The answer to ``prompt`` taken (when given), then the next turn's prompt (None: the conversation is done)."""
+        if prompt is not None and result is not None:
+            self.rules.take_turn(conv, prompt, result)
+        return self.rules.next_prompt(conv)
 
     async def _store(self) -> None:
         """Store what finished (together, one line) off the loop, then hand each on."""
