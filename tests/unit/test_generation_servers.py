@@ -33,11 +33,13 @@ DP2_0_5_14 = {
 
 
 def test_each_release_s_fields_give_the_bound():
-    assert server_slots(CPU_0_5_23, 6) == (682, "max running requests 2048, KV cache 4096 tokens / max_new_tokens 6")
+    assert server_slots(CPU_0_5_23, 6) == (682, "max running requests 2048, KV cache 4096 tokens / 6 new tokens a request")
     assert server_slots(CPU_0_5_23, 512)[0] == 8  # the KV cache is the limit
     assert server_slots(OLD_0_5_5, 1024)[0] == 292  # no running limit reported: the KV cache alone
     assert server_slots({**OLD_0_5_5, "max_running_requests": 128}, 1024)[0] == 128  # the operator's setting
     assert server_slots(DP2_0_5_14, 512)[0] == 192  # two data-parallel ranks, 96 each
+    assert server_slots(OLD_0_5_5, 16384)[0] == 73  # an answer reserves at most 4096 KV tokens, as SGLang estimates it
+    assert "clipped" in server_slots(OLD_0_5_5, 16384)[1]
     assert server_slots({"version": "0.5.23"}, 512) == (None, "reports no limits")
     assert server_slots({"internal_states": "garbage", "max_total_num_tokens": True}, 512)[0] is None
 

@@ -11,7 +11,11 @@ for, not the version:
   when the operator set none);
 * KV cache: per rank, ``internal_states[i].memory_usage.token_capacity``, else the
   top-level ``max_total_num_tokens`` (the scheduler's handshake, every release), divided
-  by ``max_new_tokens``: the requests whose answers fit at once.
+  by ``max_new_tokens`` clipped at :data:`CLIP_NEW_TOKENS`: the requests whose answers
+  fit at once, estimated as SGLang's scheduler does when it admits a request (it
+  reserves at most ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096 by default in 0.5.5,
+  0.5.14 and 0.5.23, new tokens per request). Requests beyond what the server admits only
+  wait in its queue; too few would leave it idle.
 
 A server's bound is the smaller of the two it reports; the run's is the sum over its
 servers (:data:`DEFAULT_IN_FLIGHT` for one that reports neither), at most
@@ -25,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["DEFAULT_IN_FLIGHT", "MAX_IN_FLIGHT", "InFlight", "in_flight", "server_slots"]
+__all__ = ["CLIP_NEW_TOKENS", "DEFAULT_IN_FLIGHT", "MAX_IN_FLIGHT", "InFlight", "in_flight", "server_slots"]
 
 DEFAULT_IN_FLIGHT = 16  # when no server reports its limits and the card sets none
 MAX_IN_FLIGHT = 1024  # one socket each: stays under a common open-files limit with room for the rest
+CLIP_NEW_TOKENS = 4096  # SGLang's default SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the most it reserves per request
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,9 @@ def server_slots(info: dict[str, Any], max_new_tokens: int) -> tuple[int | None,
     if running is not None:
         bounds.append((running, f"max running requests {running}"))
     if kv is not None:
-        bounds.append((max(1, kv // max(1, max_new_tokens)), f"KV cache {kv} tokens / max_new_tokens {max_new_tokens}"))
+        per = max(1, min(max_new_tokens, CLIP_NEW_TOKENS))
+        clipped = f" (max_new_tokens {max_new_tokens}, clipped as SGLang's scheduler does)" if per < max_new_tokens else ""
+        bounds.append((max(1, kv // per), f"KV cache {kv} tokens / {per} new tokens a request{clipped}"))
     if not bounds:
         return None, "reports no limits"
     slots = min(b[0] for b in bounds)
