@@ -22,6 +22,7 @@ from hs_dataset.dataset_access import output_dir
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
+from hs_dataset.regenerate.progress import RegenerationProgress
 from hs_dataset.run_report import RunReport, save_run_report
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.session import CaptureSession, as_card, batches, make_generator
@@ -78,11 +79,17 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     samples: Iterable[TokenizedSample] = session.samples(
         rows, report=source_report, strict=opts.strict, rank=opts.rank, world_size=opts.world_size, depth=READ_AHEAD_WINDOWS * batch_size,
     )
-    if regen is not None:
-        samples = regen.regenerate(batches(samples, card.regenerate.concurrency))
-    with _open_writer(session, out_dir, opts, regen) as writer:
-        bar = _progress(_expected_samples(session.source, opts, rows.total)) if opts.progress else None
-        _store(_capture(session.backend, samples, batch_size, writer, report), writer, report, bar, started)
+    expected = _expected_samples(session.source, opts, rows.total) if opts.progress or regen is not None else None
+    shown = RegenerationProgress(expected, bar=opts.progress) if regen is not None else None
+    regenerated = regen.regenerate(samples, shown) if regen is not None else None
+    try:
+        with _open_writer(session, out_dir, opts, regen) as writer:
+            bar = _progress(expected) if opts.progress else None
+            _store(_capture(session.backend, regenerated or samples, batch_size, writer, report), writer, report, bar, started, shown)
+    finally:
+        if regenerated is not None:
+            regenerated.close()  # stops the regeneration pump at once when capture or the writer failed
+            shown.close()
     report.take_writer(writer.report)
     report.dataset_id, report.identity = writer.manifest.dataset_id, writer.manifest.identity
     report.take_source(source_report)
@@ -110,13 +117,15 @@ def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, reg
     )
 
 
-def _store(results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float) -> None:
-    """Write each captured sample and count each capture failure; ``bar`` (if any) shows the progress."""
+def _store(results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float, shown: RegenerationProgress | None) -> None:
+    """Write each captured sample and count each capture failure; ``bar`` (if any) shows the progress, ``shown`` the regeneration's."""
     for result in results:
         if isinstance(result, CaptureFailure):
             report.capture_failures.append({"sample_id": result.sample_id, "reason": result.reason})
         elif writer.add(result):
             report.tokens_written += result.num_tokens
+            if shown is not None:
+                shown.captured(result.num_tokens)
         if bar is not None:
             bar.update(1)
             _update_postfix(bar, writer, report, started)

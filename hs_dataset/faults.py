@@ -18,7 +18,9 @@ CRASH_POINTS = (
     "shard.after_publish",  # renamed into place, manifest not yet updated
     "manifest.mid_write",  # half of the new manifest is in its temp file
     "pipeline.after_batch",  # a capture batch was handed to the writer
-    "regenerate.after_chunk",  # a window of regenerated conversations is stored, not yet captured
+    "regenerate.after_turn",  # an answer arrived; its conversation may have turns left, nothing of it stored
+    "regenerate.mid_chunk",  # half of a line of finished conversations is in regenerated.jsonl
+    "regenerate.after_chunk",  # a line of finished conversations is stored, not yet captured
     "export.mid_file",  # an export file is half written
     "push.before_commit",  # a batch of shards is uploaded to the Hub's storage, its commit not made
     "remote.mid_upload",  # half of a file's bytes are sent to object storage, the upload not complete

@@ -93,7 +93,8 @@ class RunReport:
         if self.regeneration:
             r = self.regeneration
             lines.append(
-                f"  regenerated          {r['conversations']} conversations, {r['turns']} turns ({r['from_store']} from the stored file): "
+                f"  regenerated          {r['conversations']} conversations, {r['turns']} turns ({r.get('regenerated', 0)} by this run, "
+                f"{r.get('generated_tokens', 0)} tokens; {r['from_store']} from the stored file): "
                 f"hit max_new_tokens {r['hit_max_new_tokens']}, empty {r['empty']}, failed {r['failed']}, dropped {r['dropped']}, "
                 f"not regenerable {r['not_regenerable']}, unsupervised turns {r['unsupervised_turns']}"
             )

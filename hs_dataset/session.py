@@ -56,13 +56,18 @@ def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, token
         return HFGenerator(model, pad_token_id=int(pad), model_fingerprint=info.model_fingerprint)
     endpoints = getattr(backend, "endpoints", None)
     if endpoints:
+        from hs_dataset.capture.sglang.capacity import in_flight
         from hs_dataset.capture.sglang.generate import SGLangGenerator
 
-        limit = {"max_response_bytes": card.backend.max_response_bytes} if isinstance(card.backend, SGLangBackendSection) else {}
+        section = card.backend
+        client = {
+            "request_timeout_s": section.request_timeout_s, "retries": section.retries, "backoff_s": section.backoff_s,
+            "cooldown_s": section.endpoint_cooldown_s, "max_response_bytes": section.max_response_bytes,
+        } if isinstance(section, SGLangBackendSection) else {"request_timeout_s": getattr(backend, "request_timeout_s", 600.0)}
+        sized = in_flight([e.server_info for e in endpoints], card.regenerate.max_new_tokens, card.regenerate.concurrency)
         return SGLangGenerator(
-            [e.url for e in endpoints], concurrency=card.regenerate.concurrency,
-            request_timeout_s=getattr(backend, "request_timeout_s", 600.0), model_fingerprint=info.model_fingerprint,
-            vocab_size=info.vocab_size, **limit,
+            [e.url for e in endpoints], concurrency=sized.requests, in_flight_source=sized.source,
+            model_fingerprint=info.model_fingerprint, vocab_size=info.vocab_size, **client,
         )
     raise UsageError(f"--regenerate needs the hf or sglang backend; {type(backend).__name__} cannot generate")
 

@@ -219,7 +219,12 @@ class RegenerateSection(Section):
         description="A turn that hit `max_new_tokens`, came back empty or failed: `keep` the conversation up to "
         "and including it (failed turns end it before), or `drop` the whole conversation. Counted either way. Default `keep`.",
     )
-    concurrency: int = Field(16, ge=1, description="Conversations regenerated together (SGLang: requests in flight; HF: batch rows). Default 16.")
+    concurrency: int | None = Field(
+        None, ge=1,
+        description="SGLang: the most generation requests in flight, all servers together; the number kept in flight is what the "
+        "servers report they run at once (max running requests, KV cache / `max_new_tokens`), at most this. HF: conversations "
+        "per batch. Default null: the servers' figure (HF: 16).",
+    )
 
 
 class LimitsSection(Section):

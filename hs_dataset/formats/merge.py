@@ -32,7 +32,7 @@ _PART_RE = re.compile(r"^part-\d{5}/")
 _RUN_REPORT = "run_report.json"
 # Regeneration metadata that may differ between parts of one build: file names, and where each node's servers were.
 _PER_PART_KEYS = ("file", "files")
-_PER_PART_GENERATOR_KEYS = ("servers", "served_model")
+_PER_PART_GENERATOR_KEYS = ("servers", "served_model", "concurrency", "concurrency_from")  # where, and how many requests at once
 
 __all__ = ["merge_datasets", "check_compatible"]
 

@@ -2,11 +2,14 @@
 
 Regeneration is the slow, non-reproducible-in-general step (sampling, batch-dependent
 numerics), so what the model wrote is kept: a killed build resumes from this file and
-never writes a finished turn differently. Each line is one *chunk*: the records of one
-fixed window of conversations, appended with a single ``write`` and fsynced. A kill
-can only tear the last line; it is cut off on open, and its window is regenerated
-whole, with the same batch as before. The file's sha256 goes into the manifest at the
-end of a build and ``hs-dataset push`` publishes it.
+never writes a finished turn differently. Each line is one *chunk*: the records of
+conversations finished together (a window of the in-process model, or what finished on
+the servers since the last line), appended and fsynced before any of them is captured.
+A kill can only tear the last line; it is cut off on open, and its conversations are
+regenerated. The store keeps only where each record lies (sample id -> line), not the
+records, so its memory follows the number of conversations, not their tokens; a record
+is read back from its line when a resumed build reaches it. The file's sha256 goes into
+the manifest at the end of a build and ``hs-dataset push`` publishes it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 from typing import Any
 
 from hs_dataset.errors import FormatError, IntegrityError
+from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import write_all
 from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
 from hs_dataset.formats.paths import open_regular, resolve_member
@@ -23,7 +27,7 @@ from hs_dataset.formats.paths import open_regular, resolve_member
 __all__ = ["REGENERATED_NAME", "RegeneratedStore", "check_record", "read_regenerated"]
 
 REGENERATED_NAME = "regenerated.jsonl"
-MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (a window of conversations); a larger one is damage, not data
+MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (conversations stored together); a larger one is damage, not data
 _FINISHES = ("stop", "length", "failed")
 _FIX = "restore the file from the build that wrote it (or delete it and rebuild with --regenerate)"
 
@@ -112,41 +116,74 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str) -> dict
 
 
 class RegeneratedStore:
-    """Records by sample id, read from ``root/name`` (torn tail removed) and appended to it."""
+    """Where each stored record lies in ``root/name`` (torn tail removed on open); records are appended to it and read back by id."""
 
     def __init__(self, root: str | os.PathLike, name: str = REGENERATED_NAME) -> None:
         self.name = name
         self.path = resolve_member(root, name, what="regenerated conversations file")
-        self.records: dict[str, dict[str, Any]] = {}
+        self._lines: dict[str, int] = {}  # sample id -> byte offset of the line holding its record
+        self._cached: tuple[int, dict[str, dict[str, Any]]] | None = None  # the last line read back, by offset
+        self._end = 0
         self._load()
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        data = self.path.read_bytes()
-        good = data.rfind(b"\n") + 1  # a kill mid-append leaves at most one partial last line
-        for number, line in enumerate(data[:good].splitlines(), 1):
-            for record in _chunk_records(line, str(self.path), number):
-                self.records[record["sample_id"]] = record
-        if good != len(data):
+        with open(self.path, "rb") as f:
+            offset, number = 0, 0
+            for line in iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""):
+                if not line.endswith(b"\n"):
+                    if f.read(1):
+                        raise _fail(str(self.path), f"line {number + 1}", f"is longer than {MAX_CHUNK_BYTES} bytes")
+                    break  # a kill mid-append leaves at most one partial last line
+                number += 1
+                for record in _chunk_records(line, str(self.path), number):
+                    self._lines[record["sample_id"]] = offset
+                offset += len(line)
+        self._end = offset
+        if self._end != self.path.stat().st_size:
             with open(self.path, "r+b") as f:
-                f.truncate(good)
+                f.truncate(self._end)
                 os.fsync(f.fileno())
 
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self._lines
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
     def get(self, sample_id: str) -> dict[str, Any] | None:
-        return self.records.get(sample_id)
+        """The stored record of ``sample_id`` (read back from its line), or None."""
+        offset = self._lines.get(sample_id)
+        if offset is None:
+            return None
+        if self._cached is None or self._cached[0] != offset:
+            with open_regular(self.path, what="regenerated conversations file") as f:
+                f.seek(offset)
+                records = _chunk_records(f.readline(MAX_CHUNK_BYTES + 1), str(self.path), 0)
+            self._cached = (offset, {r["sample_id"]: r for r in records})
+        return self._cached[1].get(sample_id)
+
+    @property
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Every stored record by sample id, read from the file (for tools and tests: the whole file in memory)."""
+        return {sample_id: self.get(sample_id) for sample_id in self._lines}
 
     def append_chunk(self, records: list[dict[str, Any]]) -> None:
-        """Append one window's records as one line, durably, before anything downstream uses them."""
+        """Append records finished together as one line, durably, before anything downstream uses them."""
         line = json.dumps({"records": records}, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
-            write_all(fd, memoryview(line))
+            half = len(line) // 2
+            write_all(fd, memoryview(line)[:half])
+            crash_point("regenerate.mid_chunk")
+            write_all(fd, memoryview(line)[half:])
             os.fsync(fd)
         finally:
             os.close(fd)
         for record in records:
-            self.records[record["sample_id"]] = record
+            self._lines[record["sample_id"]] = self._end
+        self._end += len(line)
 
     def sha256(self) -> str | None:
         return sha256_file(self.path) if self.path.exists() else None

@@ -1,21 +1,25 @@
 """Generation by the target model: the interface, and the in-process transformers implementation.
 
 The regeneration stage (``regenerate/engine.py``) asks a :class:`Generator` to
-continue many prompts (token ids) at once; each answer is the token ids the model
-wrote, including the end-of-turn token when it stopped on one, and why it stopped.
-Two implementations: :class:`HFGenerator` here (``model.generate``, left-padded
-batches) and ``capture/sglang/generate.py`` (the capture server's own ``/generate``).
+continue prompts (token ids); each answer is the token ids the model wrote, including
+the end-of-turn token when it stopped on one, and why it stopped. Two kinds: a batch
+generator answers a list of prompts at once (:class:`HFGenerator` here,
+``model.generate`` on left-padded batches); a :class:`StreamingGenerator` takes one
+prompt at a time and answers it whenever it is done, so the engine can keep
+:attr:`~StreamingGenerator.in_flight` requests going (``capture/sglang/generate.py``,
+the capture server's own ``/generate``).
 """
 
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 import torch
 
-__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator"]
+__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator", "StreamingGenerator"]
 
 Finish = Literal["stop", "length", "failed"]
 
@@ -56,6 +60,16 @@ class Generator(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """Which engine and model generated (recorded in the manifest next to the parameters)."""
+
+
+class StreamingGenerator(Generator):
+    """A generator that answers each prompt on its own (servers): the engine keeps ``in_flight`` of them going."""
+
+    in_flight: int  # requests to keep in flight, all servers together
+
+    @abc.abstractmethod
+    def submit(self, prompt: list[int], params: GenerationParams) -> "concurrent.futures.Future[GenerationResult]":
+        """Start generating for one prompt; the future's result is its answer (a failed one, never an exception)."""
 
 
 def finish_of(ids: list[int], params: GenerationParams) -> Finish:

@@ -261,9 +261,10 @@ def test_build_crash_points_are_all_known():
     named = {c.split(":")[0] for c in CHAIN if c != "random"}
     assert named <= set(CRASH_POINTS)
     assert set(BUILD_POINTS) <= named
-    # export chains below; push in test_hub.py; regeneration in test_regenerate.py; uploads in test_remote_build.py
+    # export chains below; push in test_hub.py; regeneration in test_regenerate.py and test_regenerate_kill.py; uploads in test_remote_build.py
     assert set(CRASH_POINTS) - set(BUILD_POINTS) == {
-        "export.mid_file", "push.before_commit", "regenerate.after_chunk", "remote.mid_upload", "remote.before_manifest",
+        "export.mid_file", "push.before_commit", "regenerate.after_chunk", "regenerate.after_turn", "regenerate.mid_chunk",
+        "remote.mid_upload", "remote.before_manifest",
     }
 
 

@@ -11,12 +11,17 @@ answers come back as ``output_ids``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import secrets
 from typing import Any, Sequence
 
-from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, Generator, finish_of
-from hs_dataset.capture.sglang.http import DEFAULT_MAX_RESPONSE_BYTES, BadResponseError, HTTPStatusError, LoopThread, get_json, new_session, post_json
+from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, StreamingGenerator, finish_of
+from hs_dataset.capture.sglang.attempts import Action, Attempts, connection_verdict, http_status_verdict, retry_pause
+from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
+from hs_dataset.capture.sglang.http import (
+    DEFAULT_MAX_RESPONSE_BYTES, BadResponseError, HTTPStatusError, LoopThread, connection_errors, get_json, new_session, post_json,
+)
 
 __all__ = ["GEN_RID_PREFIX", "SGLangGenerator", "parse_output"]
 
@@ -24,25 +29,38 @@ GEN_RID_PREFIX = "gen-"  # never the capture prefix (which must start with "hs-"
 INT64_LIMIT = 1 << 63  # ids must also fit the int64 tensors they are stored in
 
 
-class SGLangGenerator(Generator):
-    """Continue prompts on SGLang servers, ``concurrency`` requests in flight (spread over ``urls``)."""
+class SGLangGenerator(StreamingGenerator):
+    """Continue prompts on SGLang servers: each request goes to the least loaded healthy one.
+
+    ``concurrency``: requests :meth:`generate` keeps in flight, and the :attr:`in_flight`
+    the engine keeps (``session.make_generator`` sizes it from what the servers report,
+    ``capacity.py``). A request that fails on a server (no connection, a timeout, HTTP
+    5xx or 429) takes that server out of rotation for ``cooldown_s`` (doubling while it
+    keeps failing) and is sent to another, so a slow or dead server does not stall the
+    run; ``retries`` more attempts are allowed after one per server.
+    """
 
     def __init__(
-        self, urls: Sequence[str], *, concurrency: int = 16, request_timeout_s: float = 600.0, retries: int = 2,
-        model_fingerprint: str = "", run_id: str | None = None, vocab_size: int | None = None,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        self, urls: Sequence[str], *, concurrency: int = 16, request_timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5,
+        cooldown_s: float = 5.0, model_fingerprint: str = "", vocab_size: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, in_flight_source: str = "",
     ) -> None:
-        self.urls = [u.rstrip("/") for u in urls]
-        if not self.urls:
+        self.endpoints = [Endpoint(url=u.rstrip("/")) for u in urls]
+        if not self.endpoints:
             raise ValueError("SGLangGenerator needs at least one server URL (backend.urls in the card, or --server URL)")
-        self.concurrency = int(concurrency)
+        self.urls = [e.url for e in self.endpoints]
+        self.concurrency = self.in_flight = int(concurrency)
+        self.in_flight_source = in_flight_source or "set by the caller"
         self.request_timeout_s = float(request_timeout_s)
         self.retries = int(retries)
+        self.backoff_s = float(backoff_s)
+        self.cooldown_s = float(cooldown_s)
         self.model_fingerprint = model_fingerprint
         self.vocab_size = vocab_size
         self.max_response_bytes = int(max_response_bytes)
-        self.run_id = run_id or secrets.token_hex(6)
+        self.run_id = secrets.token_hex(6)
         self._seq = itertools.count(1)
+        self._picker = EndpointPicker()
         self._loop: LoopThread | None = None
         self._session = None
         self._server_info: dict[str, Any] = {}
@@ -53,8 +71,13 @@ class SGLangGenerator(Generator):
         return {
             "engine": "sglang", "version": self._server_info.get("version"), "servers": list(self.urls),
             "served_model": self._server_info.get("model_path"), "model_fingerprint": self.model_fingerprint,
-            "dtype": self._server_info.get("dtype"), "concurrency": self.concurrency,
+            "dtype": self._server_info.get("dtype"), "concurrency": self.in_flight, "concurrency_from": self.in_flight_source,
         }
+
+    def submit(self, prompt: list[int], params: GenerationParams) -> "concurrent.futures.Future[GenerationResult]":
+        if self._loop is None:
+            self._loop = LoopThread()
+        return self._loop.submit(self._generate_one(list(prompt), params))
 
     def generate(self, prompts: Sequence[list[int]], params: GenerationParams) -> list[GenerationResult]:
         if not prompts:
@@ -63,11 +86,11 @@ class SGLangGenerator(Generator):
         async def run_all() -> list[GenerationResult]:
             gate = asyncio.Semaphore(self.concurrency)
 
-            async def one(k: int, prompt: list[int]) -> GenerationResult:
+            async def one(prompt: list[int]) -> GenerationResult:
                 async with gate:
-                    return await self._one(self.urls[k % len(self.urls)], prompt, params)
+                    return await self._generate_one(prompt, params)
 
-            return list(await asyncio.gather(*(one(k, p) for k, p in enumerate(prompts))))
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
 
         return self._run(run_all())
 
@@ -81,20 +104,33 @@ class SGLangGenerator(Generator):
             sampling["sampling_seed"] = params.seed
         return {"rid": f"{GEN_RID_PREFIX}{self.run_id}-{next(self._seq)}", "input_ids": list(prompt), "sampling_params": sampling}
 
-    async def _one(self, url: str, prompt: list[int], params: GenerationParams) -> GenerationResult:
-        import aiohttp
-
-        error = ""
-        for attempt in range(self.retries + 1):
+    async def _generate_one(self, prompt: list[int], params: GenerationParams) -> GenerationResult:
+        """Attempts on the servers until one answers, or the attempts run out (a failed turn naming the last reason)."""
+        tries = Attempts(retries=self.retries, servers=len(self.endpoints))
+        for attempt in range(tries.total):
             if attempt:
-                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
-            try:
-                out = await self._post(url + "/generate", self.body(prompt, params))
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, HTTPStatusError, BadResponseError) as exc:
-                error = f"{url}/generate: {type(exc).__name__}: {exc}"
+                await asyncio.sleep(retry_pause(self.backoff_s, attempt))
+            ep = await self._picker.pick_or_wait(self.endpoints, tries.avoid)
+            if ep is None:
+                tries.last_reason = "every SGLang server is unreachable"
                 continue
-            return parse_output(out, params, self.vocab_size)
-        return GenerationResult([], "failed", error)
+            ep.inflight += 1
+            try:
+                out = await self._post(ep.url + "/generate", self.body(prompt, params))
+            except HTTPStatusError as exc:
+                verdict = http_status_verdict(ep.url + "/generate", exc)
+            except (BadResponseError, *connection_errors()) as exc:
+                verdict = connection_verdict(ep.url + "/generate", exc)
+            else:
+                ep.failures = 0
+                return parse_output(out, params, self.vocab_size)
+            finally:
+                ep.inflight -= 1
+            if verdict.action is Action.ELSEWHERE:
+                ep.mark_down(self.cooldown_s)
+            if not tries.record(verdict, ep.url):
+                break
+        return GenerationResult([], "failed", tries.last_reason)
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Any) -> Any:
@@ -114,7 +150,7 @@ class SGLangGenerator(Generator):
         """``/server_info`` for the manifest's description; an unreadable one describes nothing."""
         try:
             return await get_json(await self._get_session(), url, self.request_timeout_s, self.max_response_bytes)
-        except (HTTPStatusError, BadResponseError):
+        except (HTTPStatusError, BadResponseError, *connection_errors()):
             return {}
 
     def close(self) -> None:
