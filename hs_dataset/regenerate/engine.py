@@ -44,7 +44,7 @@ class Regeneration:
 
     def __init__(self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str) -> None:
         section = card.regenerate
-        chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
+        chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer), limits=card.limits)
         self.generator = generator
         self.section = section
         self.params = GenerationParams(

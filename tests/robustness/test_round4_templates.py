@@ -130,13 +130,14 @@ def test_row_time_budget_runs_across_the_turns_of_a_regenerated_row(tmp_path, ti
     turns = [m for i in range(40) for m in ({"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"})]
     ids = torch.arange(5, 15)
     sample = TokenizedSample("long", ids, torch.ones(10, dtype=torch.bool), meta={"conversation": Conversation(turns, None)})
-    card = tiny_card.with_overrides(limits={"template_seconds": 2.0}, regenerate={"enabled": True, "concurrency": 1})
+    # 0.5 s: all of the row's renders take ~1.5 s on this machine, so a 2 s budget would not bind
+    card = tiny_card.with_overrides(limits={"template_seconds": 0.5}, regenerate={"enabled": True, "concurrency": 1})
     regen = Regeneration(card, Echo(tokenizer.eos_token_id), tokenizer, tmp_path, "regenerated.jsonl")
     start = time.monotonic()
-    list(regen.regenerate([[sample]]))
+    list(regen.regenerate([sample]))
     elapsed = time.monotonic() - start
     record = regen.store.get("long")
-    assert elapsed < 8, f"HANG: the row's renders took {elapsed:.1f} s in all (template_seconds 2)"
+    assert elapsed < 8, f"HANG: the row's renders took {elapsed:.1f} s in all (template_seconds 0.5)"
     failed = [t for t in record["turns"] if t.get("error")]
     assert failed and "template_seconds" in failed[-1]["error"] and "renders" in failed[-1]["error"], record["turns"][-1]
     assert 1 < len(record["turns"]) < 40, f"the budget stopped the row after {len(record['turns'])} turns"
