@@ -24,8 +24,8 @@ from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.regenerate.progress import RegenerationProgress
 from hs_dataset.run_report import RunReport, save_run_report
-from hs_dataset.sample import TokenizedSample
-from hs_dataset.session import CaptureSession, as_card, batches, make_generator
+from hs_dataset.sample import TokenizedSample, batches
+from hs_dataset.session import CaptureSession, as_card, make_generator
 from hs_dataset.sources.report import SourceReport
 
 __all__ = ["build_dataset"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["MAX_SAMPLE_ID_CHARS", "TokenizedSample", "CapturedSample"]
+__all__ = ["MAX_SAMPLE_ID_CHARS", "TokenizedSample", "CapturedSample", "batches"]
 
 MAX_SAMPLE_ID_CHARS = 1024  # a shard header lists every id: a longer one is a malformed row, skipped and counted
 
@@ -57,3 +58,15 @@ class CapturedSample:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+def batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[TokenizedSample]]:
+    """Consecutive windows of ``size`` samples in source order (the last one may be shorter)."""
+    batch: list[TokenizedSample] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -25,7 +25,7 @@ from hs_dataset.sources.report import SourceReport
 from hs_dataset.sources.rows import RowSource
 
 __all__ = [
-    "CaptureSession", "as_card", "batches", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "make_generator", "open_rows",
+    "CaptureSession", "as_card", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "make_generator", "open_rows",
     "partition", "resolve_source",
 ]
 
@@ -150,18 +150,6 @@ def limit_samples(samples: Iterable[TokenizedSample], n: int | None) -> Iterator
         if n is not None and k >= n:
             return
         yield sample
-
-
-def batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[TokenizedSample]]:
-    """Consecutive windows of ``size`` samples in source order (the last one may be shorter)."""
-    batch: list[TokenizedSample] = []
-    for sample in samples:
-        batch.append(sample)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 class CaptureSession:

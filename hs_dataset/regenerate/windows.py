@@ -18,7 +18,7 @@ from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import Generator
 from hs_dataset.regenerate.records import ConversationRecord
-from hs_dataset.sample import TokenizedSample
+from hs_dataset.sample import TokenizedSample, batches
 
 __all__ = ["regenerate_in_windows"]
 
@@ -28,7 +28,7 @@ def regenerate_in_windows(
     on_tokens: Callable[[int], None] = lambda n: None,
 ) -> Iterator[Finished]:
     """Each sample with its record, window by window (the stored record where there is one)."""
-    for window in _windows(samples, size):
+    for window in batches(samples, size):
         missing = [s for s in window if s.sample_id not in store]
         fresh = {}
         if missing:
@@ -39,17 +39,6 @@ def regenerate_in_windows(
         for sample in window:
             record = fresh.get(sample.sample_id)
             yield sample, record or ConversationRecord.from_json(store.get(sample.sample_id)), record is not None
-
-
-def _windows(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[TokenizedSample]]:
-    window: list[TokenizedSample] = []
-    for sample in samples:
-        window.append(sample)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
-        yield window
 
 
 def _regenerate_window(window: list[TokenizedSample], generator: Generator, rules: TurnRules, on_tokens: Callable[[int], None]) -> list[ConversationRecord]:
