@@ -185,7 +185,7 @@ def note_source_storage(ds: "HiddenStateDataset", report: ExportReport, out_dtyp
     exported as bf16 is not bf16 data, and a trainer's user must know that the values carry its rounding."""
     from hs_dataset.codecs.registry import get_encoding
 
-    encoding = get_encoding(ds.manifest.tensors["aux_hidden_states"]["encoding"])
+    encoding = get_encoding(ds.manifest.state_encoding)
     report.source_storage = encoding.storage or encoding.name
     report.exported_dtype = str(out_dtype).replace("torch.", "")
     if encoding.scaled:

@@ -64,13 +64,17 @@ def _load_text_of_wrapper(directory: Path, config: dict[str, Any], dtype: Any) -
         directory, config=text_cfg, dtype=dtype, key_mapping={f"^{re.escape(prefix)}": ""}, local_files_only=True, output_loading_info=True,
         ignore_mismatched_sizes=True,
     ))
-    # the wrapper's other weights (its vision tower, its projector) are not the text model's to load
-    info["unexpected_keys"] = [k for k in info.get("unexpected_keys") or () if k.startswith(("model.", "lm_head."))]
     return model, info
 
 
 def _refuse_loading_problems(directory: Path, info: dict[str, Any]) -> None:
-    """Weights the model lacks (they would stay random), weights it does not know, or shapes that differ: one line each."""
+    """Weights the model lacks (they would stay random), weights it does not know, or shapes that differ: one line each.
+
+    Unexpected weights outside the text model's own names (``model.``, ``lm_head.``) are other parts'
+    (a wrapper's vision tower and projector, a multi-token-prediction head's ``mtp.*``): not the text
+    model's to load. A checkpoint of another naming altogether still fails, on its missing weights.
+    """
+    info = {**info, "unexpected_keys": [k for k in info.get("unexpected_keys") or () if str(k).startswith(("model.", "lm_head."))]}
     for kind, what in (("missing_keys", "missing weights (they would run from random numbers)"),
                        ("unexpected_keys", "unexpected weights (the config builds no place for them)"),
                        ("mismatched_keys", "weights whose shapes the config does not make")):

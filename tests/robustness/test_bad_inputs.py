@@ -722,7 +722,7 @@ def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
         (sglang_dir / "srt" / "models" / "deepseek_v2.py").unlink()
     info = {"sglang": version, "hs_dataset": True, "sgl_kernel": None, "sglang_dir": str(sglang_dir)}
     monkeypatch.setattr(probe, "probe_server_env", lambda python: dict(info))
-    monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": archs, "num_hidden_layers": 8})
+    monkeypatch.setattr(serve, "_model_config", lambda path, **_: {"architectures": archs, "num_hidden_layers": 8})
     from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang")
@@ -730,7 +730,7 @@ def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
     info["sglang"] = "0.5.19"
     (sglang_dir / "srt" / "models" / "deepseek_v2.py").write_text(OLD_LAYER)
-    monkeypatch.setattr(serve, "_model_config", lambda path: {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8})
+    monkeypatch.setattr(serve, "_model_config", lambda path, **_: {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8})
     plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
     assert plan.mechanism == "layer_hooks"  # a layer that does return the residual is still accepted
 
