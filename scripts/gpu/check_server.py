@@ -227,12 +227,25 @@ def _not_applicable(server: dict, result: dict, key: str) -> bool:
     return False
 
 
+def _prefill_once(server: dict, timeout: float = 60) -> None:
+    """One short request, then wait until the server's log has a prefill line (the warm-up's may not be logged)."""
+    body = json.dumps({"input_ids": list(range(10, 42)), "sampling_params": {"max_new_tokens": 1}}).encode()
+    request = urllib.request.Request(server["url"] + "/generate", data=body, headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=timeout).read()
+    except OSError:
+        pass  # judged from the log below: no prefill line means "not shown to be eager"
+    deadline = time.monotonic() + 10
+    while prefill_graph_in_log(server["log"].read_text(errors="replace")) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _judge_refused(refused: dict, result: dict) -> list[str]:
     problems = []
     deadline = time.monotonic() + 600
     while refused["proc"].poll() is None and time.monotonic() < deadline:
         if _healthy(refused["url"]):  # it started: a release whose prefill graph is off here, or a hook that failed to refuse
-            time.sleep(2)  # its warm-up prefill is logged
+            _prefill_once(refused)  # so its log says whether the prefill ran in a graph
             stop(refused["proc"])
             if _not_applicable(refused, result, "refused_at_start"):
                 return problems
