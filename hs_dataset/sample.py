@@ -70,3 +70,27 @@ def batches(samples: Iterable[TokenizedSample], size: int) -> Iterator[list[Toke
             batch = []
     if batch:
         yield batch
+
+
+def bursts(samples: Iterable[TokenizedSample], tokens: int, size: int) -> Iterator[TokenizedSample]:
+    """The same samples, held back and let go in groups of at least ``tokens`` tokens or ``size`` samples.
+
+    Finished regenerated conversations arrive one at a time; sent to a server so, each is
+    prefilled alone and every decoding request there waits for it. Let go together, a
+    group goes out at once and the server prefills it in one batch.
+    """
+    held: list[TokenizedSample] = []
+    count = 0
+    source = iter(samples)
+    try:
+        for sample in source:
+            held.append(sample)
+            count += sample.num_tokens
+            if count >= tokens or len(held) >= size:
+                yield from held
+                held, count = [], 0
+        yield from held
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()  # a stopped consumer stops the producer at once (the regeneration pump's threads)

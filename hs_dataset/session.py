@@ -72,6 +72,21 @@ def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, token
     raise UsageError(f"--regenerate needs the hf or sglang backend; {type(backend).__name__} cannot generate")
 
 
+def capture_burst(card: Card, backend: CaptureBackend) -> tuple[int, int] | None:
+    """(tokens, samples) a group of finished conversations fills before going to capture on SGLang servers; None elsewhere.
+
+    One prefill batch of the servers (``capacity.prefill_tokens``), or as many samples as capture keeps in flight.
+    """
+    endpoints = getattr(backend, "endpoints", None)
+    if not endpoints or getattr(backend, "model", None) is not None:
+        return None
+    from hs_dataset.capture.sglang.capacity import prefill_tokens
+
+    section = card.backend
+    in_flight = max(section.batch_size, getattr(section, "concurrency", 1))
+    return prefill_tokens([e.server_info for e in endpoints]), in_flight
+
+
 def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
     """The manifest metadata: what every stored tensor means, and where it came from."""
     return {

@@ -6,7 +6,8 @@ regenerated conversation, once that conversation's record is stored
 (``session.make_generator``): the in-process model answers fixed windows of the source
 order, turn k of a window together (``windows.py``), so a resumed build writes the same
 turns; SGLang servers are kept busy by a pump that carries ``in_flight`` conversations at
-once and hands each on to capture as it finishes (``pump.py``). Either way a killed
+once and hands each on to capture as it finishes (``pump.py``), in groups that fill one prefill
+batch of the servers, so capture does not pause their decoding once per sample. Either way a killed
 build resumes from the stored records and never regenerates a stored conversation.
 """
 
@@ -24,7 +25,7 @@ from hs_dataset.regenerate.pump import ConversationPump
 from hs_dataset.regenerate.records import ConversationRecord, RegenerationReport
 from hs_dataset.regenerate.turns import TurnRenderer
 from hs_dataset.regenerate.windows import regenerate_in_windows
-from hs_dataset.sample import TokenizedSample
+from hs_dataset.sample import TokenizedSample, bursts
 from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.masking import resolve_mask_rule
 
@@ -42,8 +43,10 @@ def _stop_ids(chat: ChatTokenizer, tokenizer: Any) -> tuple[int, ...]:
 class Regeneration:
     """One build's regeneration: generator, turn rules, the stored records and the counts."""
 
-    def __init__(self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str) -> None:
+    def __init__(self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str, burst: tuple[int, int] | None = None) -> None:
+        """``burst``: (tokens, samples) finished conversations gather to before going on to capture (``sample.bursts``)."""
         section = card.regenerate
+        self.burst = burst
         chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer), limits=card.limits)
         self.generator = generator
         self.section = section
@@ -79,6 +82,12 @@ class Regeneration:
         else:
             rows = self.section.concurrency or DEFAULT_BATCH_ROWS
             finished = regenerate_in_windows(samples, rows, self.generator, self.rules, self.store, on_tokens)
+        captured = self._to_capture(finished, progress)
+        if self.burst is not None:
+            captured = bursts(captured, *self.burst)
+        yield from captured
+
+    def _to_capture(self, finished: Iterable[Finished], progress: RegenerationProgress | None) -> Iterator[TokenizedSample]:
         for sample, record, fresh in finished:
             self.report.count(record, fresh)
             if progress is not None:

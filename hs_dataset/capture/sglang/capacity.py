@@ -17,6 +17,13 @@ for, not the version:
   0.5.14 and 0.5.23, new tokens per request). Requests beyond what the server admits only
   wait in its queue; too few would leave it idle.
 
+Capture beside generation: SGLang prefills in batches of up to ``chunked_prefill_size``
+tokens (a top-level field of ``/server_info``, every release) and pauses every decoding
+request while it does. Samples sent for capture one at a time as conversations finish
+would each be a batch of their own; :func:`prefill_tokens` gives the group size that
+fills one batch (the smallest over the servers; :data:`DEFAULT_PREFILL_TOKENS` when none
+reports a positive one, e.g. chunking off).
+
 A server's bound is the smaller of the two it reports; the run's is the sum over its
 servers (:data:`DEFAULT_IN_FLIGHT` for one that reports neither), at most
 :data:`MAX_IN_FLIGHT` (open sockets), and at most the card's ``regenerate.concurrency``
@@ -29,10 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["CLIP_NEW_TOKENS", "DEFAULT_IN_FLIGHT", "MAX_IN_FLIGHT", "InFlight", "in_flight", "server_slots"]
+__all__ = ["CLIP_NEW_TOKENS", "DEFAULT_IN_FLIGHT", "DEFAULT_PREFILL_TOKENS", "MAX_IN_FLIGHT", "InFlight", "in_flight", "prefill_tokens", "server_slots"]
 
 DEFAULT_IN_FLIGHT = 16  # when no server reports its limits and the card sets none
 MAX_IN_FLIGHT = 1024  # one socket each: stays under a common open-files limit with room for the rest
+DEFAULT_PREFILL_TOKENS = 8192  # SGLang's own chunked_prefill_size on most GPUs, when no server reports one
 CLIP_NEW_TOKENS = 4096  # SGLang's default SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the most it reserves per request
 
 
@@ -100,3 +108,9 @@ def in_flight(infos: Sequence[dict[str, Any]], max_new_tokens: int, cap: int | N
     requests = min(total, MAX_IN_FLIGHT, cap or MAX_IN_FLIGHT)
     limit = " and regenerate.concurrency" if cap and cap < min(total, MAX_IN_FLIGHT) else (f" and the cap {MAX_IN_FLIGHT}" if total > MAX_IN_FLIGHT else "")
     return InFlight(requests, f"the servers' {total} ({words}){limit}")
+
+
+def prefill_tokens(infos: Sequence[dict[str, Any]]) -> int:
+    """Tokens one prefill batch of these servers takes: the smallest ``chunked_prefill_size`` any reports."""
+    sizes = [size for size in (_int(info.get("chunked_prefill_size")) for info in infos) if size]
+    return min(sizes) if sizes else DEFAULT_PREFILL_TOKENS
