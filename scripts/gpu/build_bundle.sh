@@ -40,12 +40,14 @@ done
 # sgl_kernel's FlashMLA (imported in a try: the triton backends never call it) and its InfLLM ops (a CPython 3.10
 # build, loaded on first call only, which cannot load on the host's 3.12 anyway); zstandard's cffi backend (its C
 # backend is the default); xgrammar's static library and headers (for C++ builds against it); nccl4py (0.5.17 on:
-# only flashinfer's expert-parallel MoE layer imports it, which a one-GPU triton server never loads).
+# only flashinfer's expert-parallel MoE layer imports it, which a one-GPU triton server never loads); sglang's
+# diffusion runtime (sglang/multimodal_gen: the `sglang generate` CLI's; nothing under sglang/srt imports it).
 rm -rf "$SITE"/sgl_kernel/flash_ops*.so "$SITE"/sgl_kernel/sm100 "$SITE"/bin \
        "$SITE"/sgl_kernel/flashmla_ops*.so "$SITE"/sgl_kernel/infllm_ops.cpython-310-*.so "$SITE"/zstandard/_cffi.*.so \
        "$SITE"/xgrammar/lib/*.a "$SITE"/xgrammar/include \
        "$SITE"/flashinfer/data/cutlass "$SITE"/flashinfer/data/cccl "$SITE"/deep_gemm/include \
-       "$SITE"/cudnn "$SITE"/nvidia_cudnn_frontend* "$SITE"/sglang/test "$SITE"/nccl "$SITE"/nccl4py-*.dist-info
+       "$SITE"/cudnn "$SITE"/nvidia_cudnn_frontend* "$SITE"/sglang/test "$SITE"/nccl "$SITE"/nccl4py-*.dist-info \
+       "$SITE"/sglang/multimodal_gen
 find "$SITE" -name __pycache__ -prune -exec rm -rf {} +
 TAR="$OUT/sglang-$VERSION-py312-site.tar.xz"
 tar -C "$SITE" -cf - . | xz -T2 -9 > "$TAR.tmp" && mv "$TAR.tmp" "$TAR"

@@ -36,7 +36,8 @@ VERIFIED: dict[tuple[str, str, str], str] = {
                                       "benchmarks/results/check_server_gpu.txt)",
     ("0.5.16", "layer_hooks", "cuda"): "scripts/gpu/run_release_check.sh 0.5.16 on an H200, 2026-12-01 (bf16, decode CUDA graphs on, "
                                       "tp 1; benchmarks/results/check_server_gpu_0.5.16.txt), and benchmarks/bench_flagship_gpu.py "
-                                      "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt)",
+                                      "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt); the Kimi-K2.5-class "
+                                      "snapshot on 2026-12-02 (benchmarks/results/check_server_gpu_kimi_0.5.16.txt)",
 }
 
 
