@@ -249,6 +249,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sigma", type=float, default=1.2, help="lognormal sigma of the answer lengths (1.2: CV 1.8 before the cap)")
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-old", action="store_true", help="leave out the old windowed engine's runs (its ratio is measured; saves GPU time)")
     ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=None, help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)")
@@ -319,7 +320,7 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
         f"{in_flight} requests in flight ({meta['concurrency_from']}); capture {capture_in_flight} in flight")
     times: dict[str, list[float]] = {"new": [], "old": [], "client": [], "prefill": [], "isolated": []}
     rates: dict[str, list[float]] = {"new": [], "old": [], "client": []}
-    runs = ["new", "old", "client", "prefill"] + (["isolated"] if args.isolate else [])
+    runs = ["new"] + ([] if args.no_old else ["old"]) + ["client", "prefill"] + (["isolated"] if args.isolate else [])
     if args.isolate:
         rates["isolated"] = []
     for r in range(args.rounds):
@@ -343,23 +344,26 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
             times[name].append(seconds)
             say(f"round {r + 1} {name:8s} {seconds:7.1f} s  {extra}; this process {_cpu_s() - cpu:.1f} CPU s")
     paired = sorted(n / c for n, c in zip(rates["new"], rates["client"]))  # each round's runs saw about the same machine
-    best = {k: max(v) for k, v in rates.items()}
+    best = {k: max(v) for k, v in rates.items() if v}
     fastest = {k: min(v) for k, v in times.items() if v}
     base = fastest["client"] + fastest["prefill"]
-    say(f"best of {args.rounds}: generation tok/s new {best['new']:.1f}, old {best['old']:.1f}, client {best['client']:.1f}; "
-        f"wall s new {fastest['new']:.1f}, old {fastest['old']:.1f}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}")
+    old_best = f", old {best['old']:.1f}" if "old" in best else ""
+    old_wall = f", old {fastest['old']:.1f}" if "old" in fastest else ""
+    say(f"best of {args.rounds}: generation tok/s new {best['new']:.1f}{old_best}, client {best['client']:.1f}; "
+        f"wall s new {fastest['new']:.1f}{old_wall}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}")
     say(f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f} "
         f"(per round: {', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.2f})")
     say(f"(b) end to end, build / (client generation + prefill): {fastest['new'] / base:.2f}x")
-    say(f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
-        f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
-        f"end to end {fastest['old'] / base:.2f}x)")
+    if "old" in best:
+        say(f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
+            f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
+            f"end to end {fastest['old'] / base:.2f}x)")
     if args.isolate:
         alone = sorted(n / c for n, c in zip(rates["isolated"], rates["client"]))
         say(f"(a') generation with capture left out of the build / continuous client: {best['isolated'] / best['client']:.2f} "
             f"(per round: {', '.join(f'{r:.2f}' for r in alone)}; median {statistics.median(alone):.2f})")
-    say(f"generation_ratio={best['new'] / best['client']:.2f} end_to_end_ratio={fastest['new'] / base:.2f} "
-        f"new_vs_old={best['new'] / best['old']:.2f}")
+    vs_old = f" new_vs_old={best['new'] / best['old']:.2f}" if "old" in best else ""
+    say(f"generation_ratio={best['new'] / best['client']:.2f} end_to_end_ratio={fastest['new'] / base:.2f}{vs_old}")
     return lines
 
 
