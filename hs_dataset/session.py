@@ -78,13 +78,11 @@ def capture_burst(card: Card, backend: CaptureBackend) -> tuple[int, int] | None
     One prefill batch of the servers (``capacity.prefill_tokens``), or as many samples as capture keeps in flight.
     """
     endpoints = getattr(backend, "endpoints", None)
-    if not endpoints or getattr(backend, "model", None) is not None:
+    if not endpoints:
         return None
     from hs_dataset.capture.sglang.capacity import prefill_tokens
 
-    section = card.backend
-    in_flight = max(section.batch_size, getattr(section, "concurrency", 1))
-    return prefill_tokens([e.server_info for e in endpoints]), in_flight
+    return prefill_tokens([e.server_info for e in endpoints]), backend.in_flight(card.backend.batch_size)
 
 
 def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> dict[str, Any]:

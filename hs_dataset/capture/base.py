@@ -134,6 +134,10 @@ class CaptureBackend(abc.ABC):
     def capture_batch(self, samples: Sequence[TokenizedSample]) -> list[CaptureResult]:
         """Capture one batch; results are in input order, one per sample."""
 
+    def in_flight(self, batch_size: int) -> int:
+        """Samples :meth:`capture_stream` works on at once: one batch here; the SGLang client keeps more requests going."""
+        return batch_size
+
     def capture_stream(self, samples: Iterable[TokenizedSample], batch_size: int) -> Iterator[CaptureResult]:
         """Capture an iterable in batches of ``batch_size``; results may be yielded in any order."""
         if batch_size < 1:

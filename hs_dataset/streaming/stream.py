@@ -132,7 +132,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
             self.metadata = self.session.metadata
             self.shard_bytes = options.shard_bytes or max(1, min(card.shards.bytes, self.max_cache_bytes // 8))
             self.batch_size = card.backend.batch_size
-            self._in_flight = max(self.batch_size, int(getattr(self.backend, "concurrency", self.batch_size)))
+            self._in_flight = self.backend.in_flight(self.batch_size)
             self.history: list[StreamStats] = []
             self.stats = StreamStats(epoch=0)
             info = self.session.info

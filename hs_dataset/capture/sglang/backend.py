@@ -368,13 +368,16 @@ class SGLangBackend(CaptureBackend):
 
         return list(loop.run(run_all()))
 
+    def in_flight(self, batch_size: int) -> int:
+        return max(int(batch_size), self.concurrency)
+
     def capture_stream(self, samples: Iterable[TokenizedSample], batch_size: int) -> Iterator[CaptureResult]:
         """Keep ``max(batch_size, concurrency)`` requests in flight; yield results as they complete."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.validate()
         loop = self._ensure_loop()
-        limit = max(int(batch_size), self.concurrency)
+        limit = self.in_flight(batch_size)
         pending: set[concurrent.futures.Future] = set()
         it = iter(samples)
         exhausted = False
