@@ -9,7 +9,7 @@ it. The package ``__init__`` imports nothing.
 
 * :mod:`.hooks` -- ``--forward-hooks`` factories (SGLang 0.5.9+), one runtime per process;
 * :mod:`.config` -- :class:`~.config.CaptureConfig`, from the hook config or ``HS_CAPTURE_*`` env vars;
-* :mod:`.core` -- the capture core (EXTEND filter, chunk assembly, refusals, flush/close);
+* :mod:`.core` -- the capture core (prefill-pass filter, chunk assembly, refusals, flush/close);
 * :mod:`.batch` -- a forward pass as the core sees it, split into per-request rows;
 * :mod:`.states` -- the pass's states checked into one layout (and quantized on the device);
 * :mod:`.dump_writer` -- the writer threads: header + tensor bytes in one ``writev``;

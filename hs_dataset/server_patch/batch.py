@@ -18,14 +18,20 @@ import torch
 from hs_dataset.server_patch.contract.rid import RID_RE
 from hs_dataset.server_patch.contract.status import RECENT_IDS
 
-__all__ = ["BatchView", "RequestSlice", "BatchSplit", "split_requests"]
+__all__ = ["PREFILL_MODES", "BatchView", "RequestSlice", "BatchSplit", "split_requests"]
+
+# ForwardMode names of the extend-shaped passes that carry prompt rows. MIXED (mixed chunked
+# prefill, --enable-mixed-chunk) is new prefill rows followed by 1-row decode tails of running
+# requests, all covered by extend_seq_lens/extend_prefix_lens/rids; SGLang 0.5.14-0.5.17 hand it
+# to the model as MIXED rather than rewriting it to EXTEND.
+PREFILL_MODES = frozenset({"EXTEND", "MIXED"})
 
 
 @dataclass
 class BatchView:
     """What the core needs from a ForwardBatch (version-independent)."""
 
-    mode: str  # ForwardMode name, e.g. "EXTEND"
+    mode: str  # ForwardMode name, e.g. "EXTEND" or "MIXED"
     extend_seq_lens: list[int] | None
     extend_prefix_lens: list[int] | None = None
     rids: list[str] | None = None
@@ -72,7 +78,7 @@ class BatchSplit:
 
 
 def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> BatchSplit:
-    """Split an EXTEND pass (``extend_seq_lens`` set) into the rows of each request, by ``extend_seq_lens``."""
+    """Split an extend-shaped pass (:data:`PREFILL_MODES`, ``extend_seq_lens`` set) into the rows of each request, by ``extend_seq_lens``."""
     lens = batch.extend_seq_lens
     rids = batch.rids
     n = len(rids) if rids is not None else len(lens)

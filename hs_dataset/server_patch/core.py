@@ -9,8 +9,10 @@ tensors and call :meth:`CaptureCore.process`.
 
 What :meth:`CaptureCore.process` does, on the forward thread:
 
-1. ignores every pass that is not exactly ``EXTEND`` (decode, mixed, target-verify,
-   idle, ...);
+1. handles the extend-shaped passes (:data:`~hs_dataset.server_patch.batch.PREFILL_MODES`:
+   ``EXTEND``, and ``MIXED`` -- mixed chunked prefill, new prompt rows followed by
+   1-row decode tails of running requests) and ignores every other (decode,
+   target-verify, idle, ...);
 2. splits the batch per request by ``extend_seq_lens``
    (:func:`~hs_dataset.server_patch.batch.split_requests`); ignores requests whose rid
    lacks our prefix (warm-up, health checks, other clients) and logs rids that have
@@ -18,8 +20,10 @@ What :meth:`CaptureCore.process` does, on the forward thread:
    check (never used in a file name);
 3. a request seen whole (prefix length 0, all ``T`` tokens of its rid) is stored; a
    chunked prefill (prefix length == tokens assembled so far) is assembled across
-   passes and stored once complete; anything else -- a prefix-cache hit, a chunk out
-   of order, more tokens than the rid says -- is refused with a marker;
+   passes and stored once complete; a row at or past the rid's ``T`` tokens is a decode
+   step of a prompt already stored (a mixed pass's tail) and is skipped, counted
+   ``decode_tails``; anything else -- a prefix-cache hit, a chunk out of order, more
+   tokens than the rid says -- is refused with a marker;
 4. reserves room in the bounded staging budget (waiting at most ``max_wait_s`` per
    forward pass in total), snapshots the rows to host memory (see :mod:`.copier`),
    and hands them to the writer threads (:mod:`.dump_writer`) that write
@@ -42,7 +46,7 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 
 from hs_dataset.libc import name_os_thread
-from hs_dataset.server_patch.batch import BatchSplit, BatchView, split_requests
+from hs_dataset.server_patch.batch import PREFILL_MODES, BatchSplit, BatchView, RequestSlice, split_requests
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.copier import HostCopier, HostPiece
@@ -104,7 +108,7 @@ class _RequestRows:
 
 
 class CaptureCore:
-    """Turns EXTEND passes into per-request dump files; one per scheduler process that writes."""
+    """Turns prefill (EXTEND, MIXED) passes into per-request dump files; one per scheduler process that writes."""
 
     def __init__(
         self,
@@ -131,6 +135,7 @@ class CaptureCore:
             "extend_passes": 0,
             "requests_seen": 0,
             "foreign_skipped": 0,
+            "decode_tails": 0,  # rows of our rids past their prompt (mixed passes' decode tails): skipped, not refused
             "invalid_rids": 0,
             "dumps_written": 0,
             "dump_bytes": 0,
@@ -189,7 +194,7 @@ class CaptureCore:
         this pass (e.g. the final-norm hook did not fire); our requests are refused with it.
         """
         self.stats["passes_seen"] += 1
-        if batch.mode != "EXTEND":
+        if batch.mode not in PREFILL_MODES:
             return
         self.stats["extend_passes"] += 1
         if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
@@ -199,7 +204,8 @@ class CaptureCore:
             return
         split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)
         self._count(split)
-        if not split.ours:
+        ours = self._prompt_rows(split.ours)
+        if not ours:
             return
 
         cpu_start = time.thread_time_ns()  # what the hook costs the forward thread, reported per dump
@@ -208,7 +214,7 @@ class CaptureCore:
                 raise UnusableStates(missing_reason)
             aux3, final = normalize_states(aux, final_prenorm, self.config.hf_aux_layer_ids, split.rows)
         except UnusableStates as exc:
-            for request in split.ours:
+            for request, _ in ours:
                 if request.key:
                     self._refuse(request.key, str(exc))
             return
@@ -217,18 +223,32 @@ class CaptureCore:
 
         states, owned = pass_states(aux3, final, split.rows, self.config.state_encoding, aux_owned=aux_owned)
         pass_ = _PassInfo(split.requests, str(aux3.dtype).replace("torch.", ""), owned, time.monotonic() + self.config.max_wait_s)
-        rows_ours = sum(request.length for request in split.ours)
+        rows_ours = sum(request.length for request, _ in ours)
         pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
-        for key, off, length, pre in split.ours:
+        for (key, off, length, pre), total in ours:
             rows = slice(off, off + length)
             if not key:
                 key = content_key(batch.input_ids[rows])
-                total = length
-            else:
-                total = rid_num_tokens(key)
             tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
             share = pass_cpu * length // max(rows_ours, 1)
             self._handle_request(_RequestRows(key, total, pre, length, tensors, share, time.thread_time_ns()), pass_)
+
+    def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
+        """Our requests' prompt rows, each with its prompt's token count; decode tails dropped and counted.
+
+        Mixed chunked prefill carries running requests as 1-row tails (prefix = tokens so
+        far); with the overlap scheduler a capture request already stored can appear so,
+        at prefix >= T. Those rows are no prompt rows: refusing them ("partial prompt")
+        would race the dump already written, and wrongly.
+        """
+        kept = []
+        for request in ours:
+            total = rid_num_tokens(request.key) if request.key else request.length  # content-keyed: the whole prompt
+            if request.key and request.prefix >= total:
+                self.stats["decode_tails"] += 1
+            else:
+                kept.append((request, total))
+        return kept
 
     def _count(self, split: BatchSplit) -> None:
         """The pass's requests in the stats; the first invalid rids in the log."""

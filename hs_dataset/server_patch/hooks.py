@@ -48,7 +48,7 @@ from typing import Any, Mapping
 import torch
 
 from hs_dataset.errors import HsDatasetError
-from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.batch import PREFILL_MODES, BatchView
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.states import prepare_quantizer
@@ -300,7 +300,7 @@ class _Runtime:
         if fb is None:
             return
         mode = getattr(fb.forward_mode, "name", None)
-        if mode != "EXTEND" or not self.writes():
+        if mode not in PREFILL_MODES or not self.writes():
             return
         ids = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         batch = BatchView.from_forward_batch(fb, input_ids=ids)

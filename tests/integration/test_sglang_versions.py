@@ -11,7 +11,10 @@ seconds with the cause, instead of waiting out ``dump_timeout_s`` times its retr
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -32,7 +35,10 @@ PREFIX = "hs-v"  # the hooks of these servers own only request ids hs-v...; this
 @pytest.fixture(scope="module", params=LAYER_HOOK_RELEASES)
 def release_server(request, card, tiny_model, hs_tmp):
     version = request.param
-    server = start_server(card, hs_tmp, f"v{version}", version=version, chunked_prefill_size=64, staging={"rid_prefix": PREFIX})
+    server = start_server(
+        card, hs_tmp, f"v{version}", version=version, chunked_prefill_size=64, staging={"rid_prefix": PREFIX},
+        extra_args=["--enable-mixed-chunk"],
+    )
     yield version, server
     server.stop(timeout=5)
 
@@ -64,6 +70,54 @@ def test_layer_hooks_releases_capture_what_transformers_computes(card, release_s
         worst["final"] = max(worst["final"], rel(r.final_hidden_state, ref_final))
     print(f"SGLang {version} layer_hooks vs transformers: worst aux {worst['aux']:.2e}, final {worst['final']:.2e}")
     assert worst["aux"] < 1e-6 and worst["final"] < 1e-6, worst
+
+
+def _counts(server) -> dict:
+    from hs_dataset.server_patch.contract.status import read_statuses
+
+    return read_statuses(server.staging_dir)[0]["counts"]
+
+
+def _decode_elsewhere(server, rid: str, tokens: int) -> threading.Thread:
+    """Another client's request that decodes ``tokens`` tokens: the running batch mixed passes carry as tails."""
+    body = json.dumps({"rid": rid, "input_ids": list(range(10, 30)), "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}})
+    request = urllib.request.Request(server.url + "/generate", data=body.encode(), headers={"Content-Type": "application/json"})
+    thread = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=300).read(), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_capture_during_decoding_in_mixed_passes_matches_transformers(card, release_server, hf_model):
+    """Prompts prefilled in mixed passes beside decoding requests: every dump whole and exact, no false refusal.
+
+    The passes hold our prompt rows and the decodes' 1-row tails (and, with the overlap
+    scheduler, tails of our own requests already stored, which must be skipped, not refused).
+    """
+    version, server = release_server
+    before = _counts(server)
+    decoders = [_decode_elsewhere(server, f"other-{version}-{i}", 200) for i in range(4)]
+    time.sleep(1.0)
+    samples = make_samples(8, [37, 130, 300, 65], seed=5)
+    be = _client(card, server, "v2", concurrency=4)
+    try:
+        results = {r.sample_id: r for r in be.capture_stream(samples, batch_size=4)}
+    finally:
+        be.close()
+    for thread in decoders:
+        thread.join(timeout=300)
+    assert not [r for r in results.values() if isinstance(r, CaptureFailure)], results
+    for s in samples:
+        r = results[s.sample_id]
+        ref_aux, ref_final = hf_reference(hf_model, s.input_ids)
+        assert torch.equal(r.input_ids, s.input_ids)
+        assert rel(r.aux_hidden_states, ref_aux) < 1e-6 and rel(r.final_hidden_state, ref_final) < 1e-6
+    deadline = time.monotonic() + 10  # the status file is rewritten on a timer
+    while (after := _counts(server))["dumps_written"] < before["dumps_written"] + len(samples) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    tails = after["foreign_skipped"] - before["foreign_skipped"] - len(decoders)  # beyond the decoders' own prefills
+    print(f"SGLang {version} mixed passes: {tails} foreign decode tails, {after['decode_tails'] - before['decode_tails']} of ours skipped")
+    assert tails > 0, "no prefill pass carried a decoding request: the test proved nothing about mixed passes"
+    assert after["refused"] == before["refused"], after
 
 
 def test_a_client_outside_the_hooks_prefix_is_refused_before_any_request(card, release_server):

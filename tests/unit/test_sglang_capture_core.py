@@ -271,10 +271,10 @@ def test_the_core_meters_its_staging_off_the_forward_thread(tmp_path):
 # ---------------------------------------------------------------------------- the core
 
 
-def test_only_exact_extend_passes_are_captured(tmp_path):
+def test_only_prefill_passes_are_captured(tmp_path):
     core = make_core(tmp_path)
     aux, final = states(5)
-    for mode in ("DECODE", "MIXED", "TARGET_VERIFY", "IDLE", "SPLIT_PREFILL", "DLLM_EXTEND"):
+    for mode in ("DECODE", "TARGET_VERIFY", "IDLE", "SPLIT_PREFILL", "DLLM_EXTEND"):
         b = BatchView.from_forward_batch(fake_batch(mode, [5], rids=["hs-r1-1-5"]))
         core.process(b, aux=aux, final_prenorm=final)
     core.flush()
@@ -344,6 +344,72 @@ def test_chunked_prefill_is_assembled_into_one_dump(tmp_path):
     row = (K + 1) * H * 4
     assert 10 * row <= core.stats["pinned_peak_bytes"] <= core.config.pinned_pool_bytes
     assert 10 * row <= core.stats["staging_peak_bytes"] <= core.config.max_staging_bytes
+    core.close()
+
+
+def test_a_mixed_pass_stores_its_prompt_and_skips_the_decode_tails(tmp_path):
+    """--enable-mixed-chunk on SGLang 0.5.14-0.5.17: the pass reaches the hooks as MIXED, prompt rows then 1-row tails."""
+    core = make_core(tmp_path)
+    lens, prefix = [5, 1, 1], [0, 17, 9]
+    aux, final = states(sum(lens), seed=4)
+    ids = torch.arange(300, 307)
+    b = fake_batch("MIXED", lens, prefix=prefix, rids=["hs-r1-1-5", "other-a", "other-b"], ids=ids)
+    core.process(BatchView.from_forward_batch(b), aux=aux, final_prenorm=final)
+    core.flush()
+    assert files(core) == ["hs-r1-1-5.safetensors"]
+    meta, t = read(core, "hs-r1-1-5")
+    assert torch.equal(t["input_ids"], ids[:5])
+    assert torch.equal(t["aux_hidden_states"], aux[:5].view(5, K, H))
+    assert torch.equal(t["final_hidden_state"], final[:5])
+    assert meta["prefill_batch_requests"] == "3"
+    assert core.stats["foreign_skipped"] == 2 and core.stats["refused"] == 0 and core.stats["extend_passes"] == 1
+    core.close()
+
+
+@pytest.mark.parametrize("mode", ["MIXED", "EXTEND"])
+@pytest.mark.parametrize("past", [0, 3])
+def test_a_decode_tail_of_a_stored_prompt_is_skipped_not_refused(tmp_path, mode, past):
+    """The overlap scheduler can put a prompt already dumped into a mixed pass once more, as a tail at prefix >= T."""
+    core = make_core(tmp_path)
+    rid = "hs-r1-1-4"
+    aux, final = states(4, seed=5)
+    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [4], rids=[rid])), aux=aux, final_prenorm=final)
+    core.flush()
+    aux2, final2 = states(4, seed=6)
+    b = fake_batch(mode, [3, 1], prefix=[0, 4 + past], rids=["hs-r1-2-3", rid])
+    core.process(BatchView.from_forward_batch(b), aux=aux2, final_prenorm=final2)
+    core.flush()
+    assert files(core) == ["hs-r1-1-4.safetensors", "hs-r1-2-3.safetensors"]  # no refusal marker
+    _, t = read(core, rid)
+    assert torch.equal(t["final_hidden_state"], final)  # the dump stands as written
+    assert core.stats["decode_tails"] == 1 and core.stats["refused"] == 0 and core.stats["dumps_written"] == 2
+    # a pass of tails alone reaches no state at all (nothing to normalize, verify or refuse)
+    core.process(BatchView.from_forward_batch(fake_batch(mode, [1], prefix=[4 + past], rids=[rid])), aux=None, final_prenorm=None)
+    core.flush()
+    assert core.stats["decode_tails"] == 2 and core.stats["refused"] == 0 and files(core)[0] == "hs-r1-1-4.safetensors"
+    core.close()
+
+
+def test_a_chunked_prompt_finished_in_a_mixed_pass_is_assembled(tmp_path):
+    core = make_core(tmp_path)
+    rid = "hs-r1-7-10"
+    aux, final = states(10, seed=7)
+    ids = torch.arange(600, 610)
+    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [4], prefix=[0], rids=[rid], ids=ids[:4])), aux=aux[:4], final_prenorm=final[:4])
+    core.flush()
+    assert files(core) == []
+    # chunk 2 (6 rows), then two foreign decode tails
+    a2 = torch.cat([aux[4:], torch.zeros(2, K * H)])
+    f2 = torch.cat([final[4:], torch.zeros(2, H)])
+    b2 = fake_batch("MIXED", [6, 1, 1], prefix=[4, 30, 12], rids=[rid, "other-a", "other-b"], ids=torch.cat([ids[4:], torch.tensor([1, 2])]))
+    core.process(BatchView.from_forward_batch(b2), aux=a2, final_prenorm=f2)
+    core.flush()
+    assert files(core) == [rid + ".safetensors"]
+    meta, t = read(core, rid)
+    assert torch.equal(t["input_ids"], ids)
+    assert torch.equal(t["aux_hidden_states"], aux.view(10, K, H))
+    assert torch.equal(t["final_hidden_state"], final)
+    assert meta["num_chunks"] == "2" and core.stats["chunks_assembled"] == 1 and core.stats["refused"] == 0
     core.close()
 
 
@@ -575,6 +641,23 @@ def test_hooks_pair_the_prenorm_final_with_the_model_output(monkeypatch, tmp_pat
     model(None, (fb3.input_ids, None, fb3, None), post)
     core.flush()
     assert "--enable-return-aux-hidden-states" in (tmp_path / "stage" / "hs-r1-3-4.refused.json").read_text()
+    core.close()
+
+
+def test_the_model_hook_hands_mixed_passes_on_and_skips_decode(monkeypatch, tmp_path):
+    hooks, config = _fresh_runtime(monkeypatch, tmp_path)
+    norm, model = hooks.norm_hook(config), hooks.model_hook(config)
+    aux, final = states(5)
+    post = torch.randn(5, H)
+    for mode, rid in (("DECODE", "hs-r1-1-4"), ("MIXED", "hs-r1-2-4")):
+        fb = fake_batch(mode, [4, 1], prefix=[0, 8], rids=[rid, "other"])
+        norm(None, (torch.randn(5, H), torch.randn(5, H)), (post, final))
+        model(None, (fb.input_ids, None, fb, None), (post, aux))
+    core = hooks._RUNTIME.core
+    core.flush()
+    assert files(core) == ["hs-r1-2-4.safetensors"]
+    _, t = read(core, "hs-r1-2-4")
+    assert torch.equal(t["final_hidden_state"], final[:4])
     core.close()
 
 
