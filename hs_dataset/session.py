@@ -61,7 +61,8 @@ def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, token
 
         section = card.backend
         client = {
-            "request_timeout_s": section.request_timeout_s, "retries": section.retries, "backoff_s": section.backoff_s,
+            "request_timeout_s": card.regenerate.generation_timeout_s(section.request_timeout_s),
+            "retries": section.retries, "backoff_s": section.backoff_s,
             "cooldown_s": section.endpoint_cooldown_s, "max_response_bytes": section.max_response_bytes,
         } if isinstance(section, SGLangBackendSection) else {"request_timeout_s": getattr(backend, "request_timeout_s", 600.0)}
         sized = in_flight([e.server_info for e in endpoints], card.regenerate.max_new_tokens, card.regenerate.concurrency)

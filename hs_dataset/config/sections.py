@@ -198,6 +198,9 @@ class SourceSection(Section):
     )
 
 
+SLOWEST_DECODE_TOKENS_PER_S = 5.0  # one request's decode rate the default generation timeout allows for
+
+
 class RegenerateSection(Section):
     """Regenerate every assistant turn with the target model before capture (`--regenerate`); see docs/SOURCES.md."""
 
@@ -225,6 +228,18 @@ class RegenerateSection(Section):
         "servers report they run at once (max running requests, KV cache / `max_new_tokens`), at most this. HF: conversations "
         "per batch. Default null: the servers' figure (HF: 16).",
     )
+    request_timeout_s: float | None = Field(
+        None, gt=0,
+        description="SGLang: seconds one generation request may take. An answer of `max_new_tokens` decodes for minutes on a "
+        "loaded server, so the capture requests' `backend.request_timeout_s` is too short for it. Default null: "
+        "`backend.request_timeout_s` + `max_new_tokens` / 5 (an answer decoding at 5 tokens/s or faster ends in time).",
+    )
+
+    def generation_timeout_s(self, request_timeout_s: float) -> float:
+        """Seconds one generation request may take, given the backend's per-request timeout (the default's base)."""
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        return request_timeout_s + self.max_new_tokens / SLOWEST_DECODE_TOKENS_PER_S
 
 
 class LimitsSection(Section):

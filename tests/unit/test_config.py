@@ -193,6 +193,21 @@ def test_with_overrides_returns_a_new_validated_card():
         card.with_overrides(max_lenght=3)
 
 
+def test_generation_requests_get_time_for_their_longest_answer():
+    """The capture requests' timeout (prefill only) would cut long answers; the default grows with max_new_tokens."""
+    from hs_dataset.config.sections import SLOWEST_DECODE_TOKENS_PER_S
+
+    card = load_card("tiny-deepseek-sglang")
+    backend_timeout = card.backend.request_timeout_s
+    long = card.with_overrides(regenerate={"max_new_tokens": 32768}).regenerate
+    assert long.generation_timeout_s(backend_timeout) == backend_timeout + 32768 / SLOWEST_DECODE_TOKENS_PER_S
+    assert long.generation_timeout_s(backend_timeout) > 6000  # 32k tokens at 5 tokens/s: no 120 s cut
+    fixed = card.with_overrides(regenerate={"max_new_tokens": 32768, "request_timeout_s": 900}).regenerate
+    assert fixed.generation_timeout_s(backend_timeout) == 900
+    with pytest.raises(CardError, match=r"regenerate\.request_timeout_s: must be > 0"):
+        card.with_overrides(regenerate={"request_timeout_s": 0})
+
+
 def test_a_shipped_card_must_carry_its_file_name(monkeypatch, sglang_raw):
     import hs_dataset.config.loading as loading
 
