@@ -332,5 +332,6 @@ def _scaled_problem(encoding: Encoding, meta: dict[str, str], tensors: dict[str,
         return (f"dump {key}: {encoding.name} scales {aux_scale.dtype} {tuple(aux_scale.shape)}/{tuple(final_scale.shape)}, "
                 f"expected {dtype} {list(want_aux)} and {list(want_final)}")
     if expected.dtype is not None and meta.get("dtype") != str(expected.dtype).replace("torch.", ""):
-        return f"dump {key}: states of a {meta.get('dtype')} model, expected {expected.dtype}"
+        return (f"dump {key}: states of a {meta.get('dtype')} model, this config wants {expected.dtype}: restart the server "
+                "with the card's dtype (--dtype), or give the card the server's")
     return None

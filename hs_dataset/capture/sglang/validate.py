@@ -288,7 +288,11 @@ def check_probe(url: str, result: CaptureResult, hidden_size: int | None, dtype:
     h = state_hidden_size(result)
     if hidden_size and int(hidden_size) != h:
         raise ServerValidationError(f"SGLang server {url}: dumps have hidden size {h}, the local model has {hidden_size}: wrong model")
-    produced = torch.bfloat16 if result.aux_scale is not None else result.aux_hidden_states.dtype  # fp8 decodes to bf16
+    if result.aux_scale is not None:
+        # an encoded dump (fp8, 4-bit) holds codes, not the model's dtype: the dump reader already held the dtype
+        # its metadata names to this config's, so the model computes in ``dtype`` (bf16 when nothing was asked)
+        return h, dtype or torch.bfloat16
+    produced = result.aux_hidden_states.dtype
     if dtype is not None and produced != dtype:
         raise ServerValidationError(
             f"SGLang server {url} produces {produced} states, this config wants {dtype}: "
