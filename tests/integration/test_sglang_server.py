@@ -84,13 +84,15 @@ def staged(server):
 
 
 def test_warmup_and_health_checks_leave_no_dumps(capture_server):
+    # what earlier tests' clients left in flight when they stopped early (the server's sweeper expires it) is not ours to judge
+    before = set(staged(capture_server))
     for path in ("/health", "/health_generate", "/health_generate"):
         with urllib.request.urlopen(capture_server.url + path, timeout=60) as resp:
             assert resp.status == 200
     # a request of another client (rid without our prefix) is served but not dumped
     post(capture_server.url, {"rid": "someone-else-1", "input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}})
     time.sleep(0.5)
-    assert staged(capture_server) == []
+    assert not set(staged(capture_server)) - before
     log = Path(capture_server.log_path).read_text()
     assert "hs_dataset capture: hooks loaded" in log and "this rank writes dumps" in log
 

@@ -187,7 +187,7 @@ def test_a_final_state_only_stream_serves_and_caches_the_final_state_alone(tiny_
 
 
 # ---------------------------------------------------------------------------- the real server
-from tests.fixtures.sglang_server import hf_reference, rel  # noqa: E402  (the server fixtures come from conftest.py)
+from tests.fixtures.sglang_server import hf_reference, rel, remove_dumps, staged_files  # noqa: E402  (the server fixtures come from conftest.py)
 
 N = 24  # source samples (bundled conversations, ~180 tokens each, ~190 kB of float32 states)
 SMALL = 2_500_000  # about half of the data
@@ -259,6 +259,7 @@ def test_killed_stream_resumes_without_capturing_what_is_cached(card, capture_se
     from hs_dataset import stream
 
     cache = tmp_path / "cache"
+    staged_before = set(staged_files(capture_server.staging_dir))
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, capture_server.url, str(cache), str(SMALL), str(N)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env, cwd=str(REPO),
@@ -293,6 +294,10 @@ def test_killed_stream_resumes_without_capturing_what_is_cached(card, capture_se
     assert stats.cached_at_start >= len(cached) and stats.hits == stats.cached_at_start
     assert stats.captured == N - stats.hits == stats.requests  # only the missing samples went to the server
     assert not verify_dataset(cache).problems and _disk_bytes(cache) <= SMALL
+    # the killed consumer's requests in flight still wrote their dumps, which nobody will read (the server's sweeper
+    # would expire them): removed here, so the tests after this one on the shared server see a clean staging dir
+    orphans = set(staged_files(capture_server.staging_dir)) - staged_before
+    remove_dumps(capture_server.staging_dir, [name.removesuffix(".safetensors") for name in orphans])
 
 
 @pytest.mark.sglang
