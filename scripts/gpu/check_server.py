@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
     p.add_argument("--storage", default="native", help="the card's shards.storage (fp8, nf4, mxfp4: quantized by the server on the GPU)")
     p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")
+    p.add_argument("--fail-fast-only", choices=["refused", "allowed"], action="append", default=[],
+                   help="start only this prefill-graph server (repeatable) and judge it: no main server, build or comparison")
     p.add_argument("--model", choices=["deepseek", "kimi"], default="deepseek",
                    help="deepseek: a Kimi-shaped tiny DeepseekV3; kimi: the Kimi-K2.5-class remote-code snapshot "
                    "(KimiK25ForConditionalGeneration, tiktoken tokenizer, language_model.model)")
@@ -411,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{args.port}"
     card = write_card(out / "gpu-check.yaml", model, args, args.port, Path("/dev/shm") / f"hs-gpu-check-{args.port}")
     source = write_source(out / "source.jsonl", args.long)
+    if args.fail_fast_only:
+        return fail_fast_only(card, source, out, args.port, tuple(args.fail_fast_only))
     t0 = time.monotonic()
     graph_servers = None if args.no_fail_fast or args.device != "cuda" else start_graph_servers(card, out, args.port)
     server = serve(card, out / "server.log", url, 900)
@@ -442,6 +446,15 @@ def main(argv: list[str] | None = None) -> int:
     print("timings:", {k: round(v, 1) for k, v in timings.items()})
     print("GPU check", "passed" if not report["problems"] else "FAILED")
     return 0 if not report["problems"] else 1
+
+
+def fail_fast_only(card: Path, source: Path, out: Path, port: int, only: tuple[str, ...]) -> int:
+    """The prefill-graph servers alone (one call's diagnosis of a judge that failed beside the main server)."""
+    result, problems = judge_graph_servers(start_graph_servers(card, out, port, only), card, source, out)
+    print("fail fast:", json.dumps(result))
+    for line in problems:
+        print("PROBLEM:", line)
+    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

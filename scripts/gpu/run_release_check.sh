@@ -20,7 +20,9 @@ rc=${PIPESTATUS[0]}
 cp "$WORK/deepseek/check_server.json" "$OUT/check-$VERSION.json" 2>/dev/null
 cp "$WORK/kimi/check_server.json" "$OUT/kimi-$VERSION.json" 2>/dev/null
 for d in deepseek kimi; do
-  { grep -E "hs_dataset|Error|rror:|cuda graph" "$WORK/$d/server.log" | tail -n 30; tail -n 12 "$WORK/$d/build.log"; } > "$OUT/$d-$VERSION-tail.log" 2>/dev/null
+  { grep -E "hs_dataset|Error|rror:|cuda graph" "$WORK/$d/server.log" | tail -n 30; tail -n 12 "$WORK/$d/build.log"
+    for g in "$WORK/$d"/server-graph-*.log; do [ -f "$g" ] && { echo "== $g"; tail -n 40 "$g"; }; done
+  } > "$OUT/$d-$VERSION-tail.log" 2>/dev/null
 done
 echo "release $VERSION: deepseek check exit $rc, kimi check exit $rc_kimi"
 [ "$rc" -eq 0 ] && [ "$rc_kimi" -eq 0 ]

@@ -38,6 +38,9 @@ VERIFIED: dict[tuple[str, str, str], str] = {
                                       "tp 1; benchmarks/results/check_server_gpu_0.5.16.txt), and benchmarks/bench_flagship_gpu.py "
                                       "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt); the Kimi-K2.5-class "
                                       "snapshot on 2026-12-02 (benchmarks/results/check_server_gpu_kimi_0.5.16.txt)",
+    ("0.5.17", "layer_hooks", "cuda"): "scripts/gpu/run_release_check.sh 0.5.17 on an H200, 2026-12-02 (bf16, decode CUDA graphs on, "
+                                      "tp 1; the Kimi-shaped DeepseekV3 and the Kimi-K2.5-class snapshot: "
+                                      "benchmarks/results/check_server_gpu_0.5.17.txt, check_server_gpu_kimi_0.5.17.txt)",
 }
 
 
