@@ -38,7 +38,7 @@ def write_card(path: Path, model: Path, args: argparse.Namespace) -> Path:
             "chunked_prefill_size": 8192,
             "args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
                      "--mem-fraction-static", "0.85", "--load-format", "dummy", "--max-running-requests", str(args.max_running),
-                     "--cuda-graph-max-bs", str(args.max_running)],
+                     "--cuda-graph-max-bs", str(args.max_running), *args.server_arg],
             "staging": {"dir": "/dev/shm/hs-regenerate-stage", "max_bytes": 16 << 30, "pinned_pool_bytes": 4 << 30},
         },
     }
@@ -54,6 +54,8 @@ def main() -> int:
     p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--max-length", type=int, default=16384)
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra SGLang argument for the card (repeatable), e.g. --server-arg=--enable-mixed-chunk")
     args = p.parse_args()
     from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG
 

@@ -2,6 +2,7 @@
 # On the GPU host (device tool): benchmarks/bench_regenerate.py against a GPU SGLang server that `hs-dataset serve`
 # started for a Kimi-wide model (scripts/gpu/regenerate_setup.py), from one release's bundle. Output in $OUT.
 #   bash scripts/gpu/run_regenerate.sh 0.5.16 [bench options: --conversations 256 --mean-tokens 600 --rounds 3]
+# HS_REGEN_SERVER_ARGS: extra SGLang arguments for the card, e.g. HS_REGEN_SERVER_ARGS="--enable-mixed-chunk"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 VERSION="$1"; shift
@@ -9,7 +10,8 @@ OUT="${OUT:-/tmp/hs-regenerate-out}"; mkdir -p "$OUT"
 WORK=/tmp/hs-regenerate; mkdir -p "$WORK"
 eval "$(bash scripts/gpu/unpack_bundle.sh "$VERSION")"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-CARD="$(python3 scripts/gpu/regenerate_setup.py --out "$WORK")" || exit 2
+SETUP_ARGS=(); for a in ${HS_REGEN_SERVER_ARGS:-}; do SETUP_ARGS+=("--server-arg=$a"); done
+CARD="$(python3 scripts/gpu/regenerate_setup.py --out "$WORK" "${SETUP_ARGS[@]}")" || exit 2
 python3 -m hs_dataset.cli.main serve --config "$CARD" --log "$WORK/server.log" > "$WORK/serve.out" 2>&1 &
 SERVE=$!
 t0=$(date +%s)
