@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from hs_dataset.capture.base import CapturedSample
-from hs_dataset.capture.sglang.backend import SGLangBackend
 from hs_dataset.codecs.fp4 import NF4_ENCODING
 from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.formats.encoding import decode_state
 from tests.fixtures.sglang_server import hf_reference, rel, require_sglang_env, start_server
-from tests.integration.test_sglang_server import make_samples
+from tests.integration.test_sglang_server import backend, make_samples
 
 pytestmark = pytest.mark.sglang
 
@@ -38,7 +37,7 @@ def nf4_server(nf4_card, tiny_model, hs_tmp):
 
 
 def _capture(card, server, samples):
-    be = SGLangBackend.from_card(card, servers=[server.url])
+    be = backend(card, server)
     try:
         be.validate()
         return be.capture_batch(samples)

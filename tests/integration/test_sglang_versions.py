@@ -11,10 +11,8 @@ seconds with the cause, instead of waiting out ``dump_timeout_s`` times its retr
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ import torch
 from hs_dataset.capture.base import CaptureFailure, CapturedSample
 from hs_dataset.errors import ServerValidationError
 from tests.fixtures.sglang_server import hf_reference, rel, start_server
-from tests.integration.test_sglang_server import backend, make_samples
+from tests.integration.test_sglang_server import backend, make_samples, post
 
 pytestmark = pytest.mark.sglang
 
@@ -80,9 +78,8 @@ def _counts(server) -> dict:
 
 def _decode_elsewhere(server, rid: str, tokens: int) -> threading.Thread:
     """Another client's request that decodes ``tokens`` tokens: the running batch mixed passes carry as tails."""
-    body = json.dumps({"rid": rid, "input_ids": list(range(10, 30)), "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}})
-    request = urllib.request.Request(server.url + "/generate", data=body.encode(), headers={"Content-Type": "application/json"})
-    thread = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=300).read(), daemon=True)
+    body = {"rid": rid, "input_ids": list(range(10, 30)), "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+    thread = threading.Thread(target=post, args=(server.url, body, 300), daemon=True)
     thread.start()
     return thread
 
