@@ -216,6 +216,7 @@ def test_a_metered_budget_never_scans_on_the_reserving_thread():
         return tuple(usage)
 
     budget = StagingBudget(100, 4, scan, rescan_interval_s=30.0, poll_s=0.01)
+    before = set(threading.enumerate())  # meters another test left behind are not this budget's
     budget.start_meter()
     try:
         scanners.clear()
@@ -231,7 +232,7 @@ def test_a_metered_budget_never_scans_on_the_reserving_thread():
         assert scanners and threading.get_ident() not in scanners
     finally:
         budget.stop_meter()
-    assert not [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "hs-staging-meter"]
 
 
 def test_a_dump_committed_during_a_meter_scan_is_still_counted():
@@ -262,10 +263,14 @@ def test_a_dump_committed_during_a_meter_scan_is_still_counted():
 def test_the_core_meters_its_staging_off_the_forward_thread(tmp_path):
     import threading
 
+    def meters() -> list[threading.Thread]:  # this core's: meters another test left behind are not counted
+        return [t for t in set(threading.enumerate()) - before if t.name == "hs-staging-meter"]
+
+    before = set(threading.enumerate())
     core = make_core(tmp_path)
-    assert [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+    assert meters()
     core.close()
-    assert not [t for t in threading.enumerate() if t.name == "hs-staging-meter"]
+    assert not meters()
 
 
 # ---------------------------------------------------------------------------- the core
@@ -581,12 +586,17 @@ def test_the_dump_writers_are_named_for_the_os(tmp_path):
                 continue
         return names
 
+    def started(names: list[str]) -> bool:  # counted against what ran before: another test's core may linger
+        return names.count("hs-dump-writer") - writers_before == 2 and names.count("hs-dump-sweeper") > sweepers_before
+
+    names = thread_names()
+    writers_before, sweepers_before = names.count("hs-dump-writer"), names.count("hs-dump-sweeper")
     core = make_core(tmp_path, writer_threads=2)
     deadline = time.monotonic() + 10  # each thread names itself as its first step: give them a moment to start
-    while not ((names := thread_names()).count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names) and time.monotonic() < deadline:
+    while not started(names := thread_names()) and time.monotonic() < deadline:
         time.sleep(0.01)
     core.close()
-    assert names.count("hs-dump-writer") == 2 and "hs-dump-sweeper" in names, names
+    assert started(names), names
 
 
 def test_the_cpu_snapshot_is_a_contiguous_copy_of_any_layout():
