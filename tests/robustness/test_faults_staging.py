@@ -413,7 +413,7 @@ def test_a_dump_larger_than_the_whole_budget_is_refused_without_waiting(tmp_path
     try:
         t0 = time.monotonic()
         extend(core, [40], ["hs-r1-1-40"])
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.5  # not max_wait_s (5 s); the slack absorbs a CI stall
         assert "staging full" in (tmp_path / "stage" / "hs-r1-1-40.refused.json").read_text()
     finally:
         core.close()

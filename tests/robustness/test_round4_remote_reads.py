@@ -192,7 +192,7 @@ def test_following_no_url_is_refused_at_once():
     with pytest.raises(UsageError) as err:
         follow_dataset([])
     assert "non-empty list of URLs" in one_line(err.value)
-    assert time.monotonic() - start < 1, "HANG"
+    assert time.monotonic() - start < 5, "HANG"
 
 
 # ---------------------------------------------------------------- arguments are checked before the first sample
