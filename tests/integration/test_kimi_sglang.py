@@ -44,7 +44,7 @@ pytestmark = pytest.mark.sglang
 pytest.importorskip("tiktoken")
 
 from tests.fixtures.sglang_server import SERVER_PYTHON  # noqa: E402
-from tests.fixtures.sglang_server import free_port as _free_port  # noqa: E402
+from tests.fixtures.ports import free_port as _free_port  # noqa: E402
 from tests.fixtures.sglang_server import require_sglang_env as _require_env  # noqa: E402
 
 LIMIT = 1e-6

@@ -33,7 +33,7 @@ from tests.fixtures.interop import require_interop
 pytestmark = pytest.mark.sglang
 
 from tests.fixtures.sglang_server import SERVER_PYTHON, rel  # noqa: E402,F401
-from tests.fixtures.sglang_server import free_port as _free_port  # noqa: E402
+from tests.fixtures.ports import free_port as _free_port  # noqa: E402
 from tests.fixtures.sglang_server import require_sglang_env as _require_env  # noqa: E402
 
 SAMPLES, EPOCHS, K, MAX_NEW, PROMPTS = 64, 8, 3, 32, 6

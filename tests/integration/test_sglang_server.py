@@ -34,11 +34,11 @@ from hs_dataset.sample import CapturedSample, TokenizedSample
 
 pytestmark = pytest.mark.sglang
 
+from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.sglang_server import (  # noqa: F401  (helpers shared with other real-server tests)
     AUX,
     CHUNK,
     SERVER_PYTHON,
-    free_port as _free_port,
     hf_reference,
     rel,
     remove_dumps,
