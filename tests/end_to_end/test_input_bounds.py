@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,44 +23,12 @@ import pytest
 from hs_dataset.config import LimitsSection, SGLangBackendSection, load_card
 from hs_dataset.errors import HsDatasetError, ModelConfigError, ServerValidationError, SourceError
 from hs_dataset.sources import SampleRules, load_samples
+from tests.fixtures.assertions import one_line
+from tests.fixtures.chat_rows import ASSISTANT_TAIL, GOOD, GOOD2
+from tests.fixtures.child_memory import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
-GOOD = {"id": "good", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
-GOOD2 = {"id": "good2", "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
-ASSISTANT_TAIL = (
-    "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
-    "{% else %}{{ m.content }}{% endif %}{% endfor %}"
-)
 # stated bounds on what one hostile input may add to a child's resident memory (peak minus the RSS after its imports)
 CHILD_GROWTH_MB = {"row": 300, "template": 200, "card": 50, "http": 64}
-_CHILD_PRELUDE = (
-    "def _rss(key):\n"
-    "    return int([l for l in open('/proc/self/status') if l.startswith(key)][0].split()[1]) / 1024\n"
-)
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text, f"the error is not one line: {text!r}"
-    return text
-
-
-def run_child(code: str, timeout: float = 60) -> tuple[dict, float]:
-    """Run ``code`` in a fresh interpreter that sets ``RESULT``; returns it with the child's peak RSS (VmHWM) in MB."""
-    # VmHWM: this process's own peak (ru_maxrss would carry the forking parent's peak across exec);
-    # the child sets BASE = _rss('VmRSS:') after its imports, right before the hostile input
-    tail = "\nimport json as _j\nprint(_j.dumps({'rss_mb': _rss('VmHWM:'), 'growth_mb': _rss('VmHWM:') - BASE, **RESULT}))\n"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    start = time.monotonic()
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + code + tail], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"HANG: the child ran past {timeout} s") from None
-    elapsed = time.monotonic() - start
-    assert done.returncode == 0, f"MEMORY: the child died (rc {done.returncode}): {done.stderr[-800:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"child peak RSS {result['rss_mb']:.0f} MB (+{result['growth_mb']:.0f} MB over its imports) in {elapsed:.1f} s")
-    return result, elapsed
 
 
 # ---------------------------------------------------------------- rows

@@ -30,9 +30,8 @@ from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from tests.fixtures.samples import make_metadata, make_sample
-from tests.integration.test_hub import api, standin  # noqa: F401  (fixtures: the local stand-in Hub)
-from tests.integration.test_stream import _FakeBackend
-from tests.robustness.test_untrusted import SECRET, build, load_manifest, save_manifest, snapshot
+from tests.fixtures.fake_capture import FakeCaptureBackend
+from tests.fixtures.untrusted_dataset import SECRET, build, load_manifest, save_manifest, snapshot, split_header
 
 K, H = 3, 16
 
@@ -56,7 +55,7 @@ def untouched(root: Path, before: dict[str, bytes], tag: str) -> None:
 def _stream(card, model_dir, cache: Path, backend=None, **kw):
     from hs_dataset import stream
 
-    backend = backend or _FakeBackend(model_dir)
+    backend = backend or FakeCaptureBackend(model_dir)
     return stream(card, cache_dir=cache, max_cache_bytes=50_000_000, backend=backend, num_samples=6, shard_bytes=60_000, **kw), backend
 
 
@@ -164,8 +163,6 @@ def test_a_shard_changed_between_epochs_of_one_stream_is_checked_again(cached, t
 
 def test_nan_states_under_a_rewritten_hash_are_refused(cached, tiny_model_dir, tiny_card, tmp_path):
     from tests.fixtures.damage import rewrite_shard
-
-    from tests.robustness.test_untrusted import split_header
 
     cache = _copy_cache(cached, tmp_path)
     nan = torch.tensor([float("nan")], dtype=torch.float32).numpy().tobytes()
@@ -588,7 +585,7 @@ def test_public_run_report_keeps_urls_and_counts():
     assert out == raw, "LOST: the scrub changed what is no path"
 
 
-def test_a_push_carries_no_local_path(tiny_card, hf_backend, standin, api, tmp_path):  # noqa: F811
+def test_a_push_carries_no_local_path(tiny_card, hf_backend, standin, api, tmp_path):
     from hs_dataset.build import build_dataset
     from hs_dataset.hub.upload import push_to_hub
 

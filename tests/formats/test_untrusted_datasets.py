@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from tests.fixtures.damage import rewrite_shard
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import make_metadata
 from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UnsupportedFormatError
 from hs_dataset.formats import manifest as manifest_module
@@ -38,30 +38,10 @@ from hs_dataset.formats.paths import check_member_name, resolve_member
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
-
-SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- canary-7f3a9c\n"
-K, H = 3, 16
-LENGTHS = (5, 7, 3, 9, 4)
+from tests.fixtures.untrusted_dataset import H, K, LENGTHS, SECRET, build, load_manifest, save_manifest, snapshot, split_header
 
 
 # ---------------------------------------------------------------------------- building blocks
-def build(root: Path, *, storage: str = "native", prefix: str = "", ids: tuple[str, ...] | None = None) -> Path:
-    """A valid dataset of several shards (with a norm weight) at ``root``."""
-    ids = ids or tuple(f"s{i}" for i in range(len(LENGTHS)))
-    with ShardWriter(root, make_metadata(K, H, num_hidden_layers=8), final_norm_weight=torch.linspace(0.5, 1.5, H), storage=storage, shard_bytes=700, shard_prefix=prefix) as w:
-        for sid, n in zip(ids, LENGTHS):
-            w.add(make_sample(sid, n, K, H))
-    return root
-
-
-def load_manifest(root: Path) -> dict:
-    return json.loads((root / "manifest.json").read_text())
-
-
-def save_manifest(root: Path, raw: dict) -> None:
-    (root / "manifest.json").write_text(json.dumps(raw))
-
-
 def edit_manifest(edit: Callable[[dict], None]) -> Callable:
     def damage(root: Path, outside: Path) -> None:
         raw = load_manifest(root)
@@ -69,11 +49,6 @@ def edit_manifest(edit: Callable[[dict], None]) -> Callable:
         save_manifest(root, raw)
 
     return damage
-
-
-def split_header(data: bytes) -> tuple[dict, bytes]:
-    (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
 
 
 def join_header(header: dict, body: bytes) -> bytes:
@@ -363,10 +338,6 @@ def parts(tmp_path: Path, storage_b: str = "native") -> tuple[Path, Path]:
     a = build(tmp_path / "a", ids=("a0", "a1", "a2", "a3", "a4"))
     b = build(tmp_path / "b", storage=storage_b, ids=("b0", "b1", "b2", "b3", "b4"))
     return a, b
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
 def test_merge_of_a_hostile_norm_name_touches_nothing_outside(tmp_path, outside):

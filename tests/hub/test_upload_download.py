@@ -8,7 +8,6 @@ refused at the socket level, so nothing here can reach the real Hub.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,47 +22,9 @@ from hs_dataset.hub.download import download_pushed, open_pushed
 from hs_dataset.hub.upload import push_to_hub
 
 from tests.fixtures.samples import make_metadata, make_sample
-from tests.fixtures.hub_standin import HubStandIn
 
 CONFIG = "tiny-deepseek-hf"
 pytestmark = pytest.mark.filterwarnings("ignore:Use .content=<...>. to upload raw bytes:DeprecationWarning")
-
-
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """A fresh stand-in Hub; huggingface_hub and datasets pointed at it; other hosts refused."""
-    import datasets.config
-    from huggingface_hub import constants
-
-    real_getaddrinfo = socket.getaddrinfo
-
-    def local_only(host, *args, **kwargs):
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            raise OSError(f"test_hub: refusing to resolve {host!r}: only the local stand-in Hub may be contacted")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", local_only)
-    hub = HubStandIn(tmp_path / "hub-server")
-    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
-    for name, value in {
-        "ENDPOINT": hub.url, "HUGGINGFACE_CO_URL_TEMPLATE": template, "HF_HUB_OFFLINE": False,
-        "HF_HUB_DISABLE_XET": True, "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
-    }.items():
-        monkeypatch.setattr(constants, name, value)
-    for name, value in {
-        "HF_ENDPOINT": hub.url, "HUB_DATASETS_URL": hub.url + "/datasets/{repo_id}/resolve/{revision}/{path}",
-        "HF_HUB_OFFLINE": False, "HF_DATASETS_OFFLINE": False, "USE_PARQUET_EXPORT": False,
-    }.items():
-        monkeypatch.setattr(datasets.config, name, value)
-    yield hub
-    hub.close()
-
-
-@pytest.fixture
-def api(standin):
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=standin.url, token=False)
 
 
 @pytest.fixture(scope="module")

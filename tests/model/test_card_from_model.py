@@ -7,7 +7,6 @@ snapshot through the HF backend, checked against an independent transformers for
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hs_dataset.model.processor import ProcessorFilesError, check_processor_file
 from hs_dataset.model.remote_code import RemoteCodeError
 from hs_dataset.cli.main import main
 from hs_dataset.formats.reader import open_dataset
+from tests.fixtures.remote_code_snapshot import independent_text_forward
 
 pytest.importorskip("tiktoken")
 N = 6
@@ -122,19 +122,6 @@ def test_remote_code_off_is_one_line_naming_the_flag(kimi_dir, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert "tokenizer_config.json" in err[0] and "--trust-remote-code" in err[0] and "model.trust_remote_code" in err[0]
-
-
-def independent_text_forward(kimi_dir: Path, tmp: Path):
-    """transformers' DeepseekV3 from text_config, weights re-saved without the wrapper prefix: no hs_dataset loader."""
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
-
-    cfg = json.loads((kimi_dir / "config.json").read_text())["text_config"]
-    cfg["model_type"] = "deepseek_v3"
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    weights = load_file(str(kimi_dir / "model.safetensors"))
-    save_file({k[len("language_model."):]: v for k, v in weights.items() if k.startswith("language_model.")}, str(tmp / "model.safetensors"))
-    return AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True).eval()
 
 
 def test_remote_code_snapshot_tokens_masks_and_states(kimi_dir, kimi_build, tmp_path):

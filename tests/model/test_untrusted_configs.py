@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from hs_dataset.errors import HsDatasetError
-from tests.robustness.test_bounds import one_line, run_child
+from tests.fixtures.assertions import one_line
+from tests.fixtures.child_memory import run_child
 
 CONFIG_CASES = {  # config.json edit -> the words the refusal must hold
     "7 layers for 6": ({"num_hidden_layers": 7}, "num_hidden_layers is 7 but the weights hold layers 0..5"),

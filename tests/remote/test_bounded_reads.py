@@ -24,7 +24,8 @@ from hs_dataset.remote.cache import disk_usage
 
 from tests.fixtures.hostile_store import HostileStore, SilentServer
 from tests.fixtures.samples import make_metadata, make_sample
-from tests.robustness.test_bounds import one_line, run_child
+from tests.fixtures.assertions import one_line
+from tests.fixtures.child_memory import run_child
 
 GROWTH_MB = 300  # what one hostile store may add to a reader's resident memory
 SHARD = "shard-000001.safetensors"

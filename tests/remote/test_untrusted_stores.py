@@ -31,13 +31,8 @@ from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import CLAIM_NAME, publish_dataset
 
+from tests.fixtures.assertions import one_line
 from tests.fixtures.samples import make_metadata, make_sample
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text, f"the error is not one line: {text!r}"
-    return text
 
 
 def write_dataset(root: Path, n: int = 8, *, first: int = 0) -> Path:

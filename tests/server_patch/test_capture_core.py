@@ -30,46 +30,9 @@ from hs_dataset.server_patch.contract.private_dir import StagingError, check_pri
 from hs_dataset.server_patch.contract.rid import content_key, make_rid, validate_rid
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.staging import StagingDir
-
-K, H = 3, 8
-IDS = [2, 3, 4]
-
+from tests.fixtures.capture_core import IDS, H, K, fake_batch, make_core, states
 
 # ---------------------------------------------------------------------------- helpers
-
-
-class FakeMode:
-    def __init__(self, name):
-        self.name = name
-
-
-def fake_batch(mode, lens, prefix=None, rids=None, ids=None):
-    total = sum(lens)
-    if ids is None:
-        ids = torch.arange(100, 100 + total, dtype=torch.int64)
-    return SimpleNamespace(
-        forward_mode=FakeMode(mode),
-        batch_size=len(lens),
-        extend_seq_lens_cpu=list(lens),
-        extend_prefix_lens_cpu=list(prefix) if prefix is not None else [0] * len(lens),
-        rids=rids,
-        input_ids=ids,
-    )
-
-
-def states(total, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    aux = torch.randn(total, K * H, generator=g)
-    final = torch.randn(total, H, generator=g)
-    return aux, final
-
-
-def make_core(tmp_path, **overrides):
-    cfg = CaptureConfig.from_sources(
-        {"staging_dir": str(tmp_path / "stage"), "hf_aux_layer_ids": IDS, "max_wait_s": 0.2, "sweep_interval_s": 3600, **overrides},
-        environ={},
-    )
-    return CaptureCore(cfg, sglang_version="test")
 
 
 def files(core):

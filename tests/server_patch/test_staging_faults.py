@@ -49,7 +49,7 @@ from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
 from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 
-from tests.unit.test_sglang_capture_core import IDS, H, K, fake_batch, make_core, states
+from tests.fixtures.capture_core import IDS, H, K, fake_batch, make_core, states
 
 
 

@@ -19,7 +19,9 @@ import torch
 from hs_dataset.config import LimitsSection
 from hs_dataset.errors import HsDatasetError, SourceError
 from hs_dataset.sources import SampleRules, load_samples
-from tests.robustness.test_bounds import ASSISTANT_TAIL, GOOD, one_line, run_child
+from tests.fixtures.assertions import one_line
+from tests.fixtures.chat_rows import ASSISTANT_TAIL, GOOD
+from tests.fixtures.child_memory import run_child
 
 CHILD_GROWTH_MB = 300  # the bound on what one hostile input may add to a process
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo
 from hs_dataset.errors import CaptureError, ForeignDatasetError, FormatError, UsageError
 from hs_dataset.formats.evict import evict_shards
 from hs_dataset.formats.manifest import Manifest
@@ -31,6 +30,7 @@ from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
+from tests.fixtures.fake_capture import FakeCaptureBackend
 from tests.fixtures.paths import REPO
 from tests.fixtures.samples import make_metadata, make_sample
 
@@ -73,40 +73,11 @@ def test_evict_drops_shards_from_the_manifest_then_deletes_them(tmp_path):
 
 
 # ---------------------------------------------------------------------------- a stand-in backend (fast)
-class _FakeBackend(CaptureBackend):
-    """Deterministic states for the tiny model's shapes; fails every sample once ``fail_after`` were captured."""
-
-    def __init__(self, model_dir: Path, fail_after: int | None = None) -> None:
-        self.model_dir, self.fail_after = model_dir, fail_after
-        self.stats = {"requests": 0}
-        self.captured_ids: list[str] = []
-
-    def info(self) -> CaptureInfo:
-        return CaptureInfo(
-            model_path=str(self.model_dir), model_fingerprint="fake", aux_layer_ids=[2, 3, 4], hidden_size=64,
-            num_hidden_layers=6, dtype=torch.float32, final_norm_eps=1e-6, final_norm_weight=torch.ones(64),
-            vocab_size=129536, backend="fake",
-        )
-
-    def capture_batch(self, samples):
-        out = []
-        for s in samples:
-            self.stats["requests"] += 1
-            if self.fail_after is not None and len(self.captured_ids) >= self.fail_after:
-                out.append(CaptureFailure(s.sample_id, "http://127.0.0.1:1: ClientConnectorError: connection refused"))
-                continue
-            self.captured_ids.append(s.sample_id)
-            g = torch.Generator().manual_seed(len(s.sample_id) * 1000 + int(s.input_ids.sum()) % 1000)
-            t = s.num_tokens
-            out.append(CapturedSample(s.sample_id, s.input_ids, s.loss_mask, torch.randn(t, 3, 64, generator=g), torch.randn(t, 64, generator=g)))
-        return out
-
-
 def test_stream_capture_failure_is_one_error_and_the_cache_resumes(tiny_model_dir, tiny_card, tmp_path):
     from hs_dataset import stream
 
     cache = tmp_path / "cache"
-    failing = _FakeBackend(tiny_model_dir, fail_after=9)
+    failing = FakeCaptureBackend(tiny_model_dir, fail_after=9)
     ds = stream(tiny_card, cache_dir=cache, max_cache_bytes=50_000_000, backend=failing, num_samples=20, shard_bytes=400_000)
     seen = []
     with pytest.raises(CaptureError, match=r"could not be captured .*stay valid: fix the server and iterate again"):
@@ -117,7 +88,7 @@ def test_stream_capture_failure_is_one_error_and_the_cache_resumes(tiny_model_di
     cached = set(open_dataset(cache).sample_ids)
     assert cached == set(seen)  # the pending samples were written before the error
 
-    healthy = _FakeBackend(tiny_model_dir)
+    healthy = FakeCaptureBackend(tiny_model_dir)
     again = stream(tiny_card, cache_dir=cache, max_cache_bytes=50_000_000, backend=healthy, num_samples=20, shard_bytes=400_000)
     ids = [item["sample_id"] for item in again]
     assert len(ids) == 20 == len(set(ids))
@@ -126,7 +97,7 @@ def test_stream_capture_failure_is_one_error_and_the_cache_resumes(tiny_model_di
     assert not verify_dataset(cache).problems
 
 
-class _RecapturingBackend(_FakeBackend):
+class _RecapturingBackend(FakeCaptureBackend):
     """Other (still deterministic) states each time a sample is captured again, as a server after an update gives."""
 
     def capture_batch(self, samples):

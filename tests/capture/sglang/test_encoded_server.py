@@ -18,7 +18,7 @@ from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.formats.encoding import decode_state
 from tests.fixtures.sglang_server import hf_reference, rel, require_sglang_env, start_server
-from tests.integration.test_sglang_server import backend, make_samples
+from tests.fixtures.sglang_client import backend, make_samples
 
 pytestmark = pytest.mark.sglang
 

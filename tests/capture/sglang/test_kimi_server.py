@@ -121,7 +121,7 @@ def builds(snapshot, kimi_server, root):
 @pytest.fixture(scope="module")
 def reference(snapshot, root):
     """``ids -> (hidden_states, pre-norm final, post-norm final)`` of an independent transformers forward."""
-    from tests.integration.test_model_cards import independent_text_forward
+    from tests.fixtures.remote_code_snapshot import independent_text_forward
 
     where = root / "reference"
     where.mkdir()

@@ -31,9 +31,10 @@ from safetensors import safe_open
 
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample
-from tests.fixtures.sglang_server import remove_dumps
+from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, remove_dumps
+from tests.fixtures.sglang_server import require_sglang_env as _require_env
+from tests.fixtures.sglang_client import backend, make_samples, post, staged
 from tests.fixtures.ports import free_port as _free_port
-from tests.integration.test_sglang_server import AUX, SERVER_PYTHON, _require_env, backend, hf_reference, make_samples, post, rel, staged
 from tests.fixtures.paths import SHIMS
 
 pytestmark = pytest.mark.sglang

@@ -46,38 +46,7 @@ from tests.fixtures.sglang_server import (  # noqa: F401  (helpers shared with o
     staged_files,
     start_server as _start,
 )
-
-
-def make_samples(n: int, lengths, seed: int = 0, vocab: int = 129000):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        t = lengths[i % len(lengths)]
-        ids = torch.randint(10, vocab, (t,), generator=g)
-        out.append(TokenizedSample(f"s{seed}-{i}", ids, torch.rand(t, generator=g) > 0.5))
-    return out
-
-
-def backend(card, server, *, servers=None, model_path=None, aux_layer_ids=None, dtype=None, **section):
-    """A client of ``server`` for ``card``; other keywords override keys of the card's backend section."""
-    from hs_dataset.capture.sglang.backend import SGLangBackend
-
-    overrides = {"backend": section}
-    if aux_layer_ids is not None:
-        overrides["layers"] = {"aux": aux_layer_ids}
-    if dtype is not None:
-        overrides["dtype"] = dtype
-    return SGLangBackend.from_card(card.with_overrides(**overrides), model_path=model_path, servers=servers or [server.url])
-
-
-def post(url, body, timeout=60):
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def staged(server):
-    return staged_files(server.staging_dir)
+from tests.fixtures.sglang_client import backend, make_samples, post, staged
 
 
 # ---------------------------------------------------------------------------- the main path

@@ -36,9 +36,9 @@ from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.build import build_dataset
 
-from tests.fixtures.sglang_server import staged_files
+from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, staged_files
+from tests.fixtures.sglang_server import require_sglang_env as _require_env
 from tests.fixtures.ports import free_port as _free_port
-from tests.integration.test_sglang_server import AUX, SERVER_PYTHON, _require_env, hf_reference, rel
 
 pytestmark = pytest.mark.sglang
 

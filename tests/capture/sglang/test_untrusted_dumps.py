@@ -1,10 +1,10 @@
-"""Untrusted input, round four (local half): status files, dumps and temporaries; non-finite server samples; 4-bit exports.
+"""Untrusted input the SGLang client reads from the staging directory: the hooks' status files and the dumps.
 
 Each case plants one hostile file (or sample) where the client reads, and asserts a
 one-line refusal or correct handling, a time bound (HANG:), a memory bound measured in a
 child process (MEMORY:), that nothing outside was changed (ESCAPE:) and that nothing was
-lost (LOST:). Assertion tags: tests/fixtures/tally.py. The model and template cases are
-in test_round4_models.py and test_round4_templates.py; docs/LIMITS.md lists them all.
+lost (LOST:). Assertion tags: tests/fixtures/tally.py. Temporary files, non-finite server samples
+and 4-bit exports are in tests/formats/ and tests/interop/; docs/LIMITS.md lists them all.
 """
 
 from __future__ import annotations
@@ -15,25 +15,21 @@ import os
 import struct
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from hs_dataset.capture.base import CaptureBackend, CaptureFailure
+from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.capture.sglang.diagnose import NO_REPORT_S, diagnose, read_report
 from hs_dataset.capture.sglang.dumps import ExpectedDump, Refusal, await_dump, check_dump
 from hs_dataset.capture.sglang.validate import hooks_see_rids, legacy_hook_config
-from hs_dataset.codecs.fp8 import STATE_ENCODING_KEY
-from hs_dataset.codecs.registry import encoding_of_storage, get_encoding
-from hs_dataset.formats.atomic import TEMP_PREFIX, is_stale_temp, temp_path_for
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_SUFFIX
 from hs_dataset.server_patch.contract.spares import SPARE_DIR
 from hs_dataset.server_patch.contract.status import STATUS_FORMAT, STATUS_VERSION, status_name, write_status
-from tests.fixtures.samples import make_metadata, make_sample
-from tests.robustness.test_bounds import one_line, run_child
+from tests.fixtures.assertions import one_line
+from tests.fixtures.child_memory import run_child
 
 URL, RID = "http://127.0.0.1:9", "hs-run4-1-7"
 K, H = 3, 64
@@ -283,120 +279,3 @@ def test_a_good_dump_still_reads(tmp_path):
         result = check_dump(str(tmp_path / (RID + DUMP_SUFFIX)), RID, the_sample(), expected)
         assert isinstance(result, CapturedSample), result
         assert torch.equal(result.aux_hidden_states, tensors["aux_hidden_states"]), "SILENT: the states changed on the way"
-
-
-# ---------------------------------------------------------------------------- temporaries
-
-def test_a_temp_file_is_stale_when_its_writer_is_gone_or_it_stopped_growing(tmp_path):
-    """A leftover ``.hs-tmp-<live pid>`` made readers wait for ever: age bounds the wait whatever the pid says."""
-    final = tmp_path / "blake3-abc.safetensors"
-    mine = temp_path_for(final)
-    mine.write_bytes(b"x")
-    assert not is_stale_temp(mine), "LOST: a live writer's fresh temp file was taken for a leftover"
-    old = time.time() - 3600
-    os.utime(mine, (old, old))
-    assert is_stale_temp(mine), "HANG: an hour-old temp file under a live pid would be waited on for ever"
-    assert is_stale_temp(mine, max_age_s=7200) is False
-    dead = tmp_path / f"{TEMP_PREFIX}{2 ** 22 + 12345}-abcd-{final.name}"  # above any pid_max: no such process
-    dead.write_bytes(b"x")
-    assert is_stale_temp(dead)
-    for name in (f"{TEMP_PREFIX}notapid-{final.name}", f"{TEMP_PREFIX}{'9' * 40}-x-{final.name}", f"{TEMP_PREFIX}0-x-{final.name}"):
-        (tmp_path / name).write_bytes(b"x")
-        assert is_stale_temp(tmp_path / name), name
-    assert is_stale_temp(tmp_path / f"{TEMP_PREFIX}{os.getpid()}-gone-{final.name}"), "a temp file that is gone is nothing to wait for"
-
-
-# ---------------------------------------------------------------------------- non-finite samples from the server
-
-NF4 = get_encoding(encoding_of_storage("nf4"))
-POISONED = ("row-3",)
-
-
-def server_encoded(sample: CapturedSample, poison: bool) -> CapturedSample:
-    """What a server quantizing to nf4 on its GPU hands the writer; ``poison``: one group's scale is NaN."""
-    aux, aux_scale = NF4.quantize(sample.aux_hidden_states.to(torch.bfloat16))
-    final, final_scale = NF4.quantize(sample.final_hidden_state.to(torch.bfloat16))
-    if poison:
-        aux_scale = aux_scale.clone()
-        aux_scale[1, 0, 0] = float("nan")
-    return CapturedSample(sample.sample_id, sample.input_ids, sample.loss_mask, aux, final, aux_scale=aux_scale, final_scale=final_scale)
-
-
-class QuantizingServer(CaptureBackend):
-    """A stand-in for an SGLang server that stores nf4: synthetic states, quantized as the server's kernel does."""
-
-    fixed_batches = True
-
-    def __init__(self, model_dir: Path) -> None:
-        self.model_dir = model_dir
-
-    def info(self):
-        from hs_dataset.capture.base import CaptureInfo
-
-        return CaptureInfo(model_path=str(self.model_dir), model_fingerprint="0" * 64, aux_layer_ids=[2, 3, 4], hidden_size=H,
-                           num_hidden_layers=6, dtype=torch.bfloat16, final_norm_eps=1e-6, final_norm_weight=torch.ones(H),
-                           vocab_size=1000, backend="sglang", verification={"verified": True, "by": "test"})
-
-    def capture_batch(self, samples):
-        out = []
-        for s in samples:
-            made = replace(make_sample(s.sample_id, s.num_tokens, k=K, h=H), input_ids=s.input_ids, loss_mask=s.loss_mask)
-            out.append(server_encoded(made, s.sample_id in POISONED))
-        return out
-
-
-def test_one_nan_scale_from_the_server_is_quarantined_not_a_build_abort(tmp_path, tiny_model_dir, tiny_card):
-    from hs_dataset.build import build_dataset
-    from hs_dataset.formats.reader import open_dataset
-
-    rows = [{"id": f"row-{i}", "input_ids": list(range(5, 12 + i)), "loss_mask": [1] * (7 + i)} for i in range(6)]
-    source = tmp_path / "rows.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    card = tiny_card.with_overrides(shards={"storage": "nf4"}, dtype="bfloat16")
-    out = tmp_path / "ds"
-    for run in range(2):  # the rerun died at the same sample
-        report = build_dataset(card, out, backend=QuantizingServer(tiny_model_dir), source=str(source))
-        assert [q["sample_id"] for q in report.quarantined] == (list(POISONED) if run == 0 else []), report.quarantined
-        assert report.not_written() == ({"quarantined_nonfinite": 1} if run == 0 else {}), report.not_written()
-        if run == 0:
-            assert "quarantined_nonfinite: 1" in report.summary(), report.summary()
-    ds = open_dataset(out)
-    stored = sorted(ds[i]["sample_id"] for i in range(len(ds)))
-    assert stored == [f"row-{i}" for i in range(6) if f"row-{i}" not in POISONED], f"LOST: {stored}"
-    assert all(torch.isfinite(ds[i]["aux_hidden_states"].float()).all() for i in range(len(ds))), "SILENT: a NaN state was stored"
-    assert [q["sample_id"] for q in json.loads((out / "manifest.json").read_text())["quarantine"]] == list(POISONED)
-
-
-def test_refuse_policy_still_refuses_a_nan_scale(tmp_path):
-    from hs_dataset.errors import NonFiniteStateError
-    from hs_dataset.formats.writer import ShardWriter
-
-    sample = server_encoded(make_sample("s0", 5, k=K, h=H), poison=True)
-    with ShardWriter(tmp_path, make_metadata(k=K, h=H), storage="nf4", nonfinite="refuse") as writer:
-        with pytest.raises(NonFiniteStateError) as caught:
-            writer.add(sample)
-    assert "s0" in one_line(caught.value) and "scale" in str(caught.value)
-
-
-# ---------------------------------------------------------------------------- exports of 4-bit data
-
-@pytest.mark.parametrize("storage, stored, words", [("nf4", "nf4", "4-bit"), ("mxfp4", "mxfp4", "4-bit"), ("fp8", "fp8", "8-bit"), ("native", "bf16", None)])
-def test_export_says_what_the_source_stored(tmp_path, capsys, storage, stored, words):
-    from hs_dataset.cli.main import main
-    from hs_dataset.formats.writer import ShardWriter
-
-    src = tmp_path / "src"
-    with ShardWriter(src, make_metadata(k=K, h=H, num_hidden_layers=8), final_norm_weight=torch.ones(H), storage=storage) as writer:
-        for i in range(3):
-            writer.add(make_sample(f"s{i}", 5 + i, k=K, h=H))
-    assert main(["export", "speculators", str(src), str(tmp_path / "out")]) == 0
-    summary = capsys.readouterr().out
-    assert main(["export", "speculators", str(src), str(tmp_path / "out"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["source_storage"] == stored and report["exported_dtype"] == "bfloat16", report
-    assert f"stored {stored} in the source, exported as bfloat16" in summary, summary
-    if words is None:
-        assert not any("bit" in n for n in report["notes"]), report["notes"]
-    else:
-        assert any(words in n and "exported decoded to bfloat16" in n for n in report["notes"]), f"SILENT: {report['notes']}"
-        assert words in summary, f"SILENT: the summary does not say the data was {words}: {summary}"

@@ -20,7 +20,7 @@ import torch
 from hs_dataset.capture.base import CaptureFailure, CapturedSample
 from hs_dataset.errors import ServerValidationError
 from tests.fixtures.sglang_server import hf_reference, rel, start_server
-from tests.integration.test_sglang_server import backend, make_samples, post
+from tests.fixtures.sglang_client import backend, make_samples, post
 
 pytestmark = pytest.mark.sglang
 

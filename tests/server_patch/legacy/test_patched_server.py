@@ -29,7 +29,7 @@ import pytest
 from hs_dataset.capture.base import CaptureFailure, CapturedSample
 from tests.fixtures.paths import REPO, SERVER_PYTHON, SHIMS
 from tests.fixtures.sglang_server import hf_reference, rel, server_python, start_server
-from tests.integration.test_sglang_server import backend, make_samples
+from tests.fixtures.sglang_client import backend, make_samples
 
 pytestmark = pytest.mark.sglang
 
