@@ -206,7 +206,7 @@ def test_a_group_holding_inf_or_nan_is_refused_not_stored_clipped(tmp_path, name
     assert bad[3, 1, 1] and int(bad.sum()) == 1
     final, final_scale = quantize(plain.final_hidden_state)
     sent = CapturedSample("s0", plain.input_ids, plain.loss_mask, codes, final, aux_scale=scales, final_scale=final_scale)
-    # refused under the refuse policy; the default quarantines it (tests/robustness/test_round4_local.py)
+    # refused under the refuse policy; the default quarantines it (tests/formats/test_nonfinite_server_states.py)
     with ShardWriter(tmp_path, make_metadata(k=k, h=h), storage=name, nonfinite="refuse") as writer:
         with pytest.raises(SampleError, match="scale"):
             writer.add(sent)

@@ -18,7 +18,7 @@ The number of kills that really happened is printed and recorded (``record_prope
 ``HS_DATASET_SOAK=1`` adds a longer randomized chain (marked ``slow``).
 
 What the existing crash tests already cover is not repeated: single crash + resume of the
-writer alone (tests/test_format_crash.py) and of a short build (tests/test_pipeline.py).
+writer alone (tests/formats/test_crash_resume.py) and of a short build (tests/end_to_end/test_pipeline.py).
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def test_build_crash_points_are_all_known():
     named = {c.split(":")[0] for c in CHAIN if c != "random"}
     assert named <= set(CRASH_POINTS)
     assert set(BUILD_POINTS) <= named
-    # export chains below; push in test_hub.py; regeneration in test_regenerate.py and test_regenerate_kill.py; uploads in test_remote_build.py
+    # export chains below; push in tests/hub/test_upload_download.py; regeneration in tests/regenerate/test_regenerate_build.py and tests/regenerate/test_kill_resume.py; uploads in tests/remote/test_s3_build.py
     assert set(CRASH_POINTS) - set(BUILD_POINTS) == {
         "export.mid_file", "push.before_commit", "regenerate.after_chunk", "regenerate.after_turn", "regenerate.mid_chunk",
         "remote.mid_upload", "remote.before_manifest",
@@ -365,7 +365,7 @@ def test_speculators_export_killed_while_moving_its_arrow_index(forkserver, refe
 
 
 def test_push_kill_points_are_exercised():
-    """Push kill points run in tests/integration/test_hub.py (they need the stand-in Hub fixture)."""
+    """Push kill points run in tests/hub/test_upload_download.py (they need the stand-in Hub fixture)."""
     hub_points = [p for p in CRASH_POINTS if p.startswith("push.")]
     assert hub_points == ["push.before_commit"]
-    assert "push.before_commit" in (REPO / "tests" / "integration" / "test_hub.py").read_text()
+    assert "push.before_commit" in (REPO / "tests" / "hub" / "test_upload_download.py").read_text()

@@ -1,4 +1,4 @@
-"""Untrusted input, round four: a model's config.json against its own weights, before any forward.
+"""Untrusted input: a model's config.json against its own weights, before any forward.
 
 Each case is the tiny DeepseekV3 (its own weights, linked) with one hostile ``config.json``,
 tried through every entry point that reads a model: ``card init``, the in-process build

@@ -1,11 +1,11 @@
-"""Untrusted input, round four: a store's answers are bounded in bytes and in time, and remote APIs check their arguments first.
+"""Untrusted input: a store's answers are bounded in bytes and in time, and remote APIs check their arguments first.
 
 Hostile stores are threads of this process on 127.0.0.1 (tests/fixtures/hostile_store.py:
 a Range ignored, a body that never ends, an object longer than its record, a trickle of
 a byte a second, Content-Range lies, an endpoint that accepts and never answers), read
 as an ``http://`` dataset URL, or as ``s3://`` through s3fs pointed at the silent one.
 Memory cases run the reader in a child process and assert its peak RSS growth
-(tests/robustness/test_bounds.py's ``run_child``); time cases assert a bound. Tags
+(tests/fixtures/child_memory.py's ``run_child``); time cases assert a bound. Tags
 (tests/fixtures/tally.py): MEMORY, HANG, SILENT.
 """
 

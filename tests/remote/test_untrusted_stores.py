@@ -1,4 +1,4 @@
-"""Untrusted input, round four, the remote half: what a bucket's manifest, a shared cache directory and an output URL can do.
+"""Untrusted input on the remote side: what a bucket's manifest, a shared cache directory and an output URL can do.
 
 Each case feeds one hostile input to the real entry point (``open_dataset(URL)``,
 ``verify URL``, ``build --out URL``, ``merge``, ``info --plots``, ``load_dataset``,
@@ -8,7 +8,7 @@ changed. Stores are ``file://`` prefixes (the same code as ``s3://``) or moto's 
 server. Assertion tags (tests/fixtures/tally.py): ESCAPE: a file written outside,
 LOST: a file that is not ours deleted or overwritten, or a build's work thrown away,
 SILENT: wrong bytes served or a refusal that was claimed but not made. The bounded
-reads (memory, time, arguments) are in test_round4_remote_reads.py.
+reads (memory, time, arguments) are in tests/remote/test_bounded_reads.py.
 """
 
 from __future__ import annotations

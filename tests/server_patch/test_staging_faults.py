@@ -1,8 +1,8 @@
 """Staging and output safety under hostile or failing conditions, without a server.
 
 Drives the server-side capture core with fake forward batches (as
-tests/test_sglang_capture_core.py does) and the client's dump reader directly. Only
-what tests/test_sglang_capture_core.py does not already check is here:
+tests/server_patch/test_capture_core.py does) and the client's dump reader directly. Only
+what tests/server_patch/test_capture_core.py does not already check is here:
 
 * unsafe staging directories: every unsafe mode/owner/kind is refused by every entry
   point (ensure_private_dir, StagingDir, CaptureCore), never "fixed", nothing written;
@@ -17,7 +17,7 @@ what tests/test_sglang_capture_core.py does not already check is here:
   forward pass waits longer than ``max_wait_s``;
 * ENOSPC in the server's dump write (marker fits / nothing fits) and in the dataset
   writer's *manifest* write. ENOSPC in a *shard* write is
-  tests/test_format_integrity.py::test_disk_full_discards_partial_shard_and_keeps_manifest_valid
+  tests/formats/test_integrity.py::test_disk_full_discards_partial_shard_and_keeps_manifest_valid
   (not repeated);
 * the sweeper removes a crashed run's partial temporaries and stale dumps, keeps young
   files and never follows symlinks; the client's close() deletes late dumps of

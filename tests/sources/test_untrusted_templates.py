@@ -1,4 +1,4 @@
-"""Untrusted input, round four: chat templates bounded by what the sample can use, during rendering and per row.
+"""Untrusted input: chat templates bounded by what the sample can use, during rendering and per row.
 
 Cases: an output far longer than ``max_length`` can need (refused before it is tokenized),
 templates that build gigabytes inside the bounds (``~`` doubling, ``join``, a ``replace``

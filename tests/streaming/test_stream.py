@@ -4,7 +4,7 @@ Fast tests (default suite): eviction keeps a dataset valid; a stream over a stan
 backend that fails mid-epoch raises one CaptureError, keeps its cache valid and resumes.
 
 Real-server tests (``-m sglang``): the tiny DeepseekV3 served in float32 by the real CPU
-SGLang server of tests/test_sglang_server.py (its fixtures and reference forward are
+SGLang server of tests/capture/sglang/test_server.py (its fixtures and reference forward are
 reused), with a cache bound smaller than the data: states equal an independent
 transformers forward, the bound holds after every item, a SIGKILLed stream resumes
 without re-capturing what is cached, a large bound gives a second epoch with no request,

@@ -1,7 +1,7 @@
 """`hs-dataset serve` for an SGLang without forward hooks whose source carries the patch (SGLang <= 0.5.5), and what
 the patch's hook and the client make of it; without a server (the probe of the server Python is faked).
 
-The real server runs in tests/integration/test_sglang_legacy_server.py.
+The real server runs in tests/server_patch/legacy/test_patched_server.py.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_a_patched_release_without_hooks_is_served_through_the_patch(card, patch
     card = card.with_overrides(sglang={"staging": {**card.sglang.staging.model_dump(), "max_files": 77, "rid_prefix": "hs-x"}})
     plan = serve.plan_server(card, port=31998, staging_dir=str(tmp_path / "st"))
     assert plan.mechanism == "legacy" and plan.sglang_version == "0.5.5"
-    assert plan.support_status.startswith("verified by tests/integration/test_sglang_legacy_server.py"), plan.support_status
+    assert plan.support_status.startswith("verified by tests/server_patch/legacy/test_patched_server.py"), plan.support_status
     assert "--forward-hooks" not in plan.argv and "--disable-radix-cache" in plan.argv
     assert plan.argv[plan.argv.index("--chunked-prefill-size") + 1] == "-1"
     # what the patched forward reads is what the plan meant: every variable, through the hook's own config reader

@@ -100,7 +100,7 @@ def test_tiny_cpu_plan_and_what_older_sources_provide(fake_env, monkeypatch, tmp
 
 def test_the_verified_release_says_which_test_ran_it(fake_env, tmp_path):
     plan = serve.plan_server(_tiny_card(), staging_dir=str(tmp_path / "st"))
-    assert plan.support_status.startswith("verified by tests/integration/test_sglang_server.py"), plan.support_status
+    assert plan.support_status.startswith("verified by tests/capture/sglang/test_server.py"), plan.support_status
     assert any("read from the installed source" in n for n in plan.notes)
 
 

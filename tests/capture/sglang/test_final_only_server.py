@@ -2,7 +2,7 @@
 
 ``hs-dataset serve`` plans the server without aux flags or layer hooks; the client
 builds a dataset whose shards hold no aux tensor, and its final states equal an
-independent transformers forward, as with aux layers (tests/integration/test_sglang_server.py).
+independent transformers forward, as with aux layers (tests/capture/sglang/test_server.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ by SGLang's own ``KimiK25ForConditionalGeneration`` with ``--trust-remote-code``
 started the way a user starts it: ``hs-dataset serve --model SNAPSHOT
 --trust-remote-code`` (card derived from the model; once per module, ~25 s on 2
 cores). The 42 bundled conversations are built through it, and the first 12 through
-the HF backend (all 42 are test_model_cards'), both with ``--final-state post_norm``,
+the HF backend (all 42 are tests/model/test_card_from_model.py's), both with ``--final-state post_norm``,
 and checked against an independent transformers forward of the text model:
 
 * aux and pre-norm final states of both backends within 1e-6 (relative, float32);
@@ -48,7 +48,7 @@ from tests.fixtures.ports import free_port as _free_port  # noqa: E402
 from tests.fixtures.sglang_server import require_sglang_env as _require_env  # noqa: E402
 
 LIMIT = 1e-6
-HF_SAMPLES = 12  # the HF backend on all 42 samples is test_model_cards' job; here it is the twin of the SGLang build
+HF_SAMPLES = 12  # the HF backend on all 42 samples is tests/model/test_card_from_model.py's job; here it is the twin of the SGLang build
 
 
 def _healthy(url: str) -> bool:
@@ -113,7 +113,7 @@ def builds(snapshot, kimi_server, root):
     t0 = time.monotonic()
     assert main(["build", *common, "--server", kimi_server["url"], "--out", str(root / "sglang")]) == 0
     t1 = time.monotonic()
-    assert main(["build", *common, "--num-samples", str(HF_SAMPLES), "--out", str(root / "hf")]) == 0  # all 42: test_model_cards
+    assert main(["build", *common, "--num-samples", str(HF_SAMPLES), "--out", str(root / "hf")]) == 0  # all 42: tests/model/test_card_from_model.py
     print(f"[kimi] builds: SGLang {t1 - t0:.1f} s, HF {time.monotonic() - t1:.1f} s")
     return {"sglang": open_dataset(root / "sglang"), "hf": open_dataset(root / "hf")}
 

@@ -1,6 +1,6 @@
 """Fault injection against a REAL SGLang server (tiny DeepseekV3, float32, CPU).
 
-Same environment rules as tests/test_sglang_server.py (whose helpers are reused):
+Same environment rules as tests/capture/sglang/test_server.py (whose helpers are reused):
 needs ``.sglang-venv``; skipped with a message when it is missing, a failure under CI.
 Two server starts in all (~30-75 s each on 2 cores): the first server is frozen
 (SIGSTOP) and then killed (SIGKILL of its whole process group) in the middle of a

@@ -3,7 +3,7 @@
 Each release is served by ``hs-dataset serve``'s own plan (what to pass is read from the
 installed SGLang, not from its version number) on the tiny DeepseekV3 in float32, and a
 build's states are compared with an independent transformers forward: SGLang 0.5.23
-through ``aux_return`` (tests/integration/test_sglang_server.py), 0.5.19 and 0.5.14 through
+through ``aux_return`` (tests/capture/sglang/test_server.py), 0.5.19 and 0.5.14 through
 ``layer_hooks`` here (overlays of the CPU server env: ``make sglang-overlays``). Each server
 also proves the fail-fast rule: a client whose request ids the hooks do not own stops in
 seconds with the cause, instead of waiting out ``dump_timeout_s`` times its retries.

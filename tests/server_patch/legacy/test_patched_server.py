@@ -16,7 +16,7 @@ imports of its activations and norms (answered with SGLang's own classes), and t
 
 Chunked prefill cannot be captured here: 0.5.5's batches carry no request ids, so the
 chunks of one prompt cannot be joined; the plan turns it off and the patch's hook refuses a
-server started with it at the first forward pass (tests/unit/test_sglang_legacy_plan.py).
+server started with it at the first forward pass (tests/capture/serve/test_legacy_plan.py).
 """
 
 from __future__ import annotations
