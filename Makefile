@@ -23,7 +23,7 @@ test: install sglang-env sglang-overlays fetch-sglang-sources interop-env
 	$(VPY) -m pytest -q tests
 
 test-unit: install
-	$(VPY) -m pytest -q tests/unit
+	$(VPY) -m pytest -q tests -m unit
 
 test-fast: install
 	$(VPY) -m pytest -q tests -m "not sglang and not slow"
@@ -41,8 +41,8 @@ bench: install
 sglang-env:
 	bash scripts/make_sglang_env.sh
 
-# older SGLang releases on the CPU server env, for the version matrix (tests/integration/test_sglang_versions.py;
-# 0.5.5, patched in a private copy: tests/integration/test_sglang_legacy_server.py)
+# older SGLang releases on the CPU server env, for the version matrix (tests/capture/sglang/test_versions.py;
+# 0.5.5, patched in a private copy: tests/server_patch/legacy/test_patched_server.py)
 sglang-overlays: sglang-env
 	bash scripts/make_sglang_overlays.sh
 

@@ -4,7 +4,7 @@
 the writer on the host) finds max |x| per token in one read of the states and divides
 in one mixed-dtype kernel. The baseline, timed in the same run on the same tensors, is
 the formula that defines the encoding (a float32 copy, abs, amax, divide, clamp, cast),
-which produces the same bytes (checked here, and in tests/test_format_roundtrip.py).
+which produces the same bytes (checked here, and in tests/formats/test_roundtrip.py).
 States: 3 aux [4096, 3, 7168] + final [4096, 7168], bf16, on CUDA when there is one.
 Last line: ``quantizer_speedup=X`` (baseline time / quantizer time; above 1 is faster).
 

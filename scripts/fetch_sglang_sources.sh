@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the sglang wheels the legacy patch is tested against and extract
-# sglang/srt/models/deepseek_v2.py of each, for tests/test_legacy_patch.py.
+# sglang/srt/models/deepseek_v2.py of each, for tests/server_patch/legacy/test_source_patch.py.
 #
 #   scripts/fetch_sglang_sources.sh            # default versions
 #   scripts/fetch_sglang_sources.sh 0.5.5      # just these

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the two trainers' OWN data readers into a test venv, so tests/integration/test_exports.py
+# Install the two trainers' OWN data readers into a test venv, so tests/interop/test_exports.py
 # can load our exports with them:
 #   speculators==0.9.0 (+ hs-connectors==0.9.0, + openai): speculators.train.data
 #       (ArrowDataset, CollateFn) and speculators.train.dataloader import it.

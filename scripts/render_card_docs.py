@@ -2,7 +2,7 @@
 """Render docs/CARDS.md from the card models (hs_dataset/config/sections.py and card.py).
 
 The models' field descriptions are the one place the card schema is written down;
-this page is generated from them so it cannot drift (tests/unit/test_config.py re-renders
+this page is generated from them so it cannot drift (tests/config/test_card.py re-renders
 it and fails when the committed page differs). Run it after changing a card model:
 
     .venv/bin/python scripts/render_card_docs.py            # rewrite docs/CARDS.md

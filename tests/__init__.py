@@ -1,1 +1,1 @@
-"""The test suite: unit/ (fast, no server), integration/ (real servers, trainers, the Hub stand-in), robustness/ (bad input, faults, kills)."""
+"""The test suite, mirroring hs_dataset/; a test's kind (unit, integration, sglang, slow) is a marker (tests/conftest.py)."""

@@ -124,7 +124,7 @@ class HFBackend(CaptureBackend):
             final_norm_weight=norm.weight.detach().to("cpu", torch.float32).clone(),
             backend="hf",
             backend_details={"device": str(self.device), "transformers_model_class": type(self.model).__name__},
-            verification={"verified": True, "by": "tests/unit/test_capture_hf.py: transformers' own hidden_states through forward hooks"},
+            verification={"verified": True, "by": "tests/capture/test_hf.py: transformers' own hidden_states through forward hooks"},
         )
 
     # ------------------------------------------------------------------ capture

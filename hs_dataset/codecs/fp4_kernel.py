@@ -7,7 +7,7 @@ forward thread more than the capture's 3% target on prefill (docs/BENCHMARKS.md:
 node path with nf4 states, ``benchmarks/bench_node.py``). This Triton kernel reads each bfloat16 value once and writes its nibble and its group's
 scale, with the same IEEE-rounded steps (float32 division rounded to nearest, the
 round to bfloat16, the exact power-of-two exponent from the float's bits) and the
-same code table, so its bytes equal the reference's (``tests/unit/test_fp4_kernel.py``
+same code table, so its bytes equal the reference's (``tests/server_patch/test_fp4_kernel.py``
 runs both on CUDA, edge cases included).
 
 Used only for contiguous bfloat16 states on a CUDA device with Triton importable

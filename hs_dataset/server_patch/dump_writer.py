@@ -130,7 +130,7 @@ class DumpWriter:
         """Write one dump: its safetensors header, then each tensor's rows straight from host memory.
 
         The file is exactly what ``safetensors.torch.save`` made of the same tensors and
-        metadata (tests/unit/test_staging_writev.py), written with ``os.writev`` from the
+        metadata (tests/server_patch/test_staging_writev.py), written with ``os.writev`` from the
         pinned buffers of the request's pieces (one per prefill chunk) -- no
         concatenation, no serialized copy.
         """

@@ -27,11 +27,11 @@ MECHANISMS = ("aux_return", "layer_hooks", "legacy")
 
 # (release, mechanism, device) -> what ran it: a real server, its states vs an independent forward
 VERIFIED: dict[tuple[str, str, str], str] = {
-    ("0.5.23", "aux_return", "cpu"): "tests/integration/test_sglang_server.py, test_sglang_parallel.py (tp 2, DP attention), "
-                                     "test_kimi_sglang.py (float32, CPU)",
-    ("0.5.19", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
-    ("0.5.14", "layer_hooks", "cpu"): "tests/integration/test_sglang_versions.py (float32, CPU)",
-    ("0.5.5", "legacy", "cpu"): "tests/integration/test_sglang_legacy_server.py (the source patch, float32, CPU)",
+    ("0.5.23", "aux_return", "cpu"): "tests/capture/sglang/test_server.py, test_parallel_server.py (tp 2, DP attention), "
+                                     "test_kimi_server.py (float32, CPU)",
+    ("0.5.19", "layer_hooks", "cpu"): "tests/capture/sglang/test_versions.py (float32, CPU)",
+    ("0.5.14", "layer_hooks", "cpu"): "tests/capture/sglang/test_versions.py (float32, CPU)",
+    ("0.5.5", "legacy", "cpu"): "tests/server_patch/legacy/test_patched_server.py (the source patch, float32, CPU)",
     ("0.5.14", "layer_hooks", "cuda"): "scripts/gpu/check_server.py on an H200, 2026-12-01 (bf16, decode CUDA graphs on; "
                                       "benchmarks/results/check_server_gpu.txt)",
     ("0.5.16", "layer_hooks", "cuda"): "scripts/gpu/run_release_check.sh 0.5.16 on an H200, 2026-12-01 (bf16, decode CUDA graphs on, "

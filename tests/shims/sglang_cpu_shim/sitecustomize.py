@@ -6,7 +6,7 @@ the padding asks the attention backend for ``get_cpu_graph_seq_len_fill_value()`
 so on a CPU without AMX (``torch_native``) the first prefill crashes. This module gives
 ``TorchNativeAttnBackend`` the same method, returning the same 1, when SGLang imports it.
 
-``tests/test_sglang_parallel.py`` puts this folder first on the DP server's
+``tests/capture/sglang/test_parallel_server.py`` puts this folder first on the DP server's
 ``PYTHONPATH``; Python then imports this file as ``sitecustomize`` in every server
 process. It runs the next ``sitecustomize.py`` on ``sys.path`` (the CPU support one,
 ``hs_dataset/server_patch/cpu_support``) so nothing it does is lost. Nothing in

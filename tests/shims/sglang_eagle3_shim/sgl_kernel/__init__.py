@@ -4,7 +4,7 @@ The CPU build of ``sgl-kernel`` is not on PyPI; hs_dataset's stand-in
 (``hs_dataset/server_patch/cpu_support/sgl_kernel``) implements only
 ``assign_req_to_token_pool_cpu`` and raises for the speculative-decoding ops. This
 package is put FIRST on the EAGLE-3 test server's ``PYTHONPATH`` by
-``tests/test_sglang_eagle3.py``: it re-exports the stand-in and adds the ops below,
+``tests/capture/sglang/test_eagle3_server.py``: it re-exports the stand-in and adds the ops below,
 each a line-by-line port of the Triton kernel SGLang runs on GPUs
 (``sglang/kernels/ops/speculative/{eagle,cache_locs,spec_tree}.py``,
 ``sglang/kernels/ops/kvcache/cache_move.py``). Nothing in site-packages is edited.

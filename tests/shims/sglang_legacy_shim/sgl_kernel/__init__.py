@@ -9,7 +9,7 @@ speculative decoding): SGLang's own torch-native branches are taken. So every na
 here is a placeholder that raises, naming itself, if it is ever called, except
 :func:`assign_req_to_token_pool_cpu` (hs_dataset's CPU stand-in, re-exported).
 
-``tests/integration/test_sglang_legacy_server.py`` puts this folder first on the
+``tests/server_patch/legacy/test_patched_server.py`` puts this folder first on the
 0.5.5 server's ``PYTHONPATH``. Nothing in site-packages is edited.
 """
 
