@@ -185,8 +185,8 @@ def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report
 
 def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, engine: Any, capture: bool = True) -> tuple[float, Any]:
     """``build_dataset`` with the lengths drawn (``old``: the windowed engine; ``capture`` False: regeneration only); wall time, run report."""
-    import hs_dataset.build as build
-    from hs_dataset.session import make_generator
+    import hs_dataset.pipeline.build as build
+    from hs_dataset.pipeline.session import make_generator
 
     def make(*args: Any) -> Any:
         generator = make_generator(*args)

@@ -341,8 +341,8 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
     from hs_dataset.regenerate.generator import GenerationParams
     from hs_dataset.capture.sglang.generate import SGLangGenerator, parse_output
     from hs_dataset.formats.regenerated import RegeneratedStore
-    from hs_dataset.build import build_dataset
-    from hs_dataset.session import capture_burst
+    from hs_dataset.pipeline.build import build_dataset
+    from hs_dataset.pipeline.session import capture_burst
 
     src = tmp_path / "chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in REGEN_CHATS))

@@ -23,9 +23,9 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.regenerate.progress import RegenerationProgress
-from hs_dataset.run_report import RunReport, save_run_report
+from hs_dataset.pipeline.run_report import RunReport, save_run_report
 from hs_dataset.sample import TokenizedSample, batches
-from hs_dataset.session import CaptureSession, as_card, capture_burst, make_generator
+from hs_dataset.pipeline.session import CaptureSession, as_card, capture_burst, make_generator
 from hs_dataset.sources.report import SourceReport
 
 __all__ = ["build_dataset"]
