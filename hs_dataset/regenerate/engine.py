@@ -3,7 +3,7 @@
 Samples arrive in source order; each comes out as the sample to capture over its
 regenerated conversation, once that conversation's record is stored
 (``formats/regenerated.py``). How turns are scheduled follows the generator
-(``session.make_generator``): the in-process model answers fixed windows of the source
+(the capture backend's ``generator``): the in-process model answers fixed windows of the source
 order, turn k of a window together (``windows.py``), so a resumed build writes the same
 turns; SGLang servers are kept busy by a pump that carries ``in_flight`` conversations at
 once and hands each on to capture as it finishes (``pump.py``), in groups that fill one prefill
