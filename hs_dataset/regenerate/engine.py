@@ -36,7 +36,7 @@ DEFAULT_BATCH_ROWS = 16  # conversations per window of a batch generator when th
 
 def _stop_ids(chat: ChatTokenizer, tokenizer: Any) -> tuple[int, ...]:
     """End-of-turn ids: the mask rule's end token (``<|im_end|>``) and the tokenizer's EOS."""
-    ids = [getattr(getattr(chat, "_compiled", None), "end_id", None), tokenizer.eos_token_id]
+    ids = [chat.end_of_turn_id, tokenizer.eos_token_id]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
