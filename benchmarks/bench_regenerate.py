@@ -140,7 +140,7 @@ def windowed_regeneration() -> Any:
     blocking ``generate`` call, a window stored before its samples go on, the next one generated only when capture
     pulls past the last (so capture waits for generation and generation for capture)."""
     from hs_dataset.regenerate.engine import Regeneration
-    from hs_dataset.regenerate.records import ConversationRecord
+    from hs_dataset.formats.regenerated_record import ConversationRecord
 
     class WindowedRegeneration(Regeneration):
         def regenerate(self, samples, progress=None):

@@ -18,11 +18,12 @@ from typing import Any, Iterable, Iterator
 
 from hs_dataset.config import Card
 from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated_record import ConversationRecord
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import GenerationParams, Generator, StreamingGenerator
 from hs_dataset.regenerate.progress import RegenerationProgress
 from hs_dataset.regenerate.pump import ConversationPump
-from hs_dataset.regenerate.records import ConversationRecord, RegenerationReport
+from hs_dataset.regenerate.report import RegenerationReport
 from hs_dataset.regenerate.turns import TurnRenderer
 from hs_dataset.regenerate.windows import regenerate_in_windows
 from hs_dataset.sample import TokenizedSample, bursts
