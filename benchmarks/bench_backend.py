@@ -43,7 +43,7 @@ def main() -> None:
     from hs_dataset.config import load_card
     from hs_dataset.interop.speculators.export import export_speculators
     from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
 
     register()

@@ -107,7 +107,7 @@ def run_stream(backend, samples, concurrency: int, out: Path, metadata: dict, no
 
 
 def run_build(card, backend, rows, concurrency: int, out: Path) -> tuple[float, object]:
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     t0 = time.perf_counter()
     report = build_dataset(card, out, source=rows, num_samples=len(rows), batch_size=concurrency, backend=backend)

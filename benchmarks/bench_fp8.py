@@ -19,7 +19,7 @@ import torch
 from hs_dataset import open_dataset
 from hs_dataset.capture.hf import HFBackend
 from hs_dataset.config import load_card
-from hs_dataset.build import build_dataset
+from hs_dataset.pipeline.build import build_dataset
 
 
 def state_bytes(ds) -> int:

@@ -140,7 +140,7 @@ def windowed_regeneration() -> Any:
     blocking ``generate`` call, a window stored before its samples go on, the next one generated only when capture
     pulls past the last (so capture waits for generation and generation for capture)."""
     from hs_dataset.regenerate.engine import Regeneration
-    from hs_dataset.regenerate.records import ConversationRecord
+    from hs_dataset.formats.regenerated_record import ConversationRecord
 
     class WindowedRegeneration(Regeneration):
         def regenerate(self, samples, progress=None):
@@ -185,16 +185,18 @@ def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report
 
 def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, engine: Any, capture: bool = True) -> tuple[float, Any]:
     """``build_dataset`` with the lengths drawn (``old``: the windowed engine; ``capture`` False: regeneration only); wall time, run report."""
-    import hs_dataset.build as build
-    from hs_dataset.session import make_generator
+    import hs_dataset.pipeline.build as build
+    from hs_dataset.capture.sglang.backend import SGLangBackend
 
-    def make(*args: Any) -> Any:
-        generator = make_generator(*args)
+    backend_generator = SGLangBackend.generator
+
+    def make(self: SGLangBackend, *args: Any) -> Any:
+        generator = backend_generator(self, *args)
         generator.__class__ = generator_cls
         return generator
 
-    saved = build.make_generator, build.Regeneration, build._capture
-    build.make_generator, build.Regeneration = make, engine or build.Regeneration
+    saved = build.Regeneration, build._capture
+    SGLangBackend.generator, build.Regeneration = make, engine or build.Regeneration
     build._capture = build._capture if capture else _no_capture
     shutil.rmtree(out, ignore_errors=True)
     try:
@@ -202,7 +204,8 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
         report = build.build_dataset(card, out, source=str(source), servers=[server])
         return time.perf_counter() - t0, report
     finally:
-        build.make_generator, build.Regeneration, build._capture = saved
+        SGLangBackend.generator = backend_generator
+        build.Regeneration, build._capture = saved
 
 
 # ---------------------------------------------------------------------------- the plain client

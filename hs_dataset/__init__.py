@@ -26,7 +26,7 @@ _LAZY = {
     "HiddenStateDataset": "hs_dataset.formats.reader",
     "load_dataset": "hs_dataset.builder",
     "load_card": "hs_dataset.config",
-    "build_dataset": "hs_dataset.build",
+    "build_dataset": "hs_dataset.pipeline.build",
     "push_to_hub": "hs_dataset.hub.upload",
     "stream": "hs_dataset.streaming.stream",
 }

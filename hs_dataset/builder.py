@@ -1,6 +1,6 @@
 """The Hugging Face ``datasets`` builder over the capture pipeline (documented hooks only).
 
-``_generate_tables`` runs or resumes :func:`hs_dataset.build.build_dataset` into a
+``_generate_tables`` runs or resumes :func:`hs_dataset.pipeline.build.build_dataset` into a
 persistent work directory (``<cache_dir>/hs_dataset_work/<config id>/``: datasets
 deletes its own ``.incomplete`` directory on failure, so shards that must survive a
 crash live there), verifies it, and yields rows that carry the states. Arrow has no
@@ -122,7 +122,7 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
 def _source_identity(card: Card, source: Any) -> Any:
     """What the source's rows depend on: path, size and mtime_ns of every file (or a datasets fingerprint)."""
-    from hs_dataset.session import resolve_source
+    from hs_dataset.pipeline.session import resolve_source
 
     try:
         resolved = resolve_source(card, source)
@@ -277,7 +277,7 @@ class HsDataset(datasets.ArrowBasedBuilder):
             **self.config.options.settings(), "rank": rank, "world_size": num_parts, "progress": datasets.utils.is_progress_bar_enabled(),
         }
         if num_parts == 1:
-            from hs_dataset.build import build_dataset
+            from hs_dataset.pipeline.build import build_dataset
 
             built = _built(build_dataset(self.card, part_dir, **kwargs).to_json())
         else:
@@ -405,7 +405,7 @@ def _build_part_from_stdin() -> None:
     import sys
 
     from hs_dataset.config import card_from_dict
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     job = json.loads(sys.stdin.read())
     report = build_dataset(card_from_dict(job["card"], job["card_path"]), job["part_dir"], **job["kwargs"])

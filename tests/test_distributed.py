@@ -12,7 +12,7 @@ from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.merge import merge_datasets
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.build import build_dataset
+from hs_dataset.pipeline.build import build_dataset
 
 from tests.fixtures.samples import make_metadata, make_sample
 

@@ -64,7 +64,7 @@ def test_a_card_resolves_its_preset_for_the_model_and_explicit_aux_wins():
 
 def test_the_capture_target_and_the_manifest_record_take_the_preset(tiny_model_dir):
     from hs_dataset.capture.base import CaptureTarget
-    from hs_dataset.session import layer_preset_record
+    from hs_dataset.pipeline.session import layer_preset_record
 
     card = _card(preset="dflash2")
     target = CaptureTarget.from_card(card, model_path=str(tiny_model_dir))

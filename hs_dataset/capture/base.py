@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
 
 import torch
 
@@ -21,7 +21,8 @@ from hs_dataset.model.snapshot import resolve_model_path
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
 if TYPE_CHECKING:
-    from hs_dataset.config import Card
+    from hs_dataset.config import Card, RegenerateSection
+    from hs_dataset.regenerate.generator import Generator
 
 __all__ = ["CaptureTarget", "CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend", "card_aux_layers"]
 
@@ -118,7 +119,10 @@ class CaptureBackend(abc.ABC):
     """Base class of capture backends.
 
     Subclasses implement :meth:`info` and :meth:`capture_batch`; backends that can keep
-    many requests in flight (the SGLang client) override :meth:`capture_stream`.
+    many requests in flight (the SGLang client) override :meth:`capture_stream`. A
+    backend whose model can also write text (``--regenerate``) overrides :meth:`generator`,
+    and one that captures groups of regenerated conversations best in bursts overrides
+    :meth:`capture_burst`.
     """
 
     # True when a sample's bytes depend on which samples share its batch (padded
@@ -137,6 +141,14 @@ class CaptureBackend(abc.ABC):
     def in_flight(self, batch_size: int) -> int:
         """Samples :meth:`capture_stream` works on at once: one batch here; the SGLang client keeps more requests going."""
         return batch_size
+
+    def generator(self, regenerate: "RegenerateSection", tokenizer: Any) -> "Generator":
+        """The generator beside this backend, on the same model, for the card's ``regenerate`` section; refused here."""
+        raise UsageError(f"--regenerate needs the hf or sglang backend; {type(self).__name__} cannot generate")
+
+    def capture_burst(self, batch_size: int) -> tuple[int, int] | None:
+        """(tokens, samples) a group of finished conversations fills before going to capture; None: no grouping."""
+        return None
 
     def capture_stream(self, samples: Iterable[TokenizedSample], batch_size: int) -> Iterator[CaptureResult]:
         """Capture an iterable in batches of ``batch_size``; results may be yielded in any order."""

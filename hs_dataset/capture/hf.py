@@ -22,12 +22,13 @@ from typing import Any, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
-from hs_dataset.config import Card, CardError, HFBackendSection
+from hs_dataset.config import Card, CardError, HFBackendSection, RegenerateSection
 from hs_dataset.model.remote_code import check_remote_code
 from hs_dataset.model.model_config import load_text_config, text_config
 from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path
 from hs_dataset.model.text_model import load_causal_lm, loaded_module_path
 from hs_dataset.dtypes import state_dtype
+from hs_dataset.regenerate.generator import Generator, HFGenerator
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
 __all__ = ["HFBackend", "pick_device", "find_decoder"]
@@ -190,6 +191,11 @@ class HFBackend(CaptureBackend):
                 final_hidden_state=final[row, :t].clone(),
             )
         return results  # type: ignore[return-value]
+
+    def generator(self, regenerate: RegenerateSection, tokenizer: Any) -> Generator:
+        """``model.generate`` on the model this backend captures from (left-padded with the tokenizer's pad, else eos, id)."""
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        return HFGenerator(self.model, pad_token_id=int(pad), model_fingerprint=self.info().model_fingerprint)
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]

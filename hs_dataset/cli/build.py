@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.distributed import rank_and_world_size
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     rank, world = rank_and_world_size(args.rank, args.world_size)
     report = build_dataset(

@@ -70,7 +70,7 @@ class RunOptions(BaseModel):
 
 
 class BuildOptions(RunOptions):
-    """What :func:`hs_dataset.build.build_dataset` takes besides the card and the output directory."""
+    """What :func:`hs_dataset.pipeline.build.build_dataset` takes besides the card and the output directory."""
 
     rank: int = Field(0, description="This process's part of the source: sample k goes to rank k % world_size.")
     world_size: int = Field(1, description="Number of ranks.")

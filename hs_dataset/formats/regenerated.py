@@ -9,7 +9,8 @@ A kill can only tear the last line; it is cut off on open, and its conversations
 regenerated. The store keeps only where each record lies (sample id -> line), not the
 records, so its memory follows the number of conversations, not their tokens; a record
 is read back from its line when a resumed build reaches it. The file's sha256 goes into
-the manifest at the end of a build and ``hs-dataset push`` publishes it.
+the manifest at the end of a build and ``hs-dataset push`` publishes it. What one record
+holds, and the check each passes on reading, is ``formats/regenerated_record.py``.
 """
 
 from __future__ import annotations
@@ -18,66 +19,17 @@ import json
 import os
 from typing import Any
 
-from hs_dataset.errors import FormatError, IntegrityError
+from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import write_all
 from hs_dataset.formats.hashing import sha256_file, sha256_fileobj
 from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.regenerated_record import check_record, damaged
 
-__all__ = ["REGENERATED_NAME", "RegeneratedStore", "check_record", "read_regenerated"]
+__all__ = ["REGENERATED_NAME", "RegeneratedStore", "read_regenerated"]
 
 REGENERATED_NAME = "regenerated.jsonl"
 MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (conversations stored together); a larger one is damage, not data
-_FINISHES = ("stop", "length", "failed")
-_FIX = "restore the file from the build that wrote it (or delete it and rebuild with --regenerate)"
-
-
-def _fail(where: str, field: str, problem: str) -> FormatError:
-    return FormatError(f"{where}: {field} {problem}; {_FIX}")
-
-
-def _int_list(value: object) -> bool:
-    return isinstance(value, list) and all(type(v) is int for v in value)
-
-
-def _check_turn(turn: object, where: str, field: str) -> None:
-    if not isinstance(turn, dict) or not _int_list(turn.get("token_ids")) or type(turn.get("prompt_tokens")) is not int:
-        raise _fail(where, field, "must be an object with integer prompt_tokens and a list of integer token_ids")
-    if turn.get("finish") not in _FINISHES:
-        raise _fail(where, f"{field}.finish", f"is {turn.get('finish')!r}, not one of {_FINISHES}")
-
-
-def _check_ids_and_spans(record: dict[str, Any], where: str, field: str) -> None:
-    ids, spans = record["input_ids"], record["loss_spans"]
-    if ids is None:
-        if spans or not isinstance(record["dropped"], str):
-            raise _fail(where, f"{field}.input_ids", "is null, so loss_spans must be empty and dropped must say why")
-        return
-    if not _int_list(ids):
-        raise _fail(where, f"{field}.input_ids", "must be a list of integers (or null for a dropped conversation)")
-    for span in spans:
-        if not (_int_list(span) and len(span) == 2 and 0 <= span[0] < span[1] <= len(ids)):
-            raise _fail(where, f"{field}.loss_spans", f"holds {str(span)[:80]}, not a [start, stop) inside the {len(ids)} input_ids")
-
-
-def check_record(record: object, where: str, field: str) -> str:
-    """The record's sample id, after checking the shape docs/FORMAT.md documents (readers index it without guards)."""
-    if not isinstance(record, dict):
-        raise _fail(where, field, "must be an object")
-    missing = [k for k in ("sample_id", "turns", "messages", "input_ids", "loss_spans", "supervised_turns", "dropped") if k not in record]
-    if missing:
-        raise _fail(where, field, f"lacks {', '.join(missing)}")
-    if not isinstance(record["sample_id"], str) or not record["sample_id"]:
-        raise _fail(where, f"{field}.sample_id", "must be a non-empty string")
-    if not isinstance(record["dropped"], (str, type(None))):
-        raise _fail(where, f"{field}.dropped", "must be null or a reason string")
-    for key in ("turns", "messages", "loss_spans", "supervised_turns"):
-        if not isinstance(record[key], list):
-            raise _fail(where, f"{field}.{key}", "must be a list")
-    for number, turn in enumerate(record["turns"]):
-        _check_turn(turn, where, f"{field}.turns[{number}]")
-    _check_ids_and_spans(record, where, field)
-    return record["sample_id"]
 
 
 def _chunk_records(line: bytes, where: str, number: int) -> list[dict[str, Any]]:
@@ -85,9 +37,9 @@ def _chunk_records(line: bytes, where: str, number: int) -> list[dict[str, Any]]
     try:
         chunk = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _fail(where, f"line {number}", f"is not JSON ({getattr(exc, 'msg', exc)})") from None
+        raise damaged(where, f"line {number}", f"is not JSON ({getattr(exc, 'msg', exc)})") from None
     if not isinstance(chunk, dict) or not isinstance(chunk.get("records"), list):
-        raise _fail(where, f"line {number}", 'must be an object {"records": [...]}')
+        raise damaged(where, f"line {number}", 'must be an object {"records": [...]}')
     for index, record in enumerate(chunk["records"]):
         check_record(record, where, f"line {number} records[{index}]")
     return chunk["records"]
@@ -107,10 +59,10 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str) -> dict
         f.seek(0)
         for number, line in enumerate(iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""), 1):
             if not line.endswith(b"\n"):
-                raise _fail(str(path), f"line {number}", f"is cut off (no newline) or longer than {MAX_CHUNK_BYTES} bytes")
+                raise damaged(str(path), f"line {number}", f"is cut off (no newline) or longer than {MAX_CHUNK_BYTES} bytes")
             for record in _chunk_records(line, str(path), number):
                 if record["sample_id"] in records:
-                    raise _fail(str(path), f"line {number}", f"stores sample {record['sample_id']!r} a second time")
+                    raise damaged(str(path), f"line {number}", f"stores sample {record['sample_id']!r} a second time")
                 records[record["sample_id"]] = record
     return records
 
@@ -134,7 +86,7 @@ class RegeneratedStore:
             for line in iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""):
                 if not line.endswith(b"\n"):
                     if f.read(1):
-                        raise _fail(str(self.path), f"line {number + 1}", f"is longer than {MAX_CHUNK_BYTES} bytes")
+                        raise damaged(str(self.path), f"line {number + 1}", f"is longer than {MAX_CHUNK_BYTES} bytes")
                     break  # a kill mid-append leaves at most one partial last line
                 number += 1
                 for record in _chunk_records(line, str(self.path), number):

@@ -46,7 +46,7 @@ from hs_dataset.hub.index import DEFAULT_INDEX_FILE_BYTES, IndexFiles, write_ind
 from hs_dataset.hub.layout import FIGURES_FOLDER, README, REPO_TYPE, SHARDS_FOLDER
 from hs_dataset.hub.public import public_manifest, public_run_report
 from hs_dataset.hub.repo_state import remote_files, remote_readme
-from hs_dataset.run_report import RUN_REPORT_NAME
+from hs_dataset.pipeline.run_report import RUN_REPORT_NAME
 
 __all__ = ["push_to_hub", "PushOptions", "PushReport", "DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hs_dataset.formats.regenerated_record import NOT_REGENERABLE, ConversationRecord, TurnOutcome
 from hs_dataset.regenerate.generator import GenerationParams, GenerationResult
-from hs_dataset.regenerate.records import NOT_REGENERABLE, ConversationRecord, TurnOutcome
 from hs_dataset.regenerate.turns import TurnRenderer, assemble, regenerable_turns, splice
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.report import MalformedRowError

@@ -3,7 +3,7 @@
 Samples arrive in source order; each comes out as the sample to capture over its
 regenerated conversation, once that conversation's record is stored
 (``formats/regenerated.py``). How turns are scheduled follows the generator
-(``session.make_generator``): the in-process model answers fixed windows of the source
+(the capture backend's ``generator``): the in-process model answers fixed windows of the source
 order, turn k of a window together (``windows.py``), so a resumed build writes the same
 turns; SGLang servers are kept busy by a pump that carries ``in_flight`` conversations at
 once and hands each on to capture as it finishes (``pump.py``), in groups that fill one prefill
@@ -18,11 +18,12 @@ from typing import Any, Iterable, Iterator
 
 from hs_dataset.config import Card
 from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated_record import ConversationRecord
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import GenerationParams, Generator, StreamingGenerator
 from hs_dataset.regenerate.progress import RegenerationProgress
 from hs_dataset.regenerate.pump import ConversationPump
-from hs_dataset.regenerate.records import ConversationRecord, RegenerationReport
+from hs_dataset.regenerate.report import RegenerationReport
 from hs_dataset.regenerate.turns import TurnRenderer
 from hs_dataset.regenerate.windows import regenerate_in_windows
 from hs_dataset.sample import TokenizedSample, bursts
@@ -36,7 +37,7 @@ DEFAULT_BATCH_ROWS = 16  # conversations per window of a batch generator when th
 
 def _stop_ids(chat: ChatTokenizer, tokenizer: Any) -> tuple[int, ...]:
     """End-of-turn ids: the mask rule's end token (``<|im_end|>``) and the tokenizer's EOS."""
-    ids = [getattr(getattr(chat, "_compiled", None), "end_id", None), tokenizer.eos_token_id]
+    ids = [chat.end_of_turn_id, tokenizer.eos_token_id]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
 

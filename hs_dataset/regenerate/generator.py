@@ -15,13 +15,13 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 
-__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator", "StreamingGenerator"]
+from hs_dataset.formats.regenerated_record import Finish
 
-Finish = Literal["stop", "length", "failed"]
+__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator", "StreamingGenerator"]
 
 
 @dataclass(frozen=True)

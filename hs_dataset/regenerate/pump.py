@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated_record import ConversationRecord
 from hs_dataset.regenerate.conversation import Conversation, Finished, TurnRules
 from hs_dataset.regenerate.generator import GenerationResult, StreamingGenerator
-from hs_dataset.regenerate.records import ConversationRecord
 from hs_dataset.sample import TokenizedSample
 
 __all__ = ["ConversationPump"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hs_dataset.sources.chat import ChatTokenizer, _needs_sanitize
+from hs_dataset.sources.chat import ChatTokenizer
 from hs_dataset.sources.messages import Conversation
 from hs_dataset.sources.template_guard import RowBudget
 
@@ -60,15 +60,10 @@ class TurnRenderer:
         kwargs: dict[str, Any] = {}
         if self.thinking is not None:
             kwargs["thinking"] = self.thinking
-        if getattr(self.chat, "_sanitize", False) and self._may_hold_control_text(messages, tools):
+        if self.chat.sanitizes and self.chat.may_need_sanitizing(messages, tools):
             kwargs["sanitize_control_tokens"] = True
         out = self.chat.apply(messages, tools, what="a generation prompt", budget=budget, add_generation_prompt=generation_prompt, **kwargs)
         return list(out["input_ids"])
-
-    def _may_hold_control_text(self, messages: list[dict[str, Any]], tools: Any) -> bool:
-        """Whether sanitizing could change this rendering (the chat's own test, ``sources/chat.py``): costly, so only then."""
-        pattern = getattr(self.chat, "_control_text", None)
-        return pattern is None or _needs_sanitize(messages, pattern) or _needs_sanitize(tools, pattern)
 
     def message(self, generated: list[int], stop_ids: tuple[int, ...]) -> dict[str, Any]:
         """The assistant message the ids spell: reasoning before ``</think>``, the answer after it."""

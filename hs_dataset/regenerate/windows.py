@@ -15,9 +15,9 @@ from typing import Callable, Iterable, Iterator
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated_record import ConversationRecord
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import Generator
-from hs_dataset.regenerate.records import ConversationRecord
 from hs_dataset.sample import TokenizedSample, batches
 
 __all__ = ["regenerate_in_windows"]

@@ -10,7 +10,8 @@ prompt and the mask. Where it is unavailable, such rows are rejected instead.
 
 Sanitizing costs transformers two rebuilds of ``added_tokens_decoder`` per call, and
 it changes nothing for a row whose strings hold no control token and no marker
-character, so such rows skip it (``_control_text_pattern``, ``_needs_sanitize``).
+character, so such rows skip it (``_control_text_pattern``, ``_needs_sanitize``;
+:meth:`ChatTokenizer.may_need_sanitizing` asks it for one rendering).
 """
 
 from __future__ import annotations
@@ -123,6 +124,21 @@ class ChatTokenizer:
     def rule_name(self) -> str:
         return "generation" if self.rule == "generation" else self.rule.name
 
+    @property
+    def end_of_turn_id(self) -> int | None:
+        """The marker rule's end-of-turn token id (``<|im_end|>``); None under the ``generation`` rule."""
+        return self._compiled.end_id if self._compiled is not None else None
+
+    @property
+    def sanitizes(self) -> bool:
+        """Whether control tokens inside message text are encoded as plain text (``sanitize_control_tokens``)."""
+        return self._sanitize
+
+    def may_need_sanitizing(self, messages: Any, tools: Any) -> bool:
+        """Whether sanitizing could change the rendering of ``messages`` and ``tools``: it is costly, so asked first."""
+        pattern = self._control_text
+        return pattern is None or _needs_sanitize(messages, pattern) or _needs_sanitize(tools, pattern)
+
     def _harden(self, tools: Any) -> None:
         """Put the size guard into the template transformers will render for these tools (once per template)."""
         get = getattr(self.tokenizer, "get_chat_template", None)
@@ -171,8 +187,7 @@ class ChatTokenizer:
             ids = list(out["input_ids"])
             return ids, [bool(x) for x in out["assistant_masks"]]
         if self._sanitize:
-            pattern = self._control_text
-            if pattern is None or _needs_sanitize(conv.messages, pattern) or _needs_sanitize(conv.tools, pattern):
+            if self.may_need_sanitizing(conv.messages, conv.tools):
                 out = self._apply(conv, budget, sanitize_control_tokens=True)
             else:
                 out = self._apply(conv, budget)

@@ -10,7 +10,7 @@
         print(ds.stats.summary())     # samples/s, tokens/s, cache hit rate, requests
 
 Each epoch walks the source's samples exactly as ``build_dataset`` forms them (one
-``CaptureSession``, ``session.py``). A sample already in the cache is read from it; the
+``CaptureSession``, ``pipeline/session.py``). A sample already in the cache is read from it; the
 others are captured from the server with many requests in flight (``capture_stream``),
 yielded, and written to the cache (``streaming/cache.py``), a normal dataset directory
 (``ShardWriter``: verified shards, atomic manifest) that ``open_dataset`` and
@@ -59,7 +59,7 @@ from hs_dataset.formats.encoding import all_finite
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.paths import check_local_path
 from hs_dataset.sample import CapturedSample, TokenizedSample
-from hs_dataset.session import CaptureSession, as_card
+from hs_dataset.pipeline.session import CaptureSession, as_card
 from hs_dataset.streaming.cache import MANIFEST_ENTRY_BYTES, StreamCache, Where, disk_bytes
 from hs_dataset.streaming.stats import StreamStats
 from hs_dataset.training import shift_sample

@@ -28,7 +28,7 @@ from hs_dataset import open_dataset
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure
 from hs_dataset.errors import FormatError, IntegrityError, SourceError, UnsupportedFormatError
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.build import build_dataset
+from hs_dataset.pipeline.build import build_dataset
 from hs_dataset.sample import CapturedSample
 from hs_dataset.sources import SampleRules, iter_samples, load_samples
 

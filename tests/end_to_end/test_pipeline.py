@@ -13,7 +13,7 @@ import torch
 from hs_dataset import open_dataset
 from hs_dataset.cli.main import main as cli_main
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.build import build_dataset
+from hs_dataset.pipeline.build import build_dataset
 
 N = 10
 
@@ -89,7 +89,7 @@ def test_bad_rows_are_counted_in_the_run_report(tmp_path, hf_backend, tiny_card)
 
 def _crash_build(out, env):
     code = (
-        "import sys; from hs_dataset.config import load_card; from hs_dataset.build import build_dataset;"
+        "import sys; from hs_dataset.config import load_card; from hs_dataset.pipeline.build import build_dataset;"
         f"build_dataset(load_card('tiny-deepseek-hf'), sys.argv[1], num_samples={N}, batch_size=2, shard_bytes=40_000)"
     )
     return subprocess.run([sys.executable, "-c", code, str(out)], env=env).returncode

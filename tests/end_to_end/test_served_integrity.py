@@ -294,7 +294,7 @@ def test_served_rows_must_be_the_ones_the_load_built(built, match, tmp_path):
 
 def test_load_dataset_refuses_a_work_dir_another_build_filled(tiny_card, hf_backend, tmp_path):
     import hs_dataset
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     work = tmp_path / "work"
     build_dataset(tiny_card, work / "part-00000-of-00001", num_samples=6, backend=hf_backend)
@@ -586,7 +586,7 @@ def test_public_run_report_keeps_urls_and_counts():
 
 
 def test_a_push_carries_no_local_path(tiny_card, hf_backend, standin, api, tmp_path):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.hub.upload import push_to_hub
 
     out = tmp_path / "local-build-dir" / "tiny"
@@ -606,7 +606,7 @@ def test_a_push_carries_no_local_path(tiny_card, hf_backend, standin, api, tmp_p
 # ============================================================================ 7. one over-long row id
 @pytest.mark.parametrize("length", [1025, 2000, 100_000])
 def test_an_over_long_row_id_is_counted_and_skipped(length, tiny_card, hf_backend, tmp_path):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.sources import bundled_conversations_path
 
     rows = [json.loads(line) for line in Path(bundled_conversations_path()).read_text().splitlines()[:4]]
@@ -620,7 +620,7 @@ def test_an_over_long_row_id_is_counted_and_skipped(length, tiny_card, hf_backen
 
 
 def test_an_id_of_exactly_the_limit_is_kept(tiny_card, hf_backend, tmp_path):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.sources import bundled_conversations_path
 
     row = json.loads(Path(bundled_conversations_path()).read_text().splitlines()[0])

@@ -60,7 +60,7 @@ class QuantizingServer(CaptureBackend):
 
 
 def test_one_nan_scale_from_the_server_is_quarantined_not_a_build_abort(tmp_path, tiny_model_dir, tiny_card):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.reader import open_dataset
 
     rows = [{"id": f"row-{i}", "input_ids": list(range(5, 12 + i)), "loss_mask": [1] * (7 + i)} for i in range(6)]

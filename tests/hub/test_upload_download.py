@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Use .content=<...>. to upload ra
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_card, hf_backend):
     """A real build: 4 conversations through the tiny DeepseekV3, one sample per shard."""
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     out = tmp_path_factory.mktemp("built") / CONFIG
     build_dataset(tiny_card, out, num_samples=4, backend=hf_backend, shard_bytes=60_000)
@@ -286,7 +286,7 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
 @pytest.fixture(scope="module")
 def own_card(tmp_path_factory, tiny_card, hf_backend):
     """A card file of the user's own (not a shipped name) with Hub metadata, and a dataset built from it."""
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.config import load_card
 
     raw = tiny_card.to_dict()

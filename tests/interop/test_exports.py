@@ -192,7 +192,7 @@ def test_specforge_loads_with_specforge_offline_reader(src: Path, tmp_path: Path
 
 def test_specforge_post_norm_matches_real_transformers_state(tiny_card, hf_backend, tmp_path: Path) -> None:
     """The derived post-norm state vs transformers' own hidden_states[-1] (after model.norm), float32."""
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     src = tmp_path / "tiny"
     build_dataset(tiny_card, src, num_samples=4, backend=hf_backend)
@@ -434,7 +434,7 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
 
 def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None:
     from hs_dataset.cli.main import main
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     src = tmp_path / "tiny"
     build_dataset(tiny_card, src, num_samples=2, backend=hf_backend)

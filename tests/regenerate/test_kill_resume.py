@@ -55,7 +55,7 @@ def regen_card(tiny_model: str):
 
 
 CHILD = (
-    "import sys; from hs_dataset.config import load_card; from hs_dataset.build import build_dataset\n"
+    "import sys; from hs_dataset.config import load_card; from hs_dataset.pipeline.build import build_dataset\n"
     "card = load_card('tiny-deepseek-sglang').with_overrides(regenerate={'enabled': True, 'max_new_tokens': %d, 'thinking': 'off', "
     "'concurrency': 4}, model={'path': sys.argv[3]})\n"
     "build_dataset(card, sys.argv[1], source=sys.argv[2], servers=[sys.argv[4]])\n" % NEW_TOKENS
@@ -72,7 +72,7 @@ def chats(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("point", ["regenerate.after_turn:6", "regenerate.mid_chunk:2", "regenerate.after_chunk:2"])
 def test_kill_during_regeneration_then_resume(point, tmp_path, chats, capture_server, tiny_model, python_env):
     import hs_dataset
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.verify import verify_dataset
 
     out = tmp_path / "ds"

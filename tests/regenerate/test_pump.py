@@ -79,7 +79,7 @@ def rules(tokenizer) -> TurnRules:
     from hs_dataset.sources.masking import resolve_mask_rule
 
     chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
-    stop = chat._compiled.end_id
+    stop = chat.end_of_turn_id
     return TurnRules(TurnRenderer(chat, False), GenerationParams(max_new_tokens=4, stop_token_ids=(stop,)))
 
 

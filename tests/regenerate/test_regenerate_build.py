@@ -52,7 +52,7 @@ def chats(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory, tiny_card, hf_backend, chats):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     out = tmp_path_factory.mktemp("regen") / "ds"
     report = build_dataset(regen_card(tiny_card), out, source=str(chats), backend=hf_backend)
@@ -150,7 +150,7 @@ def test_kill_during_regeneration_then_resume_equals_uninterrupted(tmp_path, reg
 
     out = tmp_path / "killed"
     script = (
-        "import sys; from hs_dataset.config import load_card; from hs_dataset.build import build_dataset\n"
+        "import sys; from hs_dataset.config import load_card; from hs_dataset.pipeline.build import build_dataset\n"
         "card = load_card('tiny-deepseek-hf').with_overrides(regenerate={'enabled': True, 'max_new_tokens': %d, "
         "'thinking': 'off', 'concurrency': 2}, backend={'batch_size': 2}, model={'path': sys.argv[3]})\n"
         "build_dataset(card, sys.argv[1], source=sys.argv[2], device='cpu')\n" % NEW_TOKENS
@@ -192,7 +192,7 @@ def test_push_publishes_the_regenerated_conversations(regenerated):
 
 
 def test_drop_policy_counts_and_drops(tmp_path, tiny_card, hf_backend, chats):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     report = build_dataset(regen_card(tiny_card, policy="drop", max_new_tokens=2), tmp_path / "d", source=str(chats), backend=hf_backend, num_samples=2)
     regen = report.regeneration
@@ -267,7 +267,7 @@ def test_verify_reports_a_kept_conversation_missing_from_the_shards(tmp_path, re
 
 @pytest.fixture(scope="module")
 def rank_parts(tmp_path_factory, tiny_card, hf_backend, chats) -> list[Path]:
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     root = tmp_path_factory.mktemp("regen-ranks")
     for rank in range(2):

@@ -16,7 +16,7 @@ def chat(tiny_model_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
     chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
-    assert chat._sanitize and chat._control_text is not None, "this tokenizer no longer exercises the fast path"
+    assert chat.sanitizes and chat._control_text is not None, "this tokenizer no longer exercises the fast path"
     return chat
 
 

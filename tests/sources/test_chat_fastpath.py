@@ -88,7 +88,7 @@ def bundled() -> list[Conversation]:
 def test_bundled_conversations_equal_forced_sanitize_and_skip_it(tok):
     counting = CountingTokenizer(tok)
     chat = ChatTokenizer(counting, resolve_mask_rule(tok))
-    assert chat._sanitize and chat._control_text is not None
+    assert chat.sanitizes and chat._control_text is not None
     convs = bundled()
     assert len(convs) > 10
     for conv in convs:

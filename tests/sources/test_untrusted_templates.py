@@ -152,7 +152,7 @@ LOOPING = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{
 
 def test_build_stops_naming_the_template_when_every_row_fails_the_same_way(tmp_path, tiny_card, hf_backend):
     """A looping template stopped at 5 s a row, but 42 rows took 3.6 min and wrote nothing."""
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     template = tmp_path / "looping.jinja"
     template.write_text(LOOPING + ASSISTANT_TAIL)
@@ -169,7 +169,7 @@ def test_build_stops_naming_the_template_when_every_row_fails_the_same_way(tmp_p
 
 def test_build_goes_on_when_some_rows_render(tmp_path, tiny_card, hf_backend):
     """Rows the template refuses before any row rendered do not stop a build whose later rows render."""
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     refuse = "{% if messages[0].content.startswith('BAD') %}{{ raise_exception('no') }}{% endif %}"
     rows = [{"id": f"bad{i}", "messages": [{"role": "user", "content": f"BAD {i}"}, {"role": "assistant", "content": "x"}]} for i in range(3)]

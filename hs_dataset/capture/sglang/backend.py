@@ -29,12 +29,13 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
-from hs_dataset.config import Card, SGLangBackendSection
+from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.weights import check_weights
 from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
+from hs_dataset.regenerate.generator import Generator
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.capture.sglang.attempts import (
     Action,
@@ -46,9 +47,11 @@ from hs_dataset.capture.sglang.attempts import (
     refusal_verdict,
     retry_pause,
 )
+from hs_dataset.capture.sglang.capacity import in_flight, prefill_tokens
 from hs_dataset.capture.sglang.diagnose import GRACE_S, HookReport, diagnose, read_report
 from hs_dataset.capture.sglang.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
 from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
+from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
 from hs_dataset.capture.sglang.support import verification
 from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
@@ -370,6 +373,22 @@ class SGLangBackend(CaptureBackend):
 
     def in_flight(self, batch_size: int) -> int:
         return max(int(batch_size), self.concurrency)
+
+    def generator(self, regenerate: RegenerateSection, tokenizer: Any) -> Generator:
+        """An SGLang generation client on these servers, in flight as many requests as their memory holds (``capacity.in_flight``)."""
+        section = self.section
+        sized = in_flight([e.server_info for e in self.endpoints], regenerate.max_new_tokens, regenerate.concurrency)
+        info = self.info()
+        return SGLangGenerator(
+            [e.url for e in self.endpoints], concurrency=sized.requests, in_flight_source=sized.source,
+            model_fingerprint=info.model_fingerprint, vocab_size=info.vocab_size,
+            request_timeout_s=regenerate.generation_timeout_s(section.request_timeout_s), retries=section.retries,
+            backoff_s=section.backoff_s, cooldown_s=section.endpoint_cooldown_s, max_response_bytes=section.max_response_bytes,
+        )
+
+    def capture_burst(self, batch_size: int) -> tuple[int, int] | None:
+        """One prefill batch of the servers (``capacity.prefill_tokens``), or as many samples as capture keeps in flight."""
+        return prefill_tokens([e.server_info for e in self.endpoints]), self.in_flight(batch_size)
 
     def capture_stream(self, samples: Iterable[TokenizedSample], batch_size: int) -> Iterator[CaptureResult]:
         """Keep ``max(batch_size, concurrency)`` requests in flight; yield results as they complete."""

@@ -33,7 +33,7 @@ class SGLangGenerator(StreamingGenerator):
     """Continue prompts on SGLang servers: each request goes to the least loaded healthy one.
 
     ``concurrency``: requests :meth:`generate` keeps in flight, and the :attr:`in_flight`
-    the engine keeps (``session.make_generator`` sizes it from what the servers report,
+    the engine keeps (``SGLangBackend.generator`` sizes it from what the servers report,
     ``capacity.py``). A request that fails on a server (no connection, a timeout, HTTP
     5xx or 429) takes that server out of rotation for ``cooldown_s`` (doubling while it
     keeps failing) and is sent to another, so a slow or dead server does not stall the

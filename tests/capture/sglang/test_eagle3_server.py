@@ -63,7 +63,7 @@ def test_sglang_data_of_the_verifier_equals_the_hf_backend(lib, ci_verifier, hf_
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import load_card
     from hs_dataset.formats.reader import open_dataset
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.capture.serve import launch, plan_server
     from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.sglang
 
 
 def test_a_final_only_card_captures_and_stores_the_final_state_alone(card, tiny_model, hs_tmp, hf_model, tmp_path):
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.formats.verify import verify_dataset
 

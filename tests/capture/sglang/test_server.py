@@ -310,8 +310,7 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
     from hs_dataset.regenerate.generator import GenerationParams
     from hs_dataset.capture.sglang.generate import SGLangGenerator, parse_output
     from hs_dataset.formats.regenerated import RegeneratedStore
-    from hs_dataset.build import build_dataset
-    from hs_dataset.session import capture_burst
+    from hs_dataset.pipeline.build import build_dataset
 
     src = tmp_path / "chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in REGEN_CHATS))
@@ -320,7 +319,7 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
     try:
         report = build_dataset(regen_card, tmp_path / "ds", source=str(src), backend=be)
         # finished conversations went to capture in groups of one prefill batch: the server's own chunk size
-        assert capture_burst(regen_card, be) == (CHUNK, max(regen_card.backend.batch_size, regen_card.backend.concurrency))
+        assert be.capture_burst(regen_card.backend.batch_size) == (CHUNK, max(regen_card.backend.batch_size, regen_card.backend.concurrency))
     finally:
         be.close()
     assert report.samples_written == 3 and report.regeneration["turns"] == 4 and report.regeneration["failed"] == 0

@@ -34,7 +34,7 @@ import torch
 from hs_dataset import open_dataset
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.build import build_dataset
+from hs_dataset.pipeline.build import build_dataset
 
 from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, staged_files
 from tests.fixtures.sglang_server import require_sglang_env as _require_env

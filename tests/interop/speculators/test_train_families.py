@@ -144,7 +144,7 @@ def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(trainer, q
     copy is worse: the data must hold the layers it says. Judged on 32 held-out samples
     over 4 validation passes, for two seeds (the margin varies with the seed).
     """
-    from hs_dataset.build import build_dataset
+    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.interop import export_speculators
     from hs_dataset.interop.speculators.backend import trainer_entry
 

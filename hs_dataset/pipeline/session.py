@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hs_dataset.capture.base import CaptureBackend, CaptureInfo
-from hs_dataset.config import Card, HFBackendSection, SGLangBackendSection, load_card
+from hs_dataset.config import Card, HFBackendSection, load_card
 from hs_dataset.config.run import RunOptions
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import UsageError
 from hs_dataset.model.tokenizer import load_card_tokenizer, tokenizer_info
-from hs_dataset.regenerate.generator import Generator, HFGenerator
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.iterate import SampleRules, iter_samples
 from hs_dataset.sources.read_ahead import read_ahead
@@ -25,7 +24,7 @@ from hs_dataset.sources.report import SourceReport
 from hs_dataset.sources.rows import RowSource
 
 __all__ = [
-    "CaptureSession", "as_card", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "make_generator", "open_rows",
+    "CaptureSession", "as_card", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "open_rows",
     "partition", "resolve_source",
 ]
 
@@ -46,44 +45,6 @@ def make_backend(
     from hs_dataset.capture.sglang.backend import SGLangBackend
 
     return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
-
-
-def make_generator(card: Card, backend: CaptureBackend, info: CaptureInfo, tokenizer: Any) -> Generator:
-    """The generator beside the capture backend: the same in-process model, or the same SGLang servers."""
-    model = getattr(backend, "model", None)
-    if model is not None:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-        return HFGenerator(model, pad_token_id=int(pad), model_fingerprint=info.model_fingerprint)
-    endpoints = getattr(backend, "endpoints", None)
-    if endpoints:
-        from hs_dataset.capture.sglang.capacity import in_flight
-        from hs_dataset.capture.sglang.generate import SGLangGenerator
-
-        section = card.backend
-        client = {
-            "request_timeout_s": card.regenerate.generation_timeout_s(section.request_timeout_s),
-            "retries": section.retries, "backoff_s": section.backoff_s,
-            "cooldown_s": section.endpoint_cooldown_s, "max_response_bytes": section.max_response_bytes,
-        } if isinstance(section, SGLangBackendSection) else {"request_timeout_s": getattr(backend, "request_timeout_s", 600.0)}
-        sized = in_flight([e.server_info for e in endpoints], card.regenerate.max_new_tokens, card.regenerate.concurrency)
-        return SGLangGenerator(
-            [e.url for e in endpoints], concurrency=sized.requests, in_flight_source=sized.source,
-            model_fingerprint=info.model_fingerprint, vocab_size=info.vocab_size, **client,
-        )
-    raise UsageError(f"--regenerate needs the hf or sglang backend; {type(backend).__name__} cannot generate")
-
-
-def capture_burst(card: Card, backend: CaptureBackend) -> tuple[int, int] | None:
-    """(tokens, samples) a group of finished conversations fills before going to capture on SGLang servers; None elsewhere.
-
-    One prefill batch of the servers (``capacity.prefill_tokens``), or as many samples as capture keeps in flight.
-    """
-    endpoints = getattr(backend, "endpoints", None)
-    if not endpoints:
-        return None
-    from hs_dataset.capture.sglang.capacity import prefill_tokens
-
-    return prefill_tokens([e.server_info for e in endpoints]), backend.in_flight(card.backend.batch_size)
 
 
 def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.regenerate.progress import RegenerationProgress
-from hs_dataset.run_report import RunReport, save_run_report
+from hs_dataset.pipeline.run_report import RunReport, save_run_report
 from hs_dataset.sample import TokenizedSample, batches
-from hs_dataset.session import CaptureSession, as_card, capture_burst, make_generator
+from hs_dataset.pipeline.session import CaptureSession, as_card
 from hs_dataset.sources.report import SourceReport
 
 __all__ = ["build_dataset"]
@@ -64,8 +64,9 @@ def _build_dataset(card: Card | str | os.PathLike, out_dir: Path, opts: BuildOpt
 
 def _open_regeneration(session: CaptureSession, out_dir: Path, opts: BuildOptions) -> Regeneration:
     name = f"rank{opts.rank:05d}-regenerated.jsonl" if opts.world_size > 1 else "regenerated.jsonl"
-    generator = make_generator(session.card, session.backend, session.info, session.tokenizer)
-    return Regeneration(session.card, generator, session.tokenizer, out_dir, name, burst=capture_burst(session.card, session.backend))
+    card, backend = session.card, session.backend
+    generator = backend.generator(card.regenerate, session.tokenizer)
+    return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=backend.capture_burst(card.backend.batch_size))
 
 
 def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None, started: float) -> RunReport:
