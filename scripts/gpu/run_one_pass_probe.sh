@@ -8,8 +8,9 @@ OUT="${OUT:-/tmp/hs-one-pass-out}"; mkdir -p "$OUT"
 WORK=/tmp/hs-one-pass; mkdir -p "$WORK"
 eval "$(bash scripts/gpu/unpack_bundle.sh "$VERSION")"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 scripts/gpu/regenerate_setup.py --out "$WORK" --layers 8 > /dev/null || exit 2
-python3 scripts/gpu/one_pass_probe.py --model "$WORK/model" --out "$WORK/probe" "$@"
+# a Kimi-shaped DeepseekV3 with random weights (real MLA dims, MoE after one dense layer), so every layer changes the state
+python3 -c "import sys; sys.path.insert(0, 'scripts/gpu'); import check_server; check_server.build_model(__import__('pathlib').Path('$WORK/model-random'), 'bfloat16')" || exit 2
+python3 scripts/gpu/one_pass_probe.py --model "$WORK/model-random" --out "$WORK/probe" "$@"
 rc=$?
 cp "$WORK/probe/one_pass_probe.txt" "$OUT/" 2>/dev/null
 grep -E "rror|Traceback|hs_one_pass|Capture cuda graph|cuda graph" "$WORK/probe/server.log" | tail -n 40 > "$OUT/server-tail.log"
