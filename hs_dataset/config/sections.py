@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from hs_dataset.codecs.registry import ENCODINGS, STORAGE_VALUES
 from hs_dataset.layer_presets import DEFAULT_TAPS, PRESET_NAMES, TAPPED_PRESETS, preset_aux_layers
 from hs_dataset.dtypes import STATE_DTYPES
-from hs_dataset.server_patch.contract.mechanism import AUTO, CARD_CHOICES
+from hs_dataset.server_patch.contract.mechanism import AUTO, CARD_CHOICES, Mechanism
 
 __all__ = [
     "Section",
@@ -408,10 +408,9 @@ class SGLangServerSection(Section):
     )
     mechanism: MechanismChoice = Field(
         AUTO,
-        description="How aux states leave the server: `auto` (the first the installed SGLang supports), `aux_return` "
-        "(`--enable-return-aux-hidden-states`), `layer_hooks` (forward hooks on the layers) or `legacy` (the source patch "
-        "of an SGLang without forward hooks, `hs-dataset patch apply`); one the installed SGLang lacks is refused, naming "
-        "the one it has. Default `auto`.",
+        description="How aux states leave the server: `auto` (the first of these the installed SGLang supports), "
+        + ", ".join(f"`{m}` ({m.summary})" for m in Mechanism)
+        + "; one the installed SGLang lacks is refused, naming the one it has. Default `auto`.",
     )
     radix_cache: bool = Field(False, description="Keep SGLang's prefix cache on. Default false (`--disable-radix-cache`).")
     chunked_prefill_size: int | None = Field(

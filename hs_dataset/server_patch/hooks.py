@@ -187,19 +187,25 @@ class _Runtime:
             return
         ids = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         batch = BatchView.from_forward_batch(fb, input_ids=ids)
-        missing = None
-        aux = None
-        if not self.aux_slot:  # the final state only (an MTP capture): no aux layer is asked for, none is returned
-            aux = final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None
-        else:
-            aux, missing = self.mechanism.aux_states(output, taken, self.config.hf_aux_layer_ids)
+        aux, missing = self._aux_states(output, taken)
         if final is None and missing is None:
             missing = (
                 "the final-norm hook did not fire in this pass (prefill CUDA graph replay or a norm fused into an "
                 "all-reduce): pass --disable-prefill-cuda-graph and leave all-reduce fusion off"
             )
-        packed = taken.packed
-        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed or not self.aux_slot)
+        owned = aux is taken.packed or not self.aux_slot  # the hooks' own buffer: the core need not snapshot it
+        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=owned)
+
+    def _aux_states(self, output, taken: PassCapture) -> tuple[Any, str | None]:
+        """(aux states, why there are none) of the pass, as the mechanism obtains them.
+
+        With no aux layer (an MTP capture, the final state only) none is asked for and none is
+        returned: an empty ``[T, 0, H]`` beside the final state.
+        """
+        if self.aux_slot:
+            return self.mechanism.aux_states(output, taken, self.config.hf_aux_layer_ids)
+        final = taken.final
+        return (final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None), None
 
     def guard(self, fn, *args) -> None:
         started = time.perf_counter_ns()

@@ -52,6 +52,8 @@ def test_every_mechanism_has_one_launch_object_and_one_server_object():
         assert server_mechanism(mechanism.value).mechanism is mechanism
         assert CapturePath.PREFILL in launch_side.PLANS[mechanism].paths and CapturePath.PREFILL in SERVER_MECHANISMS[mechanism].paths
     assert {m for _v, m, _d in VERIFIED} <= set(Mechanism)
+    assert [m for m in Mechanism if not m.uses_forward_hooks] == [Mechanism.LEGACY]  # every member has its traits row
+    assert [m.server_flag for m in Mechanism] == ["enable_return_aux_hidden_states", None, None]
 
 
 def test_a_mechanism_reads_as_its_value_in_messages_logs_and_json():
@@ -181,3 +183,22 @@ def test_the_version_and_the_batch_fields_are_read_once(monkeypatch):
         assert compat.prefill_cuda_graph(None) == "unknown"
     finally:
         compat.reset()
+
+
+def test_a_mechanism_without_its_object_or_with_two_fails_at_import_naming_it():
+    from hs_dataset.server_patch.contract.mechanism import one_per_mechanism
+
+    class Base:
+        mechanism: Mechanism
+
+    class Hooks(Base):
+        mechanism = Mechanism.LAYER_HOOKS
+
+    with pytest.raises(TypeError, match=r"pkg: no Base for mechanism\(s\) \['aux_return', 'legacy'\]"):
+        one_per_mechanism("pkg", [], Base)
+
+    class MoreHooks(Base):
+        mechanism = Mechanism.LAYER_HOOKS
+
+    with pytest.raises(TypeError, match="pkg: two objects for mechanism layer_hooks: Hooks and MoreHooks"):
+        one_per_mechanism("pkg", [], Base)

@@ -339,7 +339,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
     hook_config: dict[str, Any] = {
         "staging_dir": staging_dir,
         "hf_aux_layer_ids": capture.hf_ids,
-        "mechanism": capture.mechanism,
+        "mechanism": capture.mechanism.value,
         "module_path": target.module_path,
         "architectures": list(target.architectures),
         "num_hidden_layers": target.num_layers,

@@ -1,23 +1,21 @@
 """The server side of each capture mechanism, one object per :class:`~hs_dataset.server_patch.contract.mechanism.Mechanism`.
 
-:func:`server_mechanism` gives the object; :func:`check_server_args` the refusals of a
-server set-up for one mechanism. Adding a mechanism: its module here and one entry in
-:data:`SERVER_MECHANISMS`.
+:func:`server_mechanism` gives the object, one found in each module of this package
+(:func:`~hs_dataset.server_patch.contract.mechanism.one_per_mechanism`); :func:`check_server_args`
+the refusals of a server set-up for one mechanism. Adding a mechanism: its member in the
+contract enum and its module here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hs_dataset.server_patch.contract.mechanism import Mechanism
-from hs_dataset.server_patch.mechanisms.aux_return import AuxReturn
+from hs_dataset.server_patch.contract.mechanism import Mechanism, one_per_mechanism
 from hs_dataset.server_patch.mechanisms.base import ServerMechanism, common_problems
-from hs_dataset.server_patch.mechanisms.layer_hooks import LayerHooks
-from hs_dataset.server_patch.mechanisms.legacy import Legacy
 
 __all__ = ["SERVER_MECHANISMS", "check_server_args", "server_mechanism"]
 
-SERVER_MECHANISMS: dict[Mechanism, ServerMechanism] = {m.mechanism: m for m in (AuxReturn(), LayerHooks(), Legacy())}
+SERVER_MECHANISMS: dict[Mechanism, ServerMechanism] = one_per_mechanism(__name__, __path__, ServerMechanism)
 
 
 def server_mechanism(mechanism: Mechanism | str) -> ServerMechanism:

@@ -2,23 +2,21 @@
 
 :func:`choose` picks the card's mechanism where the installed SGLang allows it (``auto``:
 the first in the enum's order that it allows); :data:`PLANS` holds one
-:class:`~.base.MechanismPlan` per mechanism. Adding a mechanism: its member in the contract
-enum, its module here and one entry in :data:`PLANS` (a unit test holds the two together).
+:class:`~.base.MechanismPlan` per mechanism, one found in each module of this package
+(:func:`~hs_dataset.server_patch.contract.mechanism.one_per_mechanism`). Adding a mechanism:
+its member in the contract enum and its module here.
 """
 
 from __future__ import annotations
 
 from hs_dataset.capture.serve.facts import SGLangFacts
-from hs_dataset.capture.serve.mechanisms.aux_return import AuxReturnPlan
 from hs_dataset.capture.serve.mechanisms.base import Launch, MechanismPlan
-from hs_dataset.capture.serve.mechanisms.layer_hooks import LayerHooksPlan
-from hs_dataset.capture.serve.mechanisms.legacy import LegacyPlan
 from hs_dataset.capture.sglang.support import UnsupportedVersionError
-from hs_dataset.server_patch.contract.mechanism import AUTO, Mechanism
+from hs_dataset.server_patch.contract.mechanism import AUTO, Mechanism, one_per_mechanism
 
 __all__ = ["PLANS", "Launch", "MechanismPlan", "available", "choose", "plan_for"]
 
-PLANS: dict[Mechanism, MechanismPlan] = {p.mechanism: p for p in (AuxReturnPlan(), LayerHooksPlan(), LegacyPlan())}
+PLANS: dict[Mechanism, MechanismPlan] = one_per_mechanism(__name__, __path__, MechanismPlan)
 
 
 def plan_for(mechanism: Mechanism | str) -> MechanismPlan:
