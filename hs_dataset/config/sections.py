@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from hs_dataset.codecs.registry import ENCODINGS, STORAGE_VALUES
 from hs_dataset.layer_presets import DEFAULT_TAPS, PRESET_NAMES, TAPPED_PRESETS, preset_aux_layers
 from hs_dataset.dtypes import STATE_DTYPES
+from hs_dataset.server_patch.contract.mechanism import AUTO, CARD_CHOICES, Mechanism
 
 __all__ = [
     "Section",
@@ -40,6 +41,7 @@ MAX_SHARD_BYTES = 4 * 1024**3 - 1  # shards stay < 4 GiB (32-bit offsets in some
 
 StateDtypeName = Literal[STATE_DTYPES]  # type: ignore[valid-type]  # one list: hs_dataset.dtypes
 PresetName = Literal[PRESET_NAMES]  # type: ignore[valid-type]  # one list: hs_dataset.layer_presets
+MechanismChoice = Literal[CARD_CHOICES]  # type: ignore[valid-type]  # one list: server_patch.contract.mechanism.Mechanism
 
 
 def _scalar_to_str(value: Any) -> Any:
@@ -404,10 +406,11 @@ class SGLangServerSection(Section):
     module_path: str | None = Field(
         None, description="Decoder-stack module the hooks attach to. Default null: `model.text_module`, else `model`."
     )
-    mechanism: Literal["auto", "aux_return", "layer_hooks"] = Field(
-        "auto",
-        description="How aux states leave the server: `auto` (what the installed SGLang supports), `aux_return` "
-        "(`--enable-return-aux-hidden-states`) or `layer_hooks` (forward hooks on the layers). Default `auto`.",
+    mechanism: MechanismChoice = Field(
+        AUTO,
+        description="How aux states leave the server: `auto` (the first of these the installed SGLang supports), "
+        + ", ".join(f"`{m}` ({m.summary})" for m in Mechanism)
+        + "; one the installed SGLang lacks is refused, naming the one it has. Default `auto`.",
     )
     radix_cache: bool = Field(False, description="Keep SGLang's prefix cache on. Default false (`--disable-radix-cache`).")
     chunked_prefill_size: int | None = Field(

@@ -8,6 +8,11 @@ environment (``make sglang-env``); ``pyproject.toml``'s import-linter contracts 
 it. The package ``__init__`` imports nothing.
 
 * :mod:`.hooks` -- ``--forward-hooks`` factories (SGLang 0.5.9+), one runtime per process;
+* :mod:`.mechanisms` -- one object per capture mechanism: the server arguments it refuses, how
+  the model hook obtains a pass's aux states;
+* :mod:`.compat` -- what differs between SGLang releases (server args, ranks, request ids ...),
+  each detected once;
+* :mod:`.setup_error` -- :class:`~.setup_error.SetupError`, a server set-up refused at start-up;
 * :mod:`.config` -- :class:`~.config.CaptureConfig`, from the hook config or ``HS_CAPTURE_*`` env vars;
 * :mod:`.core` -- the capture core (prefill-pass filter, chunk assembly, refusals, flush/close);
 * :mod:`.batch` -- a forward pass as the core sees it, split into per-request rows;
@@ -18,6 +23,7 @@ it. The package ``__init__`` imports nothing.
 * :mod:`.copier`, :mod:`.copy_pump` -- device -> host copies (pinned slab, slices on a side stream);
 * :mod:`.reporter` -- the status file the client reads when a dump is late;
 * :mod:`.legacy` -- the source patch of SGLang <= 0.5.5 and the hook it calls (the same core);
-* :mod:`.cpu_support` -- what a CPU test server needs (an ``sgl_kernel`` stand-in, shims);
-* :mod:`.contract` -- the dump and status contract both sides share.
+* :mod:`.cpu_support` -- what every CPU server needs (an ``sgl_kernel`` stand-in, shims, the MLA handler);
+* :mod:`.contract` -- the dump and status contract both sides share, and the one
+  :class:`~.contract.mechanism.Mechanism` enum.
 """

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from hs_dataset.codecs.registry import STORAGE_VALUES, encoding_of_storage
+from hs_dataset.server_patch.contract.mechanism import DEFAULT_MECHANISM, Mechanism
 
 __all__ = ["CaptureConfig", "ENV_PREFIX"]
 
@@ -40,7 +41,7 @@ class CaptureConfig:
     staging_dir: str
     hf_aux_layer_ids: tuple[int, ...]
     rid_prefix: str = "hs-"
-    mechanism: str = "aux_return"
+    mechanism: Mechanism = DEFAULT_MECHANISM  # a string is accepted and parsed (the JSON config carries the value)
     module_path: str = "model"
     sglang_aux_layer_ids: tuple[int, ...] | None = None
     architectures: tuple[str, ...] = ()
@@ -58,7 +59,6 @@ class CaptureConfig:
     content_keys: bool = True
     storage: str = "native"
 
-    MECHANISMS = ("aux_return", "layer_hooks", "legacy")
     STORAGES = STORAGE_VALUES
 
     def __post_init__(self) -> None:
@@ -71,8 +71,7 @@ class CaptureConfig:
             raise ValueError(f"capture config: hf_aux_layer_ids must be ascending and >= 0, got {ids}")
         if not self.rid_prefix.startswith("hs-") or not all(c.isalnum() or c == "-" for c in self.rid_prefix):
             raise ValueError(f"capture config: rid_prefix must start with 'hs-' and hold only [a-z0-9-], got {self.rid_prefix!r}")
-        if self.mechanism not in self.MECHANISMS:
-            raise ValueError(f"capture config: mechanism must be one of {self.MECHANISMS}, got {self.mechanism!r}")
+        object.__setattr__(self, "mechanism", Mechanism.parse(self.mechanism, "capture config"))
         for name in ("max_staging_bytes", "max_staging_files", "writer_threads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"capture config: {name} must be >= 1")
@@ -132,7 +131,7 @@ class CaptureConfig:
         out = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            out[name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value.value if isinstance(value, Mechanism) else value
         return out
 
 

@@ -12,20 +12,13 @@ siblings of this package only. ``hs-dataset serve`` writes the hook specs; by ha
 (``model`` -> ``language_model.model`` for Kimi-K2.5.) All specs of one server must carry
 the same ``CFG`` (see :class:`~hs_dataset.server_patch.config.CaptureConfig`).
 
-Mechanisms (``CFG["mechanism"]``):
-
-``aux_return`` (SGLang 0.5.23+)
-    the server runs with ``--enable-return-aux-hidden-states --speculative-algorithm
-    EAGLE3 --return-aux-hidden-state-layer-ids ...``, so ``model`` returns
-    ``(post_norm_hidden, aux [T, K*H])`` -- SGLang itself gathers complete states at
-    the layer boundaries, whatever the parallel layout. The ``model.norm`` hook adds
-    the pre-norm final state (its ``output[1]``, the residual sum the norm consumed).
-``layer_hooks`` (SGLang 0.5.9 - 0.5.19)
-    hooks on ``embed_tokens`` / ``layers.{i-1}`` (one spec per aux id, with
-    ``CFG["hook_hf_id"]``) record ``hidden + residual`` of each decoder layer output;
-    valid only where layer outputs are complete sums and the layer still returns its
-    residual: the first ``layer_hook`` reads the loaded decoder class's ``forward``
-    (``layer_outputs.layer_hooks_problem``) and refuses to start otherwise (0.5.23).
+Mechanisms (``CFG["mechanism"]``, a :class:`~hs_dataset.server_patch.contract.mechanism.Mechanism`):
+what differs between them -- the server arguments each refuses and how the model hook
+obtains a pass's aux states -- is the mechanism's object in
+:mod:`hs_dataset.server_patch.mechanisms` (``aux_return``: SGLang 0.5.23+ returns them;
+``layer_hooks``: 0.5.9 - 0.5.19, one ``layer_hook`` spec per aux id with
+``CFG["hook_hf_id"]``). What differs between SGLang releases is read once by
+:mod:`hs_dataset.server_patch.compat`.
 
 With no aux layer (``hf_aux_layer_ids: []``, the final state only) either mechanism
 runs without aux flags or layer hooks: the norm hook alone supplies the state, and
@@ -37,8 +30,6 @@ requests and handed to the core; the norm/layer hooks only park tensors for it.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 import os
 import threading
@@ -47,12 +38,16 @@ from typing import Any, Mapping
 
 import torch
 
-from hs_dataset.errors import HsDatasetError
+from hs_dataset.server_patch import compat
 from hs_dataset.server_patch.batch import PREFILL_MODES, BatchView
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.contract.mechanism import Mechanism
 from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.mechanisms import check_server_args, server_mechanism
+from hs_dataset.server_patch.mechanisms.base import PassCapture
+from hs_dataset.server_patch.mechanisms.layer_hooks import check_layer_outputs
+from hs_dataset.server_patch.setup_error import SetupError
 from hs_dataset.server_patch.states import prepare_quantizer
-from hs_dataset.server_patch.contract.layer_outputs import layer_hooks_problem
 
 __all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]
 
@@ -61,124 +56,7 @@ logger = logging.getLogger("hs_dataset.server_patch")
 _RUNTIME: "_Runtime | None" = None
 _RUNTIME_LOCK = threading.Lock()
 
-
-class SetupError(HsDatasetError, RuntimeError):
-    """The server is configured in a way capture cannot be correct for; raised at start-up."""
-
-
-def sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:
-        try:
-            import sglang
-
-            return str(getattr(sglang, "__version__", "unknown"))
-        except Exception:
-            return "unknown"
-
-
-def _server_args() -> Any | None:
-    try:
-        from sglang.srt.runtime_context import get_server_args  # 0.5.23
-
-        return get_server_args()
-    except Exception:
-        pass
-    try:
-        from sglang.srt.server_args import get_global_server_args  # 0.5.9 - 0.5.19
-
-        return get_global_server_args()
-    except Exception:
-        return None
-
-
-def _attention_ranks() -> tuple[int, int, str]:
-    """(attention-TP rank, attention-DP rank, source) of this process."""
-    try:
-        from sglang.srt.runtime_context import get_parallel  # 0.5.23
-
-        p = get_parallel()
-        tp = int(p.attn_tp_rank)
-        try:
-            dp = int(p.attn_dp_rank)
-        except Exception:
-            dp = 0
-        return tp, dp, "runtime_context"
-    except Exception:
-        pass
-    try:
-        from sglang.srt.layers.dp_attention import get_attention_dp_rank, get_attention_tp_rank
-
-        return int(get_attention_tp_rank()), int(get_attention_dp_rank()), "dp_attention"
-    except Exception:
-        pass
-    from sglang.srt.distributed import get_tensor_model_parallel_rank
-
-    return int(get_tensor_model_parallel_rank()), 0, "tensor_parallel"
-
-
 ALLOW_PREFILL_GRAPH_ENV = "HS_CAPTURE_ALLOW_PREFILL_GRAPH"  # "1": start even with a prefill CUDA graph on (diagnostics only)
-
-
-def forward_batch_rids() -> bool | None:
-    """Whether the loaded ``ForwardBatch`` carries request ids (a field ``rids``); ``None`` if it cannot be found.
-
-    Read from the class this server imported, not from its version: without rids the
-    hooks key dumps by content, and the client must know which (the status file says).
-    """
-    try:
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-    except Exception:
-        return None
-    fields = getattr(ForwardBatch, "__dataclass_fields__", None)
-    return "rids" in (fields if fields is not None else getattr(ForwardBatch, "__annotations__", {}))
-
-
-def prefill_cuda_graph(args: Any) -> str:
-    """``on``, ``off``, ``absent`` (this SGLang has no prefill CUDA graph) or ``unknown``, from the resolved server args.
-
-    A prefill replayed in a CUDA graph runs no Python hook at all (SGLang 0.5.14 by default)
-    or only the outer model's (0.5.15+: no final-norm or layer hook), so capture cannot work.
-    """
-    if args is None:
-        return "unknown"
-    backend = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", None)
-    if backend is not None:
-        return "off" if str(getattr(backend, "value", backend)).lower() in ("disabled", "backend.disabled") else "on"
-    if hasattr(args, "disable_prefill_cuda_graph"):
-        off = bool(getattr(args, "disable_prefill_cuda_graph", False) or getattr(args, "disable_cuda_graph", False))
-        return "off" if off else "on"
-    return "absent"
-
-
-def check_server_args(args: Any, mechanism: str) -> list[str]:
-    """Problems that make captured states partial or token-scattered (empty list: fine)."""
-    if args is None:
-        return []
-
-    def get(name, default=None):
-        return getattr(args, name, default)
-
-    problems = []
-    if int(get("pp_size", 1) or 1) != 1:
-        problems.append("pipeline parallelism (pp_size > 1): only the last stage holds the final norm and late layers")
-    if int(get("attn_cp_size", 1) or 1) != 1 or get("enable_prefill_cp", False):
-        problems.append("context parallelism splits a prompt's tokens across ranks")
-    if get("enable_flashinfer_allreduce_fusion", False):
-        problems.append(
-            "--enable-flashinfer-allreduce-fusion leaves layer outputs as un-reduced partial sums and fuses the final "
-            "norm into the all-reduce"
-        )
-    if mechanism == "layer_hooks":
-        a2a = get("moe_a2a_backend", None)
-        if a2a not in (None, "none"):
-            problems.append(f"--moe-a2a-backend {a2a} scatters tokens across ranks between layers")
-        if get("enable_dp_attention", False) or int(get("attn_dp_size", 1) or 1) > 1:  # 0.5.23 resolves the flag
-            problems.append("DP attention scatters tokens between layers (use SGLang 0.5.23's aux_return mechanism)")
-    return problems
 
 
 class _Runtime:
@@ -187,9 +65,10 @@ class _Runtime:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.raw_config = {k: v for k, v in dict(config).items() if k != "hook_hf_id"}
         self.config = CaptureConfig.from_sources(self.raw_config)
-        self.version = sglang_version()
-        args = _server_args()
-        self.facts = {"forward_batch_rids": forward_batch_rids(), "prefill_cuda_graph": prefill_cuda_graph(args)}
+        self.mechanism = server_mechanism(self.config.mechanism)
+        self.version = compat.sglang_version()
+        args = compat.server_args()
+        self.facts = {"forward_batch_rids": compat.forward_batch_rids(), "prefill_cuda_graph": compat.prefill_cuda_graph(args)}
         problems = check_server_args(args, self.config.mechanism)
         if self.facts["prefill_cuda_graph"] == "on" and os.environ.get(ALLOW_PREFILL_GRAPH_ENV) != "1":
             problems.append(
@@ -224,7 +103,7 @@ class _Runtime:
 
     def writes(self) -> bool:
         if self._writes is None:
-            tp, dp, source = _attention_ranks()
+            tp, dp, source = compat.attention_ranks()
             self._writes = tp == 0
             if self._writes:
                 self.core = CaptureCore(
@@ -234,7 +113,7 @@ class _Runtime:
                     status_writer=f"dp{dp}",
                     facts=self.facts,
                 )
-                if str(getattr(_server_args(), "device", "")).startswith("cuda"):
+                if str(getattr(compat.server_args(), "device", "")).startswith("cuda"):
                     took = self.core.copier.prepare_pinned()
                     logger.info("hs_dataset capture: pinned %d bytes for device copies in %.1f s", self.config.pinned_pool_bytes, took)
                     took = prepare_quantizer(self.config.state_encoding, torch.device("cuda", torch.cuda.current_device()))
@@ -291,11 +170,15 @@ class _Runtime:
             self.pending_layers = set()
         return buf
 
+    def _take_pass(self) -> PassCapture:
+        """What the norm and layer hooks parked in this pass, cleared for the next one."""
+        taken = PassCapture(self.pending_final, self.pending_aux, self.pending_layers, self.layer_problem)
+        self.pending_final, self.pending_aux, self.pending_layers, self.layer_problem = None, None, set(), None
+        return taken
+
     def on_model(self, inputs, output) -> None:
-        final, self.pending_final = self.pending_final, None
-        layers, self.pending_layers = self.pending_layers, set()
-        packed, self.pending_aux = self.pending_aux, None
-        layer_problem, self.layer_problem = self.layer_problem, None
+        taken = self._take_pass()
+        final = taken.final
         fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
         if fb is None:
             return
@@ -304,40 +187,25 @@ class _Runtime:
             return
         ids = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         batch = BatchView.from_forward_batch(fb, input_ids=ids)
-        missing = None
-        aux = None
-        if not self.aux_slot:  # the final state only (an MTP capture): no aux layer is asked for, none is returned
-            aux = final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None
-        elif self.config.mechanism == "aux_return":
-            if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], torch.Tensor):
-                aux = output[1]
-            elif (  # Llama on SGLang 0.5.23: one tensor per captured layer (AuxHiddenStateList)
-                isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[1], (tuple, list))
-                and output[1] and all(isinstance(a, torch.Tensor) for a in output[1])
-            ):
-                aux = list(output[1])
-            else:
-                missing = (
-                    "the model returned no aux hidden states: start the server with --enable-return-aux-hidden-states "
-                    "--speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ... (hs-dataset serve does)"
-                )
-        else:
-            want = list(self.config.hf_aux_layer_ids)
-            lost = [i for i in want if i not in layers]
-            if lost:
-                missing = layer_problem or (
-                    f"the layer hooks for HF hidden_states {lost} recorded nothing in this pass: either they failed "
-                    "(see 'hook failed' in the server log) or a prefill CUDA graph replayed the layers without running "
-                    "hooks (pass --disable-prefill-cuda-graph / --disable-cuda-graph)"
-                )
-            else:
-                aux = packed
+        aux, missing = self._aux_states(output, taken)
         if final is None and missing is None:
             missing = (
                 "the final-norm hook did not fire in this pass (prefill CUDA graph replay or a norm fused into an "
                 "all-reduce): pass --disable-prefill-cuda-graph and leave all-reduce fusion off"
             )
-        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=aux is packed or not self.aux_slot)
+        owned = aux is taken.packed or not self.aux_slot  # the hooks' own buffer: the core need not snapshot it
+        self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=owned)
+
+    def _aux_states(self, output, taken: PassCapture) -> tuple[Any, str | None]:
+        """(aux states, why there are none) of the pass, as the mechanism obtains them.
+
+        With no aux layer (an MTP capture, the final state only) none is asked for and none is
+        returned: an empty ``[T, 0, H]`` beside the final state.
+        """
+        if self.aux_slot:
+            return self.mechanism.aux_states(output, taken, self.config.hf_aux_layer_ids)
+        final = taken.final
+        return (final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None), None
 
     def guard(self, fn, *args) -> None:
         started = time.perf_counter_ns()
@@ -389,34 +257,14 @@ def norm_hook(config: Mapping[str, Any]):
     return hs_capture_norm_hook
 
 
-def _loaded_source(module: str, class_name: str) -> str | None:
-    """Source of the decoder class this server actually imports (``None`` if it cannot be found)."""
-    try:
-        return inspect.getsource(getattr(importlib.import_module(module), class_name))
-    except (ImportError, AttributeError, OSError, TypeError):
-        return None
-
-
-def _tp_size() -> int:
-    args = _server_args()
-    return int(getattr(args, "tp_size", 1) or 1) if args is not None else 1
-
-
-def check_layer_outputs(architectures: Any) -> None:
-    """:class:`SetupError` unless the loaded decoder layers return ``(hidden, residual)`` (``layer_hooks``' premise)."""
-    problem = layer_hooks_problem(architectures, _loaded_source, _tp_size())
-    if problem:
-        raise SetupError(f"hs_dataset capture cannot use mechanism 'layer_hooks' on SGLang {sglang_version()}: {problem}")
-
-
 def layer_hook(config: Mapping[str, Any]):
     """Factory for one aux layer (``layer_hooks`` mechanism); ``config["hook_hf_id"]`` names the HF index."""
     if "hook_hf_id" not in (config or {}):
         raise SetupError("hs_dataset layer_hook needs config['hook_hf_id'] (the HF hidden_states index it records)")
     hf_id = int(config["hook_hf_id"])
     rt = get_runtime(config)
-    if rt.config.mechanism != "layer_hooks":
-        raise SetupError("hs_dataset layer_hook is only used with mechanism 'layer_hooks'")
+    if not rt.mechanism.takes_layer_hooks:
+        raise SetupError(f"hs_dataset layer_hook is only used with mechanism '{Mechanism.LAYER_HOOKS}'")
     check_layer_outputs(rt.config.architectures)
 
     def hs_capture_layer_hook(module, inputs, output):

@@ -758,14 +758,14 @@ def test_real_sglang_env_refuses_layer_hooks_at_planning(tmp_path):
 
 _IN_SERVER = r"""
 import json, sys
-from hs_dataset.server_patch import hooks as sglang_hooks
+from hs_dataset.server_patch import compat, hooks as sglang_hooks
 config = {"staging_dir": sys.argv[1], "hf_aux_layer_ids": [2, 3, 4], "mechanism": "layer_hooks",
           "module_path": "model", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "hook_hf_id": 2}
 try:
     sglang_hooks.layer_hook(config)
     print(json.dumps({"refused": None}))
 except sglang_hooks.SetupError as exc:
-    print(json.dumps({"refused": str(exc), "source_read": sglang_hooks._loaded_source("sglang.srt.models.deepseek_v2", "DeepseekV2DecoderLayer") is not None}))
+    print(json.dumps({"refused": str(exc), "source_read": compat.loaded_source("sglang.srt.models.deepseek_v2", "DeepseekV2DecoderLayer") is not None}))
 """
 
 
@@ -776,7 +776,7 @@ def test_hand_started_server_refuses_layer_hooks_in_process(tmp_path):
 
     _need_server_env()
     from tests.fixtures.paths import REPO as repo
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'hs_dataset' / 'sglang' / 'cpu_support'}",
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'hs_dataset' / 'server_patch' / 'cpu_support'}",
            "SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
     stage = tmp_path / "stage"
     stage.mkdir(mode=0o700)

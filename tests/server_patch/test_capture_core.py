@@ -22,6 +22,7 @@ from hs_dataset.errors import ServerValidationError
 from hs_dataset.capture.serve import layer_ids as L
 from hs_dataset.server_patch.contract.sglang_version import parse_version
 from hs_dataset.server_patch.contract.status import is_status_name
+from hs_dataset.server_patch import compat
 from hs_dataset.server_patch.batch import BatchView
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.core import CaptureCore
@@ -29,6 +30,7 @@ from hs_dataset.server_patch.contract.dump import refused_name
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 from hs_dataset.server_patch.contract.rid import content_key, make_rid, validate_rid
 from hs_dataset.server_patch.budget import StagingBudget
+from hs_dataset.server_patch.mechanisms import check_server_args
 from hs_dataset.server_patch.staging import StagingDir
 from tests.fixtures.capture_core import IDS, H, K, fake_batch, make_core, states
 
@@ -584,8 +586,8 @@ def _fresh_runtime(monkeypatch, tmp_path, **cfg):
     from hs_dataset.server_patch import hooks as sglang_hooks
 
     monkeypatch.setattr(sglang_hooks, "_RUNTIME", None)
-    monkeypatch.setattr(sglang_hooks, "_attention_ranks", lambda: (0, 0, "test"))
-    monkeypatch.setattr(sglang_hooks, "_server_args", lambda: None)
+    monkeypatch.setattr(compat, "attention_ranks", lambda: (0, 0, "test"))
+    monkeypatch.setattr(compat, "server_args", lambda: None)
     config = {"staging_dir": str(tmp_path / "stage"), "hf_aux_layer_ids": IDS, **cfg}
     return sglang_hooks, config
 
@@ -672,7 +674,7 @@ class DeepseekV2DecoderLayer:
 
 def test_layer_hooks_mechanism(monkeypatch, tmp_path):
     hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism="layer_hooks", architectures=["DeepseekV3ForCausalLM"])
-    monkeypatch.setattr(hooks, "_loaded_source", lambda module, cls: OLD_LAYER_SOURCE)  # an SGLang <= 0.5.19 layer
+    monkeypatch.setattr(compat, "loaded_source", lambda module, cls: OLD_LAYER_SOURCE)  # an SGLang <= 0.5.19 layer
     layer_fns = {i: hooks.layer_hook({**config, "hook_hf_id": i}) for i in IDS}
     norm, model = hooks.norm_hook(config), hooks.model_hook(config)
     fb = fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])
@@ -698,7 +700,7 @@ class OwedOutput:
 
 def test_a_layer_output_that_is_no_tensor_is_refused_with_the_true_reason(monkeypatch, tmp_path):
     hooks, config = _fresh_runtime(monkeypatch, tmp_path, mechanism="layer_hooks", architectures=["DeepseekV3ForCausalLM"])
-    monkeypatch.setattr(hooks, "_loaded_source", lambda module, cls: OLD_LAYER_SOURCE)
+    monkeypatch.setattr(compat, "loaded_source", lambda module, cls: OLD_LAYER_SOURCE)
     layer_fns = {i: hooks.layer_hook({**config, "hook_hf_id": i}) for i in IDS}
     norm, model = hooks.norm_hook(config), hooks.model_hook(config)
     fb = fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])
@@ -715,11 +717,9 @@ def test_a_layer_output_that_is_no_tensor_is_refused_with_the_true_reason(monkey
 
 
 def test_dp_attention_as_resolved_by_sglang_0523_is_refused_for_layer_hooks():
-    from hs_dataset.server_patch import hooks as sglang_hooks
-
     args = SimpleNamespace(enable_dp_attention=False, attn_dp_size=2)  # --dp 2 --enable-dp-attention after 0.5.23 resolves it
-    assert any("DP attention" in p for p in sglang_hooks.check_server_args(args, "layer_hooks"))
-    assert sglang_hooks.check_server_args(args, "aux_return") == []
+    assert any("DP attention" in p for p in check_server_args(args, "layer_hooks"))
+    assert check_server_args(args, "aux_return") == []
 
 
 def test_hook_configs_must_agree_and_unsafe_setups_are_refused(monkeypatch, tmp_path):
@@ -728,21 +728,20 @@ def test_hook_configs_must_agree_and_unsafe_setups_are_refused(monkeypatch, tmp_
     with pytest.raises(hooks.SetupError, match="different configs"):
         hooks.norm_hook({**config, "hf_aux_layer_ids": [2]})
     args = SimpleNamespace(pp_size=2, attn_cp_size=1, enable_flashinfer_allreduce_fusion=True, moe_a2a_backend="deepep", enable_dp_attention=True)
-    problems = hooks.check_server_args(args, "layer_hooks")
+    problems = check_server_args(args, "layer_hooks")
     assert len(problems) == 4
-    assert len(hooks.check_server_args(args, "aux_return")) == 2
+    assert len(check_server_args(args, "aux_return")) == 2
     monkeypatch.setattr(hooks, "_RUNTIME", None)
-    monkeypatch.setattr(hooks, "_server_args", lambda: args)
+    monkeypatch.setattr(compat, "server_args", lambda: args)
     with pytest.raises(hooks.SetupError, match="partial sums"):
         hooks.model_hook(config)
 
 
 def test_legacy_adapter(monkeypatch, tmp_path):
     from hs_dataset.server_patch.legacy import hook as legacy_hook
-    from hs_dataset.server_patch import hooks as sglang_hooks
 
-    monkeypatch.setattr(sglang_hooks, "_attention_ranks", lambda: (0, 0, "test"))
-    monkeypatch.setattr(sglang_hooks, "_server_args", lambda: None)
+    monkeypatch.setattr(compat, "attention_ranks", lambda: (0, 0, "test"))
+    monkeypatch.setattr(compat, "server_args", lambda: None)
     monkeypatch.setattr(legacy_hook, "_STATE", {})
     monkeypatch.setenv("HS_CAPTURE_STAGING_DIR", str(tmp_path / "stage"))
     monkeypatch.setenv("HS_CAPTURE_LAYER_IDS", "2,3,4")

@@ -19,10 +19,11 @@ Card keys read (``sglang:`` section unless noted; all optional except where said
                       rank in ``SGLANG_CPU_OMP_THREADS_BIND`` unless ``env`` sets it (:mod:`.cpu_ranks`)
 ``host`` / ``port``   listen address (default 127.0.0.1:30000)
 ``module_path``       decoder-stack module (default ``model.text_module`` or ``model``)
-``mechanism``         ``auto`` (default), ``aux_return`` or ``layer_hooks`` (refused where the installed
-                      decoder layer's ``forward`` does not return the residual: read from its source); an SGLang
-                      without forward hooks whose ``deepseek_v2.py`` carries the source patch gets ``legacy``
-                      (configured by ``HS_CAPTURE_*`` variables, chunked prefill and the radix cache off)
+``mechanism``         ``auto`` (default) or a :class:`~hs_dataset.server_patch.contract.mechanism.Mechanism`;
+                      what each needs and refuses is its object in :mod:`hs_dataset.capture.serve.mechanisms`
+                      (``layer_hooks`` is refused where the installed decoder layer's ``forward`` does not return
+                      the residual; an SGLang without forward hooks whose ``deepseek_v2.py`` carries the source
+                      patch gets ``legacy``, configured by ``HS_CAPTURE_*`` variables)
 ``radix_cache``       keep SGLang's prefix cache on (default false: ``--disable-radix-cache``)
 ``chunked_prefill_size``  passed through when set (chunks are assembled into one dump)
 ``startup_timeout_s`` seconds to wait for ``/health`` (default 900)
@@ -44,14 +45,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hs_dataset.config import Card, SGLangServerSection, card_from_dict
-from hs_dataset.capture.serve import cpu_ranks, probe
+from hs_dataset.capture.serve import cpu_ranks, mechanisms, probe
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.facts import SGLangFacts, read_facts
+from hs_dataset.capture.serve.mechanisms import Launch, MechanismPlan
 from hs_dataset.capture.serve.sizing import refuse_samples_that_cannot_fit
-from hs_dataset.capture.sglang.support import UnsupportedVersionError, mechanism_for, verification
+from hs_dataset.capture.sglang.support import UnsupportedVersionError, verification
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
-from hs_dataset.capture.serve.layer_ids import LayerIdError, layer_hook_targets, model_family, sglang_eagle3_ids, validate_hf_ids
-from hs_dataset.server_patch.contract.layer_outputs import layer_hooks_problem
+from hs_dataset.server_patch.contract.mechanism import Mechanism
+from hs_dataset.capture.serve.layer_ids import LayerIdError, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.codecs.registry import ENCODED_STORAGES
 
 __all__ = [
@@ -63,7 +65,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CPU_SUPPORT_DIR = Path(__file__).resolve().parents[1] / "cpu_support"
+# the CPU server support (hs_dataset.server_patch.cpu_support), named by path: the client never imports it
+CPU_SUPPORT_DIR = Path(__file__).resolve().parents[2] / "server_patch" / "cpu_support"
 CPU_MLA_FACTORY = "hs_dataset.server_patch.cpu_support.mla_torch_native:factory"
 DATASETS_HOOK_OFF = "HS_DATASET_DATASETS_HOOK"  # hs_dataset.datasets_hook.OFF_SWITCH (a string: launch must not import the hook)
 
@@ -77,22 +80,6 @@ _STAGING_KEYS = (
     ("orphan_ttl_s", "orphan_ttl_s"),
     ("rid_prefix", "rid_prefix"),
 )
-
-# capture config key -> the HS_CAPTURE_* variable the source patch's hook reads it from
-# (hs_dataset.server_patch.config.CaptureConfig.from_sources; a unit test holds the two together)
-LEGACY_ENV = (
-    ("staging_dir", "HS_CAPTURE_STAGING_DIR"),
-    ("hf_aux_layer_ids", "HS_CAPTURE_LAYER_IDS"),
-    ("rid_prefix", "HS_CAPTURE_RID_PREFIX"),
-    ("max_staging_bytes", "HS_CAPTURE_MAX_BYTES"),
-    ("max_staging_files", "HS_CAPTURE_MAX_FILES"),
-    ("max_wait_s", "HS_CAPTURE_MAX_WAIT_S"),
-    ("writer_threads", "HS_CAPTURE_WRITERS"),
-    ("pinned_pool_bytes", "HS_CAPTURE_PINNED_BYTES"),
-    ("orphan_ttl_s", "HS_CAPTURE_ORPHAN_TTL_S"),
-    ("storage", "HS_CAPTURE_STORAGE"),
-)
-
 
 def default_server_python() -> str:
     return os.environ.get("HS_SGLANG_PYTHON") or str(REPO_ROOT / ".sglang-venv" / "bin" / "python")
@@ -126,7 +113,7 @@ class ServerPlan:
     model_path: str
     staging_dir: str
     sglang_version: str
-    mechanism: str
+    mechanism: Mechanism
     support_status: str  # "verified by <test>" or "unverified: ..." (hs_dataset.capture.sglang.support.verification)
     hf_aux_layer_ids: list[int]
     sglang_aux_layer_ids: list[int] | None
@@ -145,7 +132,7 @@ class ServerPlan:
             f"model: {self.model_path}",
             f"aux layers: HF hidden_states {self.hf_aux_layer_ids}"
             + (f" -> --return-aux-hidden-state-layer-ids {self.sglang_aux_layer_ids}" if self.sglang_aux_layer_ids else ""),
-            "final state: pre-norm " + ("(the patched forward)" if self.mechanism == "legacy" else "(hook on the final norm)"),
+            "final state: pre-norm " + mechanisms.plan_for(self.mechanism).final_state_source,
             f"staging dir: {self.staging_dir}",
             f"url: {self.url}",
             *[f"note: {n}" for n in self.notes],
@@ -181,11 +168,10 @@ def plan_server(
     capture = _capture(card, target, info, extra_args, notes)
     staging_dir = os.path.abspath(staging_dir or card.sglang.staging.dir or default_staging_dir(target.host, target.port))
     hook_config = _hook_config(card, target, capture, staging_dir)
-    specs = _hook_specs(card.sglang.device, target, capture, hook_config) if capture.mechanism != "legacy" else []
+    specs = _hook_specs(card.sglang.device, target, capture, hook_config) if capture.mechanism.uses_forward_hooks else []
     argv = _server_argv(card, target, capture, specs, extra_args, notes)
     env = _server_env(card, info, target.python, argv, notes)
-    if capture.mechanism == "legacy":
-        env.update(_legacy_env(hook_config, card.sglang.device, notes))
+    env.update(capture.plan.server_env(hook_config, capture.launch, notes))
     return ServerPlan(
         python=target.python,
         argv=argv,
@@ -278,7 +264,8 @@ class _Capture:
     """How the server captures: the installed SGLang, the mechanism, the layers."""
 
     facts: SGLangFacts  # what the installed source provides
-    mechanism: str
+    plan: MechanismPlan  # the chosen mechanism's launch side
+    launch: Launch  # what it planned for
     status: str  # verified by which test, or unverified (hs_dataset.capture.sglang.support)
     hf_ids: list[int]
     sglang_ids: list[int] | None  # --return-aux-hidden-state-layer-ids (aux_return only)
@@ -286,6 +273,10 @@ class _Capture:
     @property
     def version(self) -> str:
         return self.facts.version
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return self.plan.mechanism
 
 
 def _capture(card: Card, target: _Target, info: dict, extra_args: Sequence[str], notes: list[str]) -> _Capture:
@@ -295,51 +286,49 @@ def _capture(card: Card, target: _Target, info: dict, extra_args: Sequence[str],
         hf_ids = validate_hf_ids(card.aux_layers_for(target.num_layers), target.num_layers)
     except LayerIdError as exc:
         raise ServeError(str(exc)) from None
-    mechanism = _choose_mechanism(card.sglang, target, info, facts, extra_args, notes, bool(hf_ids))
+    launch = _launch(card, target, info, facts, hf_ids, extra_args)
+    plan = _choose_mechanism(card.sglang, launch, facts, notes)
     if not hf_ids:
-        if mechanism == "legacy":
-            raise ServeError(
-                f"{card.source_path}: layers: a final-state-only capture (no aux layers) needs SGLang's forward hooks; SGLang "
-                f"{facts.version} captures through the source patch, which always returns aux layers: use SGLang >= 0.5.9"
-            )
         notes.append("final state only (no aux layers): no aux-return flags and no layer hooks; the norm hook captures the final state")
-    _verified, status = verification(facts.version, mechanism, card.sglang.device)
+    _verified, status = verification(facts.version, plan.mechanism, card.sglang.device)
     shift = facts.eagle3_shift.get(model_family(target.architectures), "unknown")
     try:
-        wants_ids = mechanism == "aux_return" and hf_ids
+        wants_ids = plan.wants_sglang_ids and hf_ids
         sglang_ids = sglang_eagle3_ids(hf_ids, target.architectures, shift, target.num_layers) if wants_ids else None
     except LayerIdError as exc:
         raise ServeError(str(exc)) from None
-    return _Capture(facts, mechanism, status, hf_ids, sglang_ids)
+    return _Capture(facts, plan, launch, status, hf_ids, sglang_ids)
 
 
-def _choose_mechanism(
-    sg: SGLangServerSection, target: _Target, info: dict, facts: SGLangFacts, extra_args: Sequence[str], notes: list[str], aux: bool = True
-) -> str:
-    """The card's mechanism where the installed SGLang allows it, else what it allows (``layer_hooks`` where its layers return the residual).
+def _launch(card: Card, target: _Target, info: dict, facts: SGLangFacts, hf_ids: Sequence[int], extra_args: Sequence[str]) -> Launch:
+    """What the mechanisms plan for: the card's choices, the served model and the installed SGLang."""
+    sg = card.sglang
+    return Launch(
+        source_path=str(card.source_path),
+        version=facts.version,
+        device=sg.device,
+        architectures=tuple(target.architectures),
+        module_path=target.module_path,
+        num_layers=target.num_layers,
+        hf_ids=tuple(hf_ids),
+        tp=sg.tp,
+        args=(*sg.args, *map(str, extra_args)),
+        radix_cache=sg.radix_cache,
+        chunked_prefill_size=sg.chunked_prefill_size,
+        sglang_dir=info.get("sglang_dir"),
+    )
 
-    ``aux``: aux layers are captured; without them no layer hook is set, so what the layers return does not matter.
-    """
-    version = facts.version
+
+def _choose_mechanism(sg: SGLangServerSection, launch: Launch, facts: SGLangFacts, notes: list[str]) -> MechanismPlan:
+    """The card's mechanism where the installed SGLang allows it, else what it allows; refused (:class:`ServeError`)
+    where it cannot capture this launch (its :meth:`~hs_dataset.capture.serve.mechanisms.MechanismPlan.refuse`)."""
     try:
-        mechanism = mechanism_for(facts, sg.mechanism)
+        plan = mechanisms.choose(facts, sg.mechanism)
     except UnsupportedVersionError as exc:
         raise ServeError(str(exc)) from None
-    if sg.mechanism == "layer_hooks" and facts.aux_return:
-        notes.append("mechanism forced to layer_hooks by the card")
-    if mechanism == "layer_hooks" and aux:
-        tp_size = cpu_ranks.parallel_sizes(["--tp-size", str(sg.tp), *sg.args, *extra_args])[0]["tp"]
-        _refuse_wrong_layer_outputs(target.architectures, info, version, tp_size)
-        if model_family(target.architectures) != "deepseek":
-            notes.append("layer_hooks on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
-    return mechanism
-
-
-def _refuse_wrong_layer_outputs(architectures: Sequence[str], info: dict, version: str, tp_size: int = 1) -> None:
-    """Refuse ``layer_hooks`` where the installed decoder layers do not return the residual (read from source)."""
-    problem = layer_hooks_problem(architectures, probe.installed_source(info.get("sglang_dir")), tp_size)
-    if problem:
-        raise ServeError(f"mechanism 'layer_hooks' on SGLang {version}: {problem}")
+    plan.refuse(launch)
+    notes.extend(plan.notes(launch, facts, sg.mechanism))
+    return plan
 
 
 # --------------------------------------------------------------------------- the hooks
@@ -350,7 +339,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
     hook_config: dict[str, Any] = {
         "staging_dir": staging_dir,
         "hf_aux_layer_ids": capture.hf_ids,
-        "mechanism": capture.mechanism,
+        "mechanism": capture.mechanism.value,
         "module_path": target.module_path,
         "architectures": list(target.architectures),
         "num_hidden_layers": target.num_layers,
@@ -368,7 +357,7 @@ def _hook_config(card: Card, target: _Target, capture: _Capture, staging_dir: st
 
 
 def _hook_specs(device: str, target: _Target, capture: _Capture, hook_config: dict[str, Any]) -> list[dict]:
-    """The ``--forward-hooks`` specs: the final norm, one per aux layer (``layer_hooks``), then the decoder stack."""
+    """The ``--forward-hooks`` specs: the final norm, the mechanism's own (one per aux layer for ``layer_hooks``), then the decoder stack."""
     module_path = target.module_path
     specs: list[dict] = []
     if device == "cpu" and model_family(target.architectures) == "deepseek":
@@ -376,16 +365,7 @@ def _hook_specs(device: str, target: _Target, capture: _Capture, hook_config: di
     specs.append(
         {"name": "hs_capture_final", "target_modules": [f"{module_path}.norm"], "hook_factory": f"{HOOKS_MODULE}:norm_hook", "config": hook_config}
     )
-    if capture.mechanism == "layer_hooks":
-        for layer, hf_id in layer_hook_targets(capture.hf_ids, module_path, target.num_layers).items():
-            specs.append(
-                {
-                    "name": f"hs_capture_aux_{hf_id}",
-                    "target_modules": [layer],
-                    "hook_factory": f"{HOOKS_MODULE}:layer_hook",
-                    "config": {**hook_config, "hook_hf_id": hf_id},
-                }
-            )
+    specs += capture.plan.layer_specs(capture.launch, hook_config, HOOKS_MODULE)
     specs.append({"name": "hs_capture", "target_modules": [module_path], "hook_factory": f"{HOOKS_MODULE}:model_hook", "config": hook_config})
     return specs
 
@@ -401,14 +381,9 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
         argv += ["--tp-size", str(sg.tp)]
     if sg.device == "cpu":
         argv += ["--device", "cpu", "--disable-cuda-graph"]
-    if capture.mechanism == "aux_return" and capture.sglang_ids:  # none: the final state only, no aux to return
-        argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids"]
-        argv += [str(i) for i in capture.sglang_ids]
+    argv += capture.plan.server_args(capture.launch, capture.sglang_ids)
     if capture.facts.prefill_graph_flag:
         argv += ["--disable-prefill-cuda-graph"]  # a prefill replayed in a CUDA graph runs no hook (decode graphs stay on)
-    if capture.mechanism == "legacy":
-        _refuse_legacy_settings(card, capture.version)
-        argv += ["--chunked-prefill-size", "-1"] if sg.chunked_prefill_size is None else []
     if not sg.radix_cache:
         argv += ["--disable-radix-cache"]
     else:
@@ -422,33 +397,6 @@ def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dic
         argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
     argv += [str(a) for a in extra_args]
     return argv
-
-
-def _refuse_legacy_settings(card: Card, version: str) -> None:
-    """What the source patch cannot capture: its ForwardBatch has no request ids, so dumps are keyed by content."""
-    sg = card.sglang
-    why = f"SGLang {version} captures through the source patch, whose batches carry no request ids"
-    if sg.radix_cache:
-        raise ServeError(f"{card.source_path}: sglang.radix_cache: {why}, so a prefix-cache hit cannot be told apart; set it to false")
-    if sg.chunked_prefill_size is not None and sg.chunked_prefill_size > 0:
-        raise ServeError(
-            f"{card.source_path}: sglang.chunked_prefill_size: {why}, so the chunks of one prompt cannot be joined; "
-            "drop it (serve passes --chunked-prefill-size -1)"
-        )
-
-
-def _legacy_env(hook_config: Mapping[str, Any], device: str, notes: list[str]) -> dict[str, str]:
-    """The patched forward's configuration: the hook config as ``HS_CAPTURE_*`` variables, dumps keyed by content."""
-    env = {"HS_CAPTURE_CONTENT_KEYS": "1"}
-    for key, var in LEGACY_ENV:
-        value = hook_config.get(key)
-        if value is not None:
-            env[var] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-    notes.append("legacy source patch: configured by HS_CAPTURE_* variables; dumps keyed by content; chunked prefill off")
-    if device == "cpu":
-        notes.append("legacy on CPU: no forward hooks to register the torch_native MLA handler; "
-                     "the server's PYTHONPATH must do it (tests/shims/sglang_legacy_shim)")
-    return env
 
 
 def _server_env(card: Card, info: dict, python: str, argv: Sequence[str], notes: list[str]) -> dict[str, str]:

@@ -22,7 +22,7 @@ class Endpoint:
     staging_dir: str | None = None
     version: str | None = None
     uses_rids: bool = True
-    mechanism: str | None = None  # how its hooks capture (aux_return, layer_hooks, legacy), from their config
+    mechanism: str | None = None  # how its hooks capture (a Mechanism's value), from their config
     server_info: dict = field(default_factory=dict)
     inflight: int = 0
     failures: int = 0

@@ -24,6 +24,7 @@ from hs_dataset.capture.sglang.endpoints import Endpoint
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, connection_errors, get_json, get_status
 from hs_dataset.capture.sglang.diagnose import read_report
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
+from hs_dataset.server_patch.contract.mechanism import DEFAULT_MECHANISM, Mechanism
 from hs_dataset.codecs.fp4 import GROUP_SIZE
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir
 from hs_dataset.server_patch.contract.status import read_statuses
@@ -41,9 +42,9 @@ async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection
     ep.version = str(info.get("version") or "unknown")
     check_same_model(ep.url, str(info.get("model_path") or ""), model_path)
     config = capture_hook_config(ep.url, info, ep.staging_dir)
-    ep.mechanism = str(config.get("mechanism", "aux_return"))
+    ep.mechanism = str(config.get("mechanism", DEFAULT_MECHANISM))
     check_layer_ids(ep.url, config, aux_layer_ids)
-    check_aux_return(ep.url, config, info)
+    check_server_flag(ep.url, config, info)
     check_rid_prefix(ep.url, config, run_id)
     ep.staging_dir = check_staging_dir(ep.url, same_staging_dir(ep.url, ep.staging_dir, config.get("staging_dir")))
     ep.uses_rids = hooks_see_rids(ep.url, ep.staging_dir, config)
@@ -184,7 +185,7 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
 def legacy_hook_config(staging_dir: str) -> dict | None:
     """The config the source patch's hook (``HS_CAPTURE_*`` variables, SGLang <= 0.5.5) wrote into its status file."""
     for status in read_statuses(staging_dir):
-        if status.get("mechanism") == "legacy":
+        if _without_forward_hooks(status.get("mechanism")):
             keys = ("mechanism", "hf_aux_layer_ids", "rid_prefix", "content_keys")
             return {**{k: status[k] for k in keys if k in status}, "staging_dir": staging_dir}
     return None
@@ -201,12 +202,25 @@ def check_layer_ids(url: str, config: dict, aux_layer_ids: list[int]) -> None:
         )
 
 
-def check_aux_return(url: str, config: dict, info: dict) -> None:
-    """The ``aux_return`` mechanism needs SGLang's own aux-hidden-state output switched on (unless no aux layer is captured)."""
+def _without_forward_hooks(mechanism: Any) -> bool:
+    """Whether a status file's mechanism is one that runs without forward hooks (the source patch's)."""
+    try:
+        return not Mechanism(mechanism).uses_forward_hooks
+    except ValueError:
+        return False
+
+
+def check_server_flag(url: str, config: dict, info: dict) -> None:
+    """The server argument the hooks' mechanism needs switched on (``aux_return``: SGLang's own aux-hidden-state output),
+    unless no aux layer is captured."""
     wants_aux = config.get("hf_aux_layer_ids") != []  # [] is a final-state-only capture: no aux output to switch on
-    if wants_aux and config.get("mechanism", "aux_return") == "aux_return" and not info.get("enable_return_aux_hidden_states", False):
+    try:
+        flag = Mechanism(config.get("mechanism", DEFAULT_MECHANISM)).server_flag
+    except ValueError:
+        flag = None  # a mechanism this client does not know: the probe request says whether it captures
+    if wants_aux and flag and not info.get(flag, False):
         raise ServerValidationError(
-            f"SGLang server {url} has hs_dataset's hooks but not --enable-return-aux-hidden-states; restart it with `hs-dataset serve`"
+            f"SGLang server {url} has hs_dataset's hooks but not --{flag.replace('_', '-')}; restart it with `hs-dataset serve`"
         )
 
 
@@ -251,7 +265,7 @@ def server_mechanism(ep: Endpoint) -> str | None:
     specs: Sequence[dict] = ep.server_info.get("forward_hooks") or []
     for s in specs:
         if str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":model_hook"):
-            return (s.get("config") or {}).get("mechanism", "aux_return")
+            return str((s.get("config") or {}).get("mechanism", DEFAULT_MECHANISM))
     return None
 
 

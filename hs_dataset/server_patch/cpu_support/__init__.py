@@ -1,1 +1,1 @@
-"""CPU-test-only support for running a real SGLang server without a GPU (see README.md here)."""
+"""Support for serving with a real SGLang on a CPU-only machine: ``hs-dataset serve`` uses it for every ``device: cpu`` card (see README.md here)."""

@@ -1,4 +1,4 @@
-"""CPU-test-only: register SGLang's ``torch_native`` attention backend for MLA models.
+"""CPU servers: register SGLang's ``torch_native`` attention backend for MLA models.
 
 SGLang 0.5.23 picks the DeepseekV2/V3 attention path from
 ``AttentionBackendRegistry`` keyed by the attention backend name; ``torch_native``
@@ -44,7 +44,7 @@ def register() -> bool:
     if "torch_native" not in getattr(registry, "_handlers", {}):
         registry.register("torch_native", _torch_native_handler)
     _REGISTERED = True
-    logger.info("hs_cpu_mla: registered torch_native MLA attention handler (CPU test support)")
+    logger.info("hs_cpu_mla: registered torch_native MLA attention handler (CPU server support)")
     return True
 
 

@@ -1,4 +1,4 @@
-"""CPU-test-only: let PyPI's torchvision import next to a CPU-only torch.
+"""CPU servers: let PyPI's torchvision import next to a CPU-only torch.
 
 ``torchvision/_meta_registrations.py`` registers a fake kernel for
 ``torchvision::nms`` unconditionally; with a CPU torch the compiled torchvision

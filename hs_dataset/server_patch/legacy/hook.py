@@ -12,7 +12,7 @@ SGLang 0.5.5's ForwardBatch has no request ids, so dumps are named by content ke
 ties a prefill's rows to a prompt longer than them, so a server whose arguments allow
 partial prompts -- chunked prefill (the chunks of one prompt cannot be joined) or the
 radix cache (a cache hit computes only the tail) -- is refused at its first forward pass
-with the flag to change (:func:`legacy_problems`), instead of storing a first chunk under
+with the flag to change (:func:`~hs_dataset.server_patch.mechanisms.legacy.legacy_problems`), instead of storing a first chunk under
 the wrong key while the client waits for the whole prompt. Stdlib + torch only.
 """
 
@@ -21,11 +21,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from hs_dataset.server_patch import compat
 from hs_dataset.server_patch.batch import BatchView
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.contract.mechanism import Mechanism
 from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.mechanisms import check_server_args
 
-__all__ = ["wants", "on_forward", "legacy_problems"]
+__all__ = ["wants", "on_forward"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -36,40 +39,18 @@ _STATE: dict = {}
 def _core() -> CaptureCore | None:
     with _LOCK:
         if "core" not in _STATE:
-            from hs_dataset.server_patch.hooks import _attention_ranks, check_server_args, _server_args, sglang_version
-
-            config = CaptureConfig.from_sources({"mechanism": "legacy"})
-            args = _server_args()
-            problems = check_server_args(args, "layer_hooks") + legacy_problems(args)
+            config = CaptureConfig.from_sources({"mechanism": Mechanism.LEGACY.value})
+            problems = check_server_args(compat.server_args(), Mechanism.LEGACY)
             if problems:
                 raise RuntimeError("hs_dataset capture cannot produce complete hidden states here: " + "; ".join(problems))
-            tp, dp, _ = _attention_ranks()
+            tp, dp, _ = compat.attention_ranks()
             _STATE["core"] = (
-                CaptureCore(config, sglang_version=sglang_version(), extra_metadata={"attn_dp_rank": str(dp)})
+                CaptureCore(config, sglang_version=compat.sglang_version(), extra_metadata={"attn_dp_rank": str(dp)})
                 if tp == 0
                 else None
             )
             logger.info("hs_dataset legacy capture: rank tp=%d dp=%d %s", tp, dp, "writes" if tp == 0 else "does not write")
         return _STATE["core"]
-
-
-def legacy_problems(args) -> list[str]:
-    """What keeps whole prompts from reaching one forward pass (SGLang's server arguments; ``None``: unknown)."""
-    if args is None:
-        return []
-    problems = []
-    chunk = getattr(args, "chunked_prefill_size", None)
-    if chunk is not None and int(chunk) > 0:
-        problems.append(
-            f"chunked prefill is on (chunked_prefill_size {chunk}) and this SGLang's batches carry no request ids, so "
-            "the chunks of one prompt cannot be joined: restart it with --chunked-prefill-size -1"
-        )
-    if not getattr(args, "disable_radix_cache", True):
-        problems.append(
-            "the radix cache is on and this SGLang's batches carry no request ids, so a prefix-cache hit (only the "
-            "prompt's tail computed) cannot be refused by name: restart it with --disable-radix-cache"
-        )
-    return problems
 
 
 def wants(forward_batch) -> bool:

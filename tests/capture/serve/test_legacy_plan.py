@@ -14,6 +14,7 @@ from hs_dataset.errors import ServerValidationError
 from hs_dataset.capture.serve import plan as serve
 from hs_dataset.capture.serve import probe
 from hs_dataset.capture.serve.errors import ServeError
+from hs_dataset.capture.serve.mechanisms.legacy import LEGACY_ENV
 from hs_dataset.server_patch.contract.legacy_header import BEGIN, carries_patch
 from tests.fixtures.fake_sglang import ALWAYS, OLD_LAYER, fake_sglang
 
@@ -49,7 +50,7 @@ def test_a_patched_release_without_hooks_is_served_through_the_patch(card, patch
     assert config.staging_dir == plan.staging_dir and list(config.hf_aux_layer_ids) == [2, 3, 4]
     assert config.content_keys and config.max_staging_files == 77 and config.rid_prefix == "hs-x"
     assert config.max_staging_bytes == card.sglang.staging.max_bytes and config.writer_threads == card.sglang.staging.writer_threads
-    assert all(var in plan.env for key, var in serve.LEGACY_ENV if key in plan.hook_config)
+    assert all(var in plan.env for key, var in LEGACY_ENV if key in plan.hook_config)
 
 
 def test_the_patch_always_returns_aux_layers_so_a_final_only_card_is_refused(card, patched_env, tmp_path):
@@ -72,7 +73,7 @@ def test_an_unpatched_release_without_hooks_names_the_patch_command(card, patche
 
 
 def test_the_patch_hook_refuses_server_arguments_that_split_prompts():
-    from hs_dataset.server_patch.legacy.hook import legacy_problems
+    from hs_dataset.server_patch.mechanisms.legacy import legacy_problems
 
     problems = legacy_problems(SimpleNamespace(chunked_prefill_size=64, disable_radix_cache=False))
     assert len(problems) == 2 and "--chunked-prefill-size -1" in problems[0] and "--disable-radix-cache" in problems[1]

@@ -1,4 +1,4 @@
-"""CPU-test-only stand-in for the CPU build of ``sgl-kernel`` (which is not on PyPI).
+"""CPU servers: a stand-in for the CPU build of ``sgl-kernel`` (which is not on PyPI).
 
 SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``) imports a handful of names from
 ``sgl_kernel`` at module import time. On a machine without AMX every compute kernel
@@ -39,8 +39,8 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 def _not_available(name: str):
     def stub(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel.{name} is not provided by hs_dataset's CPU test stand-in "
-            "(only plain prefill/decode is supported on the CPU test server)"
+            f"sgl_kernel.{name} is not provided by hs_dataset's CPU stand-in "
+            "(only plain prefill/decode is supported on a CPU server)"
         )
 
     stub.__name__ = name
