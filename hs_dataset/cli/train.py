@@ -12,9 +12,14 @@ from __future__ import annotations
 import argparse
 
 from hs_dataset.cli.style import add_global_flags
-from hs_dataset.interop.trainers import TRAINERS, launcher_cli, train_launchers, trainer_cli
+from hs_dataset.interop.trainers import (
+    TRAINERS,
+    launcher_cli,
+    train_launchers,
+    trainer_cli,
+)
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = f"train a drafter with a trainer's own code, straight from a dataset ({', '.join(train_launchers())})"
 EXAMPLES = """
@@ -27,17 +32,20 @@ EXAMPLES = """
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trainer", metavar="TRAINER")
     sub.required = True
-    style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
     for name, trainer in TRAINERS.items():
         if trainer.launches_training:
             module = trainer_cli(name)
-            target = sub.add_parser(name, **style, help=module.TRAIN_HELP, description=module.TRAIN_HELP)
-            add_global_flags(target, top_level=False)
+            target = _trainer_parser(sub, parser, name, module.TRAIN_HELP)
             module.add_train_arguments(target)
         else:  # parsed, so that the refusal names the trainers that have a launcher
-            target = sub.add_parser(name, **style, help=f"no train launcher: hs-dataset export {name}, then its own trainer")
-            add_global_flags(target, top_level=False)
-            _add_refused(target)
+            _add_refused(_trainer_parser(sub, parser, name, f"no train launcher: hs-dataset export {name}, then its own trainer"))
+
+
+def _trainer_parser(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser, name: str, help: str) -> argparse.ArgumentParser:
+    """One trainer's sub-parser, in the command's help style and with its examples."""
+    target = sub.add_parser(name, help=help, description=help, formatter_class=parent.formatter_class, epilog=parent.epilog)
+    add_global_flags(target, top_level=False)
+    return target
 
 
 def _add_refused(parser: argparse.ArgumentParser) -> None:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import os
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.interop.common import (

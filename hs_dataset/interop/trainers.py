@@ -21,7 +21,7 @@ from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
 
-__all__ = ["Trainer", "TRAINERS", "trainer_cli", "train_launchers", "launcher_cli"]
+__all__ = ["TRAINERS", "Trainer", "launcher_cli", "train_launchers", "trainer_cli"]
 
 
 @dataclass(frozen=True)

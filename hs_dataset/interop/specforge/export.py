@@ -187,7 +187,7 @@ class SpecForgeExporter(TrainerExporter):
         t, k, out_dtype = int(ids.shape[0]), len(self.layer_ids), self.out_dtype
         aux = sample["aux_hidden_states"][:, self.positions].to(out_dtype).reshape(t, k * self.hidden).unsqueeze(0).clone()
         final = sample["final_hidden_state"]
-        post = final.to(out_dtype).clone() if self.weight is None else derive_post_norm(final, self.weight, self.eps, out_dtype)
+        post = final.to(out_dtype).clone() if self.weight is None or self.eps is None else derive_post_norm(final, self.weight, self.eps, out_dtype)
         # Every tensor is a fresh, compact copy: torch.save writes a view's WHOLE storage (here: the mapped shard).
         obj = {
             "input_ids": ids,
