@@ -1,21 +1,27 @@
-"""``hs-dataset train speculators DATASET -- ARGS``: speculators' own trainer, reading our shards in place.
+"""``hs-dataset train TRAINER DATASET -- ARGS``: a trainer's own code, reading our shards in place.
 
-What the dataset knows -- its aux layers, the drafter family its layer preset captured
-for, the verifier -- reaches the trainer unless the arguments say otherwise
-(:mod:`hs_dataset.interop.speculators.launch`); what would stop the trainer is refused
-first, in one line (exit 2).
+The trainer comes from the registry (:mod:`hs_dataset.interop.trainers`): each one that
+``hs-dataset train`` launches brings its options and its launcher in its ``cli`` module
+(speculators: :mod:`hs_dataset.interop.speculators.cli`). A registered trainer without a
+launcher is refused in one line naming those that have one (exit 2); an unknown name is
+an argparse ``invalid choice``.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
-from pathlib import Path
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+from hs_dataset.cli.style import add_global_flags
+from hs_dataset.interop.trainers import (
+    TRAINERS,
+    launcher_cli,
+    train_launchers,
+    trainer_cli,
+)
 
-HELP = "train a drafter with a trainer's own code, straight from a dataset (speculators)"
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
+
+HELP = f"train a drafter with a trainer's own code, straight from a dataset ({', '.join(train_launchers())})"
 EXAMPLES = """
   hs-dataset train speculators out/kimi -- --save-path ckpt --epochs 1
   hs-dataset train speculators out/qwen-dflash2 -- --save-path ckpt --max-steps 400   # type and layers from the manifest
@@ -24,40 +30,28 @@ EXAMPLES = """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trainer", choices=["speculators"], help="the trainer whose CLI runs in-process")
-    parser.add_argument("dataset", help="hs_dataset dataset directory (holds manifest.json)")
-    parser.add_argument(
-        "--rows-dir",
-        default=None,
-        help="where speculators' Arrow rows and token_freq.pt (ids and masks only, no states) go; it also caches its "
-        "vocab mappings there. Default: a temporary directory, removed afterwards",
-    )
-    parser.add_argument(
-        "trainer_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
-        help="after DATASET (and --): speculators train arguments; --speculator-type, --target-layer-ids and "
-        "--verifier-name-or-path default to the dataset's layer preset, aux layers and model. Our options go before DATASET",
-    )
+    sub = parser.add_subparsers(dest="trainer", metavar="TRAINER")
+    sub.required = True
+    for name, trainer in TRAINERS.items():
+        if trainer.launches_training:
+            module = trainer_cli(name)
+            target = _trainer_parser(sub, parser, name, module.TRAIN_HELP)
+            module.add_train_arguments(target)
+        else:  # parsed, so that the refusal names the trainers that have a launcher
+            _add_refused(_trainer_parser(sub, parser, name, f"no train launcher: hs-dataset export {name}, then its own trainer"))
+
+
+def _trainer_parser(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser, name: str, help: str) -> argparse.ArgumentParser:
+    """One trainer's sub-parser, in the command's help style and with its examples."""
+    target = sub.add_parser(name, help=help, description=help, formatter_class=parent.formatter_class, epilog=parent.epilog)
+    add_global_flags(target, top_level=False)
+    return target
+
+
+def _add_refused(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", nargs="?", help="hs_dataset dataset directory")
+    parser.add_argument("trainer_args", nargs=argparse.REMAINDER, metavar="-- ARGS", help="the trainer's arguments")
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.formats.reader import open_dataset
-    from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
-    from hs_dataset.interop.speculators.launch import preflight, trainer_argv
-
-    from hs_dataset.formats.paths import check_local_path
-
-    if args.rows_dir:  # before anything is written: a URL would become a local directory named 's3:'
-        check_local_path(args.rows_dir, what="--rows-dir")
-    register()  # before speculators' config module is imported: it reads backend flags once
-    manifest = open_dataset(args.dataset).manifest
-    entry = trainer_entry()
-    rows = Path(args.rows_dir) if args.rows_dir else Path(tempfile.mkdtemp(prefix="hs_dataset-speculators-rows-"))
-    try:
-        argv = trainer_argv(args.dataset, rows, args.trainer_args, manifest)
-        preflight(argv)
-        write_rows(args.dataset, rows)
-        entry(argv)
-    finally:
-        if not args.rows_dir:
-            shutil.rmtree(rows, ignore_errors=True)
-    return 0
+    return int(launcher_cli(args.trainer).train(args))

@@ -15,9 +15,12 @@ neither torch nor the trainers' modules:
   format, with :class:`ImportSettings` stating what neither layout records.
 
 The parts, by trainer (:mod:`.trainers` lists them): :mod:`.speculators` (``export``,
-``import_``, ``cli``, ``backend``) and :mod:`.specforge` (``export``, ``import_``,
-``cli``); shared: :mod:`.settings` (:class:`ExportSettings`, :class:`ImportSettings`),
-:mod:`.common` (export helpers and errors) and :mod:`.importing` (the import machinery).
+``import_``, ``cli``, ``settings``, ``backend``, ``launch``) and :mod:`.specforge`
+(``export``, ``import_``, ``cli``, ``settings``): each trainer's export settings (:class:`SpeculatorsExportSettings`,
+:class:`SpecForgeExportSettings`) extend the common :class:`ExportSettings`; shared:
+:mod:`.settings` (:class:`ExportSettings`, :class:`ImportSettings`), :mod:`.common`
+(export helpers and errors), :mod:`.exporting` (the one export loop) and
+:mod:`.importing` (the import machinery).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     *(f"import_{name}" for name in TRAINERS),
     "ImportSettings",
     "ExportSettings",
+    *(trainer.export_settings.__name__ for trainer in TRAINERS.values()),
     "ImportReport",
     "ImportDataError",
     "ExportError",
@@ -43,8 +47,9 @@ __all__ = [
 ]
 
 _HOME = {
-    **{f"export_{name}": f"{home}.export" for name, home in TRAINERS.items()},
-    **{f"import_{name}": f"{home}.import_" for name, home in TRAINERS.items()},
+    **{f"export_{name}": f"{trainer.package}.export" for name, trainer in TRAINERS.items()},
+    **{f"import_{name}": f"{trainer.package}.import_" for name, trainer in TRAINERS.items()},
+    **{trainer.export_settings.__name__: trainer.export_settings.__module__ for trainer in TRAINERS.values()},
     "ImportSettings": "hs_dataset.interop.settings",
     "ExportSettings": "hs_dataset.interop.settings",
     "ImportReport": "hs_dataset.interop.importing",

@@ -52,6 +52,7 @@ __all__ = [
     "read_export_record",
     "write_export_record",
     "refuse_to_wipe_dataset",
+    "paths_overlap",
     "prepare_destination",
     "base_record",
 ]
@@ -274,6 +275,12 @@ def _is_within(child: Path, parent: Path) -> bool:
         return False
 
 
+def paths_overlap(src: Path, dest: Path) -> bool:
+    """Whether ``dest`` is ``src``, inside it or holds it (links resolved): an export or import must not write there."""
+    src_r, dest_r = src.resolve(), dest.resolve()
+    return dest_r == src_r or _is_within(dest_r, src_r) or _is_within(src_r, dest_r)
+
+
 def refuse_to_wipe_dataset(dest: Path) -> None:
     """``--overwrite`` (export or import) never deletes an hs_dataset dataset: captures cost GPU-days."""
     from hs_dataset.formats.manifest import is_dataset_dir
@@ -357,8 +364,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
     one yourself).
     """
     refuse_symlinked_destination(dest)
-    src_r, dest_r = src.resolve(), dest.resolve()
-    if dest_r == src_r or _is_within(dest_r, src_r) or _is_within(src_r, dest_r):
+    if paths_overlap(src, dest):
         raise ExportError(f"destination {dest} overlaps the source dataset {src}; export to a separate directory")
     if dest.exists() and not dest.is_dir():
         raise ExportError(f"destination {dest} exists and is not a directory")

@@ -37,7 +37,7 @@ import torch
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError, UsageError
 from hs_dataset.interop.settings import ImportSettings
-from hs_dataset.interop.common import clear_own_export, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
+from hs_dataset.interop.common import clear_own_export, paths_overlap, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
 
 __all__ = [
     "ImportDataError",
@@ -253,10 +253,8 @@ def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: 
 
 def prepare_import_dest(src: Path, dest: Path, overwrite: bool) -> None:
     """Refuse a destination overlapping the source or that is a link; ``overwrite`` deletes an earlier export there, nothing else."""
-    src_r, dest_r = src.resolve(), dest.resolve()
-    for a, b in ((dest_r, src_r), (src_r, dest_r)):
-        if a == b or b in a.parents:
-            raise ImportDataError(f"destination {dest} overlaps the source {src}; import into a separate directory")
+    if paths_overlap(src, dest):
+        raise ImportDataError(f"destination {dest} overlaps the source {src}; import into a separate directory")
     refuse_symlinked_destination(dest)
     if overwrite and dest.is_dir() and any(dest.iterdir()):
         clear_own_export(dest, f"{dest} is not empty")

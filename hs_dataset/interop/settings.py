@@ -2,42 +2,46 @@
 
 The twins share their names: ``aux_layer_ids`` (HF ``hidden_states`` indexes, ascending),
 ``num_hidden_layers`` (L, where the data does not record it) and ``overwrite`` (an
-earlier export's own files only) mean the same on both sides.
+earlier export's own files only) mean the same on both sides. :class:`ExportSettings`
+holds what every export takes; each trainer's options are its subclass, next to its
+exporter (``interop/speculators/settings.py``, ``interop/specforge/settings.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import Sequence, TypeVar
 
 from hs_dataset.errors import UsageError
 
 __all__ = ["ExportSettings", "ImportSettings"]
 
+_Settings = TypeVar("_Settings", bound="ExportSettings")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportSettings:
-    """How a dataset is written in a trainer's layout.
+    """What every trainer's export is asked: the base of each trainer's own settings class.
 
-    ``aux_layer_ids``: the stored aux layers to export (default all). ``num_hidden_layers``:
-    L, when the manifest does not record it (speculators names the final state id L).
-    ``verify_hashes``: check every shard's BLAKE3 hash while reading. ``token_freq``
-    (speculators): write ``token_freq.pt``. ``group_size`` (SpecForge): files per
-    ``rows_{g}-{g+N}`` directory. ``keep_dtype`` (SpecForge): the stored dtype instead of
-    bfloat16, which SpecForge 0.2.0's trainer needs.
+    ``overwrite``: replace an earlier export in the destination (its own files only).
+    ``aux_layer_ids``: the stored aux layers to export (default all). ``verify_hashes``:
+    check every shard's BLAKE3 hash while reading. A trainer's options live in its own
+    subclass (``interop/<trainer>/settings.py``, named in :mod:`hs_dataset.interop.trainers`);
+    an export handed this base class runs with that trainer's defaults.
     """
 
     overwrite: bool = False
     aux_layer_ids: Sequence[int] | None = None
-    num_hidden_layers: int | None = None
     verify_hashes: bool = False
-    token_freq: bool = True
-    group_size: int = 2000
-    keep_dtype: bool = False
 
-    def __post_init__(self) -> None:
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
-            raise UsageError(f"group_size must be >= 1, got {self.group_size!r}")
+    @classmethod
+    def adopt(cls: type[_Settings], settings: ExportSettings) -> _Settings:
+        """``settings`` as this trainer's class: the base class gets this trainer's defaults, another trainer's is refused."""
+        if isinstance(settings, cls):
+            return settings
+        if type(settings) is not ExportSettings:
+            raise UsageError(f"this export takes {cls.__name__} (or the common ExportSettings), not {type(settings).__name__}")
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(ExportSettings)})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,8 @@ from safetensors.torch import load_file
 from tests.fixtures.interop import require_interop
 from tests.fixtures.samples import PYTHON, make_metadata, make_sample
 from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
+from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
 from hs_dataset.interop import (
     EXPORT_RECORD_NAME,
     ExportError,
@@ -125,20 +127,20 @@ def test_speculators_refuses_post_norm_and_bad_layers(tmp_path: Path) -> None:
     with pytest.raises(ExportMismatchError, match=r"aux layer\(s\) \[5\] are not in the data"):
         export_speculators(src, tmp_path / "out2", ExportSettings(aux_layer_ids=[2, 5]))
     with pytest.raises(ExportMismatchError, match="contradicts the manifest's num_hidden_layers 6"):
-        export_speculators(src, tmp_path / "out3", ExportSettings(num_hidden_layers=3))
+        export_speculators(src, tmp_path / "out3", SpeculatorsExportSettings(num_hidden_layers=3))
     nolayers = _write(tmp_path / "nolayers", num_hidden_layers=None)
     with pytest.raises(ExportMismatchError, match="num_hidden_layers"):
         export_speculators(nolayers, tmp_path / "out4")
     shallow = _write(tmp_path / "shallow", num_hidden_layers=None, aux_layer_ids=[2, 3, 4])
     with pytest.raises(ExportMismatchError, match=r"outside 0\.\.3"):
-        export_speculators(shallow, tmp_path / "out5", ExportSettings(num_hidden_layers=4))
+        export_speculators(shallow, tmp_path / "out5", SpeculatorsExportSettings(num_hidden_layers=4))
     assert not (tmp_path / "out1").exists() or not any((tmp_path / "out1").iterdir())
 
 
 # ---------------------------------------------------------------------------- specforge
 def test_specforge_layout_and_post_norm(src: Path, tmp_path: Path) -> None:
     dest = tmp_path / "forge"
-    export_specforge(src, dest, ExportSettings(group_size=2))
+    export_specforge(src, dest, SpecForgeExportSettings(group_size=2))
     ds = open_dataset(src)
     weight, eps = ds.final_norm()
     assert sorted(p.name for p in dest.iterdir()) == sorted([EXPORT_RECORD_NAME, "rows_0-2", "rows_2-4", "rows_4-6"])
@@ -198,7 +200,7 @@ def test_specforge_post_norm_matches_real_transformers_state(tiny_card, hf_backe
     build_dataset(tiny_card, src, num_samples=4, backend=hf_backend)
     dest = tmp_path / "forge"
     with pytest.warns(UserWarning, match="cannot train"):
-        export_specforge(src, dest, ExportSettings(keep_dtype=True))  # float32 kept, to measure the derivation itself
+        export_specforge(src, dest, SpecForgeExportSettings(keep_dtype=True))  # float32 kept, to measure the derivation itself
     worst = 0.0
     for idx, sample in enumerate(open_dataset(src)):
         with torch.inference_mode():

@@ -34,10 +34,10 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def export(args: argparse.Namespace, **common: Any) -> Any:
-    from hs_dataset.interop.settings import ExportSettings
     from hs_dataset.interop.specforge.export import export_specforge
+    from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 
-    return export_specforge(args.src, args.dest, ExportSettings(**common, group_size=args.group_size, keep_dtype=args.keep_dtype))
+    return export_specforge(args.src, args.dest, SpecForgeExportSettings(**common, group_size=args.group_size, keep_dtype=args.keep_dtype))
 
 
 def import_(args: argparse.Namespace, settings: Any) -> Any:

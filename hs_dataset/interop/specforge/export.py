@@ -22,32 +22,27 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.errors import FormatError
 from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
-    base_record,
     check_layer_convention,
     derive_post_norm,
     note_source_storage,
-    prepare_destination,
-    quarantined_count,
-    remove_temp_files,
     select_aux_layers,
-    write_export_record,
-    write_file_atomic,
 )
+from hs_dataset.interop.exporting import ExportPlan, TrainerExporter, run_export
 
-__all__ = ["export_specforge", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE"]
+__all__ = ["export_specforge", "SpecForgeExporter", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE"]
 
-DEFAULT_GROUP_SIZE = ExportSettings.group_size
+DEFAULT_GROUP_SIZE = SpecForgeExportSettings.group_size
 SPECFORGE_NUM_AUX = 3  # specforge.algorithms.model_providers.resolve_eagle_capture_layers: exactly three
 SPECFORGE_TRAIN_DTYPE = torch.bfloat16  # specforge/modeling/target/target_head.py: the target head is always bf16
 
@@ -114,29 +109,103 @@ def _valid_ckpt(path: Path, *, sample_id: str, input_ids: torch.Tensor, aux_shap
         return False
 
 
-def export_specforge(
-    src: str | os.PathLike,
-    dest: str | os.PathLike,
-    settings: ExportSettings = ExportSettings(),
-) -> ExportReport:
-    """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout.
+class SpecForgeExporter(TrainerExporter):
+    """SpecForge's hooks of the export loop: ``rows_{g}-{g+N}/data_{idx}.ckpt`` per sample, nothing else."""
 
-    States are written in bfloat16 by default: SpecForge 0.2.0's ``TargetHead`` always
-    runs in bfloat16 (``modeling/target/target_head.py``) and nothing autocasts, so any
-    other dtype fails its first step. ``settings.keep_dtype`` keeps the stored dtype (with
-    a warning in the report) for readers other than SpecForge's trainer.
-    """
-    from hs_dataset.codecs.registry import get_encoding
-    from hs_dataset.formats.reader import open_dataset
+    target = "specforge"
+    sample_glob = "**/data_*.ckpt"  # SpecForge reads every *.ckpt under the root
+    sample_prefix, sample_suffix = "data_", ".ckpt"
+    settings: SpecForgeExportSettings
 
-    src, dest = Path(src), Path(dest)
-    aux_layer_ids, group_size, keep_dtype, overwrite = settings.aux_layer_ids, settings.group_size, settings.keep_dtype, settings.overwrite
-    ds = open_dataset(src, verify_hashes=settings.verify_hashes)
-    check_layer_convention(ds, "SpecForge")
-    positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "SpecForge")
+    def __init__(self, ds: Any, dest: Path, settings: ExportSettings) -> None:
+        super().__init__(ds, dest, SpecForgeExportSettings.adopt(settings))
+
+    def plan(self) -> ExportPlan:
+        from hs_dataset.codecs.registry import get_encoding
+
+        ds = self.ds
+        check_layer_convention(ds, "SpecForge")
+        self.positions, layer_ids = select_aux_layers(ds, self.settings.aux_layer_ids, "SpecForge")
+        _check_layer_ids(ds, layer_ids)
+        self.weight, self.eps = _final_norm(ds)
+        self.hidden = int(ds.manifest.hidden_size)
+        self.num_layers = ds.manifest.metadata.get("num_hidden_layers")
+        stored_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
+        self.out_dtype = stored_dtype if self.settings.keep_dtype else SPECFORGE_TRAIN_DTYPE
+        self.layer_ids, self.specforge_ids = layer_ids, [i - 1 for i in layer_ids]
+        dtype = str(self.out_dtype).replace("torch.", "")
+        resume_key = {
+            "target": "specforge",
+            "source_dataset_id": ds.manifest.dataset_id,
+            "aux_layer_ids": layer_ids,
+            "group_size": self.settings.group_size,
+            "dtype": dtype,
+        }
+        derived = " (derived from the stored pre-norm state with the recorded RMSNorm)" if self.weight is not None else " (stored)"
+        self.hidden_state = "post_norm" + derived
+        layers = {
+            "aux_layer_ids_hf": layer_ids,
+            "specforge_aux_hidden_state_layer_ids": self.specforge_ids,
+            "convention": "HF hidden_states[k] = output of decoder layer k-1 = SpecForge/SGLang capture id k-1",
+            "hidden_state": self.hidden_state,
+            "final_norm_eps": self.eps,
+            "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden,
+            "dtype": dtype,
+        }
+        warned = (_dtype_warning(self.out_dtype),) if self.out_dtype != SPECFORGE_TRAIN_DTYPE else ()
+        return ExportPlan(resume_key=resume_key, layers=layers, warnings=warned)
+
+    def describe(self, report: ExportReport) -> None:
+        note_source_storage(self.ds, report, self.out_dtype)
+        report.layers = {
+            "aux layers (HF hidden_states ids)": self.layer_ids,
+            "SpecForge aux_hidden_state_layer_ids (output of layer i)": self.specforge_ids,
+            "hidden_state": self.hidden_state,
+        }
+        if self.out_dtype != SPECFORGE_TRAIN_DTYPE:
+            report.notes.append(_dtype_warning(self.out_dtype))
+        if self.num_layers is not None:
+            default = [1, int(self.num_layers) // 2 - 1, int(self.num_layers) - 4]
+            if self.specforge_ids != default:
+                report.notes.append(
+                    f"aux layers differ from SpecForge's default {default} for L={self.num_layers}: set "
+                    f"model.aux_hidden_state_layer_ids (or the draft config's eagle_config.eagle_aux_hidden_state_layer_ids) "
+                    f"to {self.specforge_ids}"
+                )
+
+    def sample_path(self, idx: int) -> Path:
+        return ckpt_path(self.dest, idx, self.settings.group_size)
+
+    def is_complete(self, path: Path, sample: dict[str, Any]) -> bool:
+        ids = sample["input_ids"]
+        aux_shape = (1, int(ids.shape[0]), len(self.layer_ids) * self.hidden)
+        return _valid_ckpt(path, sample_id=sample["sample_id"], input_ids=ids, aux_shape=aux_shape, hidden=self.hidden, dtype=self.out_dtype)
+
+    def encode(self, sample: dict[str, Any]) -> list[memoryview | bytes]:
+        ids = sample["input_ids"].clone()
+        t, k, out_dtype = int(ids.shape[0]), len(self.layer_ids), self.out_dtype
+        aux = sample["aux_hidden_states"][:, self.positions].to(out_dtype).reshape(t, k * self.hidden).unsqueeze(0).clone()
+        final = sample["final_hidden_state"]
+        post = final.to(out_dtype).clone() if self.weight is None or self.eps is None else derive_post_norm(final, self.weight, self.eps, out_dtype)
+        # Every tensor is a fresh, compact copy: torch.save writes a view's WHOLE storage (here: the mapped shard).
+        obj = {
+            "input_ids": ids,
+            "loss_mask": sample["loss_mask"].to(torch.int64).clone(),
+            "aux_hidden_state": aux.contiguous(),
+            "hidden_state": post.unsqueeze(0).contiguous().clone(),
+            "sample_id": sample["sample_id"],
+        }
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return [buf.getbuffer()]
+
+
+def _check_layer_ids(ds: Any, layer_ids: list[int]) -> None:
+    """SpecForge's EAGLE-3 trains on exactly three aux layers, each the output of a decoder layer."""
     if not ds.manifest.aux_layer_ids:
         raise ExportMismatchError(
-            f"{src}: holds the final state only (no aux layers; layer preset {(ds.manifest.metadata.get('layer_preset') or {}).get('name')}), "
+            f"{ds.root}: holds the final state only (no aux layers; layer preset {(ds.manifest.metadata.get('layer_preset') or {}).get('name')}), "
             f"but SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers: capture with layers.preset: eagle3"
         )
     if len(layer_ids) != SPECFORGE_NUM_AUX:
@@ -149,87 +218,20 @@ def export_specforge(
             f"aux layer id 0 (the embedding output) has no SpecForge/SGLang capture id (those name the output of decoder "
             f"layer i, = HF hidden_states[i+1]); requested {layer_ids}"
         )
-    weight, eps = _final_norm(ds)
-    hidden = int(ds.manifest.hidden_size)
-    num_layers = ds.manifest.metadata.get("num_hidden_layers")
-    stored_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
-    out_dtype = stored_dtype if keep_dtype else SPECFORGE_TRAIN_DTYPE
-    specforge_ids = [i - 1 for i in layer_ids]
-    resume_key = {
-        "target": "specforge",
-        "source_dataset_id": ds.manifest.dataset_id,
-        "aux_layer_ids": layer_ids,
-        "group_size": group_size,
-        "dtype": str(out_dtype).replace("torch.", ""),
-    }
-    resumed = prepare_destination(src, dest, target="specforge", resume_key=resume_key, overwrite=overwrite)
-    report = ExportReport(target="specforge", source=str(src), dest=str(dest), resumed=resumed)
-    report.quarantined_not_exported = quarantined_count(ds)
-    note_source_storage(ds, report, out_dtype)
-    layers = {
-        "aux_layer_ids_hf": layer_ids,
-        "specforge_aux_hidden_state_layer_ids": specforge_ids,
-        "convention": "HF hidden_states[k] = output of decoder layer k-1 = SpecForge/SGLang capture id k-1",
-        "hidden_state": "post_norm" + (" (derived from the stored pre-norm state with the recorded RMSNorm)" if weight is not None else " (stored)"),
-        "final_norm_eps": eps,
-        "num_hidden_layers": num_layers,
-        "hidden_size": hidden,
-        "dtype": str(out_dtype).replace("torch.", ""),
-    }
-    report.layers = {
-        "aux layers (HF hidden_states ids)": layer_ids,
-        "SpecForge aux_hidden_state_layer_ids (output of layer i)": specforge_ids,
-        "hidden_state": layers["hidden_state"],
-    }
-    if out_dtype != SPECFORGE_TRAIN_DTYPE:
-        report.notes.append(_dtype_warning(out_dtype))
-        warnings.warn(_dtype_warning(out_dtype), UserWarning, stacklevel=2)
-    if num_layers is not None:
-        default = [1, int(num_layers) // 2 - 1, int(num_layers) - 4]
-        if specforge_ids != default:
-            report.notes.append(
-                f"aux layers differ from SpecForge's default {default} for L={num_layers}: set "
-                f"model.aux_hidden_state_layer_ids (or the draft config's eagle_config.eagle_aux_hidden_state_layer_ids) "
-                f"to {specforge_ids}"
-            )
-    record = base_record(ds, "specforge", resume_key, {"layers": layers, "samples": len(ds)})
-    write_export_record(dest, record)
-    remove_temp_files(dest)
 
-    k = len(layer_ids)
-    for idx, sample in enumerate(ds):
-        ids = sample["input_ids"].clone()
-        t = int(ids.shape[0])
-        report.samples += 1
-        report.tokens += t
-        path = ckpt_path(dest, idx, group_size)
-        aux_shape = (1, t, k * hidden)
-        if path.exists():
-            if _valid_ckpt(path, sample_id=sample["sample_id"], input_ids=ids, aux_shape=aux_shape, hidden=hidden, dtype=out_dtype):
-                report.files_skipped += 1
-                continue
-            report.files_rewritten += 1
-        path.parent.mkdir(parents=True, exist_ok=True)
-        aux = sample["aux_hidden_states"][:, positions].to(out_dtype).reshape(t, k * hidden).unsqueeze(0).clone()
-        final = sample["final_hidden_state"]
-        post = final.to(out_dtype).clone() if weight is None else derive_post_norm(final, weight, eps, out_dtype)
-        # Every tensor is a fresh, compact copy: torch.save writes a view's WHOLE storage (here: the mapped shard).
-        obj = {
-            "input_ids": ids,
-            "loss_mask": sample["loss_mask"].to(torch.int64).clone(),
-            "aux_hidden_state": aux.contiguous(),
-            "hidden_state": post.unsqueeze(0).contiguous().clone(),
-            "sample_id": sample["sample_id"],
-        }
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        report.bytes_written += write_file_atomic(path, [buf.getbuffer()])
-        report.files_written += 1
-    # ckpt files beyond the source's samples (an older, larger export): SpecForge would read them.
-    for stale in dest.rglob("data_*.ckpt"):
-        stem = stale.name[len("data_") : -len(".ckpt")]
-        if stem.isdigit() and int(stem) >= report.samples:
-            stale.unlink()
-    record.update(status="complete", samples=report.samples, tokens=report.tokens)
-    write_export_record(dest, record)
-    return report
+
+def export_specforge(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    settings: ExportSettings = SpecForgeExportSettings(),
+) -> ExportReport:
+    """Export dataset ``src`` to ``dest`` in SpecForge 0.2.0's offline data layout.
+
+    States are written in bfloat16 by default: SpecForge 0.2.0's ``TargetHead`` always
+    runs in bfloat16 (``modeling/target/target_head.py``) and nothing autocasts, so any
+    other dtype fails its first step. ``settings.keep_dtype``
+    (:class:`SpecForgeExportSettings`) keeps the stored dtype (with a warning in the
+    report) for readers other than SpecForge's trainer; the common
+    :class:`~hs_dataset.interop.settings.ExportSettings` exports with SpecForge's defaults.
+    """
+    return run_export(SpecForgeExporter, src, dest, settings)

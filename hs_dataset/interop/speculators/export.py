@@ -40,25 +40,23 @@ from hs_dataset.errors import FormatError, IntegrityError
 from hs_dataset.formats.encoding import tensor_bytes
 from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.interop.speculators.launch import dataset_facts, dataset_flags
+from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
-    base_record,
     check_layer_convention,
     num_hidden_layers,
     note_source_storage,
-    prepare_destination,
-    quarantined_count,
-    remove_temp_files,
     select_aux_layers,
     temp_path,
     trainer_default_aux_layer_ids,
-    write_export_record,
     write_file_atomic,
 )
+from hs_dataset.interop.exporting import ExportPlan, TrainerExporter, run_export
 
 __all__ = [
     "export_speculators",
+    "SpeculatorsExporter",
     "HIDDEN_STATES_DIR",
     "hs_file_name",
     "check_final_state",
@@ -214,112 +212,118 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
     return {"kind": "rmsnorm", "eps": eps, "weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY}
 
 
+class SpeculatorsExporter(TrainerExporter):
+    """speculators' hooks of the export loop: ``hidden_states/hs_{idx}.safetensors`` per sample; the Arrow
+    index, ``token_freq.pt`` and the final norm once every sample file is written."""
+
+    target = "speculators"
+    sample_glob = f"{HIDDEN_STATES_DIR}/hs_*.safetensors"
+    sample_prefix, sample_suffix = "hs_", ".safetensors"
+    settings: SpeculatorsExportSettings
+
+    def __init__(self, ds: Any, dest: Path, settings: ExportSettings) -> None:
+        super().__init__(ds, dest, SpeculatorsExportSettings.adopt(settings))
+        self.input_ids: list[torch.Tensor] = []
+        self.loss_masks: list[torch.Tensor] = []
+        self.sample_ids: list[str] = []
+
+    def plan(self) -> ExportPlan:
+        from hs_dataset.codecs.registry import get_encoding
+        from hs_dataset.formats.encoding import safetensors_dtype
+
+        ds = self.ds
+        check_layer_convention(ds, "speculators")
+        check_final_state(ds)
+        self.positions, layer_ids = select_aux_layers(ds, self.settings.aux_layer_ids, "speculators")
+        num_layers = num_hidden_layers(ds, self.settings.num_hidden_layers, "speculators")
+        bad = [i for i in layer_ids if not 0 <= i < num_layers]
+        if bad:
+            raise ExportMismatchError(
+                f"aux layer id(s) {bad} are outside 0..{num_layers - 1}: in speculators' convention id k is the input of "
+                f"decoder layer k (HF hidden_states[k]) and id {num_layers} is the pre-norm final state, stored last"
+            )
+        self.hidden = int(ds.manifest.hidden_size)
+        self.out_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
+        self.file_dtype = safetensors_dtype(self.out_dtype)
+        self.layer_ids, self.num_layers = layer_ids, num_layers
+        self.defaults = trainer_default_aux_layer_ids(num_layers)  # the final is id num_layers
+        self.flags = dataset_flags(replace(dataset_facts(ds.manifest), aux_layer_ids=layer_ids))
+        resume_key = {
+            "target": "speculators",
+            "source_dataset_id": ds.manifest.dataset_id,
+            "aux_layer_ids": layer_ids,
+            "num_hidden_layers": num_layers,
+            "token_freq": bool(self.settings.token_freq),
+        }
+        layers = {
+            "target_layer_ids": layer_ids,
+            "hidden_states_layer_ids": layer_ids + [num_layers],
+            "final_layer_id": num_layers,
+            "final_state": "pre_norm",
+            "num_hidden_layers": num_layers,
+            "hidden_size": self.hidden,
+            "convention": "speculators: id k = HF hidden_states[k] (input of decoder layer k); id L = final state before the norm",
+            "speculators_default_target_layer_ids": self.defaults,
+            "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)) if layer_ids else "",
+            "train_flags": self.flags,  # what the dataset knows: type (its layer preset), layers, verifier
+            "layer_preset": ds.manifest.metadata.get("layer_preset"),
+        }
+        return ExportPlan(resume_key=resume_key, layers=layers)
+
+    def describe(self, report: ExportReport) -> None:
+        layer_ids = self.layer_ids
+        report.layers = {
+            "hidden_states layers (aux ascending, final last)": layer_ids + [self.num_layers],
+            "pass to speculators train": " ".join(self.flags) + f" --data-path {self.dest}",
+        }
+        if not layer_ids:
+            report.notes.append("the final state only (hidden_states [T, 1, H]): only speculators' MTP trains on it (--speculator-type mtp)")
+        elif layer_ids != self.defaults:
+            report.notes.append(
+                f"aux layers {layer_ids} differ from speculators' default {self.defaults} for L={self.num_layers}: "
+                f"train with --target-layer-ids {' '.join(map(str, layer_ids))} (speculators otherwise assumes the default silently, with a warning)"
+            )
+        note_source_storage(self.ds, report, self.out_dtype)
+
+    def begin(self) -> None:
+        (self.dest / HIDDEN_STATES_DIR).mkdir(exist_ok=True)
+
+    def observe(self, sample: dict[str, Any]) -> None:
+        self.input_ids.append(sample["input_ids"].clone())
+        self.loss_masks.append(sample["loss_mask"].to(torch.int64))
+        self.sample_ids.append(sample["sample_id"])
+
+    def sample_path(self, idx: int) -> Path:
+        return self.dest / HIDDEN_STATES_DIR / hs_file_name(idx)
+
+    def is_complete(self, path: Path, sample: dict[str, Any]) -> bool:
+        ids = sample["input_ids"]
+        shape = (int(ids.shape[0]), len(self.layer_ids) + 1, self.hidden)
+        return _valid_hs_file(path, sample_id=sample["sample_id"], input_ids=ids, shape=shape, dtype=self.file_dtype)
+
+    def encode(self, sample: dict[str, Any]) -> list[memoryview | bytes]:
+        aux = sample["aux_hidden_states"][:, self.positions]
+        final = sample["final_hidden_state"]
+        states = torch.cat([aux, final.unsqueeze(1)], dim=1).to(self.out_dtype).contiguous()
+        return _encode_hs_file(states, sample["input_ids"].clone(), sample["sample_id"], self.ds.manifest.dataset_id)
+
+    def finish(self, record: dict[str, Any]) -> None:
+        record["final_norm"] = _copy_final_norm(self.ds, self.dest)
+        if self.settings.token_freq:
+            write_token_freq(self.dest, token_frequencies(self.input_ids, self.loss_masks))
+        write_arrow_index(self.dest, self.input_ids, self.loss_masks, self.sample_ids)
+
+
 def export_speculators(
     src: str | os.PathLike,
     dest: str | os.PathLike,
-    settings: ExportSettings = ExportSettings(),
+    settings: ExportSettings = SpeculatorsExportSettings(),
 ) -> ExportReport:
     """Export dataset ``src`` to ``dest`` in speculators 0.9.0's offline training layout.
 
-    ``settings.aux_layer_ids`` (HF ``hidden_states`` ids) picks stored aux layers, default
-    all; ``settings.num_hidden_layers`` is L when the manifest does not record it.
+    ``settings`` (:class:`SpeculatorsExportSettings`, or the common
+    :class:`~hs_dataset.interop.settings.ExportSettings` for speculators' defaults):
+    ``aux_layer_ids`` (HF ``hidden_states`` ids) picks stored aux layers, default all;
+    ``num_hidden_layers`` is L when the manifest does not record it.
     """
-    from hs_dataset.formats.reader import open_dataset
-
-    src, dest = Path(src), Path(dest)
-    aux_layer_ids, token_freq, overwrite = settings.aux_layer_ids, settings.token_freq, settings.overwrite
-    ds = open_dataset(src, verify_hashes=settings.verify_hashes)
-    check_layer_convention(ds, "speculators")
-    check_final_state(ds)
-    positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "speculators")
-    num_layers = num_hidden_layers(ds, settings.num_hidden_layers, "speculators")
-    bad = [i for i in layer_ids if not 0 <= i < num_layers]
-    if bad:
-        raise ExportMismatchError(
-            f"aux layer id(s) {bad} are outside 0..{num_layers - 1}: in speculators' convention id k is the input of "
-            f"decoder layer k (HF hidden_states[k]) and id {num_layers} is the pre-norm final state, stored last"
-        )
-    hidden = int(ds.manifest.hidden_size)
-    defaults = trainer_default_aux_layer_ids(num_layers)  # the final is id num_layers
-    flags = dataset_flags(replace(dataset_facts(ds.manifest), aux_layer_ids=layer_ids))
-    resume_key = {
-        "target": "speculators",
-        "source_dataset_id": ds.manifest.dataset_id,
-        "aux_layer_ids": layer_ids,
-        "num_hidden_layers": num_layers,
-        "token_freq": bool(token_freq),
-    }
-    resumed = prepare_destination(src, dest, target="speculators", resume_key=resume_key, overwrite=overwrite)
-    report = ExportReport(target="speculators", source=str(src), dest=str(dest), resumed=resumed)
-    report.quarantined_not_exported = quarantined_count(ds)
-    layers = {
-        "target_layer_ids": layer_ids,
-        "hidden_states_layer_ids": layer_ids + [num_layers],
-        "final_layer_id": num_layers,
-        "final_state": "pre_norm",
-        "num_hidden_layers": num_layers,
-        "hidden_size": hidden,
-        "convention": "speculators: id k = HF hidden_states[k] (input of decoder layer k); id L = final state before the norm",
-        "speculators_default_target_layer_ids": defaults,
-        "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)) if layer_ids else "",
-        "train_flags": flags,  # what the dataset knows: type (its layer preset), layers, verifier
-        "layer_preset": ds.manifest.metadata.get("layer_preset"),
-    }
-    report.layers = {
-        "hidden_states layers (aux ascending, final last)": layers["hidden_states_layer_ids"],
-        "pass to speculators train": " ".join(flags) + f" --data-path {dest}",
-    }
-    if not layer_ids:
-        report.notes.append("the final state only (hidden_states [T, 1, H]): only speculators' MTP trains on it (--speculator-type mtp)")
-    elif layer_ids != defaults:
-        report.notes.append(
-            f"aux layers {layer_ids} differ from speculators' default {defaults} for L={num_layers}: "
-            f"train with {layers['train_flag']} (speculators otherwise assumes the default silently, with a warning)"
-        )
-    record = base_record(ds, "speculators", resume_key, {"layers": layers, "samples": len(ds)})
-    write_export_record(dest, record)
-    remove_temp_files(dest)
-
-    hs_dir = dest / HIDDEN_STATES_DIR
-    hs_dir.mkdir(exist_ok=True)
-    decoded = ds.manifest.state_encoding
-    from hs_dataset.formats.encoding import safetensors_dtype
-    from hs_dataset.codecs.registry import get_encoding
-
-    out_dtype = get_encoding(decoded).decoded_dtype
-    note_source_storage(ds, report, out_dtype)
-    all_ids: list[torch.Tensor] = []
-    all_masks: list[torch.Tensor] = []
-    sample_ids: list[str] = []
-    for idx, sample in enumerate(ds):
-        ids = sample["input_ids"].clone()
-        mask = sample["loss_mask"].to(torch.int64)
-        t = int(ids.shape[0])
-        all_ids.append(ids)
-        all_masks.append(mask)
-        sample_ids.append(sample["sample_id"])
-        report.samples += 1
-        report.tokens += t
-        path = hs_dir / hs_file_name(idx)
-        shape = (t, len(layer_ids) + 1, hidden)
-        if path.exists():
-            if _valid_hs_file(path, sample_id=sample["sample_id"], input_ids=ids, shape=shape, dtype=safetensors_dtype(out_dtype)):
-                report.files_skipped += 1
-                continue
-            report.files_rewritten += 1
-        aux = sample["aux_hidden_states"][:, positions]
-        final = sample["final_hidden_state"]
-        states = torch.cat([aux, final.unsqueeze(1)], dim=1).to(out_dtype).contiguous()
-        report.bytes_written += write_file_atomic(path, _encode_hs_file(states, ids, sample["sample_id"], ds.manifest.dataset_id))
-        report.files_written += 1
-    for stale in hs_dir.glob("hs_*.safetensors"):  # files beyond the source's samples (never ours to keep)
-        stem = stale.name[len("hs_") : -len(".safetensors")]
-        if stem.isdigit() and int(stem) >= report.samples:
-            stale.unlink()
-    record["final_norm"] = _copy_final_norm(ds, dest)
-    if token_freq:
-        write_token_freq(dest, token_frequencies(all_ids, all_masks))
-    write_arrow_index(dest, all_ids, all_masks, sample_ids)
-    record.update(status="complete", samples=report.samples, tokens=report.tokens)
-    write_export_record(dest, record)
-    return report
+    return run_export(SpeculatorsExporter, src, dest, settings)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.fixtures.interop import require_interop
 
-from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 from hs_dataset.interop import export_specforge
 
 MAX_LEN = 48  # tokens per sample fed to the step: the full vocab (129,536) makes logits the cost
@@ -91,7 +91,7 @@ def test_specforge_keep_dtype_warns_and_cannot_train(specforge, tiny_default_dat
     """The documented failure the default avoids: float32 files reach SpecForge's bfloat16 target head."""
     dest = tmp_path / "forge32"
     with pytest.warns(UserWarning, match="cannot train"):
-        report = export_specforge(tiny_default_dataset, dest, ExportSettings(keep_dtype=True))
+        report = export_specforge(tiny_default_dataset, dest, SpecForgeExportSettings(keep_dtype=True))
     assert any("--keep-dtype" in n for n in report.notes)
     batch = _first_batch(dest)
     assert batch.tensors["target"].dtype == torch.float32
