@@ -2,7 +2,7 @@
 
 The stand-in writes each sample's token ids to ``samples/s_{idx}.bin``: what the loop
 itself does -- resume, atomic files, stale files, the record, hook failures -- is
-tested apart from any trainer's layout (``tests/integration/test_exports.py`` reads the
+tested apart from any trainer's layout (``tests/interop/test_exports.py`` reads the
 real layouts with the trainers' own readers).
 """
 
@@ -97,7 +97,7 @@ def test_a_kill_mid_file_resumes_keeping_the_complete_files(src: Path, tmp_path:
     export_tokens(str(src), str(clean))
     dest = tmp_path / "out"
     env = {**child_env(), "HS_DATASET_CRASH_AT": "export.mid_file:3"}  # SIGKILL half-way through the third file
-    code = f"from tests.unit.test_exporting import export_tokens; export_tokens({str(src)!r}, {str(dest)!r})"
+    code = f"from tests.interop.test_exporting import export_tokens; export_tokens({str(src)!r}, {str(dest)!r})"
     child = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == -9, child.stderr
     assert read_export_record(dest)["status"] == "in_progress"
