@@ -69,15 +69,15 @@ def ckpt_path(dest: Path, idx: int, group_size: int = DEFAULT_GROUP_SIZE) -> Pat
 def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
     """(weight, eps) to derive the post-norm state, or (None, None) when the data is post-norm already."""
     md = ds.manifest.metadata
-    kind = md.get("final_state")
+    kind = md.final_state
     if kind == "post_norm":
         return None, None
     if kind != "pre_norm":
         raise ExportMismatchError(f"{ds.root}: unknown final_state {kind!r}; SpecForge needs a post-norm final state")
-    norm = md.get("final_norm") or {}
-    if norm.get("kind", "rmsnorm") != "rmsnorm":
+    norm_kind = "rmsnorm" if md.final_norm is None else md.final_norm.kind
+    if norm_kind != "rmsnorm":
         raise ExportMismatchError(
-            f"{ds.root}: the final norm is {norm.get('kind')!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
+            f"{ds.root}: the final norm is {norm_kind!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
         )
     try:
         weight, eps = ds.final_norm()
@@ -136,7 +136,7 @@ def export_specforge(
     positions, layer_ids = select_aux_layers(ds, aux_layer_ids, "SpecForge")
     if not ds.manifest.aux_layer_ids:
         raise ExportMismatchError(
-            f"{src}: holds the final state only (no aux layers; layer preset {(ds.manifest.metadata.get('layer_preset') or {}).get('name')}), "
+            f"{src}: holds the final state only (no aux layers; layer preset {ds.manifest.metadata.preset_name}), "
             f"but SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers: capture with layers.preset: eagle3"
         )
     if len(layer_ids) != SPECFORGE_NUM_AUX:
@@ -151,7 +151,7 @@ def export_specforge(
         )
     weight, eps = _final_norm(ds)
     hidden = int(ds.manifest.hidden_size)
-    num_layers = ds.manifest.metadata.get("num_hidden_layers")
+    num_layers = ds.manifest.metadata.num_hidden_layers
     stored_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
     out_dtype = stored_dtype if keep_dtype else SPECFORGE_TRAIN_DTYPE
     specforge_ids = [i - 1 for i in layer_ids]
