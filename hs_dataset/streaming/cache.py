@@ -21,7 +21,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -64,11 +64,11 @@ class StreamCache:
     """The cache directory ``root``, kept within ``max_bytes``, holding the data ``metadata`` describes."""
 
     def __init__(
-        self, root: Path, max_bytes: int, metadata: DatasetMetadata, *, final_norm_weight: torch.Tensor, storage: str,
+        self, root: Path, max_bytes: int, metadata: DatasetMetadata | Mapping[str, Any], *, final_norm_weight: torch.Tensor, storage: str,
         dtype: torch.dtype, card_name: str,
     ) -> None:
         # marked as a cache: a dataset built by hs-dataset build of the same card is never taken for one (and evicted)
-        self.root, self.max_bytes, self.metadata = root, max_bytes, replace(metadata, stream_cache=True)
+        self.root, self.max_bytes, self.metadata = root, max_bytes, replace(DatasetMetadata.coerce(metadata), stream_cache=True)
         self.final_norm_weight, self.storage, self.card_name = final_norm_weight, storage, card_name
         self.encoding = get_encoding(state_encoding_for(dtype, storage))
         self._lock_fd: int | None = None
