@@ -43,7 +43,7 @@ __all__ = [
 HF_HIDDEN_STATES_INDEX = "hf_hidden_states_index"  # the layer convention: ids index HF ``hidden_states``
 
 R = TypeVar("R", bound="MetadataRecord")
-Parser = Callable[[Any, str], Any]
+Parser = Callable[[Any, str, str], Any]  # (value, file, field name) -> typed value
 
 
 def _bad(where: str, name: str, wanted: str, value: Any) -> FormatError:
@@ -168,15 +168,15 @@ class MetadataRecord:
     def without(self: R, name: str) -> R:
         """This record with field ``name`` unset and left out of the JSON form (not written as null)."""
         key = self._json_name(name)
-        return dataclasses.replace(self, **{name: None}, json_keys=tuple(k for k in self.json_keys or () if k != key))
+        unset: dict[str, Any] = {name: None}
+        return dataclasses.replace(self, **unset, json_keys=tuple(k for k in self.json_keys or () if k != key))
 
 
 def _record(cls: type[R]) -> Parser:
-    return lambda value, where, name: cls.from_json(value, where, name)
+    def parse(value: Any, where: str, name: str) -> R:
+        return cls.from_json(value, where, name)
 
-
-def _checked(check: Callable[[Any, str, str], Any]) -> Parser:
-    return lambda value, where, name: check(value, where, name)
+    return parse
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class ModelRecord(MetadataRecord):
     revision: str | None = None
     fingerprint: str | None = None
 
-    _PARSERS: ClassVar[dict[str, Parser]] = {k: _checked(_str) for k in ("path", "id", "revision", "fingerprint")}
+    _PARSERS: ClassVar[dict[str, Parser]] = {k: _str for k in ("path", "id", "revision", "fingerprint")}
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class LayerPreset(MetadataRecord):
     taps: int | None = None
     ids_from: str | None = None
 
-    _PARSERS: ClassVar[dict[str, Parser]] = {"name": _checked(_str), "taps": _checked(_int), "ids_from": _checked(_str)}
+    _PARSERS: ClassVar[dict[str, Parser]] = {"name": _str, "taps": _int, "ids_from": _str}
 
 
 def _member_name(value: Any, where: str, name: str) -> str:
@@ -218,8 +218,8 @@ class FinalNorm(MetadataRecord):
 
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = ("kind", "eps")  # the weight's keys are added once it is stored
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "kind": _checked(_str), "eps": _checked(_number), "weight_file": _member_name,
-        "weight_key": _checked(_str), "weight_sha256": _checked(_str),
+        "kind": _str, "eps": _number, "weight_file": _member_name,
+        "weight_key": _str, "weight_sha256": _str,
     }
 
 
@@ -235,8 +235,8 @@ class TokenizerRecord(MetadataRecord):
 
     _JSON_NAMES: ClassVar[dict[str, str]] = {"class_name": "class"}
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "path": _checked(_str), "class_name": _checked(_str), "vocab_size": _checked(_int),
-        "fingerprint": _checked(_str), "chat_template_sha256": _checked(_str),
+        "path": _str, "class_name": _str, "vocab_size": _int,
+        "fingerprint": _str, "chat_template_sha256": _str,
     }
 
 
@@ -249,7 +249,7 @@ class BackendRecord(MetadataRecord):
 
     name: str | None = None
 
-    _PARSERS: ClassVar[dict[str, Parser]] = {"name": _checked(_str)}
+    _PARSERS: ClassVar[dict[str, Parser]] = {"name": _str}
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class RegeneratedFile(MetadataRecord):
     sha256: str | None = None
     records: int | None = None
 
-    _PARSERS: ClassVar[dict[str, Parser]] = {"sha256": _checked(_str), "records": _checked(_int)}
+    _PARSERS: ClassVar[dict[str, Parser]] = {"sha256": _str, "records": _int}
 
 
 def _files(value: Any, where: str, name: str) -> dict[str, RegeneratedFile]:
@@ -293,9 +293,9 @@ class RegenerationRecord(MetadataRecord):
         "file", "max_new_tokens", "temperature", "top_p", "seed", "stop_token_ids", "thinking", "turns", "policy", "concurrency", "generator",
     )
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "file": _checked(_str), "max_new_tokens": _checked(_int), "temperature": _checked(_number), "top_p": _checked(_number),
-        "seed": _checked(_int), "stop_token_ids": _checked(_int_tuple), "thinking": _checked(_str), "turns": _checked(_int),
-        "policy": _checked(_str), "concurrency": _checked(_int), "generator": _checked(_object), "files": _files,
+        "file": _str, "max_new_tokens": _int, "temperature": _number, "top_p": _number,
+        "seed": _int, "stop_token_ids": _int_tuple, "thinking": _str, "turns": _int,
+        "policy": _str, "concurrency": _int, "generator": _object, "files": _files,
     }
 
     def with_file(self, name: str, entry: RegeneratedFile) -> "RegenerationRecord":
@@ -356,12 +356,12 @@ class DatasetMetadata(MetadataRecord):
         "dtype", "hidden_size", "num_hidden_layers", "vocab_size", "tokenizer", "max_length", "overflow", "backend", "capture",
     )
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "config_name": _checked(_str), "config_fingerprint": _checked(_str), "model": _record(ModelRecord),
-        "aux_layer_ids": _aux_layer_ids, "layer_preset": _record(LayerPreset), "layer_convention": _checked(_str),
-        "final_state": _checked(_str), "final_norm": _final_norm, "dtype": _checked(_str), "hidden_size": _hidden_size,
-        "num_hidden_layers": _checked(_int), "vocab_size": _checked(_int), "tokenizer": _record(TokenizerRecord),
-        "max_length": _checked(_int), "overflow": _checked(_str), "backend": _record(BackendRecord), "capture": _checked(_object),
-        "regeneration": _record(RegenerationRecord), "stream_cache": _checked(_bool),
+        "config_name": _str, "config_fingerprint": _str, "model": _record(ModelRecord),
+        "aux_layer_ids": _aux_layer_ids, "layer_preset": _record(LayerPreset), "layer_convention": _str,
+        "final_state": _str, "final_norm": _final_norm, "dtype": _str, "hidden_size": _hidden_size,
+        "num_hidden_layers": _int, "vocab_size": _int, "tokenizer": _record(TokenizerRecord),
+        "max_length": _int, "overflow": _str, "backend": _record(BackendRecord), "capture": _object,
+        "regeneration": _record(RegenerationRecord), "stream_cache": _bool,
     }
 
     @classmethod

@@ -89,10 +89,10 @@ def public_metadata(metadata: DatasetMetadata, card_model_path: str | None = Non
     id, or ``model:<fingerprint prefix>`` when it has none.
     """
     model, tokenizer = metadata.model, metadata.tokenizer
-    name = model_id(metadata, card_model_path) or f"model:{str((model and model.fingerprint) or 'unknown')[:16]}"
+    name = model_id(metadata, card_model_path) or f"model:{str((model.fingerprint if model else None) or 'unknown')[:16]}"
     local: dict[str, str] = {}
-    for path in (model and model.path, tokenizer and tokenizer.path):
-        if is_local_path(path):
+    for path in (model.path if model else None, tokenizer.path if tokenizer else None):
+        if path is not None and is_local_path(path):
             local[os.path.normpath(path)] = name
             local[path] = name
     if model is not None and is_local_path(model.path):

@@ -74,7 +74,7 @@ def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
         return None, None
     if kind != "pre_norm":
         raise ExportMismatchError(f"{ds.root}: unknown final_state {kind!r}; SpecForge needs a post-norm final state")
-    norm_kind = "rmsnorm" if md.final_norm is None else md.final_norm.kind
+    norm_kind = (md.final_norm.kind if md.final_norm is not None else None) or "rmsnorm"  # unrecorded: the RMSNorm every supported model has
     if norm_kind != "rmsnorm":
         raise ExportMismatchError(
             f"{ds.root}: the final norm is {norm_kind!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
