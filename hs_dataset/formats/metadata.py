@@ -118,6 +118,7 @@ class MetadataRecord:
     _PARSERS: ClassVar[dict[str, Parser]] = {}
     _JSON_NAMES: ClassVar[dict[str, str]] = {}  # field name -> JSON key where they differ (``class``)
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = None  # None: every field
+    _NOT_NULL: ClassVar[tuple[str, ...]] = ()  # fields whose key, when present, must not be null
 
     def __post_init__(self) -> None:
         if self.json_keys is None:
@@ -161,7 +162,7 @@ class MetadataRecord:
             name = by_json.get(key)
             if name is None:
                 extra[key] = value
-            elif value is not None:
+            elif value is not None or name in cls._NOT_NULL:
                 values[name] = cls._PARSERS[name](value, where, f"{prefix}{key}")
         return cls(**values, json_keys=tuple(raw), extra=extra)
 
@@ -217,6 +218,7 @@ class FinalNorm(MetadataRecord):
     weight_sha256: str | None = None
 
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = ("kind", "eps")  # the weight's keys are added once it is stored
+    _NOT_NULL: ClassVar[tuple[str, ...]] = ("weight_file",)  # a listed weight names a file; readers would skip a null one
     _PARSERS: ClassVar[dict[str, Parser]] = {
         "kind": _str, "eps": _number, "weight_file": _member_name,
         "weight_key": _str, "weight_sha256": _str,

@@ -102,9 +102,10 @@ def test_a_known_key_of_the_wrong_type_is_refused_by_name(field, value, named):
         DatasetMetadata.from_json({**BUILD_JSON, field: value}, "m.json")
 
 
-def test_the_norm_weight_file_is_checked_as_it_is_read():
+@pytest.mark.parametrize("name", ["../outside", None])
+def test_the_norm_weight_file_is_checked_as_it_is_read(name):
     with pytest.raises(FormatError, match=r"final_norm\.weight_file"):
-        DatasetMetadata.from_json({**BUILD_JSON, "final_norm": {"eps": 1e-6, "weight_file": "../outside"}}, "m.json")
+        DatasetMetadata.from_json({**BUILD_JSON, "final_norm": {"eps": 1e-6, "weight_file": name}}, "m.json")
 
 
 _names = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
