@@ -217,7 +217,7 @@ class HsDataset(datasets.ArrowBasedBuilder):
     def _info(self) -> datasets.DatasetInfo:
         if self.config.data_dir:  # an existing dataset, served as it is: its manifest says the shapes
             metadata = served_manifest(self.config.data_dir).metadata
-            features = row_features(len(metadata["aux_layer_ids"]), int(metadata["hidden_size"]))
+            features = row_features(len(metadata.aux_layer_ids or ()), int(metadata.hidden_size or 0))
             return datasets.DatasetInfo(description=f"hs_dataset rows of {self.config.data_dir}", features=features)
         model_dir = self.config.model_dir()
         features = row_features(_num_aux(self.card, model_dir), _hidden_size(model_dir))

@@ -9,6 +9,7 @@ import pytest
 
 from hs_dataset.config import CardError, load_card
 from hs_dataset.errors import UsageError
+from hs_dataset.formats.metadata import DatasetMetadata, LayerPreset
 from hs_dataset.layer_presets import LAYER_PRESETS, dflash2_aux_layers, dflash_aux_layers, eagle3_default_aux_layers, preset_aux_layers
 
 
@@ -70,7 +71,7 @@ def test_the_capture_target_and_the_manifest_record_take_the_preset(tiny_model_d
     target = CaptureTarget.from_card(card, model_path=str(tiny_model_dir))
     assert target.aux_layer_ids == (1, 2, 3, 4, 5)  # 5 taps of the 6-layer tiny model
     info = SimpleNamespace(num_hidden_layers=6, aux_layer_ids=[1, 2, 3, 4, 5])
-    assert layer_preset_record(card, info) == {"name": "dflash2", "taps": 5, "ids_from": "preset"}
+    assert layer_preset_record(card, info) == LayerPreset(name="dflash2", taps=5, ids_from="preset")
     with pytest.raises(UsageError, match=r"gives aux layers \[1, 2, 3, 4, 5\].*backend captures \[2, 3, 4\]"):
         layer_preset_record(card, SimpleNamespace(num_hidden_layers=6, aux_layer_ids=[2, 3, 4]))
 
@@ -89,7 +90,9 @@ def test_the_command_line_preset_replaces_the_derived_layers(tiny_model_dir, cap
 def _manifest(ids, preset=None, model="/models/m"):
     return SimpleNamespace(
         aux_layer_ids=ids,
-        metadata={"layer_preset": {"name": preset} if preset else None, "model": {"path": model}, "num_hidden_layers": 6},
+        metadata=DatasetMetadata.from_json(
+            {"layer_preset": {"name": preset} if preset else None, "model": {"path": model}, "num_hidden_layers": 6}, "test manifest"
+        ),
     )
 
 

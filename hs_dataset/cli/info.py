@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.formats.metadata import DatasetMetadata
 
 __all__ = ["HELP", "EXAMPLES", "add_arguments", "run", "describe", "human_bytes"]
 
@@ -29,10 +30,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def trainer_layer_flags(md: dict) -> str:
+def trainer_layer_flags(md: DatasetMetadata) -> str:
     """What each trainer must be told about the stored aux layers (docs/TRAINING.md)."""
-    aux = [int(i) for i in md.get("aux_layer_ids") or []]
-    if md.get("layer_convention", "hf_hidden_states_index") != "hf_hidden_states_index":
+    from hs_dataset.formats.metadata import HF_HIDDEN_STATES_INDEX
+
+    aux = [int(i) for i in md.aux_layer_ids or ()]
+    if md.convention != HF_HIDDEN_STATES_INDEX:
         return "n/a (not hf_hidden_states_index)"
     if not aux:
         return "speculators --speculator-type mtp (the final state only); SpecForge: n/a (needs 3 aux layers)"
@@ -40,33 +43,35 @@ def trainer_layer_flags(md: dict) -> str:
     return f"speculators --target-layer-ids {' '.join(map(str, aux))}; {forge}"
 
 
-def layer_preset_line(md: dict) -> str:
+def layer_preset_line(md: DatasetMetadata) -> str:
     """The drafter family the layers were captured for (``layers.preset``), or that the card named them."""
-    preset = md.get("layer_preset")
-    if not isinstance(preset, dict):
+    preset = md.layer_preset
+    if preset is None:
         return "none (the card named the layers)"
-    taps = f", {preset['taps']} taps" if preset.get("taps") else ""
-    pinned = "; ids pinned by layers.aux" if preset.get("ids_from") == "aux" else ""
-    return f"{preset.get('name')}{taps}{pinned}"
+    taps = f", {preset.taps} taps" if preset.taps else ""
+    pinned = "; ids pinned by layers.aux" if preset.ids_from == "aux" else ""
+    return f"{preset.name}{taps}{pinned}"
 
 
 def describe(manifest: "Manifest") -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
-    model = md.get("model") or {}
-    norm = md.get("final_norm") or {}
+    from hs_dataset.formats.metadata import FinalNorm, ModelRecord
+
+    model = md.model or ModelRecord()
+    norm = md.final_norm or FinalNorm()
     bytes_per_token = manifest.num_bytes / manifest.num_tokens if manifest.num_tokens else 0.0
     lines = [
         f"format           {manifest.format} v{manifest.format_version} (dataset {manifest.dataset_id})",
         f"created by       {manifest.created_by}",
-        f"config           {md.get('config_name')} (fingerprint {str(md.get('config_fingerprint'))[:16]})",
-        f"model            {model.get('path') or model.get('id')} (revision/fingerprint {model.get('revision') or str(model.get('fingerprint'))[:16]})",
-        f"aux layers       {md.get('aux_layer_ids')} ({md.get('layer_convention', 'hf_hidden_states_index')})",
+        f"config           {md.config_name} (fingerprint {str(md.config_fingerprint)[:16]})",
+        f"model            {model.path or model.id} (revision/fingerprint {model.revision or str(model.fingerprint)[:16]})",
+        f"aux layers       {None if md.aux_layer_ids is None else list(md.aux_layer_ids)} ({md.convention})",
         f"layer preset     {layer_preset_line(md)}",
         f"trainer layers   {trainer_layer_flags(md)}",
-        f"final state      {md.get('final_state')} (norm eps {norm.get('eps')}, weight in {norm.get('weight_file')})",
-        f"dtype / hidden   {md.get('dtype')} / {md.get('hidden_size')}; stored as {manifest.state_encoding}",
-        f"tokenizer        {md.get('tokenizer')}",
+        f"final state      {md.final_state} (norm eps {norm.eps}, weight in {norm.weight_file})",
+        f"dtype / hidden   {md.dtype} / {md.hidden_size}; stored as {manifest.state_encoding}",
+        f"tokenizer        {None if md.tokenizer is None else md.tokenizer.to_json()}",
         f"samples          {manifest.num_samples}",
         f"tokens           {manifest.num_tokens}",
         f"shards           {len(manifest.shards)}",

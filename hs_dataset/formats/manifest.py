@@ -14,11 +14,12 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
+from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import check_local_path, check_member_name, check_plain_name, open_member
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, state_keys
 
@@ -55,8 +56,10 @@ IDENTITY_KEYS = (
 )
 
 
-def identity_fingerprint(metadata: dict[str, Any]) -> str:
-    """sha256 over the identity part of the metadata (canonical JSON)."""
+def identity_fingerprint(metadata: DatasetMetadata | Mapping[str, Any]) -> str:
+    """sha256 over the identity part of the metadata (canonical JSON of its JSON form)."""
+    if isinstance(metadata, DatasetMetadata):
+        metadata = metadata.to_json()
     identity = {k: metadata.get(k) for k in IDENTITY_KEYS}
     if isinstance(identity["model"], dict):  # the weights define the data, not where they lie on disk
         identity["model"] = {k: identity["model"].get(k) for k in ("id", "fingerprint")}
@@ -144,7 +147,7 @@ class Manifest:
     """In-memory form of ``manifest.json`` (see docs/FORMAT.md for every field)."""
 
     dataset_id: str
-    metadata: dict[str, Any]
+    metadata: DatasetMetadata
     tensors: dict[str, dict[str, Any]]
     shards: list[ShardRecord] = field(default_factory=list)
     quarantine: list[dict[str, str]] = field(default_factory=list)
@@ -154,6 +157,7 @@ class Manifest:
     identity: str = ""
 
     def __post_init__(self) -> None:
+        self.metadata = DatasetMetadata.coerce(self.metadata)
         if not self.identity:
             self.identity = identity_fingerprint(self.metadata)
 
@@ -172,11 +176,11 @@ class Manifest:
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        return list(self.metadata["aux_layer_ids"])
+        return list(self.metadata.aux_layer_ids or ())
 
     @property
     def hidden_size(self) -> int:
-        return int(self.metadata["hidden_size"])
+        return int(self.metadata.hidden_size or 0)
 
     @property
     def state_encoding(self) -> str:
@@ -194,16 +198,16 @@ class Manifest:
             "dataset_id": self.dataset_id,
             "identity": self.identity,
             "created_by": self.created_by,
-            "metadata": self.metadata,
+            "metadata": self.metadata.to_json(),
             "tensors": self.tensors,
             "totals": {"samples": self.num_samples, "tokens": self.num_tokens, "bytes": self.num_bytes, "shards": len(self.shards)},
             "shards": [s.to_json() for s in self.shards],
             "quarantine": self.quarantine,
         }
 
-    def encode(self) -> bytes:
+    def encode(self, *, sort_keys: bool = False) -> bytes:
         """The manifest file's bytes (taken under a writer's lock; written after it is let go)."""
-        return json.dumps(self.to_json(), indent=1, sort_keys=False).encode("utf-8") + b"\n"
+        return json.dumps(self.to_json(), indent=1, sort_keys=sort_keys).encode("utf-8") + b"\n"
 
     def save(self, root: Path) -> None:
         """Atomically replace ``root/manifest.json``."""
@@ -224,7 +228,7 @@ class Manifest:
         try:
             manifest = cls(
                 dataset_id=check_plain_name(raw["dataset_id"], what="dataset_id", where=where),
-                metadata=dict(raw["metadata"]),
+                metadata=DatasetMetadata.from_json(raw["metadata"], where),
                 tensors=dict(raw["tensors"]),
                 shards=[ShardRecord.from_json(s, where, i, version=version) for i, s in enumerate(raw["shards"])],
                 quarantine=list(raw.get("quarantine", [])),
@@ -300,21 +304,16 @@ def _check_members(manifest: "Manifest", where: str) -> None:
         if record.file in seen:
             raise FormatError(f"{where}: shards[{i}].file {record.file!r} is listed twice; restore the manifest")
         seen.add(record.file)
-    _check_shape_fields(manifest, where)
-    norm = manifest.metadata.get("final_norm")
-    if norm is not None and not isinstance(norm, dict):
-        raise FormatError(f"{where}: metadata.final_norm must be an object; restore the manifest")
-    if isinstance(norm, dict) and "weight_file" in norm:
-        check_member_name(norm["weight_file"], what="metadata.final_norm.weight_file", where=where)
+    _check_shape_fields(manifest, where)  # the final norm's weight file name is checked as the metadata is read
 
 
 def _check_shape_fields(manifest: "Manifest", where: str) -> None:
     """The fields readers compute shapes from: small non-negative ints, tensor entries with an encoding name."""
-    ids, hidden = manifest.metadata.get("aux_layer_ids"), manifest.metadata.get("hidden_size")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 20 for i in ids):
-        raise FormatError(f"{where}: metadata.aux_layer_ids must be a list of HF hidden_states indexes, got {str(ids)[:80]}; restore the manifest")
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or not 0 < hidden < 1 << 24:
-        raise FormatError(f"{where}: metadata.hidden_size must be a positive integer, got {str(hidden)[:80]}; restore the manifest")
+    ids, hidden = manifest.metadata.aux_layer_ids, manifest.metadata.hidden_size  # types and ranges checked as they are read
+    if ids is None:
+        raise FormatError(f"{where}: metadata.aux_layer_ids must be a list of HF hidden_states indexes, got None; restore the manifest")
+    if hidden is None:
+        raise FormatError(f"{where}: metadata.hidden_size must be a positive integer, got None; restore the manifest")
     for name, entry in manifest.tensors.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("encoding"), str):
             raise FormatError(f"{where}: tensors.{name} needs an 'encoding' name; restore the manifest")

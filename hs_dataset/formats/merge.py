@@ -25,6 +25,7 @@ from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader
 
@@ -85,25 +86,25 @@ def check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
     for path, manifest in loaded[1:]:
         if manifest.identity != first.identity:
             raise ForeignDatasetError(
-                f"{path} holds a different dataset than {first_path} (config {manifest.metadata.get('config_name')!r} vs "
-                f"{first.metadata.get('config_name')!r}); only parts of one build can be merged"
+                f"{path} holds a different dataset than {first_path} (config {manifest.metadata.config_name!r} vs "
+                f"{first.metadata.config_name!r}); only parts of one build can be merged"
             )
         if manifest.tensors != first.tensors:
             raise ForeignDatasetError(
                 f"{path} stores tensors as {_encodings(manifest)} but {first_path} as {_encodings(first)}; "
                 "merge only parts written with the same --storage (or rebuild one of them)"
             )
-        if manifest.metadata.get("final_norm") != first.metadata.get("final_norm"):
+        if manifest.metadata.final_norm != first.metadata.final_norm:
             raise ForeignDatasetError(f"{path} and {first_path} record different final norms (metadata.final_norm); only parts of one build can be merged")
         _check_same_regeneration(path, manifest, first_path, first)
 
 
 def _regeneration_params(manifest: Manifest) -> dict[str, Any] | None:
     """``metadata.regeneration`` without what may differ per part (file names, server addresses)."""
-    entry = manifest.metadata.get("regeneration")
-    if not isinstance(entry, dict):
-        return entry
-    params = {k: v for k, v in entry.items() if k not in _PER_PART_KEYS}
+    entry = manifest.metadata.regeneration
+    if entry is None:
+        return None
+    params = {k: v for k, v in entry.to_json().items() if k not in _PER_PART_KEYS}
     if isinstance(params.get("generator"), dict):
         params["generator"] = {k: v for k, v in params["generator"].items() if k not in _PER_PART_GENERATOR_KEYS}
     return params
@@ -175,7 +176,7 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
 def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool) -> Manifest:
     shards: list[ShardRecord] = []
     quarantine: list[dict[str, str]] = []
-    regenerated: dict[str, Any] = {}
+    regenerated: dict[str, RegeneratedFile] = {}
     seen: dict[str, str] = {}
     for index, (path, manifest) in enumerate(loaded):
         for number, record in enumerate(manifest.shards):
@@ -191,14 +192,14 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
         quarantine.extend(manifest.quarantine)
         regenerated.update(_copy_regenerated(path, manifest, out, f"part-{index:05d}"))
     first_path, first = loaded[0]
-    metadata = dict(first.metadata)
-    if isinstance(metadata.get("regeneration"), dict):
-        entry = {k: v for k, v in metadata["regeneration"].items() if k != "file"}  # many files now; ``files`` lists them
-        metadata["regeneration"] = {**entry, "files": regenerated}
-    norm = metadata.get("final_norm") or {}
-    if "weight_file" in norm:
+    metadata = first.metadata
+    if metadata.regeneration is not None:  # many files now; ``files`` lists them, not ``file``
+        entry = metadata.regeneration.without("file").without("files")
+        metadata = replace(metadata, regeneration=replace(entry, files=regenerated))
+    norm = metadata.final_norm
+    if norm is not None and norm.weight_file is not None:
         what = "metadata.final_norm.weight_file"
-        _publish_link(resolve_member(first_path, norm["weight_file"], what=what), resolve_member(out, norm["weight_file"], what=what))
+        _publish_link(resolve_member(first_path, norm.weight_file, what=what), resolve_member(out, norm.weight_file, what=what))
     merged = Manifest(
         dataset_id=uuid.uuid4().hex,
         metadata=metadata,
@@ -212,19 +213,19 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
     return merged
 
 
-def _copy_regenerated(part: Path, manifest: Manifest, out: Path, prefix: str) -> dict[str, Any]:
+def _copy_regenerated(part: Path, manifest: Manifest, out: Path, prefix: str) -> dict[str, RegeneratedFile]:
     """Copy the part's regenerated files (and its run report, which accounts for capture failures) under ``prefix/``.
 
     Returns the merged ``files`` entries: the part's recorded sha256 and record count,
     not re-hashed here, so ``verify`` of the merge compares the copy with what the build wrote.
     """
-    entry = manifest.metadata.get("regeneration")
-    files = entry.get("files") if isinstance(entry, dict) else None
+    entry = manifest.metadata.regeneration
     if entry is None:
         return {}
-    if not isinstance(files, dict) or not files:
+    files = entry.files
+    if not files:
         raise IntegrityError(f"{part / MANIFEST_NAME}: metadata.regeneration.files is missing; finish the part's build (resume it) before merging")
-    merged: dict[str, Any] = {}
+    merged: dict[str, RegeneratedFile] = {}
     for name, info in files.items():
         what = f"metadata.regeneration.files[{name!r}]"
         src = resolve_member(part, name, what=what)

@@ -20,7 +20,7 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, bad_scales, check_te
 from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.metadata import FinalNorm
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
 from hs_dataset.codecs.safetensors_layout import TensorSpec, parse_header, read_header
 from hs_dataset.formats.shard_layout import (
@@ -338,11 +339,11 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
 
     def final_norm(self) -> tuple[torch.Tensor, float]:
         """The final norm's (weight, eps) recorded with the data, to derive post-norm states."""
-        info = self.manifest.metadata.get("final_norm") or {}
+        info = self.manifest.metadata.final_norm
         where = str(self.root / MANIFEST_NAME)
-        if "weight_file" not in info:
+        if info is None or info.weight_file is None:
             raise FormatError(f"{self.root}: the manifest records no final-norm weight")
-        eps = info.get("eps")
+        eps = info.eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
             raise FormatError(f"{where}: metadata.final_norm.eps must be a small non-negative number, got {str(eps)[:40]}")
         return load_norm_weight(self.root, info, where=where, hidden_size=self.manifest.hidden_size), float(eps)
@@ -351,8 +352,10 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
 MAX_NORM_WEIGHT_BYTES = 64 * 1024 * 1024  # a [H] vector; far above any real model's
 
 
-def load_norm_weight(root: str | os.PathLike, info: dict[str, Any], *, where: str, hidden_size: int | None = None) -> torch.Tensor:
+def load_norm_weight(root: str | os.PathLike, info: FinalNorm | Mapping[str, Any], *, where: str, hidden_size: int | None = None) -> torch.Tensor:
     """Read the norm weight file named by ``info`` (``weight_file``/``weight_key``/``weight_sha256``) under ``root``.
+
+    ``info`` is the manifest's :class:`FinalNorm` or an export record's ``final_norm`` object.
 
     The one place such a file is read (datasets and export records): one open (no
     symlinks, inside ``root``), bounded size, sha256 checked when recorded, header
@@ -360,16 +363,18 @@ def load_norm_weight(root: str | os.PathLike, info: dict[str, Any], *, where: st
     """
     from safetensors.torch import load
 
-    with open_member(root, info.get("weight_file"), what="final_norm.weight_file", where=where) as f:
+    if not isinstance(info, FinalNorm):
+        info = FinalNorm.from_json(dict(info), where, "final_norm")
+    with open_member(root, info.weight_file, what="final_norm.weight_file", where=where) as f:
         data = f.read(MAX_NORM_WEIGHT_BYTES + 1)
-    shown = Path(root) / str(info["weight_file"])
+    shown = Path(root) / str(info.weight_file)
     if len(data) > MAX_NORM_WEIGHT_BYTES:
         raise FormatError(f"{shown}: larger than {MAX_NORM_WEIGHT_BYTES} bytes; not a norm weight (replaced file?)")
-    expected = info.get("weight_sha256")
+    expected = info.weight_sha256
     if expected and sha256_bytes(data) != expected:
         raise IntegrityError(f"{shown}: sha256 differs from the manifest (corrupted norm weight); restore it from the model")
     specs, _meta, _start = parse_header(data, len(data), str(shown))
-    key = info.get("weight_key", NORM_WEIGHT_KEY)
+    key = NORM_WEIGHT_KEY if info.weight_key is None else info.weight_key
     if key not in specs:
         raise FormatError(f"{shown}: holds no tensor {str(key)[:80]!r} (final_norm.weight_key in {where})")
     weight = load(data)[key]

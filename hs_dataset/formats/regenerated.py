@@ -45,7 +45,7 @@ def _chunk_records(line: bytes, where: str, number: int) -> list[dict[str, Any]]
     return chunk["records"]
 
 
-def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str) -> dict[str, dict[str, Any]]:
+def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) -> dict[str, dict[str, Any]]:
     """The finished file's records by sample id, once its sha256 is the one ``what`` records (a finished build leaves no torn line).
 
     Raises FileNotFoundError when missing, UnsafePathError when not a regular file,

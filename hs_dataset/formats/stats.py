@@ -94,8 +94,8 @@ def compute_stats(dataset_dir: str | os.PathLike, *, max_samples: int | None = N
 
     ds = open_dataset(dataset_dir)
     md = ds.manifest.metadata
-    aux_ids = list(md.get("aux_layer_ids") or [])
-    final_kind = md.get("final_state", "pre_norm")
+    aux_ids = list(md.aux_layer_ids or ())
+    final_kind = md.final_state or "pre_norm"
     layers = [LayerStats(f"hidden_states[{i}]", int(i)) for i in aux_ids] + [LayerStats(f"final ({final_kind})", None)]
     n_layers = len(layers)
     sumsq = torch.zeros(n_layers, dtype=torch.float64)

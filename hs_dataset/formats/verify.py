@@ -28,6 +28,7 @@ from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
+from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
@@ -123,13 +124,13 @@ def check_finite(reader: ShardReader, path: Path) -> None:
 
 
 def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> None:
-    info = manifest.metadata.get("final_norm") or {}
-    if "weight_file" not in info:
+    info = manifest.metadata.final_norm
+    if info is None or info.weight_file is None:
         return
     try:
         load_norm_weight(root, info, where=str(root / MANIFEST_NAME), hidden_size=manifest.hidden_size)
     except FileNotFoundError:
-        result.problems.append(f"{root / str(info['weight_file'])}: final-norm weight listed in the manifest is missing")
+        result.problems.append(f"{root / info.weight_file}: final-norm weight listed in the manifest is missing")
     except (HsDatasetError, OSError) as exc:
         result.problems.append(str(exc))
 
@@ -137,18 +138,18 @@ def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> 
 def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, stored: set[str] | None) -> None:
     """Every file in ``metadata.regeneration.files``: safe path, sha256, record count, record shape, and what was stored."""
     where = str(root / MANIFEST_NAME)
-    entry = manifest.metadata.get("regeneration")
+    entry = manifest.metadata.regeneration
     if entry is None:
         return
-    files = entry.get("files") if isinstance(entry, dict) else None
-    if not isinstance(files, dict) or not files:
+    files = entry.files
+    if not files:
         result.problems.append(
             f"{where}: metadata.regeneration.files is missing or empty: the build stopped before it hashed its regenerated "
             "conversations; resume the build (same command) to finish it"
         )
         return
-    if "file" in entry and entry["file"] not in files:
-        result.problems.append(f"{where}: metadata.regeneration.file {entry['file']!r} is not listed in metadata.regeneration.files; restore the original manifest")
+    if entry.file is not None and entry.file not in files:
+        result.problems.append(f"{where}: metadata.regeneration.file {entry.file!r} is not listed in metadata.regeneration.files; restore the original manifest")
     owner: dict[str, str] = {}
     for name, info in files.items():
         field = f"metadata.regeneration.files[{name!r}]"
@@ -165,15 +166,14 @@ def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, sto
             _check_stored(root, manifest, name, path, records, stored, result)
 
 
-def _read_listed(root: Path, name: str, info: Any, field: str, where: str) -> tuple[Path, dict[str, dict]]:
+def _read_listed(root: Path, name: str, info: RegeneratedFile, field: str, where: str) -> tuple[Path, dict[str, dict]]:
     """The file's records after checking its path, sha256 and record count against the manifest."""
     path = resolve_member(root, name, what=field, where=where)
-    info = info if isinstance(info, dict) else {}
     try:
-        records = read_regenerated(path, what=field, sha256=info.get("sha256"))
+        records = read_regenerated(path, what=field, sha256=info.sha256)
     except FileNotFoundError:
         raise IntegrityError(f"{path}: {field} names a file that is missing; restore it (its sha256 is in {where}) or rebuild with --regenerate") from None
-    count = info.get("records")
+    count = info.records
     if count != len(records):
         raise IntegrityError(f"{path}: holds {len(records)} records but {field}.records is {count!r}; restore the file or the manifest")
     return path, records
@@ -182,7 +182,7 @@ def _read_listed(root: Path, name: str, info: Any, field: str, where: str) -> tu
 def _check_stored(root: Path, manifest: Manifest, name: str, path: Path, records: dict[str, dict], stored: set[str], result: VerifyResult) -> None:
     """Kept conversations are stored (or accounted for); dropped ones are not (what the regeneration stage guarantees)."""
     accounted = {q.get("sample_id") for q in manifest.quarantine if isinstance(q, dict)} | _capture_failures(root, name)
-    max_length = manifest.metadata.get("max_length")
+    max_length = manifest.metadata.max_length
     lost, leaked = [], []
     for sid, record in records.items():
         dropped = record["dropped"]

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -32,6 +33,7 @@ from hs_dataset.formats.atomic import remove_quietly
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.codecs.registry import Encoding, get_encoding, state_encoding_for
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
+from hs_dataset.formats.metadata import DatasetMetadata, RegeneratedFile, RegenerationRecord
 from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
@@ -49,10 +51,13 @@ __all__ = ["ShardWriter"]
 class ShardWriter:
     """Write captured samples into a dataset directory.
 
-    ``metadata`` is the dataset-level metadata recorded in the manifest (model,
+    ``metadata`` is the dataset-level metadata recorded in the manifest
+    (:class:`~hs_dataset.formats.metadata.DatasetMetadata`, or its JSON form: model,
     ``aux_layer_ids`` as HF ``hidden_states`` indexes, ``final_state``, ``dtype``,
-    ``hidden_size``, config and tokenizer; see docs/FORMAT.md). It must contain at
-    least ``aux_layer_ids``, ``hidden_size`` and ``dtype``.
+    ``hidden_size``, config and tokenizer; see docs/FORMAT.md). It must set at least
+    ``aux_layer_ids``, ``hidden_size`` and ``dtype``. The writer is the manifest's only
+    owner: what is recorded once the data is written (the regenerated files) goes
+    through :meth:`record_regenerated_file`.
 
     Use as a context manager; :meth:`close` flushes the last shard. The parts:
     :mod:`~hs_dataset.formats.writer_resume` opens or resumes the directory,
@@ -65,7 +70,7 @@ class ShardWriter:
     def __init__(
         self,
         root: str | os.PathLike,
-        metadata: dict[str, Any],
+        metadata: DatasetMetadata | Mapping[str, Any],
         *,
         final_norm_weight: torch.Tensor | None = None,
         storage: str = "native",
@@ -75,14 +80,16 @@ class ShardWriter:
         shard_prefix: str = "",
         created_by: str | None = None,
     ) -> None:
+        metadata = DatasetMetadata.coerce(metadata, "ShardWriter metadata")
         _check_options(metadata, shard_bytes, nonfinite, writer_threads, shard_prefix)
         self.root = check_local_path(root, what="output directory")
-        self.metadata = dict(metadata)
-        dtype = state_dtype(self.metadata["dtype"])
+        self.metadata = metadata
+        hidden_size = int(metadata.hidden_size or 0)
+        dtype = state_dtype(str(metadata.dtype))
         encoding = get_encoding(state_encoding_for(dtype, storage))
-        if problem := encoding.hidden_size_problem(int(self.metadata["hidden_size"])):
+        if problem := encoding.hidden_size_problem(hidden_size):
             raise UsageError(f"{root}: {problem}")
-        self._encoder = SampleEncoder(dtype, len(self.metadata["aux_layer_ids"]), int(self.metadata["hidden_size"]), encoding)
+        self._encoder = SampleEncoder(dtype, len(metadata.aux_layer_ids or ()), hidden_size, encoding)
         self.shard_bytes = shard_bytes
         self.nonfinite = nonfinite
         self.shard_prefix = shard_prefix
@@ -213,6 +220,22 @@ class ShardWriter:
             release()
         self._held_pools = []
 
+    # ------------------------------------------------------------------ metadata
+    def record_regenerated_file(self, name: str, entry: RegeneratedFile, *, regeneration: RegenerationRecord) -> None:
+        """List a regenerated-conversations file in ``metadata.regeneration.files`` and rewrite the manifest.
+
+        ``regeneration`` is this run's record, used when the manifest has none yet; a
+        resumed dataset keeps the record of its first run and gains the file.
+        """
+        if self._closed:
+            raise RuntimeError("ShardWriter is closed; record the regenerated file before closing it")
+
+        def with_file(metadata: DatasetMetadata) -> DatasetMetadata:
+            record = metadata.regeneration or regeneration
+            return replace(metadata, regeneration=record.with_file(name, entry))
+
+        self._session.edit_metadata(with_file)
+
     # ------------------------------------------------------------------ flush
     def flush(self) -> None:
         """Hand the buffered samples to a background writer (blocks while too many are in flight)."""
@@ -267,7 +290,7 @@ def _make_output_dir(root: Path) -> None:
         raise UsageError(f"{root}: exists and is not a directory; pass a directory (new or empty) as the output") from None
 
 
-def _check_options(metadata: dict[str, Any], shard_bytes: int, nonfinite: str, writer_threads: int, shard_prefix: str) -> None:
+def _check_options(metadata: DatasetMetadata, shard_bytes: int, nonfinite: str, writer_threads: int, shard_prefix: str) -> None:
     if not 1 <= shard_bytes <= MAX_SHARD_BYTES:
         raise ValueError(f"shard_bytes must be in [1, {MAX_SHARD_BYTES}] (shards stay < 4 GiB), got {shard_bytes}")
     if nonfinite not in ("quarantine", "refuse"):
@@ -276,6 +299,6 @@ def _check_options(metadata: dict[str, Any], shard_bytes: int, nonfinite: str, w
         raise ValueError(f"writer_threads must be >= 1, got {writer_threads}")
     if shard_prefix and not all(c.isalnum() or c in "-_." for c in shard_prefix):
         raise ValueError(f"shard_prefix may hold only letters, digits, '-', '_' and '.', got {shard_prefix!r}")
-    missing = [k for k in ("aux_layer_ids", "hidden_size", "dtype") if k not in metadata]
+    missing = [k for k in ("aux_layer_ids", "hidden_size", "dtype") if getattr(metadata, k) is None]
     if missing:
         raise ValueError(f"metadata lacks {missing}; the manifest must say what the states mean")

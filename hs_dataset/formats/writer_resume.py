@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from hs_dataset.formats.dirlock import LOCK_NAME
 from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
+from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm, ModelRecord
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.formats.shard_file import shard_sample_ids
@@ -47,7 +48,7 @@ class WriteTarget:
     """What a writer writes into ``root``: the dataset it must be (metadata, state encoding) and its shards' prefix."""
 
     root: Path
-    metadata: dict[str, Any]
+    metadata: DatasetMetadata
     encoding: Encoding
     shard_prefix: str
 
@@ -99,7 +100,7 @@ def _is_our_norm_weight(path: Path) -> bool:
 
 def _tensor_table(target: WriteTarget) -> dict[str, dict[str, Any]]:
     state = {"encoding": target.encoding.name}
-    num_aux, hidden_size = len(target.metadata["aux_layer_ids"]), int(target.metadata["hidden_size"])
+    num_aux, hidden_size = len(target.metadata.aux_layer_ids or ()), int(target.metadata.hidden_size or 0)
     table = {
         OFFSETS_KEY: {"encoding": "int64", "shape": ["samples+1"]},
         INPUT_IDS_KEY: {"encoding": "int64", "shape": ["tokens"]},
@@ -115,9 +116,11 @@ def _tensor_table(target: WriteTarget) -> dict[str, dict[str, Any]]:
 def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created_by: str | None) -> Manifest:
     from hs_dataset.version import __version__
 
-    metadata = dict(target.metadata)
+    metadata = target.metadata
     if final_norm_weight is not None:
-        metadata["final_norm"] = {**metadata.get("final_norm", {}), **_write_norm_weight(target.root, final_norm_weight)}
+        weight_file, weight_key, weight_sha256 = _write_norm_weight(target.root, final_norm_weight)
+        norm = replace(metadata.final_norm or FinalNorm(json_keys=()), weight_file=weight_file, weight_key=weight_key, weight_sha256=weight_sha256)
+        metadata = replace(metadata, final_norm=norm)
     manifest = Manifest(
         dataset_id=uuid.uuid4().hex,
         metadata=metadata,
@@ -129,7 +132,8 @@ def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created
     return manifest
 
 
-def _write_norm_weight(root: Path, weight: torch.Tensor) -> dict[str, Any]:
+def _write_norm_weight(root: Path, weight: torch.Tensor) -> tuple[str, str, str]:
+    """Publish the final norm's weight; returns (file name, tensor key, sha256)."""
     from safetensors.torch import save_file
 
     final = root / NORM_WEIGHT_FILE
@@ -140,7 +144,7 @@ def _write_norm_weight(root: Path, weight: torch.Tensor) -> dict[str, Any]:
         os.fsync(f.fileno())
         digest = sha256_fileobj(f)
     publish(temp, final)
-    return {"weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY, "weight_sha256": digest}
+    return NORM_WEIGHT_FILE, NORM_WEIGHT_KEY, digest
 
 
 def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> OpenedDataset:
@@ -149,8 +153,8 @@ def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> Op
     wanted = identity_fingerprint(target.metadata)
     if manifest.identity != wanted:
         raise ForeignDatasetError(
-            f"{root} already holds a different dataset (config {manifest.metadata.get('config_name')!r}, "
-            f"model {manifest.metadata.get('model')!r}); write to another directory or delete this one"
+            f"{root} already holds a different dataset (config {manifest.metadata.config_name!r}, "
+            f"model {_shown(manifest.metadata.model)}); write to another directory or delete this one"
         )
     if manifest.tensors.get(FINAL_KEY, {}).get("encoding") != target.encoding.name:
         raise ForeignDatasetError(
@@ -198,3 +202,8 @@ def _adopt_orphan(root: Path, manifest: Manifest, name: str, report: WriterRepor
     manifest.shards.sort(key=lambda s: s.file)
     manifest.save(root)
     report.adopted_shards.append(name)
+
+
+def _shown(record: ModelRecord | None) -> str:
+    """A model record as the manifest writes it (for messages)."""
+    return repr(None if record is None else record.to_json())

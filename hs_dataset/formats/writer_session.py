@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from hs_dataset.errors import DuplicateSampleError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.metadata import DatasetMetadata
 
 __all__ = ["WriterReport", "WriterSession"]
 
@@ -109,6 +110,13 @@ class WriterSession:
                 self.report.bytes_written += record.bytes
 
     # ------------------------------------------------------------------ manifest
+    def edit_metadata(self, edit: Callable[[DatasetMetadata], DatasetMetadata]) -> None:
+        """Replace the manifest's metadata with ``edit(metadata)`` and write the manifest (the identity is kept)."""
+        with self._lock:
+            self.manifest.metadata = edit(self.manifest.metadata)
+            state = self._numbered_state_locked()
+        self.save_manifest(*state)
+
     def numbered_state(self) -> tuple[int, bytes]:
         """Number the manifest's current state and encode it."""
         with self._lock:

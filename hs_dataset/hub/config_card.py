@@ -15,6 +15,7 @@ from typing import Any, Literal, Mapping
 
 from hs_dataset.config import Card, list_cards, load_card
 from hs_dataset.errors import UsageError
+from hs_dataset.formats.metadata import DatasetMetadata
 
 __all__ = ["CardChoice", "card_for_push", "card_model_name"]
 
@@ -22,7 +23,7 @@ CardChoice = Card | str | os.PathLike | Literal[False] | None
 """A card, a shipped card's name or a card file's path; None: the one the manifest names; False: none."""
 
 
-def card_for_push(card: CardChoice, metadata: Mapping[str, Any], *, config: str, where: str) -> Card | None:
+def card_for_push(card: CardChoice, metadata: DatasetMetadata, *, config: str, where: str) -> Card | None:
     """The config card whose metadata the pushed README carries (None only for ``card=False``).
 
     ``where`` names the dataset in errors; ``config`` (the repo folder) stands in for a
@@ -36,8 +37,8 @@ def card_for_push(card: CardChoice, metadata: Mapping[str, Any], *, config: str,
     elif card is not None:
         chosen = load_card(card)
     else:
-        chosen = _recorded_card(str(metadata.get("config_name") or config), where)
-    built_by = metadata.get("config_name")
+        chosen = _recorded_card(str(metadata.config_name or config), where)
+    built_by = metadata.config_name
     if built_by and chosen.name != built_by:
         raise UsageError(
             f"{where}: the dataset was built by config {built_by!r}, but the card {chosen.source_path} is {chosen.name!r}; "

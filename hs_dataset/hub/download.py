@@ -58,7 +58,7 @@ def download_pushed(
     data = open_dataset(shards_dir, verify_hashes=True)
     for i in range(len(data.manifest.shards)):
         data.shard(i)  # size, header, structure and hash against the manifest
-    if (data.manifest.metadata.get("final_norm") or {}).get("weight_file"):
+    if data.manifest.metadata.final_norm is not None and data.manifest.metadata.final_norm.weight_file:
         data.final_norm()  # sha256 of the weight file against the manifest
     return root, config
 

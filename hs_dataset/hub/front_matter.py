@@ -13,6 +13,7 @@ from typing import Any
 
 from hs_dataset.config import Card
 from hs_dataset.errors import UsageError
+from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.hub.config_card import card_model_name
 from hs_dataset.hub.index import IndexFiles
 from hs_dataset.hub.public import bigger_size_category, hub_model_id, model_id, size_category, source_datasets
@@ -91,7 +92,7 @@ def _replaced(entries: Any, config: str, entry: dict[str, Any]) -> list[dict[str
 
 
 def _ecosystem_front_matter(
-    meta: dict[str, Any], card_meta: dict[str, Any], md: dict[str, Any], card_model: str | None, sources: list[Any], samples: int
+    meta: dict[str, Any], card_meta: dict[str, Any], md: DatasetMetadata, card_model: str | None, sources: list[Any], samples: int
 ) -> dict[str, Any]:
     """The keys the Hub and its dataset viewer index datasets by: task, size, sources, base model, license name.
 
@@ -110,7 +111,7 @@ def _ecosystem_front_matter(
     license_id = meta.get("license") or card_meta.get("license")
     if license_id == "other" and not (meta.get("license_name") or card_meta.get("license_name")):
         raise UsageError(
-            f"config card {md.get('config_name')!r}: dataset_card.license is 'other' but dataset_card.license_name is "
+            f"config card {md.config_name!r}: dataset_card.license is 'other' but dataset_card.license_name is "
             "missing; the Hub requires a license_name (and a license_link) with license: other; set them in cards/NAME.yaml"
         )
     return out

@@ -13,11 +13,16 @@ local path.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from hs_dataset.formats.metadata import DatasetMetadata, ModelRecord
+
+if TYPE_CHECKING:
+    from hs_dataset.formats.manifest import Manifest
 
 __all__ = [
     "is_local_path",
@@ -48,12 +53,12 @@ def is_local_path(value: Any) -> bool:
     return isinstance(value, str) and (os.path.isabs(value) or value.startswith(("~", "./", "../", "file:")))
 
 
-def model_id(metadata: dict[str, Any], card_model_path: str | None = None) -> str | None:
+def model_id(metadata: DatasetMetadata, card_model_path: str | None = None) -> str | None:
     """The model's public name: the manifest's ``model.id``, else the config card's model path when it is an id."""
-    model = metadata.get("model") or {}
-    if model.get("id"):
-        return str(model["id"])
-    path = model.get("path") if not is_local_path(model.get("path")) else card_model_path
+    model = metadata.model or ModelRecord()
+    if model.id:
+        return str(model.id)
+    path = model.path if not is_local_path(model.path) else card_model_path
     return str(path) if path and not is_local_path(path) else None
 
 
@@ -62,56 +67,52 @@ def hub_model_id(name: str | None) -> str | None:
     return name if name and _HUB_ID_RE.match(name) else None
 
 
-def public_model(metadata: dict[str, Any], card_model_path: str | None = None) -> dict[str, Any]:
+def public_model(metadata: DatasetMetadata, card_model_path: str | None = None) -> ModelRecord:
     """``metadata.model`` without its local path; ``id`` filled in where the config card names it."""
-    model = {k: v for k, v in (metadata.get("model") or {}).items() if not (k == "path" and is_local_path(v))}
-    model["id"] = model_id(metadata, card_model_path)
-    return model
+    model = metadata.model or ModelRecord(json_keys=())
+    if is_local_path(model.path):
+        model = model.without("path")
+    return replace(model, id=model_id(metadata, card_model_path))
 
 
-def _replace_paths(value: Any, local: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        return {k: _replace_paths(v, local) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_paths(v, local) for v in value]
-    if isinstance(value, str):
-        for path, name in local.items():
-            value = value.replace(path, name)
+def _replace_paths(value: str, local: dict[str, str]) -> str:
+    for path, name in local.items():
+        value = value.replace(path, name)
     return value
 
 
-def public_metadata(metadata: dict[str, Any], card_model_path: str | None = None) -> dict[str, Any]:
+def public_metadata(metadata: DatasetMetadata, card_model_path: str | None = None) -> DatasetMetadata:
     """A copy of ``metadata`` with no local model or tokenizer directory in it.
 
     ``model.path`` and ``tokenizer.path`` are dropped (``model.id`` is set where known);
     the same paths anywhere else (backend settings, server flags) become the model's
     id, or ``model:<fingerprint prefix>`` when it has none.
     """
-    out = copy.deepcopy(metadata)
-    model = out.get("model") or {}
-    name = model_id(metadata, card_model_path) or f"model:{str(model.get('fingerprint') or 'unknown')[:16]}"
-    local = {}
-    for section in ("model", "tokenizer"):
-        record = out.get(section)
-        if isinstance(record, dict) and is_local_path(record.get("path")):
-            local[os.path.normpath(record["path"])] = name
-            local[record["path"]] = name
-            del record["path"]
-    if isinstance(out.get("model"), dict) and (local or "id" in out["model"]):  # unchanged when nothing was local
-        out["model"]["id"] = model_id(metadata, card_model_path)
+    model, tokenizer = metadata.model, metadata.tokenizer
+    name = model_id(metadata, card_model_path) or f"model:{str((model.fingerprint if model else None) or 'unknown')[:16]}"
+    local: dict[str, str] = {}
+    for path in (model.path if model else None, tokenizer.path if tokenizer else None):
+        if path is not None and is_local_path(path):
+            local[os.path.normpath(path)] = name
+            local[path] = name
+    if model is not None and is_local_path(model.path):
+        model = model.without("path")
+    if tokenizer is not None and is_local_path(tokenizer.path):
+        tokenizer = tokenizer.without("path")
+    if model is not None and (local or "id" in (model.json_keys or ())):  # unchanged when nothing was local
+        model = replace(model, id=model_id(metadata, card_model_path))
     ordered = dict(sorted(local.items(), key=lambda kv: -len(kv[0])))  # longest first: no half-replaced paths
-    return _replace_paths(out, ordered)
+    return replace(metadata, model=model, tokenizer=tokenizer).with_strings(lambda text: _replace_paths(text, ordered))
 
 
-def public_manifest(raw: dict[str, Any], card_model_path: str | None = None) -> bytes:
-    """The manifest JSON a push uploads: ``raw`` with :func:`public_metadata`; every other field unchanged."""
+def public_manifest(manifest: "Manifest", card_model_path: str | None = None) -> bytes:
+    """The manifest JSON a push uploads: ``manifest`` with :func:`public_metadata`; every other field unchanged."""
     from hs_dataset.formats.manifest import identity_fingerprint
 
-    out = dict(raw)
-    out["metadata"] = public_metadata(raw.get("metadata") or {}, card_model_path)
-    if "identity" in raw:  # a model id filled in from the card is part of the identity: readers recompute it
-        out["identity"] = identity_fingerprint(out["metadata"])
-    return (json.dumps(out, indent=1, sort_keys=True) + "\n").encode()
+    metadata = public_metadata(manifest.metadata, card_model_path)
+    # a model id filled in from the card is part of the identity: readers recompute it
+    public = replace(manifest, metadata=metadata, identity=identity_fingerprint(metadata), shards=list(manifest.shards))
+    return public.encode(sort_keys=True)
 
 
 def size_category(samples: int) -> str:

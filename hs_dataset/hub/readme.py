@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.config import Card
+from hs_dataset.formats.metadata import MetadataRecord
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.hub.config_card import card_model_name
 from hs_dataset.hub.front_matter import merged_front_matter, parse_readme, render_front_matter
@@ -52,7 +53,7 @@ def render_card(
         **_picture_facts(figures, stats),
         "config": config,
         "repo_id": repo_id,
-        "description": (card.description if card is not None else "") or f"hs_dataset config `{dataset.manifest.metadata.get('config_name')}`.",
+        "description": (card.description if card is not None else "") or f"hs_dataset config `{dataset.manifest.metadata.config_name}`.",
         "run": run,
     }
     section = _load_template("dataset_card_config.md.j2").render(**context).strip()
@@ -79,29 +80,34 @@ def _load_template(name: str):
     return env.from_string(text)
 
 
+def _shown(record: MetadataRecord | None) -> dict[str, Any]:
+    """A metadata record as the card template reads it (an empty object when unrecorded)."""
+    return {} if record is None else record.to_json()
+
+
 def _tensor_facts(manifest: Any, card: Card | None) -> dict[str, Any]:
     """What the tensors are and where they came from; no local model or tokenizer directory reaches the card."""
     md = manifest.metadata
     card_model = card_model_name(card)
     public = public_metadata(md, card_model)
     return {
-        "model": public_model(md, card_model),
-        "aux_layer_ids": list(md.get("aux_layer_ids") or []),
-        "layer_convention": md.get("layer_convention", "hf_hidden_states_index"),
-        "num_hidden_layers": md.get("num_hidden_layers"),
-        "layer_rows": [{"index": i, "meaning": _layer_meaning(int(i), md.get("num_hidden_layers"))} for i in md.get("aux_layer_ids") or []],
-        "final_state": md.get("final_state", "pre_norm"),
-        "final_norm": md.get("final_norm") or {},
-        "dtype": md.get("dtype"),
+        "model": public_model(md, card_model).to_json(),
+        "aux_layer_ids": list(md.aux_layer_ids or ()),
+        "layer_convention": md.convention,
+        "num_hidden_layers": md.num_hidden_layers,
+        "layer_rows": [{"index": i, "meaning": _layer_meaning(int(i), md.num_hidden_layers)} for i in md.aux_layer_ids or ()],
+        "final_state": md.final_state or "pre_norm",
+        "final_norm": _shown(md.final_norm),
+        "dtype": md.dtype,
         "encoding": (manifest.tensors.get("final_hidden_state") or {}).get("encoding"),
-        "hidden_size": md.get("hidden_size"),
-        "vocab_size": md.get("vocab_size"),
-        "tokenizer": public.get("tokenizer") or {},
-        "max_length": md.get("max_length"),
-        "overflow": md.get("overflow"),
-        "backend": public.get("backend") or {},
-        "regeneration": md.get("regeneration") or {},
-        "config_fingerprint": md.get("config_fingerprint"),
+        "hidden_size": md.hidden_size,
+        "vocab_size": md.vocab_size,
+        "tokenizer": _shown(public.tokenizer),
+        "max_length": md.max_length,
+        "overflow": md.overflow,
+        "backend": _shown(public.backend),
+        "regeneration": _shown(md.regeneration),
+        "config_fingerprint": md.config_fingerprint,
         "dataset_id": manifest.dataset_id,
         "created_by": manifest.created_by,
     }

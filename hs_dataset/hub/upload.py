@@ -38,6 +38,8 @@ from typing import Any, Iterator
 from hs_dataset.config import Card
 from hs_dataset.errors import IntegrityError, UsageError
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.hub.readme import render_card
 from hs_dataset.hub.config_card import CardChoice, card_for_push, card_model_name
@@ -190,7 +192,7 @@ def push_to_hub(
 
 def _config_folder(config_name: str | None, manifest: Any) -> str:
     """The repo folder (and ``datasets`` config) name: the caller's, else the manifest's."""
-    config = config_name or manifest.metadata.get("config_name")
+    config = config_name or manifest.metadata.config_name
     if not config or not _CONFIG_RE.match(str(config)):
         raise UsageError(f"config name {config!r} cannot name a repo folder; pass config_name= (letters, digits, '.', '_', '-')")
     return config
@@ -207,16 +209,16 @@ def _data_files(root: Path, manifest: Any, shards_prefix: str) -> list[LocalFile
         if size != record.bytes:
             raise IntegrityError(f"{local}: {size} bytes on disk but the manifest says {record.bytes}")
         data_files.append(LocalFile(local, f"{shards_prefix}/{record.file}", size, record.sha256, record.blake3))
-    norm = manifest.metadata.get("final_norm") or {}
-    if norm.get("weight_file"):
-        local = resolve_member(root, norm["weight_file"], what="metadata.final_norm.weight_file")
+    norm = manifest.metadata.final_norm
+    if norm is not None and norm.weight_file:
+        local = resolve_member(root, norm.weight_file, what="metadata.final_norm.weight_file")
         if not local.is_file():
             raise IntegrityError(f"{local}: the final-norm weight named by the manifest is missing")
         # checked here (no link, a valid [H] weight, its recorded hash); the upload must hash the same
         from hs_dataset.formats.reader import load_norm_weight
 
         load_norm_weight(root, norm, where=str(root / "manifest.json"), hidden_size=manifest.hidden_size)
-        data_files.append(LocalFile(local, f"{shards_prefix}/{norm['weight_file']}", local.stat().st_size, norm.get("weight_sha256")))
+        data_files.append(LocalFile(local, f"{shards_prefix}/{norm.weight_file}", local.stat().st_size, norm.weight_sha256))
     return data_files
 
 
@@ -326,13 +328,12 @@ def _commit_last(
         report.deleted.extend(stale)
 
 
-def _regenerated_files(metadata: dict[str, Any]) -> list[str]:
+def _regenerated_files(metadata: DatasetMetadata) -> list[str]:
     """Names of the regenerated-conversations files the manifest lists (``metadata.regeneration.files``)."""
-    files = (metadata.get("regeneration") or {}).get("files") or {}
-    return sorted(files) if isinstance(files, dict) else []
+    return sorted((metadata.regeneration and metadata.regeneration.files) or {})
 
 
-def _dataset_metadata_files(root: Path, metadata: dict[str, Any], shards_prefix: str, work: Path) -> list[LocalFile]:
+def _dataset_metadata_files(root: Path, metadata: DatasetMetadata, shards_prefix: str, work: Path) -> list[LocalFile]:
     """The run report (a copy without local paths) and the regenerated conversations, where the directory has them."""
     found = []
     for name in (_RUN_REPORT, *_regenerated_files(metadata)):
@@ -344,7 +345,7 @@ def _dataset_metadata_files(root: Path, metadata: dict[str, Any], shards_prefix:
     return found
 
 
-def _public_run_report_file(root: Path, local: Path, work: Path, metadata: dict[str, Any]) -> Path:
+def _public_run_report_file(root: Path, local: Path, work: Path, metadata: DatasetMetadata) -> Path:
     """``run_report.json`` as pushed: ``out_dir`` dropped, the root, model and tokenizer paths replaced (hub/public.py)."""
     with open_regular(local, what="run report") as f:
         text = f.read(_MAX_RUN_REPORT_BYTES + 1)
@@ -353,7 +354,7 @@ def _public_run_report_file(root: Path, local: Path, work: Path, metadata: dict[
     except ValueError:
         raise IntegrityError(f"{local}: not valid JSON; fix or delete the run report before pushing") from None
     paths = [str(root), str(root.resolve())]
-    paths += [str((metadata.get(k) or {}).get("path") or "") for k in ("model", "tokenizer") if isinstance(metadata.get(k), dict)]
+    paths += [str(record.path or "") for record in (metadata.model, metadata.tokenizer) if record is not None]
     out = work / _RUN_REPORT
     out.write_bytes(public_run_report(raw, paths))
     return out
@@ -361,10 +362,8 @@ def _public_run_report_file(root: Path, local: Path, work: Path, metadata: dict[
 
 def _public_manifest_file(root: Path, work: Path, shards_prefix: str, card_model: str | None) -> LocalFile:
     """The manifest the repo gets: a copy without local paths (hub/public.py); the local one is untouched."""
-    with open_regular(resolve_member(root, "manifest.json", what="manifest"), what="manifest") as f:
-        raw = json.loads(f.read())
     out = work / "manifest.json"
-    out.write_bytes(public_manifest(raw, card_model))
+    out.write_bytes(public_manifest(Manifest.load(root), card_model))
     return LocalFile(out, f"{shards_prefix}/manifest.json", out.stat().st_size)
 
 

@@ -198,7 +198,7 @@ def note_source_storage(ds: "HiddenStateDataset", report: ExportReport, out_dtyp
 
 
 def check_layer_convention(ds: "HiddenStateDataset", target: str) -> None:
-    convention = ds.manifest.metadata.get("layer_convention", "hf_hidden_states_index")
+    convention = ds.manifest.metadata.convention
     if convention != "hf_hidden_states_index":
         raise ExportMismatchError(
             f"{ds.root}: layer_convention is {convention!r}; {target} export understands only "
@@ -230,7 +230,7 @@ def select_aux_layers(ds: "HiddenStateDataset", wanted: Sequence[int] | None, ta
 
 
 def num_hidden_layers(ds: "HiddenStateDataset", override: int | None, target: str) -> int:
-    recorded = ds.manifest.metadata.get("num_hidden_layers")
+    recorded = ds.manifest.metadata.num_hidden_layers
     if override is not None:
         if recorded is not None and int(recorded) != int(override):
             raise ExportMismatchError(
@@ -408,11 +408,11 @@ def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any
             "path": str(ds.root),
             "dataset_id": ds.manifest.dataset_id,
             "identity": ds.manifest.identity,
-            "config_name": md.get("config_name"),
-            "model": md.get("model"),
-            "dtype": md.get("dtype"),
+            "config_name": md.config_name,
+            "model": None if md.model is None else md.model.to_json(),
+            "dtype": md.dtype,
             "state_encoding": ds.manifest.state_encoding,
-            "final_state": md.get("final_state"),
+            "final_state": md.final_state,
         },
         **extra,
     }

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,6 +36,7 @@ import torch
 
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError, UsageError
+from hs_dataset.formats.metadata import HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, ModelRecord
 from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.common import clear_own_export, paths_overlap, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
 
@@ -65,18 +66,19 @@ class ImportReport:
     skipped_missing: list[str] = field(default_factory=list)
     tokens_written: int = 0
     quarantined: list[dict[str, str]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: DatasetMetadata = field(default_factory=lambda: DatasetMetadata(json_keys=()))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(replace(self, metadata=DatasetMetadata(json_keys=()))), "metadata": self.metadata.to_json()}
 
     def summary(self) -> str:
         md = self.metadata
+        ids = None if md.aux_layer_ids is None else list(md.aux_layer_ids)
         lines = [
             f"imported {self.source_format} data {self.source} -> {self.dest}",
             f"  samples written   {self.samples_written} ({self.tokens_written} tokens); already stored {self.skipped_existing}",
-            f"  aux layers        {md.get('aux_layer_ids')} (HF hidden_states indexes); final state {md.get('final_state')}",
-            f"  dtype / hidden    {md.get('dtype')} / {md.get('hidden_size')}",
+            f"  aux layers        {ids} (HF hidden_states indexes); final state {md.final_state}",
+            f"  dtype / hidden    {md.dtype} / {md.hidden_size}",
         ]
         if self.skipped_missing:
             lines.append(f"  missing files skipped: {len(self.skipped_missing)} (e.g. {self.skipped_missing[:3]})")
@@ -210,7 +212,13 @@ def _recorded_norm(src: Path, norm: dict[str, Any]) -> tuple[torch.Tensor | None
     return weight, float(eps)
 
 
-def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: int, dtype: torch.dtype, where: str) -> dict[str, Any]:
+_IMPORT_KEYS = (
+    "config_name", "config_fingerprint", "model", "aux_layer_ids", "layer_convention", "final_state", "dtype", "hidden_size",
+    "num_hidden_layers", "backend",
+)
+
+
+def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: int, dtype: torch.dtype, where: str) -> DatasetMetadata:
     ids = resolved.aux_layer_ids
     if ids is None:
         raise ImportDataError(
@@ -234,21 +242,21 @@ def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: 
         )
     if resolved.norm_weight is not None and tuple(resolved.norm_weight.shape) != (hidden,):
         raise ImportDataError(f"the final-norm weight has shape {tuple(resolved.norm_weight.shape)}, the data's hidden size is {hidden}")
-    md: dict[str, Any] = {
-        "config_name": resolved.config_name,
-        "config_fingerprint": resolved.config_fingerprint,
-        "model": resolved.model,
-        "aux_layer_ids": ids,
-        "layer_convention": "hf_hidden_states_index",
-        "final_state": "pre_norm" if fmt == "speculators" else "post_norm",
-        "dtype": dtype_name,
-        "hidden_size": hidden,
-        "num_hidden_layers": resolved.num_hidden_layers,
-        "backend": {"name": "import", "format": {"speculators": "speculators 0.9.0", "specforge": "specforge 0.2.0"}[fmt], "source": str(src)},
-    }
-    if resolved.norm_eps is not None:
-        md["final_norm"] = {"kind": "rmsnorm", "eps": resolved.norm_eps}
-    return md
+    source_format = {"speculators": "speculators 0.9.0", "specforge": "specforge 0.2.0"}[fmt]
+    return DatasetMetadata(
+        config_name=resolved.config_name,
+        config_fingerprint=resolved.config_fingerprint,
+        model=ModelRecord(**resolved.model),
+        aux_layer_ids=tuple(ids),
+        layer_convention=HF_HIDDEN_STATES_INDEX,
+        final_state="pre_norm" if fmt == "speculators" else "post_norm",
+        dtype=dtype_name,
+        hidden_size=hidden,
+        num_hidden_layers=resolved.num_hidden_layers,
+        backend=BackendRecord(name="import", extra={"format": source_format, "source": str(src)}),
+        final_norm=None if resolved.norm_eps is None else FinalNorm(kind="rmsnorm", eps=resolved.norm_eps),
+        json_keys=_IMPORT_KEYS,  # no tokenizer, card limits or capture checks: an import records what it knows
+    )
 
 
 def prepare_import_dest(src: Path, dest: Path, overwrite: bool) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -87,6 +87,8 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
         with _open_writer(session, out_dir, opts, regen) as writer:
             bar = _progress(expected) if opts.progress else None
             _store(_capture(session.backend, regenerated or samples, batch_size, writer, report), writer, report, bar, started, shown)
+            if regen is not None:
+                regen.record_file(writer)
     finally:
         if regenerated is not None:
             regenerated.close()  # stops the regeneration pump at once when capture or the writer failed
@@ -96,7 +98,6 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     report.take_source(source_report)
     if regen is not None:
         report.regeneration = asdict(regen.report)
-        regen.record_file(out_dir)
     report.elapsed_s = time.perf_counter() - started
     save_run_report(out_dir, report)
     return report
@@ -104,9 +105,7 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
 
 def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None) -> ShardWriter:
     """The dataset directory, created or resumed; each rank of a split build writes its own shard names."""
-    metadata = dict(session.metadata)
-    if regen is not None:
-        metadata["regeneration"] = regen.metadata()
+    metadata = session.metadata if regen is None else replace(session.metadata, regeneration=regen.record())
     return ShardWriter(
         out_dir,
         metadata,

@@ -16,6 +16,9 @@ from hs_dataset.config import Card, HFBackendSection, load_card
 from hs_dataset.config.run import RunOptions
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import UsageError
+from hs_dataset.formats.metadata import (
+    HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, LayerPreset, ModelRecord, TokenizerRecord,
+)
 from hs_dataset.model.tokenizer import load_card_tokenizer, tokenizer_info
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.iterate import SampleRules, iter_samples
@@ -47,35 +50,33 @@ def make_backend(
     return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
 
 
-def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> dict[str, Any]:
+def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> DatasetMetadata:
     """The manifest metadata: what every stored tensor means, and where it came from."""
-    return {
-        "config_name": card.name,
-        "config_fingerprint": card.fingerprint,
-        "model": {
-            "path": info.model_path,
-            "id": card.model.id,
-            "revision": info.model_revision,
-            "fingerprint": info.model_fingerprint,
-        },
-        "aux_layer_ids": list(info.aux_layer_ids),
-        "layer_preset": layer_preset_record(card, info),
-        "layer_convention": "hf_hidden_states_index",
-        "final_state": info.final_state,
-        "final_norm": {"kind": "rmsnorm", "eps": info.final_norm_eps},
-        "dtype": state_dtype_name(info.dtype),
-        "hidden_size": info.hidden_size,
-        "num_hidden_layers": info.num_hidden_layers,
-        "vocab_size": info.vocab_size,
-        "tokenizer": tokenizer_info,
-        "max_length": card.max_length,
-        "overflow": card.overflow,
-        "backend": {"name": info.backend, **info.backend_details},
-        "capture": dict(info.verification),
-    }
+    return DatasetMetadata(
+        config_name=card.name,
+        config_fingerprint=card.fingerprint,
+        model=ModelRecord(path=info.model_path, id=card.model.id, revision=info.model_revision, fingerprint=info.model_fingerprint),
+        aux_layer_ids=tuple(info.aux_layer_ids),
+        layer_preset=layer_preset_record(card, info),
+        layer_convention=HF_HIDDEN_STATES_INDEX,
+        final_state=info.final_state,
+        final_norm=FinalNorm(kind="rmsnorm", eps=info.final_norm_eps),
+        dtype=state_dtype_name(info.dtype),
+        hidden_size=info.hidden_size,
+        num_hidden_layers=info.num_hidden_layers,
+        vocab_size=info.vocab_size,
+        tokenizer=TokenizerRecord(
+            path=tokenizer_info["path"], class_name=tokenizer_info["class"], vocab_size=tokenizer_info["vocab_size"],
+            fingerprint=tokenizer_info["fingerprint"], chat_template_sha256=tokenizer_info["chat_template_sha256"],
+        ),
+        max_length=card.max_length,
+        overflow=card.overflow,
+        backend=BackendRecord(name=info.backend, extra=dict(info.backend_details)),
+        capture=dict(info.verification),
+    )
 
 
-def layer_preset_record(card: Card, info: CaptureInfo) -> dict[str, Any] | None:
+def layer_preset_record(card: Card, info: CaptureInfo) -> LayerPreset | None:
     """The card's ``layers.preset`` as the manifest records it (None without one), checked against what the backend captures."""
     record = card.layers.preset_record()
     if record is not None and record["ids_from"] == "preset":
@@ -85,7 +86,7 @@ def layer_preset_record(card: Card, info: CaptureInfo) -> dict[str, Any] | None:
                 f"{card.source_path}: layers.preset {card.layers.preset} gives aux layers {wanted} on the {info.num_hidden_layers}-layer "
                 f"model, but the backend captures {list(info.aux_layer_ids)}; open the backend from this card"
             )
-    return record
+    return None if record is None else LayerPreset(name=record["name"], taps=record["taps"], ids_from=record["ids_from"])
 
 
 def resolve_source(card: Card, source: Any) -> Any:

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hs_dataset.config import Card
+from hs_dataset.formats.metadata import RegeneratedFile, RegenerationRecord
 from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.regenerated_record import ConversationRecord
+from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import GenerationParams, Generator, StreamingGenerator
 from hs_dataset.regenerate.progress import RegenerationProgress
@@ -61,13 +63,14 @@ class Regeneration:
         self.report = RegenerationReport()
         self.max_length = card.max_length
 
-    def metadata(self) -> dict[str, Any]:
+    def record(self) -> RegenerationRecord:
         """Generation parameters, engine and model, for the manifest and the dataset card."""
-        s = self.section
-        return {
-            "file": self.store.name, **self.params.to_json(), "thinking": s.thinking, "turns": s.turns, "policy": s.policy,
-            "concurrency": s.concurrency, "generator": self.generator.describe(),
-        }
+        s, p = self.section, self.params
+        return RegenerationRecord(
+            file=self.store.name, max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+            stop_token_ids=tuple(p.stop_token_ids), thinking=s.thinking, turns=s.turns, policy=s.policy, concurrency=s.concurrency,
+            generator=self.generator.describe(),
+        )
 
     def close(self) -> None:
         if hasattr(self.generator, "close"):
@@ -123,19 +126,10 @@ class Regeneration:
         )
 
     # ------------------------------------------------------------------ the manifest
-    def record_file(self, out_dir: Path) -> None:
-        """Hash the regenerated-conversations file into the manifest (``metadata.regeneration.files``)."""
-        from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
-        from hs_dataset.formats.manifest import Manifest
+    def record_file(self, writer: ShardWriter) -> None:
+        """Have the writer hash the regenerated-conversations file into the manifest (``metadata.regeneration.files``).
 
-        fd = acquire_dir_lock(out_dir)
-        try:
-            manifest = Manifest.load(out_dir)
-            entry = dict(manifest.metadata.get("regeneration") or self.metadata())
-            files = dict(entry.get("files") or {})
-            files[self.store.name] = {"sha256": self.store.sha256(), "records": len(self.store)}
-            entry["files"] = files
-            manifest.metadata["regeneration"] = entry
-            manifest.save(out_dir)
-        finally:
-            release_dir_lock(fd)
+        Called once every conversation is stored, before the writer closes: the writer owns the manifest.
+        """
+        entry = RegeneratedFile(sha256=self.store.sha256(), records=len(self.store))
+        writer.record_regenerated_file(self.store.name, entry, regeneration=self.record())

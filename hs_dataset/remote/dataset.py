@@ -90,10 +90,9 @@ class RemoteDataset(HiddenStateDataset):
         return offsets
 
     def final_norm(self) -> tuple[torch.Tensor, float]:
-        info = self.manifest.metadata.get("final_norm") or {}
-        if "weight_file" in info:
-            sha256 = info.get("weight_sha256")
-            self._fetch_side_file(str(info["weight_file"]), sha256 if isinstance(sha256, str) else None)
+        info = self.manifest.metadata.final_norm
+        if info is not None and info.weight_file is not None:
+            self._fetch_side_file(info.weight_file, info.weight_sha256)
         return super().final_norm()
 
     def _fetch_side_file(self, name: str, sha256: str | None) -> None:

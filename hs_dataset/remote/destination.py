@@ -111,13 +111,13 @@ def seed_from_remote(loc: RemoteLocation, stage: Path) -> int:
         return 0
     remote, data = got
     names = [(record.file, Expected(record.bytes, record.hash_algorithm, record.digest)) for record in remote.shards]
-    norm = remote.metadata.get("final_norm") or {}
-    if "weight_file" in norm:
-        size = loc.size(str(norm["weight_file"]))
+    norm = remote.metadata.final_norm
+    if norm is not None and norm.weight_file is not None:
+        size = loc.size(norm.weight_file)
         if size is not None and size > MAX_NORM_WEIGHT_BYTES:
-            raise RemoteError(f"{loc.url}/{norm['weight_file']}: {size} bytes is no norm weight (over {MAX_NORM_WEIGHT_BYTES}; replaced object?)")
+            raise RemoteError(f"{loc.url}/{norm.weight_file}: {size} bytes is no norm weight (over {MAX_NORM_WEIGHT_BYTES}; replaced object?)")
         if size is not None:
-            names.append((str(norm["weight_file"]), Expected(size, "sha256", norm.get("weight_sha256"))))
+            names.append((norm.weight_file, Expected(size, "sha256", norm.weight_sha256)))
     for name, expected in names:
         dest = resolve_member(stage, name, what="remote member")
         dest.parent.mkdir(parents=True, exist_ok=True)

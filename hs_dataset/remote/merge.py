@@ -35,7 +35,7 @@ def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options:
     target = open_location(out, options)
     loaded = _load_parts([open_location(p, options) for p in parts], target)
     check_compatible([(PurePosixPath(loc.url), manifest) for loc, manifest in loaded])  # type: ignore[misc]
-    if any(manifest.metadata.get("regeneration") is not None for _loc, manifest in loaded):
+    if any(manifest.metadata.regeneration is not None for _loc, manifest in loaded):
         raise UsageError(f"{out}: parts built with --regenerate are merged locally only (hs-dataset merge DIR... DIR); download them first")
     _check_out(target, loaded)
     shards: list[ShardRecord] = []
@@ -54,7 +54,7 @@ def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options:
     first_loc, first = loaded[0]
     _copy_norm(first_loc, first, target)
     merged = Manifest(
-        dataset_id=uuid.uuid4().hex, metadata=dict(first.metadata), tensors=first.tensors, shards=shards,
+        dataset_id=uuid.uuid4().hex, metadata=first.metadata, tensors=first.tensors, shards=shards,
         quarantine=quarantine, created_by=first.created_by, identity=first.identity,
     )
     put_bytes(target, MANIFEST_NAME, merged.encode())
@@ -104,13 +104,13 @@ def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manife
 
 def _written_names(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> list[str]:
     """The objects a merge writes under ``target``: the copies of parts that lie elsewhere, and the norm weight."""
-    names = []
+    names: list[str] = []
     for index, (loc, manifest) in enumerate(loaded):
         if _relative(loc, target) is None:
             names.extend(f"part-{index:05d}/{record.file}" for record in manifest.shards)
-    norm = loaded[0][1].metadata.get("final_norm") or {}
-    if "weight_file" in norm:
-        names.append(str(norm["weight_file"]))
+    norm_file = loaded[0][1].metadata.norm_weight_file
+    if norm_file is not None:
+        names.append(norm_file)
     return names
 
 
@@ -132,10 +132,9 @@ def _copy(src: RemoteLocation, name: str, dst: RemoteLocation, dst_name: str, si
 
 
 def _copy_norm(loc: RemoteLocation, manifest: Manifest, target: RemoteLocation) -> None:
-    norm = manifest.metadata.get("final_norm") or {}
-    if "weight_file" not in norm:
+    name = manifest.metadata.norm_weight_file
+    if name is None:
         return
-    name = str(norm["weight_file"])
     size = loc.size(name)
     if size is None:
         raise IntegrityError(f"{loc.url}/{name}: the final-norm weight its manifest names is missing; rerun that part's build")

@@ -153,16 +153,14 @@ def _remote_shards(local: Path, manifest: Manifest, remote: Manifest | None, loc
 
 def _upload_side_files(local: Path, manifest: Manifest, remote: Manifest | None, loc: RemoteLocation) -> None:
     """The final-norm weight (once, sha256 checked), the regenerated conversations (sha256 checked) and the run report."""
-    norm = manifest.metadata.get("final_norm") or {}
-    if "weight_file" in norm and (remote is None or loc.size(str(norm["weight_file"])) is None):
-        path = resolve_member(local, norm["weight_file"], what="metadata.final_norm.weight_file")
-        upload_file(path, loc, str(norm["weight_file"]), Expected(path.stat().st_size, "sha256", norm.get("weight_sha256")))
-    regeneration = manifest.metadata.get("regeneration")
-    files = regeneration.get("files") if isinstance(regeneration, dict) else None
-    for name, info in (files or {}).items():
+    norm = manifest.metadata.final_norm
+    if norm is not None and norm.weight_file is not None and (remote is None or loc.size(norm.weight_file) is None):
+        path = resolve_member(local, norm.weight_file, what="metadata.final_norm.weight_file")
+        upload_file(path, loc, norm.weight_file, Expected(path.stat().st_size, "sha256", norm.weight_sha256))
+    regeneration = manifest.metadata.regeneration
+    for name, info in ((regeneration and regeneration.files) or {}).items():
         path = resolve_member(local, name, what=f"metadata.regeneration.files[{name!r}]")
-        sha = info.get("sha256") if isinstance(info, dict) else None
-        upload_file(path, loc, name, Expected(path.stat().st_size, "sha256", sha))
+        upload_file(path, loc, name, Expected(path.stat().st_size, "sha256", info.sha256))
     report = local / _RUN_REPORT
     if report.is_file():
         upload_file(report, loc, _RUN_REPORT, Expected(report.stat().st_size))

@@ -82,7 +82,7 @@ def _check_shards(data: RemoteDataset, check_values: bool, max_problems: int, re
 
 
 def _check_norm(data: RemoteDataset, result: VerifyResult) -> None:
-    if "weight_file" not in (data.manifest.metadata.get("final_norm") or {}):
+    if data.manifest.metadata.norm_weight_file is None:
         return
     try:
         data.final_norm()

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -31,6 +31,7 @@ from hs_dataset.formats.encoding import decode_state, encode_state
 from hs_dataset.codecs.registry import get_encoding, state_encoding_for
 from hs_dataset.formats.evict import evict_shards
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint, is_dataset_dir
+from hs_dataset.formats.metadata import DatasetMetadata, ModelRecord
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.formats.reader import ShardReader
 from hs_dataset.config.sections import MAX_SHARD_BYTES
@@ -63,11 +64,11 @@ class StreamCache:
     """The cache directory ``root``, kept within ``max_bytes``, holding the data ``metadata`` describes."""
 
     def __init__(
-        self, root: Path, max_bytes: int, metadata: dict[str, Any], *, final_norm_weight: torch.Tensor, storage: str,
+        self, root: Path, max_bytes: int, metadata: DatasetMetadata | Mapping[str, Any], *, final_norm_weight: torch.Tensor, storage: str,
         dtype: torch.dtype, card_name: str,
     ) -> None:
         # marked as a cache: a dataset built by hs-dataset build of the same card is never taken for one (and evicted)
-        self.root, self.max_bytes, self.metadata = root, max_bytes, {**metadata, STREAM_CACHE_KEY: True}
+        self.root, self.max_bytes, self.metadata = root, max_bytes, replace(DatasetMetadata.coerce(metadata), stream_cache=True)
         self.final_norm_weight, self.storage, self.card_name = final_norm_weight, storage, card_name
         self.encoding = get_encoding(state_encoding_for(dtype, storage))
         self._lock_fd: int | None = None
@@ -83,13 +84,14 @@ class StreamCache:
         if is_dataset_dir(self.root):
             manifest = Manifest.load(self.root)
             if manifest.identity != identity_fingerprint(self.metadata):
-                model = manifest.metadata.get("model") or {}
+                held = manifest.metadata
+                model = held.model or ModelRecord()
                 raise ForeignDatasetError(
-                    f"{self.root}: holds the states of config {manifest.metadata.get('config_name')!r} "
-                    f"(model {model.get('id') or model.get('path')!r}, aux layers {manifest.metadata.get('aux_layer_ids')}), "
+                    f"{self.root}: holds the states of config {held.config_name!r} "
+                    f"(model {model.id or model.path!r}, aux layers {None if held.aux_layer_ids is None else list(held.aux_layer_ids)}), "
                     f"not of {self.card_name!r}; pass another cache_dir, or delete this one to reuse the name"
                 )
-            if manifest.metadata.get(STREAM_CACHE_KEY) is not True:
+            if manifest.metadata.stream_cache is not True:
                 raise ForeignDatasetError(
                     f"{self.root}: holds a dataset that is not a stream cache (metadata.{STREAM_CACHE_KEY} unset: hs-dataset build's "
                     "output, or a cache of an older hs_dataset); the stream would evict its shards: pass another cache_dir"

@@ -176,7 +176,7 @@ def assert_same_content(reference: Path, other: Path) -> int:
             x, y = item[key], got[key]
             assert x.dtype == y.dtype and x.shape == y.shape, (item["sample_id"], key)
             assert x.contiguous().view(torch.uint8).numpy().tobytes() == y.contiguous().view(torch.uint8).numpy().tobytes(), (item["sample_id"], key)
-    assert a.manifest.metadata == b.manifest.metadata or _same_metadata(a.manifest.metadata, b.manifest.metadata)
+    assert a.manifest.metadata == b.manifest.metadata or _same_metadata(a.manifest.metadata.to_json(), b.manifest.metadata.to_json())
     return len(ids_b)
 
 

@@ -30,7 +30,7 @@ def test_build_writes_a_verified_dataset_with_full_metadata(built, tiny_model_di
     assert report.samples_written == N and not report.capture_failures
     assert verify_dataset(out).ok
     ds = open_dataset(out)
-    md = ds.manifest.metadata
+    md = ds.manifest.metadata.to_json()
     assert md["config_name"] == "tiny-deepseek-hf"
     assert md["model"]["path"] == str(tiny_model_dir) and len(md["model"]["fingerprint"]) == 64
     assert md["aux_layer_ids"] == [2, 3, 4] and md["layer_convention"] == "hf_hidden_states_index"
@@ -49,7 +49,7 @@ def test_stored_states_equal_a_fresh_independent_forward(built, tiny_model_dir):
 
     out, _ = built
     ds = open_dataset(out)
-    model = AutoModelForCausalLM.from_pretrained(ds.manifest.metadata["model"]["path"], dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(ds.manifest.metadata.to_json()["model"]["path"], dtype=torch.float32).eval()
     worst = 0.0
     with torch.inference_mode():
         for item in ds:

@@ -270,7 +270,7 @@ def read_everything(root: Path) -> None:
     ds = open_dataset(root)
     for _ in ds:
         pass
-    if "weight_file" in (ds.manifest.metadata.get("final_norm") or {}):
+    if "weight_file" in (ds.manifest.metadata.to_json().get("final_norm") or {}):
         ds.final_norm()
 
 

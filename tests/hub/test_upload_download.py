@@ -115,7 +115,7 @@ def test_card_states_the_facts_and_embeds_the_figures(built, standin, api):
     assert meta["dataset_info"][0]["splits"][0]["num_examples"] == 4
     assert meta["license"] == "apache-2.0" and "eagle3" in meta["tags"]
     manifest = open_dataset(built).manifest
-    md = manifest.metadata
+    md = manifest.metadata.to_json()
     facts = [
         "`builtin:tiny-deepseek-v3`", md["model"]["fingerprint"],               # model: id + fingerprint, never a local path
         "`[2, 3, 4]`", "output_hidden_states", "`hidden_states[0]` is the embedding output",  # layers + convention

@@ -323,7 +323,7 @@ def test_import_speculators_round_trip(src: Path, tmp_path: Path) -> None:
     report = import_speculators(tmp_path / "spec", tmp_path / "back", ImportSettings(config="unit-test"))
     assert report.samples_written == len(LENGTHS)
     back, orig = open_dataset(tmp_path / "back"), open_dataset(src)
-    md = back.manifest.metadata
+    md = back.manifest.metadata.to_json()
     assert md["final_state"] == "pre_norm" and md["aux_layer_ids"] == [2, 3, 4] and md["num_hidden_layers"] == L
     for a, b in zip(back, orig):
         assert a["sample_id"] == b["sample_id"]
@@ -363,7 +363,7 @@ def test_import_specforge_stores_post_norm(src: Path, tmp_path: Path) -> None:
     export_specforge(src, tmp_path / "forge")
     import_specforge(tmp_path / "forge", tmp_path / "back", ImportSettings(config="unit-test"))
     back, orig = open_dataset(tmp_path / "back"), open_dataset(src)
-    assert back.manifest.metadata["final_state"] == "post_norm"
+    assert back.manifest.metadata.to_json()["final_state"] == "post_norm"
     assert back.manifest.identity != orig.manifest.identity
     weight, eps = orig.final_norm()
     for a, b in zip(back, orig):
@@ -394,7 +394,7 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ImportDataError, match="nothing says which"):
         import_specforge(tmp_path / "forge", tmp_path / "a", ImportSettings(config="peer"))
     report = import_specforge(tmp_path / "forge", tmp_path / "b", ImportSettings(config="peer", num_hidden_layers=32))
-    assert report.metadata["aux_layer_ids"] == [2, 16, 29] and [s["sample_id"] for s in _samples(tmp_path / "b")] == [
+    assert report.metadata.to_json()["aux_layer_ids"] == [2, 16, 29] and [s["sample_id"] for s in _samples(tmp_path / "b")] == [
         "specforge-00000000", "specforge-00000001",
     ]
     with pytest.raises(ImportDataError, match="hold 3 aux layers but the layer ids are"):
@@ -448,7 +448,7 @@ def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None
     back, orig = open_dataset(tmp_path / "back"), open_dataset(src)
     assert back.manifest.identity == orig.manifest.identity  # same card, model, layers, pre-norm: the same dataset
     assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "back2"), "--config", "tiny-deepseek-hf"]) == 0
-    assert open_dataset(tmp_path / "back2").manifest.metadata["final_state"] == "post_norm"
+    assert open_dataset(tmp_path / "back2").manifest.metadata.to_json()["final_state"] == "post_norm"
     # the CLI names refusals and exits 2
     assert main(["export", "speculators", str(tmp_path / "back2"), str(tmp_path / "x")]) == 2
     assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "y"), "--config", "tiny-deepseek-hf", "--aux-layer-ids", "1", "2", "3"]) == 2

@@ -73,7 +73,7 @@ def test_card_init_comments_every_field_and_builds_the_same_bytes(derived_builds
             assert text.splitlines()[index - 1].lstrip().startswith("#"), f"no comment above {line!r}"
     assert any(line.strip() == "aux: [2, 3, 4]" for line in keys)
     a, b = open_dataset(root / "a"), open_dataset(root / "b")
-    meta_a, meta_b = dict(a.manifest.metadata), dict(b.manifest.metadata)
+    meta_a, meta_b = a.manifest.metadata.to_json(), b.manifest.metadata.to_json()
     assert meta_a == meta_b and meta_a["aux_layer_ids"] == [2, 3, 4]
     assert len(a) == len(b) == N
     for i in range(N):
@@ -131,7 +131,7 @@ def test_remote_code_snapshot_tokens_masks_and_states(kimi_dir, kimi_build, tmp_
     assert type(tok).__name__ == "TikTokenTokenizer" and not (kimi_dir / "tokenizer.json").exists()
     header = tok.convert_tokens_to_ids(["<|im_assistant|>"])[0]
     end = tok.convert_tokens_to_ids(["<|im_end|>"])[0]
-    meta = kimi_build.manifest.metadata
+    meta = kimi_build.manifest.metadata.to_json()
     assert meta["aux_layer_ids"] == [2, 3, 4] and meta["tokenizer"]["class"] == "TikTokenTokenizer"
     model = independent_text_forward(kimi_dir, tmp_path)
     norm_in = {}

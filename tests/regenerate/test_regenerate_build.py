@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from hs_dataset.formats.metadata import RegeneratedFile
 from tests.fixtures.reference import aux_and_prenorm
 
 AUX = [2, 3, 4]
@@ -184,11 +186,11 @@ def test_kill_during_regeneration_then_resume_equals_uninterrupted(tmp_path, reg
 
 
 def test_push_publishes_the_regenerated_conversations(regenerated):
+    from hs_dataset.formats.manifest import Manifest
     from hs_dataset.hub.upload import _regenerated_files
 
     out, _ = regenerated
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert _regenerated_files(manifest["metadata"]) == ["regenerated.jsonl"]
+    assert _regenerated_files(Manifest.load(out).metadata) == ["regenerated.jsonl"]
 
 
 def test_drop_policy_counts_and_drops(tmp_path, tiny_card, hf_backend, chats):
@@ -260,7 +262,8 @@ def test_verify_reports_a_kept_conversation_missing_from_the_shards(tmp_path, re
     with open(path, "ab") as f:
         f.write(json.dumps({"records": [extra]}).encode() + b"\n")
     manifest = Manifest.load(path.parent)
-    manifest.metadata["regeneration"]["files"]["regenerated.jsonl"] = {"sha256": sha256_file(path), "records": 6}
+    entry = manifest.metadata.regeneration.with_file("regenerated.jsonl", RegeneratedFile(sha256=sha256_file(path), records=6))
+    manifest.metadata = replace(manifest.metadata, regeneration=entry)
     manifest.save(path.parent)
     assert "'never-captured'" in problems(path.parent)
 
@@ -281,9 +284,9 @@ def test_merge_of_regenerated_ranks_verifies_and_keeps_every_record(tmp_path, ra
     from hs_dataset.formats.verify import verify_dataset
 
     manifest = merge_datasets(rank_parts, tmp_path / "merged")
-    files = manifest.metadata["regeneration"]["files"]
+    files = manifest.metadata.regeneration.files
     assert sorted(files) == ["part-00000/rank00000-regenerated.jsonl", "part-00001/rank00001-regenerated.jsonl"]
-    assert "file" not in manifest.metadata["regeneration"]
+    assert "file" not in manifest.metadata.regeneration.to_json()
     result = verify_dataset(tmp_path / "merged")
     assert result.ok and result.samples == len(CONVERSATIONS), result.problems
     merged = {}
@@ -309,13 +312,14 @@ def test_merge_refuses_parts_regenerated_differently(tmp_path, rank_parts, chang
     other = tmp_path / "rank1-other"
     shutil.copytree(rank_parts[1], other)
     manifest = Manifest.load(other)
-    entry = manifest.metadata["regeneration"]
+    entry = manifest.metadata.regeneration
     if change == "model_fingerprint":
-        entry["generator"]["model_fingerprint"] = "f" * 64
+        manifest.metadata = replace(manifest.metadata, regeneration=replace(entry, generator={**entry.generator, "model_fingerprint": "f" * 64}))
     elif change == "no regeneration":
-        del manifest.metadata["regeneration"]
+        manifest.metadata = manifest.metadata.without("regeneration")
     else:
-        entry[change] = {"max_new_tokens": NEW_TOKENS + 1, "seed": 1234, "temperature": 0.7}[change]
+        value = {"max_new_tokens": NEW_TOKENS + 1, "seed": 1234, "temperature": 0.7}[change]
+        manifest.metadata = replace(manifest.metadata, regeneration=replace(entry, **{change: value}))
     manifest.save(other)
     field = "generator" if change == "model_fingerprint" else ("--regenerate" if change == "no regeneration" else change)
     with pytest.raises(ForeignDatasetError, match=f"metadata.regeneration.*{field}|{field}.*metadata.regeneration"):

@@ -64,15 +64,15 @@ def ckpt_path(dest: Path, idx: int, group_size: int = DEFAULT_GROUP_SIZE) -> Pat
 def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
     """(weight, eps) to derive the post-norm state, or (None, None) when the data is post-norm already."""
     md = ds.manifest.metadata
-    kind = md.get("final_state")
+    kind = md.final_state
     if kind == "post_norm":
         return None, None
     if kind != "pre_norm":
         raise ExportMismatchError(f"{ds.root}: unknown final_state {kind!r}; SpecForge needs a post-norm final state")
-    norm = md.get("final_norm") or {}
-    if norm.get("kind", "rmsnorm") != "rmsnorm":
+    norm_kind = (md.final_norm.kind if md.final_norm is not None else None) or "rmsnorm"  # unrecorded: the RMSNorm every supported model has
+    if norm_kind != "rmsnorm":
         raise ExportMismatchError(
-            f"{ds.root}: the final norm is {norm.get('kind')!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
+            f"{ds.root}: the final norm is {norm_kind!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
         )
     try:
         weight, eps = ds.final_norm()
@@ -129,7 +129,7 @@ class SpecForgeExporter(TrainerExporter):
         _check_layer_ids(ds, layer_ids)
         self.weight, self.eps = _final_norm(ds)
         self.hidden = int(ds.manifest.hidden_size)
-        self.num_layers = ds.manifest.metadata.get("num_hidden_layers")
+        self.num_layers = ds.manifest.metadata.num_hidden_layers
         stored_dtype = get_encoding(ds.manifest.state_encoding).decoded_dtype
         self.out_dtype = stored_dtype if self.settings.keep_dtype else SPECFORGE_TRAIN_DTYPE
         self.layer_ids, self.specforge_ids = layer_ids, [i - 1 for i in layer_ids]
@@ -205,7 +205,7 @@ def _check_layer_ids(ds: Any, layer_ids: list[int]) -> None:
     """SpecForge's EAGLE-3 trains on exactly three aux layers, each the output of a decoder layer."""
     if not ds.manifest.aux_layer_ids:
         raise ExportMismatchError(
-            f"{ds.root}: holds the final state only (no aux layers; layer preset {(ds.manifest.metadata.get('layer_preset') or {}).get('name')}), "
+            f"{ds.root}: holds the final state only (no aux layers; layer preset {ds.manifest.metadata.preset_name}), "
             f"but SpecForge's EAGLE-3 trains on exactly {SPECFORGE_NUM_AUX} aux layers: capture with layers.preset: eagle3"
         )
     if len(layer_ids) != SPECFORGE_NUM_AUX:

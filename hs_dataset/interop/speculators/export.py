@@ -76,7 +76,7 @@ def hs_file_name(idx: int) -> str:
 
 
 def check_final_state(ds: Any) -> None:
-    kind = ds.manifest.metadata.get("final_state")
+    kind = ds.manifest.metadata.final_state
     if kind != "pre_norm":
         raise ExportMismatchError(
             f"{ds.root}: the stored final state is {kind!r}, but speculators' trainer needs the PRE-norm final state "
@@ -266,7 +266,7 @@ class SpeculatorsExporter(TrainerExporter):
             "speculators_default_target_layer_ids": self.defaults,
             "train_flag": "--target-layer-ids " + " ".join(map(str, layer_ids)) if layer_ids else "",
             "train_flags": self.flags,  # what the dataset knows: type (its layer preset), layers, verifier
-            "layer_preset": ds.manifest.metadata.get("layer_preset"),
+            "layer_preset": None if ds.manifest.metadata.layer_preset is None else ds.manifest.metadata.layer_preset.to_json(),
         }
         return ExportPlan(resume_key=resume_key, layers=layers)
 

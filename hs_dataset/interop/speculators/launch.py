@@ -49,12 +49,11 @@ class DatasetFacts:
 
 def dataset_facts(manifest: Any) -> DatasetFacts:
     md = manifest.metadata
-    preset = md.get("layer_preset") or {}
-    layers = md.get("num_hidden_layers")
+    layers = md.num_hidden_layers
     return DatasetFacts(
         aux_layer_ids=[int(i) for i in manifest.aux_layer_ids],
-        speculator_type=preset.get("name") if isinstance(preset, dict) else None,
-        verifier=(md.get("model") or {}).get("path"),
+        speculator_type=None if md.layer_preset is None else md.layer_preset.name,
+        verifier=None if md.model is None else md.model.path,
         num_hidden_layers=int(layers) if layers is not None else None,
     )
 

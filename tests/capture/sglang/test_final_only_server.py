@@ -36,7 +36,7 @@ def test_a_final_only_card_captures_and_stores_the_final_state_alone(card, tiny_
         server.stop(timeout=5)
     assert report.samples_written == 6
     data = open_dataset(out, verify_hashes=True)
-    assert data.manifest.aux_layer_ids == [] and data.manifest.metadata["layer_preset"]["name"] == "mtp"
+    assert data.manifest.aux_layer_ids == [] and data.manifest.metadata.to_json()["layer_preset"]["name"] == "mtp"
     assert verify_dataset(out).ok
     with safe_open(str(out / data.manifest.shards[0].file), framework="pt") as f:
         assert "aux_hidden_states" not in f.keys()

@@ -151,7 +151,7 @@ def test_real_kimi_class_serves_the_snapshot(kimi_server):
 def test_both_backends_match_transformers_and_record_the_same_final_state(builds, reference, snapshot):
     sg, hf = builds["sglang"], builds["hf"]
     assert len(sg) == 42 and len(hf) == HF_SAMPLES
-    meta_sg, meta_hf = sg.manifest.metadata, hf.manifest.metadata
+    meta_sg, meta_hf = sg.manifest.metadata.to_json(), hf.manifest.metadata.to_json()
     for key in ("aux_layer_ids", "final_state", "layer_convention", "dtype", "hidden_size"):
         assert meta_sg[key] == meta_hf[key], key
     assert meta_sg["final_state"] == "pre_norm" and meta_sg["aux_layer_ids"] == [2, 3, 4]

@@ -71,14 +71,14 @@ def test_specforge_trains_on_default_export(specforge, tiny_default_dataset: Pat
     from hs_dataset.formats.reader import open_dataset
 
     ds = open_dataset(tiny_default_dataset)
-    assert ds.manifest.metadata["dtype"] == "float32"
+    assert ds.manifest.metadata.to_json()["dtype"] == "float32"
     dest = tmp_path / "forge"
     report = export_specforge(tiny_default_dataset, dest)
     assert not report.notes or all("warning" not in n for n in report.notes)
     batch = _first_batch(dest)
     assert batch.tensors["target"].dtype == torch.bfloat16 and batch.tensors["hidden_state"].dtype == torch.bfloat16
     head_dir = specforge.sharded_view(tiny_model_dir, tmp_path / "target")
-    strategy = _strategy(head_dir, int(ds.manifest.hidden_size), int(ds.manifest.metadata["vocab_size"]))
+    strategy = _strategy(head_dir, int(ds.manifest.hidden_size), int(ds.manifest.metadata.to_json()["vocab_size"]))
     out = strategy.forward_loss(batch)
     out.loss.backward()
     loss = float(out.loss.detach())

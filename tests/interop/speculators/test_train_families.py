@@ -103,10 +103,10 @@ def test_every_family_trains_from_the_export_and_from_the_backend(trainer, kind,
     assert last < first
     ran = _run_yaml(tmp_path / "backend")
     assert _find(ran, "speculator_type") == kind
-    assert _find(ran, "verifier_name_or_path") == manifest.metadata["model"]["path"]
+    assert _find(ran, "verifier_name_or_path") == manifest.metadata.to_json()["model"]["path"]
     assert _find(ran, "target_layer_ids") == (manifest.aux_layer_ids if kind != "mtp" else None)
     if kind == "mtp":
-        assert manifest.aux_layer_ids == [] and manifest.metadata["layer_preset"]["name"] == "mtp"
+        assert manifest.aux_layer_ids == [] and manifest.metadata.to_json()["layer_preset"]["name"] == "mtp"
 
 
 def test_the_layer_ids_reach_the_drafter_from_the_manifest(trainer, preset_dataset, tmp_path):
@@ -116,7 +116,7 @@ def test_the_layer_ids_reach_the_drafter_from_the_manifest(trainer, preset_datas
 
     data = preset_dataset("dflash2")
     manifest = open_dataset(data).manifest
-    assert manifest.metadata["layer_preset"] == {"name": "dflash2", "taps": 5, "ids_from": "preset"} and len(manifest.aux_layer_ids) == 5
+    assert manifest.metadata.to_json()["layer_preset"] == {"name": "dflash2", "taps": 5, "ids_from": "preset"} and len(manifest.aux_layer_ids) == 5
     with trainer.cpu_trainer():
         assert main(["train", "speculators", str(data), "--", "--save-path", str(tmp_path / "ckpt"), *SHORT, "--max-steps", "1", *_draft("dflash2")]) == 0
     saved = json.loads((tmp_path / "ckpt" / "0" / "config.json").read_text())
