@@ -104,7 +104,7 @@ def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manife
 
 def _written_names(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> list[str]:
     """The objects a merge writes under ``target``: the copies of parts that lie elsewhere, and the norm weight."""
-    names = []
+    names: list[str] = []
     for index, (loc, manifest) in enumerate(loaded):
         if _relative(loc, target) is None:
             names.extend(f"part-{index:05d}/{record.file}" for record in manifest.shards)
