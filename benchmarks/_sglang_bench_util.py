@@ -10,8 +10,15 @@ import tempfile
 from pathlib import Path
 
 __all__ = [
-    "SERVER_PYTHON", "server_python_missing", "start_run",
-    "group_pids", "server_shm_files", "remove_files", "free_port", "stop_and_clean", "finish_run",
+    "SERVER_PYTHON",
+    "finish_run",
+    "free_port",
+    "group_pids",
+    "remove_files",
+    "server_python_missing",
+    "server_shm_files",
+    "start_run",
+    "stop_and_clean",
 ]
 
 SERVER_PYTHON = Path(__file__).resolve().parents[1] / ".sglang-venv" / "bin" / "python"
@@ -35,6 +42,7 @@ def start_run(name: str) -> tuple[Path, Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f"hs-bench-{name}-"))
     shm = Path(tempfile.mkdtemp(prefix=f"hs-bench-{name}-", dir="/dev/shm")) if os.access("/dev/shm", os.W_OK) else tmp
     return tmp, shm
+
 
 # SGLang leaves its load-snapshot slot file (/dev/shm/sglang_loads_*.shm) and multiprocessing
 # semaphores (/dev/shm/sem.mp-*) behind when it is stopped with signals; collect the ones

@@ -48,8 +48,9 @@ def _top(events: list[dict], n: int) -> list[dict]:
 
 def _queue_delays(events: list[dict]) -> list[float]:
     """ms between the runtime call and the start of each small device-to-host copy it launched."""
-    launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launched = {
+        e["args"]["correlation"]: float(e["ts"]) for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
     delays = []
     for e in events:
         args = e.get("args", {})

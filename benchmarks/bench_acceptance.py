@@ -60,7 +60,9 @@ def _encoding_report(A, datasets: dict, encodings: list[str]) -> None:
     base = state_bytes(datasets["bf16"])
     for name in ["bf16", *encodings]:
         stored = state_bytes(datasets[name])
-        print(f"{name:12s} state bytes per token {stored:.0f} = {stored / base:.3f} of bf16's {base:.0f} (encoding {open_dataset(datasets[name]).manifest.tensors['aux_hidden_states']['encoding']})")
+        print(
+            f"{name:12s} state bytes per token {stored:.0f} = {stored / base:.3f} of bf16's {base:.0f} (encoding {open_dataset(datasets[name]).manifest.tensors['aux_hidden_states']['encoding']})"
+        )
         for layer, errors in A.state_errors(datasets["ours"], datasets[name]).items():
             print(f"{name:12s}   {layer:6s} per-token relative error {_percentiles(errors)}")
 
@@ -68,15 +70,20 @@ def _encoding_report(A, datasets: dict, encodings: list[str]) -> None:
 def _sglang(A, verifier_dir, verifier, ours, work, opts, prompts) -> None:
     """Per seed: a drafter SGLang can run (no norm_before_residual), our loop's tau, SGLang's reported accept length."""
     for seed in opts.seeds:
-        checkpoint = A.train_drafter(verifier_dir, ours, work / f"train-sglang-{seed}", seed=seed, epochs=opts.epochs, extra=("--no-norm-before-residual",))
+        checkpoint = A.train_drafter(
+            verifier_dir, ours, work / f"train-sglang-{seed}", seed=seed, epochs=opts.epochs, extra=("--no-norm-before-residual",)
+        )
         score = A.evaluate(verifier, A.load_drafter(checkpoint), prompts, opts.k, opts.max_new)
         print(_table("ours/no-nbr", score) + f"   (drafter seed {seed}, --no-norm-before-residual, our loop)", flush=True)
         draft = A.sglang_draft_dir(checkpoint, verifier_dir, work / f"sglang-draft-{seed}")
         with A.SGLangEagle3Server(verifier_dir, draft, opts.k, work / f"sglang-eagle3-{seed}.log") as server:
             got = A.sglang_evaluate(server, verifier, prompts, opts.max_new)
-        print(f"SGLang EAGLE3 spec_accept_length {got.accept_length:.2f} (completion tokens / verify passes, prefill token included; "
-              f"per request {min(got.per_request):.2f}..{max(got.per_request):.2f}); same count as our tau {got.tau:.2f}; "
-              f"{got.correct_drafts} drafts accepted in {got.verify_ct} verify passes; output identical to plain greedy: {got.exact}", flush=True)
+        print(
+            f"SGLang EAGLE3 spec_accept_length {got.accept_length:.2f} (completion tokens / verify passes, prefill token included; "
+            f"per request {min(got.per_request):.2f}..{max(got.per_request):.2f}); same count as our tau {got.tau:.2f}; "
+            f"{got.correct_drafts} drafts accepted in {got.verify_ct} verify passes; output identical to plain greedy: {got.exact}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -89,7 +96,13 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=32)
     parser.add_argument("--variants", nargs="+", default=None, help="subset of: ours shift_aux shift_final postnorm")
     parser.add_argument("--sglang", action="store_true", help="also run SGLang's own EAGLE-3 with a drafter trained on our data")
-    parser.add_argument("--encoding", nargs="+", default=None, metavar="E", help="storage encodings to compare with bf16 (fp8 mxfp4 nf4); replaces the broken copies")
+    parser.add_argument(
+        "--encoding",
+        nargs="+",
+        default=None,
+        metavar="E",
+        help="storage encodings to compare with bf16 (fp8 mxfp4 nf4); replaces the broken copies",
+    )
     opts = parser.parse_args()
 
     import torch
@@ -113,9 +126,13 @@ def main() -> None:
         for kind in variants[1:] if variants[0] == "ours" else variants:
             datasets[kind] = A.write_broken(datasets["ours"], work / kind, kind)
     norm = A.Verifier(verifier_dir, VERIFIER_AUX_LAYERS).model.model.norm.weight.detach()
-    print(f"verifier final-norm weight: |w| {norm.abs().min():.2f}..{norm.abs().max():.2f}, mean {norm.mean():.2f} +- {norm.std():.2f}, {int((norm < 0).sum())}/{norm.numel()} negative")
+    print(
+        f"verifier final-norm weight: |w| {norm.abs().min():.2f}..{norm.abs().max():.2f}, mean {norm.mean():.2f} +- {norm.std():.2f}, {int((norm < 0).sum())}/{norm.numel()} negative"
+    )
     for kind in [k for k in datasets if k != "ours"]:
-        print(f"{kind:12s} training targets (trainer's verifier_lm_head(verifier_norm(final))) equal to ours' on {A.target_agreement(verifier_dir, datasets['ours'], datasets[kind]):.3f} of loss-masked positions")
+        print(
+            f"{kind:12s} training targets (trainer's verifier_lm_head(verifier_norm(final))) equal to ours' on {A.target_agreement(verifier_dir, datasets['ours'], datasets[kind]):.3f} of loss-masked positions"
+        )
     print(f"work dir (datasets, drafter checkpoints): {work}")
     verifier = A.Verifier(verifier_dir, VERIFIER_AUX_LAYERS)
     prompts = A.heldout_prompts(opts.heldout, seed=99)
@@ -130,7 +147,9 @@ def main() -> None:
             print(_table(kind, score), flush=True)
     for kind, values in taus.items():
         spread = max(values) - min(values)
-        print(f"{kind:12s} tau mean {statistics.mean(values):.2f} over seeds {opts.seeds} (spread {spread:.2f}): {' '.join(f'{v:.2f}' for v in values)}")
+        print(
+            f"{kind:12s} tau mean {statistics.mean(values):.2f} over seeds {opts.seeds} (spread {spread:.2f}): {' '.join(f'{v:.2f}' for v in values)}"
+        )
     for name in opts.encoding or []:
         ratios = [v / b for v, b in zip(taus[name], taus["bf16"])]
         print(f"{name:12s} tau / bf16's tau per seed {' '.join(f'{r:.3f}' for r in ratios)} (min {min(ratios):.3f})")

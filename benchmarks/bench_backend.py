@@ -41,10 +41,10 @@ def main() -> None:
 
     from hs_dataset.capture.hf import HFBackend
     from hs_dataset.config import load_card
-    from hs_dataset.interop.speculators.export import export_speculators
-    from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
+    from hs_dataset.interop.speculators.backend import register, trainer_entry, write_rows
+    from hs_dataset.interop.speculators.export import export_speculators
+    from hs_dataset.pipeline.build import build_dataset
 
     register()
     train = trainer_entry()
@@ -62,10 +62,32 @@ def main() -> None:
     write_rows(data, rows)
     aux = [str(i) for i in card.layers.aux]
     common = [
-        "--verifier-name-or-path", str(model), "--speculator-type", "eagle3", "--num-layers", "1", "--hidden-states-dtype",
-        "float32", "--num-workers", "0", "--draft-vocab-size", "1024", "--no-resume-from-checkpoint", "--epochs",
-        str(opts.epochs), "--total-seq-len", "512", "--seed", "0", "--log-freq", "1", "--on-missing", "raise",
-        "--target-layer-ids", *aux, *speculators_cpu.CPU_FLAGS,
+        "--verifier-name-or-path",
+        str(model),
+        "--speculator-type",
+        "eagle3",
+        "--num-layers",
+        "1",
+        "--hidden-states-dtype",
+        "float32",
+        "--num-workers",
+        "0",
+        "--draft-vocab-size",
+        "1024",
+        "--no-resume-from-checkpoint",
+        "--epochs",
+        str(opts.epochs),
+        "--total-seq-len",
+        "512",
+        "--seed",
+        "0",
+        "--log-freq",
+        "1",
+        "--on-missing",
+        "raise",
+        "--target-layer-ids",
+        *aux,
+        *speculators_cpu.CPU_FLAGS,
     ]
     routes = {
         "file backend (export)": ["--data-path", str(export)],
@@ -83,9 +105,13 @@ def main() -> None:
     written = {"file backend (export)": _bytes(export), "hs_dataset backend": _bytes(rows)}
     print(f"dataset: {_bytes(data):,} bytes in {data}; torch threads {torch.get_num_threads()}, both routes warm (page cache)")
     for name in routes:
-        print(f"{name:24s} {best[name]:6.2f} steps/s ({steps[name]} steps, best of {opts.repeats}); wrote {written[name]:,} bytes before training")
+        print(
+            f"{name:24s} {best[name]:6.2f} steps/s ({steps[name]} steps, best of {opts.repeats}); wrote {written[name]:,} bytes before training"
+        )
     ratio = best["hs_dataset backend"] / best["file backend (export)"]
-    print(f"ratio backend/file: {ratio:.2f} (target >= 0.9); disk written: {written['hs_dataset backend'] / written['file backend (export)']:.3f} of the export's")
+    print(
+        f"ratio backend/file: {ratio:.2f} (target >= 0.9); disk written: {written['hs_dataset backend'] / written['file backend (export)']:.3f} of the export's"
+    )
 
 
 if __name__ == "__main__":

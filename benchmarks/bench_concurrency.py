@@ -126,9 +126,14 @@ def run_plain(url: str, samples, concurrency: int, tag: str) -> float:
     async def go():
         sem = asyncio.Semaphore(concurrency)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+
             async def one(i, s):
                 async with sem:
-                    body = {"rid": f"plain-{tag}-{i}", "input_ids": s.input_ids.tolist(), "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+                    body = {
+                        "rid": f"plain-{tag}-{i}",
+                        "input_ids": s.input_ids.tolist(),
+                        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                    }
                     async with session.post(url + "/generate", json=body) as resp:
                         await resp.read()
                         if resp.status != 200:
@@ -153,8 +158,10 @@ def describe(batches: list[tuple[int, int]]) -> str:
     sizes = Counter(n for n, _ in batches)
     hist = ", ".join(f"{k}x{v}" for k, v in sorted(sizes.items()))
     reqs = sum(n for n, _ in batches)
-    return (f"{len(batches)} prefill passes for {reqs} requests, mean {reqs / len(batches):.1f}, max {max(sizes)} "
-            f"requests/pass (size x passes: {hist})")
+    return (
+        f"{len(batches)} prefill passes for {reqs} requests, mean {reqs / len(batches):.1f}, max {max(sizes)} "
+        f"requests/pass (size x passes: {hist})"
+    )
 
 
 def main() -> int:
@@ -170,9 +177,9 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import load_card
-    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.sources import SampleRules, iter_samples
 
     torch.set_num_threads(1)
@@ -198,8 +205,10 @@ def main() -> int:
         t0 = time.perf_counter()
         server = launch(plan, log_path=str(tmp / "server.log"), timeout=300)
         shm_seen = server_shm_files(server.proc.pid)
-        print(f"server: SGLang {plan.sglang_version} on CPU, card {CARD} ({card.dtype}, aux {card.aux_layer_ids}), "
-              f"extra server env {args.server_env}, healthy after {time.perf_counter() - t0:.1f} s")
+        print(
+            f"server: SGLang {plan.sglang_version} on CPU, card {CARD} ({card.dtype}, aux {card.aux_layer_ids}), "
+            f"extra server env {args.server_env}, healthy after {time.perf_counter() - t0:.1f} s"
+        )
 
         rows = conversation_rows(args.samples)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
@@ -210,8 +219,10 @@ def main() -> int:
         assert len(samples) == args.samples, len(samples)
         tokens = sum(s.num_tokens for s in samples)
         lens = sorted(s.num_tokens for s in samples)
-        print(f"samples: {len(samples)} bundled conversations (cycled), {tokens} tokens, {lens[0]}-{lens[-1]} tokens each "
-              f"(median {lens[len(lens) // 2]})")
+        print(
+            f"samples: {len(samples)} bundled conversations (cycled), {tokens} tokens, {lens[0]}-{lens[-1]} tokens each "
+            f"(median {lens[len(lens) // 2]})"
+        )
 
         modes = {"serial": 1, "concurrent": args.concurrency}
         be = {}
@@ -221,8 +232,12 @@ def main() -> int:
             info = b.info()  # validation + probe, outside the timings
             be[name] = b
         metadata = {
-            "config_name": card.name, "model": {"path": str(model_dir)}, "aux_layer_ids": list(info.aux_layer_ids),
-            "final_state": "pre_norm", "dtype": card.dtype, "hidden_size": info.hidden_size,
+            "config_name": card.name,
+            "model": {"path": str(model_dir)},
+            "aux_layer_ids": list(info.aux_layer_ids),
+            "final_state": "pre_norm",
+            "dtype": card.dtype,
+            "hidden_size": info.hidden_size,
         }
         window = LogWindow(str(tmp / "server.log"))
 
@@ -246,8 +261,11 @@ def main() -> int:
                 res[("build", name)].append(took_b)
                 took_p = run_plain(server.url, samples, conc, f"{name}-{r}")
                 res[("plain", name)].append(took_p)
-                print(f"round {r + 1} {name:10s} (in flight {conc:2d}): stream {len(samples) / took:6.2f} samples/s, "
-                      f"build_dataset {len(samples) / took_b:6.2f}, plain requests without capture {len(samples) / took_p:6.2f}", flush=True)
+                print(
+                    f"round {r + 1} {name:10s} (in flight {conc:2d}): stream {len(samples) / took:6.2f} samples/s, "
+                    f"build_dataset {len(samples) / took_b:6.2f}, plain requests without capture {len(samples) / took_p:6.2f}",
+                    flush=True,
+                )
                 shutil.rmtree(tmp / f"stream-{name}-{r}", ignore_errors=True)
                 shutil.rmtree(tmp / f"build-{name}-{r}", ignore_errors=True)
 
@@ -263,8 +281,10 @@ def main() -> int:
             for name in modes:
                 print(f"  {name:10s} {rate[(kind, name)]:7.2f} samples/s  ({rate[(kind, name)] * tokens / len(samples):8.0f} tokens/s)")
             print(f"  speedup    {rate[(kind, 'concurrent')] / rate[(kind, 'serial')]:7.2f}x")
-        print(f"capture stream vs plain requests: serial {rate[('stream', 'serial')] / rate[('plain', 'serial')]:.0%}, "
-              f"concurrent {rate[('stream', 'concurrent')] / rate[('plain', 'concurrent')]:.0%} of the server's own throughput")
+        print(
+            f"capture stream vs plain requests: serial {rate[('stream', 'serial')] / rate[('plain', 'serial')]:.0%}, "
+            f"concurrent {rate[('stream', 'concurrent')] / rate[('plain', 'concurrent')]:.0%} of the server's own throughput"
+        )
         print("prefill batching (server log, stream + build runs of each mode):")
         for name in modes:
             print(f"  {name:10s} {describe(seen[name])}")
@@ -273,11 +293,15 @@ def main() -> int:
         build_vs = {name: rate[("build", name)] / rate[("stream", name)] for name in modes}
         print(f"build_dataset vs capture stream: serial {build_vs['serial']:.2f}, concurrent {build_vs['concurrent']:.2f}")
         gap = {name: len(samples) / rate[("build", name)] - len(samples) / rate[("stream", name)] for name in modes}
-        print(f"  per run, build_dataset takes {gap['serial']:.2f} s (serial) / {gap['concurrent']:.2f} s (concurrent) longer; "
-              f"tokenizing the {len(samples)} samples alone costs {tokenize_cpu_s:.2f} s of CPU "
-              f"({tokenize_cpu_s / len(samples) * 1e3:.1f} ms/sample), on {os.cpu_count()} cores the server's forward also uses")
-        print(f"concurrency_speedup={rate[('stream', 'concurrent')] / rate[('stream', 'serial')]:.2f} "
-              f"build_vs_stream={build_vs['concurrent']:.2f}")
+        print(
+            f"  per run, build_dataset takes {gap['serial']:.2f} s (serial) / {gap['concurrent']:.2f} s (concurrent) longer; "
+            f"tokenizing the {len(samples)} samples alone costs {tokenize_cpu_s:.2f} s of CPU "
+            f"({tokenize_cpu_s / len(samples) * 1e3:.1f} ms/sample), on {os.cpu_count()} cores the server's forward also uses"
+        )
+        print(
+            f"concurrency_speedup={rate[('stream', 'concurrent')] / rate[('stream', 'serial')]:.2f} "
+            f"build_vs_stream={build_vs['concurrent']:.2f}"
+        )
         return 0
     except Exception:
         if server is not None:

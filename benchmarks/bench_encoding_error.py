@@ -45,8 +45,8 @@ def synthetic(kind: str, tokens: int, hidden: int, seed: int = 0):
 
 
 def relative_errors(x, name: str):
-    from hs_dataset.formats.encoding import decode_state, encode_state
     from hs_dataset.codecs.registry import get_encoding
+    from hs_dataset.formats.encoding import decode_state, encode_state
 
     encoding = get_encoding(name)
     y = decode_state(*encode_state(x, encoding), encoding).float()
@@ -88,7 +88,9 @@ def main() -> None:
     for name in ENCODINGS:
         encoding = get_encoding(name)
         ratio = encoding.row_bytes(opts.hidden) / get_encoding("bf16").row_bytes(opts.hidden)
-        print(f"{name}: {8 * encoding.row_bytes(opts.hidden) / opts.hidden:.3f} bits per value = {ratio:.3f} of bf16 (hidden {opts.hidden})")
+        print(
+            f"{name}: {8 * encoding.row_bytes(opts.hidden) / opts.hidden:.3f} bits per value = {ratio:.3f} of bf16 (hidden {opts.hidden})"
+        )
         for case, states in cases:
             print(f"  {case:15s} per-token relative error {summary(relative_errors(states, name))}")
 

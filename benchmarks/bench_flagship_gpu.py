@@ -46,13 +46,36 @@ from scripts.gpu.check_server import stop as stop_server  # noqa: E402  (the GPU
 
 # Kimi-K2.5's text model (config.json's text_config), routed experts aside.
 KIMI_TEXT = {
-    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
-    "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 163840,
-    "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-    "rope_parameters": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "vocab_size": 163840,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.827,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 50000.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
 }
 AUX = [2, 30, 58]
 SEED = 20261201
@@ -69,7 +92,9 @@ def experts_that_fit(gpu_bytes: int, top_k: int, weights_share: float) -> int:
     k = KIMI_TEXT
     h, layers = k["hidden_size"], k["num_hidden_layers"]
     attention = h * k["q_lora_rank"] + k["q_lora_rank"] * k["num_attention_heads"] * (k["qk_nope_head_dim"] + k["qk_rope_head_dim"])
-    attention += h * (k["kv_lora_rank"] + k["qk_rope_head_dim"]) + k["kv_lora_rank"] * k["num_attention_heads"] * (k["qk_nope_head_dim"] + k["v_head_dim"])
+    attention += h * (k["kv_lora_rank"] + k["qk_rope_head_dim"]) + k["kv_lora_rank"] * k["num_attention_heads"] * (
+        k["qk_nope_head_dim"] + k["v_head_dim"]
+    )
     attention += k["num_attention_heads"] * k["v_head_dim"] * h
     expert = 3 * h * k["moe_intermediate_size"]
     fixed = 2 * k["vocab_size"] * h + layers * attention + 3 * h * k["intermediate_size"] + (layers - 1) * expert * k["n_shared_experts"]
@@ -87,8 +112,15 @@ def write_model(directory: Path, experts: int, top_k: int) -> Path:
     from hs_dataset.demo.tiny_tokenizer import write_tiny_tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
-    config = {**TINY_DEEPSEEK_CONFIG, **KIMI_TEXT, "n_routed_experts": experts, "num_experts_per_tok": top_k,
-              "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16"}
+    config = {
+        **TINY_DEEPSEEK_CONFIG,
+        **KIMI_TEXT,
+        "n_routed_experts": experts,
+        "num_experts_per_tok": top_k,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "torch_dtype": "bfloat16",
+    }
     rope = dict(config.pop("rope_parameters"))  # written the way DeepSeek's own config.json spells it
     config["rope_theta"] = rope.pop("rope_theta")
     config["rope_scaling"] = {**rope, "type": rope["rope_type"]}
@@ -122,7 +154,14 @@ def read_prompts(path: Path) -> list[list[int]]:
 def card_dict(model: Path, args: argparse.Namespace, staging: Path) -> dict:
     if args.cpu_smoke:
         python, device, dtype = args.cpu_smoke, "cpu", "float32"
-        server_args = ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", str(4 * args.long_tokens)]
+        server_args = [
+            "--attention-backend",
+            "torch_native",
+            "--mem-fraction-static",
+            "0.1",
+            "--max-total-tokens",
+            str(4 * args.long_tokens),
+        ]
         env = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
         aux = [2, 3, 4]
     else:
@@ -130,17 +169,39 @@ def card_dict(model: Path, args: argparse.Namespace, staging: Path) -> dict:
         server_args = ["--attention-backend", "triton", "--mem-fraction-static", str(args.mem_fraction), "--load-format", "dummy"]
         env, aux = {}, AUX
     return {
-        "name": "flagship-rehearsal", "description": "benchmarks/bench_flagship_gpu.py: Kimi-K2.5's shape on one GPU",
-        "model": {"path": str(model)}, "layers": {"aux": aux}, "dtype": dtype, "max_length": args.long_tokens,
+        "name": "flagship-rehearsal",
+        "description": "benchmarks/bench_flagship_gpu.py: Kimi-K2.5's shape on one GPU",
+        "model": {"path": str(model)},
+        "layers": {"aux": aux},
+        "dtype": dtype,
+        "max_length": args.long_tokens,
         "source": {"path": str(args.out / "prompts.jsonl")},
         "backend": {"name": "sglang", "concurrency": args.in_flight, "request_timeout_s": 900, "dump_timeout_s": 300},
         "shards": {"bytes": 1 << 30, "storage": args.storage},
         "sglang": {
-            "python": python, "device": device, "port": args.port, "startup_timeout_s": 1200, "env": env,
+            "python": python,
+            "device": device,
+            "port": args.port,
+            "startup_timeout_s": 1200,
+            "env": env,
             "chunked_prefill_size": args.chunk,
-            "args": [*server_args, "--sampling-backend", "pytorch", "--grammar-backend", "none", "--max-running-requests", str(args.in_flight)],
-            "staging": {"dir": str(staging), "max_bytes": args.staging_bytes, "max_files": 8192, "writer_threads": 8,
-                        "pinned_pool_bytes": args.pinned_bytes, "max_wait_s": 10.0},
+            "args": [
+                *server_args,
+                "--sampling-backend",
+                "pytorch",
+                "--grammar-backend",
+                "none",
+                "--max-running-requests",
+                str(args.in_flight),
+            ],
+            "staging": {
+                "dir": str(staging),
+                "max_bytes": args.staging_bytes,
+                "max_files": 8192,
+                "writer_threads": 8,
+                "pinned_pool_bytes": args.pinned_bytes,
+                "max_wait_s": 10.0,
+            },
         },
     }
 
@@ -156,7 +217,7 @@ def plain_plan(card_path: Path):
     argv = list(hooked.argv)
     i = argv.index("--forward-hooks")
     others = [s for s in json.loads(argv[i + 1]) if not s["name"].startswith("hs_capture")]
-    return dataclasses.replace(hooked, argv=argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2:])
+    return dataclasses.replace(hooked, argv=argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2 :])
 
 
 def tree_rss(pid: int) -> int:
@@ -244,6 +305,7 @@ def run_plain_client(url: str, prompts: list[list[int]], in_flight: int) -> floa
     async def go() -> float:
         sem = asyncio.Semaphore(in_flight)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+
             async def one(ids: list[int]) -> None:
                 async with sem:
                     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
@@ -262,8 +324,14 @@ def phase_plain(args: argparse.Namespace, card_path: Path, prompts: list[list[in
     plan = plain_plan(card_path)
     log_path = args.out / "server-plain.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen([plan.python, *plan.argv], env={**os.environ, **plan.env}, cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [plan.python, *plan.argv],
+            env={**os.environ, **plan.env},
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     rss = PeakRss(proc.pid)
     try:
         started = wait_healthy(plan.url, proc, 1200, "the plain server")
@@ -284,8 +352,9 @@ def _cli(argv: list[str], log_path: Path, timeout: float) -> tuple[int, float, i
     """(exit status, seconds, peak RSS) of one ``hs-dataset`` command."""
     with open(log_path, "ab") as out:
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", *argv], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hs_dataset.cli.main", *argv], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         rss = PeakRss(proc.pid)
         try:
             rc = proc.wait(timeout)
@@ -302,7 +371,9 @@ def server_status(staging: Path) -> dict:
         for key in ("max_staging_bytes", "pinned_pool_bytes"):
             merged[key] = status.get(key)
         for key, value in (status.get("counts") or {}).items():
-            merged["counts"][key] = max(merged["counts"].get(key, 0), value) if key.endswith("peak_bytes") else merged["counts"].get(key, 0) + value
+            merged["counts"][key] = (
+                max(merged["counts"].get(key, 0), value) if key.endswith("peak_bytes") else merged["counts"].get(key, 0) + value
+            )
     return merged
 
 
@@ -313,18 +384,29 @@ def phase_hooks(args: argparse.Namespace, card_path: Path, staging: Path, tokens
     url = f"http://127.0.0.1:{args.port}"
     log_path = args.out / "server-hooks.log"
     with open(args.out / "serve.out", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", str(card_path), "--log", str(log_path)],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", str(card_path), "--log", str(log_path)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     rss = PeakRss(proc.pid)
     dataset = args.dataset_dir
     try:
         started = wait_healthy(url, proc, 1200, "hs-dataset serve")
         log(f"hs-dataset serve healthy in {started:.0f} s ({card.shards.storage})")
         mark = log_path.stat().st_size
-        rc, took, client_rss = _cli(["build", "--config", str(card_path), "--server", url, "--out", str(dataset), "--no-progress"],
-                                    args.out / "build.log", 3600)
-        result = {"start_s": started, "build_rc": rc, "build_s": took, "client_peak_rss_bytes": client_rss,
-                  "sglang_prefill_tok_s": prefill_rate(log_path, mark)}
+        rc, took, client_rss = _cli(
+            ["build", "--config", str(card_path), "--server", url, "--out", str(dataset), "--no-progress"], args.out / "build.log", 3600
+        )
+        result = {
+            "start_s": started,
+            "build_rc": rc,
+            "build_s": took,
+            "client_peak_rss_bytes": client_rss,
+            "sglang_prefill_tok_s": prefill_rate(log_path, mark),
+        }
         time.sleep(1.0)  # the status file is rewritten every 0.25 s
         result["status"] = server_status(staging)
     finally:
@@ -340,8 +422,10 @@ def phase_hooks(args: argparse.Namespace, card_path: Path, staging: Path, tokens
         result["state_bytes"] = sum(int(s.bytes) for s in ds.manifest.shards)
     result["build_tok_s"] = result.get("tokens", 0) / result["build_s"] if result["build_s"] else 0.0
     result["expected_tokens"] = tokens
-    log(f"hooks: build {result['build_tok_s']:.0f} tok/s ({result.get('samples')} samples), SGLang prefill "
-        f"{result['sglang_prefill_tok_s']:.0f} tok/s, verify exit {result['verify_rc']} in {result['verify_s']:.0f} s")
+    log(
+        f"hooks: build {result['build_tok_s']:.0f} tok/s ({result.get('samples')} samples), SGLang prefill "
+        f"{result['sglang_prefill_tok_s']:.0f} tok/s, verify exit {result['verify_rc']} in {result['verify_s']:.0f} s"
+    )
     return result
 
 
@@ -381,9 +465,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", default="nf4")
     p.add_argument("--in-flight", type=int, default=64)
     p.add_argument("--chunk", type=int, default=16384)
-    p.add_argument("--top-k", type=int, default=2,
-                   help="routed experts per token (Kimi-K2.5: 8; fewer make one GPU's run fit a device call, and a higher "
-                   "token rate is a harder test of capture)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=2,
+        help="routed experts per token (Kimi-K2.5: 8; fewer make one GPU's run fit a device call, and a higher "
+        "token rate is a harder test of capture)",
+    )
     p.add_argument("--weights-share", type=float, default=0.6, help="of the GPU's memory, for the weights")
     p.add_argument("--mem-fraction", type=float, default=0.88)
     p.add_argument("--pinned-bytes", type=int, default=8 << 30)
@@ -392,8 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=33000)
     p.add_argument("--dataset-dir", type=Path, default=None, help="where the dataset goes (default OUT/ds: local disk)")
     p.add_argument("--cpu-smoke", default=None, metavar="SERVER_PYTHON", help="try every step on the CPU server with the tiny model")
-    p.add_argument("--seed-report", type=Path, default=None,
-                   help="start from this report (an earlier call's plain phase, when the phases ran on two hosts)")
+    p.add_argument(
+        "--seed-report",
+        type=Path,
+        default=None,
+        help="start from this report (an earlier call's plain phase, when the phases ran on two hosts)",
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -418,8 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts_path = args.out / "prompts.jsonl"
     if "prompts" not in report or not prompts_path.exists():  # the same seed writes the same rows on any host
         rows, tokens = write_prompts(prompts_path, args, vocab)
-        report.update(prompts={"rows": rows, "tokens": tokens}, device=gpu.name if gpu else "cpu", experts=experts, top_k=args.top_k,
-                      storage=args.storage, args={k: str(v) for k, v in vars(args).items()})
+        report.update(
+            prompts={"rows": rows, "tokens": tokens},
+            device=gpu.name if gpu else "cpu",
+            experts=experts,
+            top_k=args.top_k,
+            storage=args.storage,
+            args={k: str(v) for k, v in vars(args).items()},
+        )
     log(f"model: {experts} routed experts, top {args.top_k}; prompts {report['prompts']}")
     staging = Path("/dev/shm") / f"hs-flagship-{args.port}"
     card_path = args.out / "card.yaml"

@@ -21,11 +21,11 @@ import time
 import torch
 
 from hs_dataset.codecs import fp4_kernel
-from hs_dataset.server_patch.states import QUANTIZERS
 from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.server_patch.states import QUANTIZERS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fp8_quantizer import pass_arguments, sync  # noqa: E402  (the quantizer benchmarks' one option set)
+from bench_fp8_quantizer import pass_arguments, sync
 
 
 def _ms_per_pass(fn, tensors: tuple[torch.Tensor, ...], iters: int, device: torch.device) -> float:
@@ -50,13 +50,17 @@ def main() -> None:
     aux = (torch.randn(args.tokens, 3, args.hidden, device=device, generator=g) * scale[:, None, None]).bfloat16()
     final = (torch.randn(args.tokens, args.hidden, device=device, generator=g) * scale[:, None]).bfloat16()
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    print(f"{where}: {args.tokens} tokens x (3 aux + final) x {args.hidden}, bf16; fused kernel {'on' if fused_runs else 'off (the server takes the reference here)'}")
+    print(
+        f"{where}: {args.tokens} tokens x (3 aux + final) x {args.hidden}, bf16; fused kernel {'on' if fused_runs else 'off (the server takes the reference here)'}"
+    )
     figures = []
     for name, reference in ((NF4_ENCODING, quantize_nf4), (MXFP4_ENCODING, quantize_mxfp4)):
         fused = QUANTIZERS[name]
         for x in (aux, final):
             (a, s), (b, t) = reference(x), fused(x)
-            assert torch.equal(a, b) and torch.equal(s.view(torch.uint8), t.view(torch.uint8)), f"{name}: the fused bytes differ from the reference's"
+            assert torch.equal(a, b) and torch.equal(s.view(torch.uint8), t.view(torch.uint8)), (
+                f"{name}: the fused bytes differ from the reference's"
+            )
         times: dict[str, list[float]] = {"reference": [], "fused": []}
         for _ in range(args.repeats):
             times["reference"].append(_ms_per_pass(reference, (aux, final), iters, device))

@@ -56,7 +56,9 @@ def main() -> None:
         print(f"{len(bf16)} samples, {bf16.manifest.num_tokens} tokens, hidden {hidden}")
         print(f"state bytes: bf16 {state_bytes(bf16)}, fp8 {state_bytes(fp8)} (per-token scales included)")
         print(f"at Kimi-K2.5's width (7168) the same layout stores {(7168 + 4) / (7168 * 2):.4f} of the bf16 bytes")
-        print(f"per-token relative error vs bf16: median {statistics.median(errors):.4f}, p99 {sorted(errors)[int(0.99 * len(errors))]:.4f}, max {max(errors):.4f}")
+        print(
+            f"per-token relative error vs bf16: median {statistics.median(errors):.4f}, p99 {sorted(errors)[int(0.99 * len(errors))]:.4f}, max {max(errors):.4f}"
+        )
         print(f"fp8_bytes_vs_bf16={ratio:.2f} fp8_rel_error_median={statistics.median(errors):.4f} fp8_rel_error_max={max(errors):.4f}")
 
 

@@ -52,7 +52,9 @@ def main() -> None:
     final = torch.randn(args.tokens, args.hidden, device=device, generator=g).bfloat16()
     for x in (aux, final):
         (a, s), (b, t) = defining_formula(x), quantize_fp8_per_token(x)
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and torch.equal(s, t), "the quantizer's bytes differ from the formula's"
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and torch.equal(s, t), (
+            "the quantizer's bytes differ from the formula's"
+        )
     times: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for name, fn in (("defining formula", defining_formula), ("quantize_fp8_per_token", quantize_fp8_per_token)):

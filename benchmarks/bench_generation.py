@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run  # noqa: E402 (benchmarks/ is on sys.path)
+from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run
 
 CARD = "tiny-deepseek-sglang"
 
@@ -39,7 +39,9 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     for row in rows:
         msgs = normalize_conversation(row).messages
         first = next(k for k, m in enumerate(msgs) if m["role"] == "assistant")
-        ids = tokenizer.apply_chat_template(msgs[:first], add_generation_prompt=True, thinking=False, tokenize=True, return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(msgs[:first], add_generation_prompt=True, thinking=False, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
         out.append(list(ids))
     return [out[k % len(out)] for k in range(n)]
 
@@ -63,11 +65,11 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from hs_dataset.regenerate.generator import GenerationParams
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.sglang.generate import SGLangGenerator
     from hs_dataset.config import load_card
-    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
+    from hs_dataset.regenerate.generator import GenerationParams
 
     tmp, shm = start_run("generation")  # SIGTERM -> SystemExit, so the finally below still stops the server
     server, shm_seen, gens = None, set(), []
@@ -78,13 +80,16 @@ def main() -> int:
         staging = {**base.sglang.staging.model_dump(), "dir": str(shm / "stage")}
         env = {**base.sglang.env, **dict(kv.split("=", 1) for kv in args.server_env)}
         card = base.with_overrides(
-            model={"path": str(model_dir)}, sglang={"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env},
+            model={"path": str(model_dir)},
+            sglang={"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env},
         )
         plan = plan_server(card, port=port, staging_dir=staging["dir"], python=str(SERVER_PYTHON), model_path=str(model_dir))
         t0 = time.perf_counter()
         server = launch(plan, log_path=str(tmp / "server.log"), timeout=300)
         shm_seen = server_shm_files(server.proc.pid)
-        print(f"server: SGLang {plan.sglang_version} on CPU, card {CARD}, extra env {args.server_env}, healthy after {time.perf_counter() - t0:.1f} s")
+        print(
+            f"server: SGLang {plan.sglang_version} on CPU, card {CARD}, extra env {args.server_env}, healthy after {time.perf_counter() - t0:.1f} s"
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         batch = prompts(tokenizer, args.prompts)
         params = GenerationParams(args.new_tokens, stop_token_ids=())  # no stop: every request writes --new-tokens
@@ -106,8 +111,10 @@ def main() -> int:
         rate = {k: tokens / statistics.median(v) for k, v in times.items()}
         same = sum(a == b for a, b in zip(outputs["serial"], outputs["concurrent"]))
         staged = os.listdir(staging["dir"]) if os.path.isdir(staging["dir"]) else []
-        print(f"{args.prompts} prompts x {args.new_tokens} new tokens ({tokens} tokens), prompt lengths "
-              f"{min(map(len, batch))}-{max(map(len, batch))}; median of {args.rounds} rounds")
+        print(
+            f"{args.prompts} prompts x {args.new_tokens} new tokens ({tokens} tokens), prompt lengths "
+            f"{min(map(len, batch))}-{max(map(len, batch))}; median of {args.rounds} rounds"
+        )
         print(f"serial (1 in flight):                {rate['serial']:8.1f} tokens/s")
         print(f"concurrent ({args.concurrency} in flight):          {rate['concurrent']:8.1f} tokens/s")
         print(f"identical outputs serial vs concurrent: {same}/{args.prompts}; files staged by the capture hook: {len(staged)}")

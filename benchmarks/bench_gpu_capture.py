@@ -101,7 +101,9 @@ def run_steps(model: SyntheticPrefill, steps: int, tokens: int, requests: int, c
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=61)
-    parser.add_argument("--inter", type=int, default=14336, help="MLP width; sets prefill speed (default ~ a Kimi-K2.5 TP8 node's per-GPU rate)")
+    parser.add_argument(
+        "--inter", type=int, default=14336, help="MLP width; sets prefill speed (default ~ a Kimi-K2.5 TP8 node's per-GPU rate)"
+    )
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
@@ -123,13 +125,22 @@ def main() -> None:
     model = SyntheticPrefill(args.layers, args.inter, device)
     step_bytes = args.tokens * (len(AUX) + 1) * H * 2
     pinned, pageable = pinned_ceiling(step_bytes, device) if device.type == "cuda" else (1.0, 1.0)
-    print(f"D2H ceiling ({step_bytes / 2**20:.0f} MiB block): pinned non_blocking {pinned / 1e9:.1f} GB/s, pageable .cpu() {pageable / 1e9:.2f} GB/s")
+    print(
+        f"D2H ceiling ({step_bytes / 2**20:.0f} MiB block): pinned non_blocking {pinned / 1e9:.1f} GB/s, pageable .cpu() {pageable / 1e9:.2f} GB/s"
+    )
 
     staging_root = tempfile.mkdtemp(prefix="hs-bench-", dir=args.staging)
     staging = os.path.join(staging_root, "staging")
     config = CaptureConfig(
-        staging_dir=staging, hf_aux_layer_ids=AUX, rid_prefix="hs-", writer_threads=args.writers, storage=args.storage,
-        pinned_pool_bytes=8 * step_bytes, max_staging_bytes=64 * 2**30, max_staging_files=100_000, max_wait_s=30.0,
+        staging_dir=staging,
+        hf_aux_layer_ids=AUX,
+        rid_prefix="hs-",
+        writer_threads=args.writers,
+        storage=args.storage,
+        pinned_pool_bytes=8 * step_bytes,
+        max_staging_bytes=64 * 2**30,
+        max_staging_files=100_000,
+        max_wait_s=30.0,
     )
     core = CaptureCore(config, sglang_version="bench")
     run_steps(model, 3, args.tokens, args.requests)  # warm-up: kernels, allocator

@@ -72,11 +72,15 @@ from dataclasses import dataclass, field
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gpu_capture import AUX, H, SyntheticPrefill  # noqa: E402  (the one synthetic prefill model)
-from bench_writeback import write_files  # noqa: E402  (the one plain-writes baseline)
+from bench_gpu_capture import AUX, H, SyntheticPrefill
+from bench_writeback import write_files
 
 K = len(AUX)
-RATES = {26_000: 13_952, 108_000: 3_072, 216_000: 1_536}  # target tokens/s -> MLP width giving it on an H200 (216k: scaled from the other two; each phase prints the rate it measured)
+RATES = {
+    26_000: 13_952,
+    108_000: 3_072,
+    216_000: 1_536,
+}  # target tokens/s -> MLP width giving it on an H200 (216k: scaled from the other two; each phase prints the rate it measured)
 DUMP_WAIT_S = 120.0  # the client gives up on a dump not seen this long after it started waiting (server-side loss)
 PHASE_WAIT_S = 420.0  # the server side gives up on the client process after this long past its last pass
 
@@ -169,8 +173,8 @@ class Consumer:
 
         self.expected_dump, self.writer, self.staging, self.stats = expected, writer, staging, stats
         self.dump_suffix, self.refused_suffix = DUMP_SUFFIX, REFUSED_SUFFIX
-        self.expected: "queue.Queue" = queue.Queue()
-        self.results: "queue.Queue" = queue.Queue(maxsize=256)
+        self.expected: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue(maxsize=256)
         self._lock = threading.Lock()
         self.loaders = [threading.Thread(target=self._load_loop, daemon=True) for _ in range(loaders)]
         self.adder = threading.Thread(target=self._add_loop, daemon=True)
@@ -239,7 +243,14 @@ class Consumer:
                     result.aux_scale = result.final_scale = None
                     self.writer.add(result)
                 self.stats["samples"] += 1
-                parts = (result.input_ids, result.loss_mask, result.aux_hidden_states, result.final_hidden_state, result.aux_scale, result.final_scale)
+                parts = (
+                    result.input_ids,
+                    result.loss_mask,
+                    result.aux_hidden_states,
+                    result.final_hidden_state,
+                    result.aux_scale,
+                    result.final_scale,
+                )
                 self.added_bytes += sum(t.numel() * t.element_size() for t in parts if t is not None) + 8  # as the writer counts
                 if not self.stats["first_flush_at"] and self.shard_bytes and self.added_bytes >= self.shard_bytes:
                     self.stats["first_flush_at"] = _now()
@@ -413,12 +424,30 @@ def consume_phase(spec: dict, replies) -> dict:
     mask = torch.ones(per, dtype=torch.bool)
     prompts = [ids[r * per : (r + 1) * per].clone() for r in range(requests)]
     expected = ExpectedDump(aux_layer_ids=tuple(AUX), dtype=torch.bfloat16, hidden_size=H)  # what the client checks each dump against
-    metadata = {"aux_layer_ids": list(AUX), "hidden_size": H, "dtype": "bfloat16", "final_state": "pre_norm", "model": "synthetic-kimi-shape", "config_name": "bench-node"}
+    metadata = {
+        "aux_layer_ids": list(AUX),
+        "hidden_size": H,
+        "dtype": "bfloat16",
+        "final_state": "pre_norm",
+        "model": "synthetic-kimi-shape",
+        "config_name": "bench-node",
+    }
     writer = ShardWriter(
-        spec["out"], metadata, storage=spec["storage"],  # native, fp8, mxfp4, nf4: as the server's capture core
-        shard_bytes=spec["shard_bytes"], writer_threads=spec["writer_threads"],
+        spec["out"],
+        metadata,
+        storage=spec["storage"],  # native, fp8, mxfp4, nf4: as the server's capture core
+        shard_bytes=spec["shard_bytes"],
+        writer_threads=spec["writer_threads"],
     )
-    stats = {"load_busy_s": 0.0, "dump_wait_s": 0.0, "add_busy_s": 0.0, "samples": 0, "failures": [], "fallback": False, "first_flush_at": 0.0}
+    stats = {
+        "load_busy_s": 0.0,
+        "dump_wait_s": 0.0,
+        "add_busy_s": 0.0,
+        "samples": 0,
+        "failures": [],
+        "fallback": False,
+        "first_flush_at": 0.0,
+    }
     trace = _trace_writer(writer) if spec.get("trace") else None
     loads = _trace_loads() if trace is not None else None
     consumer = Consumer(expected, writer, spec["staging"], spec["loaders"], stats)
@@ -502,7 +531,9 @@ class Client:
             self.proc.join(timeout=10)
 
 
-def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None) -> Phase:
+def run_phase(
+    args, client: Client, model: SyntheticPrefill, rate: int, storage: str, out_root: str, staging_root: str, copier=None
+) -> Phase:
     """One (rate, storage) phase. ``copier``: the server's pinned-memory copier, shared across phases as one
     server process keeps it for its lifetime (so its pinned pool is allocated once, in the warm-up); None: a new one."""
     from hs_dataset.server_patch.batch import BatchView
@@ -536,17 +567,33 @@ def run_phase(args, client: Client, model: SyntheticPrefill, rate: int, storage:
     staging = os.path.join(staging_root, f"staging-{rate}-{storage}")
     out = os.path.join(out_root, f"ds-{rate}-{storage}")
     config = CaptureConfig(
-        staging_dir=staging, hf_aux_layer_ids=AUX, rid_prefix="hs-", writer_threads=args.dump_writers, storage=storage,
-        pinned_pool_bytes=args.pinned_gib << 30, max_staging_bytes=args.staging_gib << 30, max_staging_files=100_000,
+        staging_dir=staging,
+        hf_aux_layer_ids=AUX,
+        rid_prefix="hs-",
+        writer_threads=args.dump_writers,
+        storage=storage,
+        pinned_pool_bytes=args.pinned_gib << 30,
+        max_staging_bytes=args.staging_gib << 30,
+        max_staging_files=100_000,
         max_wait_s=120.0,  # back-pressure, never a refusal: the sustained rate is what is measured
     )
     core = CaptureCore(config, sglang_version="bench", copier=copier)
     try:
         client.requests.put(
             {
-                "rate": rate, "storage": storage, "staging": staging, "out": out, "ids": ids.cpu().tolist(), "per": per,
-                "requests": requests, "n": steps * requests, "loaders": args.loaders, "writer_threads": args.writer_threads,
-                "shard_bytes": args.shard_mib << 20, "verify": args.verify, "trace": args.trace,
+                "rate": rate,
+                "storage": storage,
+                "staging": staging,
+                "out": out,
+                "ids": ids.cpu().tolist(),
+                "per": per,
+                "requests": requests,
+                "n": steps * requests,
+                "loaders": args.loaders,
+                "writer_threads": args.writer_threads,
+                "shard_bytes": args.shard_mib << 20,
+                "verify": args.verify,
+                "trace": args.trace,
                 "switch_interval_ms": args.switch_interval_ms,
             }
         )
@@ -593,8 +640,8 @@ def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") 
 
     ``storage``: fp8, or a 4-bit one (mxfp4, nf4), whose figures are printed under the same keys with its name.
     """
-    from hs_dataset.formats.encoding import decode_state, encode_state
     from hs_dataset.codecs.registry import get_encoding, state_encoding_for
+    from hs_dataset.formats.encoding import decode_state, encode_state
     from hs_dataset.server_patch.states import QUANTIZERS
 
     device = model.w1[0].device
@@ -606,7 +653,9 @@ def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") 
     host = states.cpu()
     q_host, s_host = encode_state(host, enc)
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # compared bit for bit (a NaN would equal itself)
-    differ = sum(int((d.cpu().view(bits[d.element_size()]) != h.view(bits[h.element_size()])).sum()) for d, h in ((q_dev, q_host), (s_dev, s_host)))
+    differ = sum(
+        int((d.cpu().view(bits[d.element_size()]) != h.view(bits[h.element_size()])).sum()) for d, h in ((q_dev, q_host), (s_dev, s_host))
+    )
     back = decode_state(q_host, s_host, enc).float()
     ref = host.float()
     err = ((back - ref).flatten(2).norm(dim=2) / ref.flatten(2).norm(dim=2).clamp_min(1e-30)).flatten()
@@ -618,7 +667,7 @@ def fp8_error_check(model: SyntheticPrefill, tokens: int, storage: str = "fp8") 
     )
 
 
-def _ceiling(phase: "Phase", raw_rate: float) -> float:
+def _ceiling(phase: Phase, raw_rate: float) -> float:
     """What a phase's on-disk rate can reach: the raw disk rate, or the shard bytes the prefill offers if fewer."""
     return min(raw_rate, phase.offered_gb_s) if phase.offered_gb_s else raw_rate
 
@@ -630,18 +679,34 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--rates", default="26000,108000", help=f"target prefill tokens/s, from {sorted(RATES)}")
     parser.add_argument("--storages", default="native,fp8")
-    parser.add_argument("--phase-gb", type=float, default=10.0, help="bytes each phase writes to disk (sets the passes; fp8 phases run twice the tokens of bf16)")
+    parser.add_argument(
+        "--phase-gb",
+        type=float,
+        default=10.0,
+        help="bytes each phase writes to disk (sets the passes; fp8 phases run twice the tokens of bf16)",
+    )
     parser.add_argument("--dump-writers", "--writers", dest="dump_writers", type=int, default=8, help="server dump writer threads")
     parser.add_argument("--loaders", type=int, default=8, help="client dump-consumer threads (the client's concurrency)")
     parser.add_argument("--writer-threads", type=int, default=8, help="shard writer threads in the client (also the raw-write baseline's)")
-    parser.add_argument("--shard-mib", type=int, default=512, help="shard size of the client's writer (also the raw-write baseline's files)")
+    parser.add_argument(
+        "--shard-mib", type=int, default=512, help="shard size of the client's writer (also the raw-write baseline's files)"
+    )
     parser.add_argument("--staging", default="/dev/shm")
-    parser.add_argument("--staging-gib", type=int, default=16, help="staging budget (the server's default): beyond it the prefill waits (back-pressure)")
+    parser.add_argument(
+        "--staging-gib", type=int, default=16, help="staging budget (the server's default): beyond it the prefill waits (back-pressure)"
+    )
     parser.add_argument("--pinned-gib", type=int, default=4)
     parser.add_argument("--out", default=None, help="where shards go (default: a temp dir under the current directory's disk)")
-    parser.add_argument("--copier-per-phase", action="store_true", help="a new pinned pool per phase (before: one per run, as a server keeps it)")
+    parser.add_argument(
+        "--copier-per-phase", action="store_true", help="a new pinned pool per phase (before: one per run, as a server keeps it)"
+    )
     parser.add_argument("--trace", action="store_true", help="print where the client's shard writer spent its time")
-    parser.add_argument("--switch-interval-ms", type=float, default=0.0, help="the client process's GIL switch interval (0: Python's default, 5 ms): a diagnostic")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=0.0,
+        help="the client process's GIL switch interval (0: Python's default, 5 ms): a diagnostic",
+    )
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--warmup-gb", type=float, default=1.0, help="an unmeasured first phase of this many bytes (0: none)")
     args = parser.parse_args()

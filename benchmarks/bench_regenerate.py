@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run  # noqa: E402
+from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOCAL_CARD = "tiny-deepseek-sglang"
@@ -74,7 +74,10 @@ def conversations(n: int, mean_tokens: float, sigma: float, max_tokens: int, see
             length = max(1, min(max_tokens, round(rng.lognormvariate(mu, sigma))))
             lengths.append(length)
             topic = " ".join(rng.choice(["sea", "tree", "stone", "cloud", "river", "lamp"]) for _ in range(rng.randint(2, 12)))
-            messages += [{"role": "user", "content": f"Item {i}, turn {turn}: {topic}. [answer {length} tokens]"}, {"role": "assistant", "content": "ok"}]
+            messages += [
+                {"role": "user", "content": f"Item {i}, turn {turn}: {topic}. [answer {length} tokens]"},
+                {"role": "assistant", "content": "ok"},
+            ]
         rows.append({"id": f"conv-{i:05d}", "messages": messages})
     return rows, lengths
 
@@ -139,8 +142,8 @@ def windowed_regeneration() -> Any:
     """The regeneration engine as it was: fixed windows of ``concurrency`` (here: the requests in flight) conversations, turn k of a window in one
     blocking ``generate`` call, a window stored before its samples go on, the next one generated only when capture
     pulls past the last (so capture waits for generation and generation for capture)."""
-    from hs_dataset.regenerate.engine import Regeneration
     from hs_dataset.formats.regenerated_record import ConversationRecord
+    from hs_dataset.regenerate.engine import Regeneration
 
     class WindowedRegeneration(Regeneration):
         def regenerate(self, samples, progress=None):
@@ -213,7 +216,9 @@ async def _client(url: str, bodies: list[dict], in_flight: int, timeout_s: float
     import aiohttp
 
     gate = asyncio.Semaphore(in_flight)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=in_flight * 2), timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=in_flight * 2), timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as session:
 
         async def one(body: dict) -> int:
             async with gate:
@@ -247,15 +252,26 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model-path", default=None, help="with --server: the served model's local directory")
     ap.add_argument("--config", default=None, help="with --server: the card (default: derived from --model-path)")
     ap.add_argument("--conversations", type=int, default=None, help="default 64 here, 256 with --server")
-    ap.add_argument("--concurrency", type=int, default=None, help="requests in flight, build and client (default 16 here; with --server: what the server reports)")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="requests in flight, build and client (default 16 here; with --server: what the server reports)",
+    )
     ap.add_argument("--mean-tokens", type=float, default=None, help="mean answer length (default 40 here, 1500 with --server)")
     ap.add_argument("--sigma", type=float, default=1.2, help="lognormal sigma of the answer lengths (1.2: CV 1.8 before the cap)")
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--no-old", action="store_true", help="leave out the old windowed engine's runs (its ratio is measured; saves GPU time)")
+    ap.add_argument(
+        "--no-old", action="store_true", help="leave out the old windowed engine's runs (its ratio is measured; saves GPU time)"
+    )
     ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", default=None, help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)")
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)",
+    )
     ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="local server: extra KEY=VALUE")
     args = ap.parse_args()
     remote = args.server is not None
@@ -281,11 +297,15 @@ def local_server(tmp: Path, shm: Path, server_env: list[str]) -> tuple[Any, str,
     base = load_card(LOCAL_CARD)
     staging = {**base.sglang.staging.model_dump(), "dir": str(shm / "stage")}
     env = {**base.sglang.env, **dict(kv.split("=", 1) for kv in server_env)}
-    card = base.with_overrides(model={"path": model_dir}, sglang={"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env})
+    card = base.with_overrides(
+        model={"path": model_dir}, sglang={"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env}
+    )
     plan = plan_server(card, port=port, staging_dir=staging["dir"], python=str(SERVER_PYTHON), model_path=model_dir)
     t0 = time.perf_counter()
     server = launch(plan, log_path=str(tmp / "server.log"), timeout=300)
-    print(f"server: SGLang {plan.sglang_version} on CPU, card {LOCAL_CARD}, env {server_env}, healthy after {time.perf_counter() - t0:.1f} s")
+    print(
+        f"server: SGLang {plan.sglang_version} on CPU, card {LOCAL_CARD}, env {server_env}, healthy after {time.perf_counter() - t0:.1f} s"
+    )
     return server, model_dir, card
 
 
@@ -294,8 +314,11 @@ def the_card(args: argparse.Namespace, model_dir: str, card: Any) -> Any:
     from hs_dataset.model.card_from_model import card_from_model
 
     if args.server:
-        card = load_card(args.config).with_overrides(model={"path": model_dir}) if args.config else card_from_model(
-            model_dir, backend="sglang", servers=[args.server])
+        card = (
+            load_card(args.config).with_overrides(model={"path": model_dir})
+            if args.config
+            else card_from_model(model_dir, backend="sglang", servers=[args.server])
+        )
     regenerate = {"enabled": True, "max_new_tokens": args.max_tokens, "thinking": "off", "concurrency": args.concurrency}
     return card.with_overrides(regenerate=regenerate)
 
@@ -319,15 +342,17 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
     prompts = [(r["input_ids"][: t["prompt_tokens"]], len(t["token_ids"])) for r in records for t in r["turns"]]
     samples = [(r["input_ids"][: card.max_length], 1) for r in records if r["input_ids"]]
     capture_in_flight = max(card.backend.batch_size, card.backend.concurrency)
-    say(f"reference build: {seconds:.1f} s, {report.regeneration['turns']} turns, {report.samples_written} samples, "
-        f"{in_flight} requests in flight ({meta['concurrency_from']}); capture {capture_in_flight} in flight")
+    say(
+        f"reference build: {seconds:.1f} s, {report.regeneration['turns']} turns, {report.samples_written} samples, "
+        f"{in_flight} requests in flight ({meta['concurrency_from']}); capture {capture_in_flight} in flight"
+    )
     times: dict[str, list[float]] = {"new": [], "old": [], "client": [], "prefill": [], "isolated": []}
     rates: dict[str, list[float]] = {"new": [], "old": [], "client": []}
     runs = ["new"] + ([] if args.no_old else ["old"]) + ["client", "prefill"] + (["isolated"] if args.isolate else [])
     if args.isolate:
         rates["isolated"] = []
     for r in range(args.rounds):
-        for name in runs[r % len(runs):] + runs[: r % len(runs)]:
+        for name in runs[r % len(runs) :] + runs[: r % len(runs)]:
             cpu = _cpu_s()
             if name in ("new", "old", "isolated"):
                 span.__init__()
@@ -352,19 +377,27 @@ def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work:
     base = fastest["client"] + fastest["prefill"]
     old_best = f", old {best['old']:.1f}" if "old" in best else ""
     old_wall = f", old {fastest['old']:.1f}" if "old" in fastest else ""
-    say(f"best of {args.rounds}: generation tok/s new {best['new']:.1f}{old_best}, client {best['client']:.1f}; "
-        f"wall s new {fastest['new']:.1f}{old_wall}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}")
-    say(f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f} "
-        f"(per round: {', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.2f})")
+    say(
+        f"best of {args.rounds}: generation tok/s new {best['new']:.1f}{old_best}, client {best['client']:.1f}; "
+        f"wall s new {fastest['new']:.1f}{old_wall}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}"
+    )
+    say(
+        f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f} "
+        f"(per round: {', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.2f})"
+    )
     say(f"(b) end to end, build / (client generation + prefill): {fastest['new'] / base:.2f}x")
     if "old" in best:
-        say(f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
+        say(
+            f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
             f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
-            f"end to end {fastest['old'] / base:.2f}x)")
+            f"end to end {fastest['old'] / base:.2f}x)"
+        )
     if args.isolate:
         alone = sorted(n / c for n, c in zip(rates["isolated"], rates["client"]))
-        say(f"(a') generation with capture left out of the build / continuous client: {best['isolated'] / best['client']:.2f} "
-            f"(per round: {', '.join(f'{r:.2f}' for r in alone)}; median {statistics.median(alone):.2f})")
+        say(
+            f"(a') generation with capture left out of the build / continuous client: {best['isolated'] / best['client']:.2f} "
+            f"(per round: {', '.join(f'{r:.2f}' for r in alone)}; median {statistics.median(alone):.2f})"
+        )
     vs_old = f" new_vs_old={best['new'] / best['old']:.2f}" if "old" in best else ""
     say(f"generation_ratio={best['new'] / best['client']:.2f} end_to_end_ratio={fastest['new'] / base:.2f}{vs_old}")
     return lines
@@ -388,14 +421,18 @@ def main() -> int:
                 url, shm_seen = server.url, server_shm_files(server.proc.pid)
             card = the_card(args, model_dir, card)
             rows, lengths = conversations(args.conversations, args.mean_tokens, args.sigma, args.max_tokens, args.seed)
-            print(f"{len(rows)} conversations, {len(lengths)} turns; answer lengths mean {statistics.fmean(lengths):.1f}, "
-                  f"median {statistics.median(lengths):.0f}, max {max(lengths)}, coefficient of variation {cv(lengths):.2f}")
+            print(
+                f"{len(rows)} conversations, {len(lengths)} turns; answer lengths mean {statistics.fmean(lengths):.1f}, "
+                f"median {statistics.median(lengths):.0f}, max {max(lengths)}, coefficient of variation {cv(lengths):.2f}"
+            )
             if cv(lengths) < 1:
                 print("the answer lengths spread less than real answers (CV < 1): raise --sigma", file=sys.stderr)
                 return 2
             source = tmp / "chats.jsonl"
             source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=bool(card.model.trust_remote_code))
+            tokenizer = AutoTokenizer.from_pretrained(
+                model_dir, local_files_only=True, trust_remote_code=bool(card.model.trust_remote_code)
+            )
             measure(args, url, card, tokenizer, tmp, source)
             print(f"at the end: {_load()}")
         if args.results:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -36,31 +36,45 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hs_dataset  # noqa: E402
-from hs_dataset.formats import ShardWriter  # noqa: E402
-from hs_dataset.remote.cache import disk_usage  # noqa: E402
-from hs_dataset.remote.location import open_location  # noqa: E402
-from hs_dataset.remote.publish import publish_dataset  # noqa: E402
-from hs_dataset.sample import CapturedSample  # noqa: E402
-from hs_dataset.training import Eagle3Dataset, PackedCollator, PackingBatchSampler  # noqa: E402
-from tests.fixtures.s3_server import ENV, start_moto  # noqa: E402
-from bench_shards import drop_cache  # noqa: E402  (benchmarks/ is on sys.path: the one page-dropping helper)
+from bench_shards import drop_cache
+
+import hs_dataset
+from hs_dataset.formats import ShardWriter
+from hs_dataset.remote.cache import disk_usage
+from hs_dataset.remote.location import open_location
+from hs_dataset.remote.publish import publish_dataset
+from hs_dataset.sample import CapturedSample
+from hs_dataset.training import Eagle3Dataset, PackedCollator, PackingBatchSampler
+from tests.fixtures.s3_server import ENV, start_moto
 
 
 def write_dataset(root: Path, total_bytes: int, hidden: int, shard_bytes: int) -> None:
     g = torch.Generator().manual_seed(0)
     metadata = {
-        "config_name": "bench-remote", "config_fingerprint": "0" * 64, "model": {"path": "synthetic", "fingerprint": "none"},
-        "aux_layer_ids": [2, 30, 58], "layer_convention": "hf_hidden_states_index", "final_state": "pre_norm",
-        "final_norm": {"eps": 1e-6}, "dtype": "bfloat16", "hidden_size": hidden,
+        "config_name": "bench-remote",
+        "config_fingerprint": "0" * 64,
+        "model": {"path": "synthetic", "fingerprint": "none"},
+        "aux_layer_ids": [2, 30, 58],
+        "layer_convention": "hf_hidden_states_index",
+        "final_state": "pre_norm",
+        "final_norm": {"eps": 1e-6},
+        "dtype": "bfloat16",
+        "hidden_size": hidden,
     }
     size, i = 0, 0
     with ShardWriter(root, metadata, final_norm_weight=torch.ones(hidden), shard_bytes=shard_bytes) as writer:
         while size < total_bytes:
             t = int(torch.randint(64, 513, (1,), generator=g))
             states = torch.randn(t, 4, hidden, generator=g).bfloat16()
-            writer.add(CapturedSample(f"s{i:05d}", torch.randint(0, 163840, (t,), generator=g), torch.ones(t, dtype=torch.bool),
-                                      states[:, :3].contiguous(), states[:, 3].contiguous()))
+            writer.add(
+                CapturedSample(
+                    f"s{i:05d}",
+                    torch.randint(0, 163840, (t,), generator=g),
+                    torch.ones(t, dtype=torch.bool),
+                    states[:, :3].contiguous(),
+                    states[:, 3].contiguous(),
+                )
+            )
             size += t * 4 * hidden * 2
             i += 1
 
@@ -94,7 +108,8 @@ def download_rates(record, work: Path, repeats: int = 3) -> dict[str, float]:
         "receive only": lambda: receive(False),
         "receive + hash + write, one thread": lambda: receive(True),
         "receive_file (hash + write on a second thread)": lambda: receive_file(
-            loc, shard, work / "dl.bin", Expected(size, record.hash_algorithm, record.digest), durable=False),
+            loc, shard, work / "dl.bin", Expected(size, record.hash_algorithm, record.digest), durable=False
+        ),
     }
     rates: dict[str, float] = {}
     for name, run in ways.items():
@@ -150,8 +165,10 @@ def main() -> None:
         t0 = time.perf_counter()
         publish_dataset(local, open_location("s3://bench/ds"))
         upload_s = time.perf_counter() - t0
-        print(f"{len(shards)} shards, {sum(r.bytes for r in shards) / 2**20:.0f} MiB in {work}, cache in {cache}; upload {upload_s:.1f} s; "
-              f"cores {os.cpu_count()}; moto at {endpoint}")
+        print(
+            f"{len(shards)} shards, {sum(r.bytes for r in shards) / 2**20:.0f} MiB in {work}, cache in {cache}; upload {upload_s:.1f} s; "
+            f"cores {os.cpu_count()}; moto at {endpoint}"
+        )
 
         rates = download_rates(shards[0], work)
         base = rates["receive + hash + write, one thread"]
@@ -172,10 +189,14 @@ def main() -> None:
             peaks.append(peak)
             print(f"  pass {rep + 1}: local {local_rates[-1]:.0f} MiB/s, s3 via cache {remote_rates[-1]:.0f} MiB/s, cache peak {peak}")
         local_rate, remote_rate = statistics.median(local_rates), statistics.median(remote_rates)
-        print(f"local disk{' (pages dropped)' if dropped else ' (page cache NOT dropped)'}: {local_rate:.0f} MiB/s of states "
-              f"into the training view (median of {args.repeat})")
-        print(f"s3 via cache: {remote_rate:.0f} MiB/s (median of {args.repeat}); cache peak {max(peaks)} bytes on disk, bound {bound} "
-              f"({'held' if max(peaks) <= bound else 'EXCEEDED'}); prefetch {args.prefetch}")
+        print(
+            f"local disk{' (pages dropped)' if dropped else ' (page cache NOT dropped)'}: {local_rate:.0f} MiB/s of states "
+            f"into the training view (median of {args.repeat})"
+        )
+        print(
+            f"s3 via cache: {remote_rate:.0f} MiB/s (median of {args.repeat}); cache peak {max(peaks)} bytes on disk, bound {bound} "
+            f"({'held' if max(peaks) <= bound else 'EXCEEDED'}); prefetch {args.prefetch}"
+        )
         print(f"remote_vs_local={remote_rate / local_rate:.2f}")
     finally:
         proc.terminate()

@@ -36,10 +36,23 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 KIMI_WIDE = {
-    "hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 64, "num_key_value_heads": 64,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-    "vocab_size": 32768, "max_position_embeddings": 8192, "initializer_range": 0.02,
-    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "n_group": 1, "topk_group": 1,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "vocab_size": 32768,
+    "max_position_embeddings": 8192,
+    "initializer_range": 0.02,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "n_group": 1,
+    "topk_group": 1,
 }
 SEED = 7168
 _THROUGHPUT = re.compile(r"Prefill batch.*#new-token: (\d+).*input throughput \(token/s\): ([0-9.]+)")
@@ -86,25 +99,58 @@ def card_for(model: Path, port: int, staging: Path, args: argparse.Namespace):
     from hs_dataset.config import card_from_dict
 
     if args.cpu_smoke:  # the same code paths on the CPU server and the tiny model, to try the script before a GPU run
-        device, dtype, python, backend_args = "cpu", "float32", args.cpu_smoke, [
-            "--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192"]
+        device, dtype, python, backend_args = (
+            "cpu",
+            "float32",
+            args.cpu_smoke,
+            ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192"],
+        )
         env = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
     else:
-        device, dtype, python, backend_args = "cuda", "bfloat16", sys.executable, [
-            "--attention-backend", "triton", "--mem-fraction-static", str(args.mem_fraction)]
+        device, dtype, python, backend_args = (
+            "cuda",
+            "bfloat16",
+            sys.executable,
+            ["--attention-backend", "triton", "--mem-fraction-static", str(args.mem_fraction)],
+        )
         env = {}
-    return card_from_dict({
-        "name": "bench-server-gpu", "model": {"path": str(model)}, "layers": {"aux": [1, 2, 3]}, "dtype": dtype,
-        "max_length": args.tokens,
-        "backend": {"name": "sglang", "concurrency": args.in_flight, "request_timeout_s": 600, "dump_timeout_s": 120},
-        "sglang": {
-            "python": python, "device": device, "port": port, "startup_timeout_s": 900, "env": env,
-            "args": [*backend_args, "--sampling-backend", "pytorch", "--grammar-backend", "none",
-                     "--max-running-requests", str(args.in_flight), "--chunked-prefill-size", str(args.chunk)],
-            "staging": {"dir": str(staging), "max_bytes": 24 << 30, "max_files": 8192, "writer_threads": 8,
-                        "pinned_pool_bytes": 16 << 30, "max_wait_s": 10.0},
+    return card_from_dict(
+        {
+            "name": "bench-server-gpu",
+            "model": {"path": str(model)},
+            "layers": {"aux": [1, 2, 3]},
+            "dtype": dtype,
+            "max_length": args.tokens,
+            "backend": {"name": "sglang", "concurrency": args.in_flight, "request_timeout_s": 600, "dump_timeout_s": 120},
+            "sglang": {
+                "python": python,
+                "device": device,
+                "port": port,
+                "startup_timeout_s": 900,
+                "env": env,
+                "args": [
+                    *backend_args,
+                    "--sampling-backend",
+                    "pytorch",
+                    "--grammar-backend",
+                    "none",
+                    "--max-running-requests",
+                    str(args.in_flight),
+                    "--chunked-prefill-size",
+                    str(args.chunk),
+                ],
+                "staging": {
+                    "dir": str(staging),
+                    "max_bytes": 24 << 30,
+                    "max_files": 8192,
+                    "writer_threads": 8,
+                    "pinned_pool_bytes": 16 << 30,
+                    "max_wait_s": 10.0,
+                },
+            },
         },
-    }, "benchmarks/bench_server_gpu.py")
+        "benchmarks/bench_server_gpu.py",
+    )
 
 
 def start_pair(model: Path, args: argparse.Namespace, out: Path, tag: str):
@@ -118,10 +164,11 @@ def start_pair(model: Path, args: argparse.Namespace, out: Path, tag: str):
     argv = list(hooked.argv)
     i = argv.index("--forward-hooks")
     others = [s for s in json.loads(argv[i + 1]) if not s["name"].startswith("hs_capture")]  # the CPU MLA handler stays
-    plain_argv = argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2:]
+    plain_argv = argv[:i] + (["--forward-hooks", json.dumps(others)] if others else []) + argv[i + 2 :]
     plain_argv[plain_argv.index("--port") + 1] = str(args.port + 1)
-    plain = dataclasses.replace(hooked, argv=plain_argv, port=args.port + 1, url=f"http://127.0.0.1:{args.port + 1}",
-                                staging_dir=str(staging) + "-plain")
+    plain = dataclasses.replace(
+        hooked, argv=plain_argv, port=args.port + 1, url=f"http://127.0.0.1:{args.port + 1}", staging_dir=str(staging) + "-plain"
+    )
     t0 = time.monotonic()
     servers = {}
     try:  # one after the other: SGLang sizes its KV cache from the GPU memory free when it starts
@@ -170,6 +217,7 @@ def run_plain(server, samples, args) -> float:
     async def go() -> float:
         sem = asyncio.Semaphore(args.in_flight)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
             async def one(s):
                 async with sem:
                     body = {"input_ids": s.input_ids.tolist(), "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
@@ -232,10 +280,16 @@ def measure(tag: str, servers, card, args) -> dict:
         for name in ("plain", "hooks") if rep % 2 else ("hooks", "plain"):  # alternate who goes first
             r = run_once(name, servers[name], card, prompts(args, seed=1000 * rep + (name == "hooks")), args)
             results[name].append(r)
-            extra = (f", hooks {r['hook_ms_per_pass']:.2f} ms/pass (reserving {r['reserve_ms_per_pass']:.2f}, copies "
-                     f"{r['copy_ms_per_pass']:.2f})" if name == "hooks" else "")
-            log(f"{tag} run {rep} {name:5}: SGLang prefill {r['sglang_prefill_tok_s']:9.0f} tok/s, end to end "
-                f"{r['end_to_end_tok_s']:9.0f} tok/s{extra}")
+            extra = (
+                f", hooks {r['hook_ms_per_pass']:.2f} ms/pass (reserving {r['reserve_ms_per_pass']:.2f}, copies "
+                f"{r['copy_ms_per_pass']:.2f})"
+                if name == "hooks"
+                else ""
+            )
+            log(
+                f"{tag} run {rep} {name:5}: SGLang prefill {r['sglang_prefill_tok_s']:9.0f} tok/s, end to end "
+                f"{r['end_to_end_tok_s']:9.0f} tok/s{extra}"
+            )
     keys = ("end_to_end_tok_s", "sglang_prefill_tok_s")
     best = {name: {k: max(r[k] for r in runs) for k in keys} for name, runs in results.items()}
     overhead = {k: 1 - best["hooks"][k] / best["plain"][k] for k in keys}
@@ -260,8 +314,16 @@ def profile_run(name: str, server, card, args, tag: str) -> dict:
 
     trace_dir = args.out.resolve() / f"trace-{tag}-{name}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    body = json.dumps({"output_dir": str(trace_dir), "num_steps": args.profile_steps, "start_step": 4,
-                       "activities": ["CPU"] if args.cpu_smoke else ["CPU", "GPU"], "with_stack": False, "record_shapes": False}).encode()
+    body = json.dumps(
+        {
+            "output_dir": str(trace_dir),
+            "num_steps": args.profile_steps,
+            "start_step": 4,
+            "activities": ["CPU"] if args.cpu_smoke else ["CPU", "GPU"],
+            "with_stack": False,
+            "record_shapes": False,
+        }
+    ).encode()
     request = urllib.request.Request(server.url + "/start_profile", data=body, headers={"Content-Type": "application/json"})
     started = time.monotonic()
     starter = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=600).read(), daemon=True)
@@ -322,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             for s in servers.values():
                 s.stop(timeout=10)
         r = report[tag]
-        print(f"{tag} ({layers} layers): best SGLang prefill {r['best']['hooks']['sglang_prefill_tok_s']:.0f} tok/s with hooks vs "
-              f"{r['best']['plain']['sglang_prefill_tok_s']:.0f} without (overhead {r['overhead']['sglang_prefill_tok_s']:+.1%}); "
-              f"end to end {r['best']['hooks']['end_to_end_tok_s']:.0f} vs {r['best']['plain']['end_to_end_tok_s']:.0f} "
-              f"({r['overhead']['end_to_end_tok_s']:+.1%}); states {r['state_rate_GB_s']:.2f} GB/s", flush=True)
+        print(
+            f"{tag} ({layers} layers): best SGLang prefill {r['best']['hooks']['sglang_prefill_tok_s']:.0f} tok/s with hooks vs "
+            f"{r['best']['plain']['sglang_prefill_tok_s']:.0f} without (overhead {r['overhead']['sglang_prefill_tok_s']:+.1%}); "
+            f"end to end {r['best']['hooks']['end_to_end_tok_s']:.0f} vs {r['best']['plain']['end_to_end_tok_s']:.0f} "
+            f"({r['overhead']['end_to_end_tok_s']:+.1%}); states {r['state_rate_GB_s']:.2f} GB/s",
+            flush=True,
+        )
         (out / "bench_server_gpu.json").write_text(json.dumps(report, indent=1))
     return 0
 

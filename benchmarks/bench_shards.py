@@ -43,8 +43,11 @@ def make_samples(total_bytes: int, seed: int = 0) -> list[CapturedSample]:
         states = torch.randn(t, K + 1, H, generator=g).bfloat16()
         samples.append(
             CapturedSample(
-                f"s{i:05d}", torch.randint(0, 163840, (t,), generator=g), torch.ones(t, dtype=torch.bool),
-                states[:, :K].contiguous(), states[:, K].contiguous(),  # backends hand out contiguous states
+                f"s{i:05d}",
+                torch.randint(0, 163840, (t,), generator=g),
+                torch.ones(t, dtype=torch.bool),
+                states[:, :K].contiguous(),
+                states[:, K].contiguous(),  # backends hand out contiguous states
             )
         )
         size += t * per_token
@@ -53,7 +56,14 @@ def make_samples(total_bytes: int, seed: int = 0) -> list[CapturedSample]:
 
 
 def metadata() -> dict:
-    return {"config_name": "bench", "model": {"path": "synthetic"}, "aux_layer_ids": [2, 30, 58], "final_state": "pre_norm", "dtype": "bfloat16", "hidden_size": H}
+    return {
+        "config_name": "bench",
+        "model": {"path": "synthetic"},
+        "aux_layer_ids": [2, 30, 58],
+        "final_state": "pre_norm",
+        "dtype": "bfloat16",
+        "hidden_size": H,
+    }
 
 
 def bench_writer(root: Path, samples: list[CapturedSample], shard_bytes: int, threads: int) -> tuple[float, list[int]]:

@@ -104,20 +104,24 @@ def main() -> None:
                 for i in range(args.held + 1):
                     one_dump(stage, buffers, f"warm-{i}.safetensors", mode == "pool", held[mode], args.held)
             for i in range(args.rounds):
-                for mode in (("fresh", "pool") if i % 2 else ("pool", "fresh")):
+                for mode in ("fresh", "pool") if i % 2 else ("pool", "fresh"):
                     times[mode].append(one_dump(stages[mode], buffers, f"{i}.safetensors", mode == "pool", held[mode], args.held))
         finally:
             for stage in stages.values():
                 stage.close()
     per_token = lambda xs: statistics.median(xs) * 1e3 / args.tokens  # noqa: E731
-    print(f"{args.rounds} dumps per mode, {args.tokens} tokens x {STATES} x {HIDDEN} bf16 = {nbytes / 2**20:.1f} MiB each, "
-          f"the client dropping them {args.held} at a time; staging in {args.dir or 'the temp dir'}")
+    print(
+        f"{args.rounds} dumps per mode, {args.tokens} tokens x {STATES} x {HIDDEN} bf16 = {nbytes / 2**20:.1f} MiB each, "
+        f"the client dropping them {args.held} at a time; staging in {args.dir or 'the temp dir'}"
+    )
     result = {}
     for mode, pairs in times.items():
         server, client = [p[0] for p in pairs], [p[1] for p in pairs]
         result[mode] = per_token([a + b for a, b in pairs])
-        print(f"  {mode:5}: server write {per_token(server):.4f} ms/token, client read + {'hand back' if mode == 'pool' else 'delete'} "
-              f"{per_token(client):.4f}, round trip {result[mode]:.4f}")
+        print(
+            f"  {mode:5}: server write {per_token(server):.4f} ms/token, client read + {'hand back' if mode == 'pool' else 'delete'} "
+            f"{per_token(client):.4f}, round trip {result[mode]:.4f}"
+        )
     print(f"pool_vs_fresh={result['fresh'] / result['pool']:.2f}")
 
 

@@ -70,8 +70,6 @@ import torch
 
 from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG, write_random_deepseek
 
-
-
 HIDDEN = 7168
 NUM_LAYERS = 3
 VOCAB = 4096
@@ -126,8 +124,17 @@ def make_card(model_dir: Path, staging: Path, port: int, server_env: dict | None
             "startup_timeout_s": 300,
             "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1", **(server_env or {})},
             "args": [
-                "--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192",
-                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--sleep-on-idle",
+                "--attention-backend",
+                "torch_native",
+                "--mem-fraction-static",
+                "0.1",
+                "--max-total-tokens",
+                "8192",
+                "--sampling-backend",
+                "pytorch",
+                "--grammar-backend",
+                "none",
+                "--sleep-on-idle",
             ],
             "staging": {"dir": str(staging), "max_bytes": 2 << 30, "max_files": 256, "max_wait_s": 2.0, "writer_threads": 2},
         },
@@ -187,7 +194,7 @@ class MemoryWatch:
             self.peak = max(self.peak, _group_rss_bytes(self.pgid))
             self._stop.wait(0.2)
 
-    def __enter__(self) -> "MemoryWatch":
+    def __enter__(self) -> MemoryWatch:
         self._thread.start()
         return self
 
@@ -330,7 +337,22 @@ def bench_length(url, pgid: int, tb: TimedBackend, writer_dir: Path, metadata: d
     gc.collect()
 
     samples = make_samples(n, length, seed=1000 + length)
-    per = {k: [] for k in ("plain_http", "ours_http", "ours_after", "ours_add", "json_http", "json_conv", "plain_cpu", "ours_cpu", "json_cpu", "ours_hook", "ours_dumpw")}
+    per = {
+        k: []
+        for k in (
+            "plain_http",
+            "ours_http",
+            "ours_after",
+            "ours_add",
+            "json_http",
+            "json_conv",
+            "plain_cpu",
+            "ours_cpu",
+            "json_cpu",
+            "ours_hook",
+            "ours_dumpw",
+        )
+    }
     json_bytes = 0
     writer = ShardWriter(writer_dir, metadata, final_norm_weight=norm_weight, shard_bytes=1 << 30)
     try:
@@ -425,9 +447,9 @@ def main() -> int:
     if server_python_missing():
         return 2
 
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import card_from_dict
-    from hs_dataset.capture.serve import launch, plan_server
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     tmp, shm = start_run("transport")  # SIGTERM -> SystemExit, so the finally below still stops the server
@@ -439,15 +461,19 @@ def main() -> int:
         t0 = time.perf_counter()
         model_dir = build_wide_deepseek(tmp / "model")
         weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-        print(f"model: DeepseekV3 hidden {HIDDEN}, {NUM_LAYERS} layers, vocab {VOCAB}, {DTYPE}, "
-              f"{weights / 2**20:.0f} MiB of weights, built in {time.perf_counter() - t0:.1f} s (seed {SEED})")
+        print(
+            f"model: DeepseekV3 hidden {HIDDEN}, {NUM_LAYERS} layers, vocab {VOCAB}, {DTYPE}, "
+            f"{weights / 2**20:.0f} MiB of weights, built in {time.perf_counter() - t0:.1f} s (seed {SEED})"
+        )
         port = free_port()
         server_env = dict(kv.split("=", 1) for kv in args.server_env)
         card = card_from_dict(make_card(model_dir, shm / "stage", port, server_env))
         plan = plan_server(card, port=port, staging_dir=str(shm / "stage"), python=str(SERVER_PYTHON))
-        print(f"server: SGLang {plan.sglang_version} on CPU, mechanism {plan.mechanism}, aux HF {plan.hf_aux_layer_ids} "
-              f"-> sglang {plan.sglang_aux_layer_ids}, staging dir on {'tmpfs' if shm != tmp else 'disk'}, "
-              f"extra server env {args.server_env}")
+        print(
+            f"server: SGLang {plan.sglang_version} on CPU, mechanism {plan.mechanism}, aux HF {plan.hf_aux_layer_ids} "
+            f"-> sglang {plan.sglang_aux_layer_ids}, staging dir on {'tmpfs' if shm != tmp else 'disk'}, "
+            f"extra server env {args.server_env}"
+        )
         t0 = time.perf_counter()
         server = launch(plan, log_path=str(tmp / "server.log"), timeout=300)
         shm_seen = server_shm_files(server.proc.pid)
@@ -458,62 +484,101 @@ def main() -> int:
         assert info.hidden_size == HIDDEN, info.hidden_size
         tb = TimedBackend(backend)
         metadata = {
-            "config_name": card.name, "model": {"path": str(model_dir)}, "aux_layer_ids": list(info.aux_layer_ids),
-            "final_state": "pre_norm", "dtype": DTYPE, "hidden_size": info.hidden_size,
+            "config_name": card.name,
+            "model": {"path": str(model_dir)},
+            "aux_layer_ids": list(info.aux_layer_ids),
+            "final_state": "pre_norm",
+            "dtype": DTYPE,
+            "hidden_size": info.hidden_size,
         }
         esize = torch.empty(0, dtype=getattr(torch, DTYPE)).element_size()
-        print(f"ours moves {len(AUX)} aux + final = {len(AUX) + 1} x {HIDDEN} values/token ({(len(AUX) + 1) * HIDDEN * esize / 1024:.0f} KiB); "
-              f"the JSON return only the {len(AUX)} aux states (SGLang returns no final state)")
+        print(
+            f"ours moves {len(AUX)} aux + final = {len(AUX) + 1} x {HIDDEN} values/token ({(len(AUX) + 1) * HIDDEN * esize / 1024:.0f} KiB); "
+            f"the JSON return only the {len(AUX)} aux states (SGLang returns no final state)"
+        )
         print("one request at a time; for each prompt one request per path, back to back, in rotating order")
         print()
 
         rows = []
         with MemoryWatch(server.proc.pid) as mem:
             for length in lengths:
-                r = bench_length(server.url, server.proc.pid, tb, tmp / f"shards-{length}", metadata, info.final_norm_weight, length, per_len.get(length, 2))
+                r = bench_length(
+                    server.url,
+                    server.proc.pid,
+                    tb,
+                    tmp / f"shards-{length}",
+                    metadata,
+                    info.final_norm_weight,
+                    length,
+                    per_len.get(length, 2),
+                )
                 r["server_peak"] = mem.peak
                 rows.append(r)
-                print(f"[T={length}] {r['n']} prompts x 3 paths; aux states identical on both paths: {r['same']} (max |diff| {r['diff']:g})")
-                print(f"  plain forward, no state return   {r['plain']:9.3f} ms/token (per prompt {r['plain_spread'][0]:.2f}-{r['plain_spread'][1]:.2f})")
+                print(
+                    f"[T={length}] {r['n']} prompts x 3 paths; aux states identical on both paths: {r['same']} (max |diff| {r['diff']:g})"
+                )
+                print(
+                    f"  plain forward, no state return   {r['plain']:9.3f} ms/token (per prompt {r['plain_spread'][0]:.2f}-{r['plain_spread'][1]:.2f})"
+                )
                 print(f"  ours end to end                  {r['ours_e2e']:9.3f} ms/token   {r['shard_kib']:6.1f} KiB/token into shards")
                 print(f"  json end to end                  {r['json_e2e']:9.3f} ms/token   {r['json_kib']:6.1f} KiB/token of JSON")
-                print(f"  server extra vs plain, paired median per prompt (IQR): CPU time of all server processes ours {r['ours_cpu']:+.3f} "
-                      f"({r['ours_cpu_iqr'][0]:+.3f}..{r['ours_cpu_iqr'][1]:+.3f}), json {r['json_cpu']:+.3f} ({r['json_cpu_iqr'][0]:+.3f}..{r['json_cpu_iqr'][1]:+.3f}); "
-                      f"HTTP wall time ours {r['ours_server']:+.3f} ({r['ours_server_iqr'][0]:+.3f}..{r['ours_server_iqr'][1]:+.3f}), "
-                      f"json {r['json_server']:+.3f} ({r['json_server_iqr'][0]:+.3f}..{r['json_server_iqr'][1]:+.3f}); plain forward uses {r['plain_cpu']:.3f} CPU ms/token")
+                print(
+                    f"  server extra vs plain, paired median per prompt (IQR): CPU time of all server processes ours {r['ours_cpu']:+.3f} "
+                    f"({r['ours_cpu_iqr'][0]:+.3f}..{r['ours_cpu_iqr'][1]:+.3f}), json {r['json_cpu']:+.3f} ({r['json_cpu_iqr'][0]:+.3f}..{r['json_cpu_iqr'][1]:+.3f}); "
+                    f"HTTP wall time ours {r['ours_server']:+.3f} ({r['ours_server_iqr'][0]:+.3f}..{r['ours_server_iqr'][1]:+.3f}), "
+                    f"json {r['json_server']:+.3f} ({r['json_server_iqr'][0]:+.3f}..{r['json_server_iqr'][1]:+.3f}); plain forward uses {r['plain_cpu']:.3f} CPU ms/token"
+                )
                 inside = r["ours_cpu_iqr"][0] <= r["ours_acct"] <= r["ours_cpu_iqr"][1]
-                print(f"  ours server extra as the server accounts it: {r['ours_acct']:.4f} ms/token = hook on the forward thread {r['ours_hook']:.4f}"
-                      f" + dump writer threads {r['ours_dumpw']:.4f} ({'inside' if inside else 'OUTSIDE'} the paired estimate's IQR above)")
-                print(f"  ours transport {r['ours_t']:7.3f} ms/token = server extra (accounted) {r['ours_acct']:.3f}"
-                      f" + dump wait/read/check/hand back {r['ours_after']:.3f} + shard writer add/close {r['ours_writer']:.3f}")
-                print(f"  json transport {r['json_t']:7.3f} ms/token = server extra (CPU, >= 0) {max(r['json_cpu'], 0):.3f}"
-                      f" + json.loads/to tensor {r['json_conv']:.3f}")
-                print(f"  -> transport ratio {r['json_t'] / r['ours_t']:.0f}x (with wall-clock server extras {r['json_t_wall'] / r['ours_t_wall']:.0f}x; "
-                      f"to client tensors only, i.e. ours without the shard writer, {r['json_t'] / r['ours_tensors']:.0f}x); "
-                      f"end-to-end ratio {r['json_e2e'] / r['ours_e2e']:.1f}x")
+                print(
+                    f"  ours server extra as the server accounts it: {r['ours_acct']:.4f} ms/token = hook on the forward thread {r['ours_hook']:.4f}"
+                    f" + dump writer threads {r['ours_dumpw']:.4f} ({'inside' if inside else 'OUTSIDE'} the paired estimate's IQR above)"
+                )
+                print(
+                    f"  ours transport {r['ours_t']:7.3f} ms/token = server extra (accounted) {r['ours_acct']:.3f}"
+                    f" + dump wait/read/check/hand back {r['ours_after']:.3f} + shard writer add/close {r['ours_writer']:.3f}"
+                )
+                print(
+                    f"  json transport {r['json_t']:7.3f} ms/token = server extra (CPU, >= 0) {max(r['json_cpu'], 0):.3f}"
+                    f" + json.loads/to tensor {r['json_conv']:.3f}"
+                )
+                print(
+                    f"  -> transport ratio {r['json_t'] / r['ours_t']:.0f}x (with wall-clock server extras {r['json_t_wall'] / r['ours_t_wall']:.0f}x; "
+                    f"to client tensors only, i.e. ours without the shard writer, {r['json_t'] / r['ours_tensors']:.0f}x); "
+                    f"end-to-end ratio {r['json_e2e'] / r['ours_e2e']:.1f}x"
+                )
                 print(f"  peak RSS so far: server processes {mem.peak / 2**30:.2f} GiB, this client {client_peak_rss() / 2**30:.2f} GiB")
                 print(flush=True)
 
         weight = sum(r["tokens"] for r in rows)
         ours_t = sum(r["ours_t"] * r["tokens"] for r in rows) / weight
         json_t = sum(r["json_t"] * r["tokens"] for r in rows) / weight
-        print("summary (transport = what a path adds to the plain forward, ms/token; server part: CPU time, ours as the server accounts it):")
+        print(
+            "summary (transport = what a path adds to the plain forward, ms/token; server part: CPU time, ours as the server accounts it):"
+        )
         for r in rows:
-            print(f"  T={r['length']:5d}: ours {r['ours_t']:.3f}, json {r['json_t']:.3f} -> {r['json_t'] / r['ours_t']:.0f}x"
-                  f"   (end to end incl. the forward: ours {r['ours_e2e']:.2f}, json {r['json_e2e']:.2f} -> {r['json_e2e'] / r['ours_e2e']:.1f}x)")
+            print(
+                f"  T={r['length']:5d}: ours {r['ours_t']:.3f}, json {r['json_t']:.3f} -> {r['json_t'] / r['ours_t']:.0f}x"
+                f"   (end to end incl. the forward: ours {r['ours_e2e']:.2f}, json {r['json_e2e']:.2f} -> {r['json_e2e'] / r['ours_e2e']:.1f}x)"
+            )
         ours_tensors = sum(r["ours_tensors"] * r["tokens"] for r in rows) / weight
         ours_hi = sum(r["ours_t_hi"] * r["tokens"] for r in rows) / weight
         json_lo = sum(r["json_t_lo"] * r["tokens"] for r in rows) / weight
-        print(f"  token-weighted: ours {ours_t:.3f}, json {json_t:.3f} -> {json_t / ours_t:.1f}x "
-              f"(pessimistic for ours, server extras at the quartiles against it: {json_lo / ours_hi:.1f}x)")
+        print(
+            f"  token-weighted: ours {ours_t:.3f}, json {json_t:.3f} -> {json_t / ours_t:.1f}x "
+            f"(pessimistic for ours, server extras at the quartiles against it: {json_lo / ours_hi:.1f}x)"
+        )
         ours_w = sum(r["ours_t_wall"] * r["tokens"] for r in rows) / weight
         json_w = sum(r["json_t_wall"] * r["tokens"] for r in rows) / weight
         print(f"  with wall-clock server extras instead of CPU time: ours {ours_w:.3f}, json {json_w:.3f} -> {json_w / ours_w:.1f}x")
         ours_tensors_paired = sum(r["ours_tensors_paired"] * r["tokens"] for r in rows) / weight
-        print(f"  to client tensors only (ours without the shard writer: {ours_tensors:.3f}): {json_t / ours_tensors:.1f}x "
-              f"(with ours' paired server extra instead of the accounted one: {ours_tensors_paired:.3f}, {json_t / ours_tensors_paired:.1f}x)")
-        print(f"  peak RSS: server processes {max(r['server_peak'] for r in rows) / 2**30:.2f} GiB, client {client_peak_rss() / 2**30:.2f} GiB;"
-              f" total run {time.perf_counter() - started:.0f} s")
+        print(
+            f"  to client tensors only (ours without the shard writer: {ours_tensors:.3f}): {json_t / ours_tensors:.1f}x "
+            f"(with ours' paired server extra instead of the accounted one: {ours_tensors_paired:.3f}, {json_t / ours_tensors_paired:.1f}x)"
+        )
+        print(
+            f"  peak RSS: server processes {max(r['server_peak'] for r in rows) / 2**30:.2f} GiB, client {client_peak_rss() / 2**30:.2f} GiB;"
+            f" total run {time.perf_counter() - started:.0f} s"
+        )
         print(f"transport_speedup={json_t / ours_t:.1f}")
         return 0
     except Exception:

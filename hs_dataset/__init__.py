@@ -19,7 +19,7 @@ from typing import Any
 
 from hs_dataset.version import __version__
 
-__all__ = ["__version__", "open_dataset", "HiddenStateDataset", "load_dataset", "load_card", "build_dataset", "push_to_hub", "stream"]
+__all__ = ["HiddenStateDataset", "__version__", "build_dataset", "load_card", "load_dataset", "open_dataset", "push_to_hub", "stream"]
 
 _LAZY = {
     "open_dataset": "hs_dataset.dataset_access",
@@ -37,4 +37,3 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'hs_dataset' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
-

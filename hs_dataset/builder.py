@@ -22,8 +22,9 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import datasets
 import numpy as np
@@ -34,7 +35,7 @@ from hs_dataset.config.run import RunOptions, parse_options
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.formats.paths import check_local_path
 
-__all__ = ["HsDatasetConfig", "HsDataset", "load_dataset", "builder_module", "row_features", "WORK_DIR_NAME"]
+__all__ = ["WORK_DIR_NAME", "HsDataset", "HsDatasetConfig", "builder_module", "load_dataset", "row_features"]
 
 WORK_DIR_NAME = "hs_dataset_work"
 TABLE_BYTES = 256 * 1024**2  # float32 state bytes per yielded Arrow table (bounds memory)
@@ -98,8 +99,12 @@ class HsDatasetConfig(datasets.BuilderConfig):
 
         if self.data_dir:
             manifest = served_manifest(self.data_dir)
-            served = {"data_dir": str(self.data_dir), "dataset_id": manifest.dataset_id, "identity": manifest.identity,
-                      "shards": [(r.file, r.blake3 or r.sha256) for r in manifest.shards]}
+            served = {
+                "data_dir": str(self.data_dir),
+                "dataset_id": manifest.dataset_id,
+                "identity": manifest.identity,
+                "shards": [(r.file, r.blake3 or r.sha256) for r in manifest.shards],
+            }
             return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
         model = self.model_dir()
         parts = {
@@ -225,7 +230,11 @@ class HsDataset(datasets.ArrowBasedBuilder):
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
         if self.config.data_dir:
-            return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": [], "num_parts": 1, "served": str(self.config.data_dir)})]
+            return [
+                datasets.SplitGenerator(
+                    name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": [], "num_parts": 1, "served": str(self.config.data_dir)}
+                )
+            ]
         parts = max(1, int(self.config.num_parts or 1))
         part_dirs = [str(self.work_dir / f"part-{p:05d}-of-{parts:05d}") for p in range(parts)]
         return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"part_dirs": part_dirs, "num_parts": parts})]
@@ -274,7 +283,10 @@ class HsDataset(datasets.ArrowBasedBuilder):
         from hs_dataset.formats.verify import verify_dataset
 
         kwargs = {
-            **self.config.options.settings(), "rank": rank, "world_size": num_parts, "progress": datasets.utils.is_progress_bar_enabled(),
+            **self.config.options.settings(),
+            "rank": rank,
+            "world_size": num_parts,
+            "progress": datasets.utils.is_progress_bar_enabled(),
         }
         if num_parts == 1:
             from hs_dataset.pipeline.build import build_dataset
@@ -398,7 +410,7 @@ def _build_in_fresh_process(card: Card, part_dir: str, kwargs: dict[str, Any]) -
     lines = [line for line in done.stdout.splitlines() if line.startswith(_BUILT_PREFIX)]
     if not lines:
         raise RuntimeError(f"capture of {part_dir} said nothing of what it built; rerun to resume it")
-    return json.loads(lines[-1][len(_BUILT_PREFIX):])
+    return json.loads(lines[-1][len(_BUILT_PREFIX) :])
 
 
 def _build_part_from_stdin() -> None:

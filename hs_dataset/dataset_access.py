@@ -9,9 +9,10 @@ and one that takes only local directories refuses a URL in one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.config.run import parse_options
@@ -22,7 +23,7 @@ from hs_dataset.formats.reader import HiddenStateDataset
 from hs_dataset.formats.verify import VerifyResult
 from hs_dataset.remote.location import is_url
 
-__all__ = ["open_dataset", "read_manifest", "verify", "merge", "output_dir"]
+__all__ = ["merge", "open_dataset", "output_dir", "read_manifest", "verify"]
 
 
 def open_dataset(path: str | os.PathLike, *, verify_hashes: bool = False, **options: Any) -> HiddenStateDataset:
@@ -73,7 +74,9 @@ def merge(parts: Sequence[str], out: str) -> VerifyResult:
     """Merge the parts into ``out`` and verify it: all local directories, or all URLs of one store (a manifest operation)."""
     urls = [is_url(p) for p in (*parts, out)]
     if any(urls) and not all(urls):
-        raise UsageError("give every part and the output as URLs of one store, or all as local directories (upload local parts with build --out URL)")
+        raise UsageError(
+            "give every part and the output as URLs of one store, or all as local directories (upload local parts with build --out URL)"
+        )
     if all(urls):
         from hs_dataset.remote.merge import merge_remote
 

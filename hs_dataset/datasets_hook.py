@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["install", "DATASET_NAME", "OFF_SWITCH"]
+__all__ = ["DATASET_NAME", "OFF_SWITCH", "install"]
 
 DATASET_NAME = "hs_dataset"
 OFF_SWITCH = "HS_DATASET_DATASETS_HOOK"  # "0": the hook installs nothing

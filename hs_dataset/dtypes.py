@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "DType",
     "DTYPES",
     "STATE_DTYPES",
+    "DType",
     "dtype_info",
     "from_safetensors",
     "from_torch",
@@ -37,7 +37,7 @@ class DType:
     encoding: str | None = None  # plain tensor encoding in the manifest ("bf16"); None: never stored plain
 
     @property
-    def torch(self) -> "torch.dtype":
+    def torch(self) -> torch.dtype:
         import torch
 
         return getattr(torch, self.name)
@@ -75,19 +75,19 @@ def from_safetensors(code: str) -> DType | None:
     return _BY_CODE.get(code)
 
 
-def from_torch(dtype: "torch.dtype") -> DType | None:
+def from_torch(dtype: torch.dtype) -> DType | None:
     """The row for a torch dtype, or None for one this format never uses."""
     return _BY_NAME.get(str(dtype).removeprefix("torch."))
 
 
-def state_dtype(name: str) -> "torch.dtype":
+def state_dtype(name: str) -> torch.dtype:
     """A hidden-state dtype name -> torch dtype; ValueError unless it is one of :data:`STATE_DTYPES`."""
     if name not in STATE_DTYPES:
         raise ValueError(f"unsupported state dtype {name!r}; use one of {', '.join(STATE_DTYPES)}")
     return _BY_NAME[name].torch
 
 
-def state_dtype_name(dtype: "torch.dtype") -> str:
+def state_dtype_name(dtype: torch.dtype) -> str:
     """A torch dtype -> its hidden-state name; ValueError unless it is one of :data:`STATE_DTYPES`."""
     row = from_torch(dtype)
     if row is None or row.name not in STATE_DTYPES:

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 __all__ = [
-    "HsDatasetError",
-    "FormatError",
-    "UnsupportedFormatError",
-    "IntegrityError",
-    "UnsafePathError",
-    "SampleError",
-    "DuplicateSampleError",
-    "NonFiniteStateError",
-    "ForeignDatasetError",
-    "DiskFullError",
-    "SourceError",
     "CaptureError",
-    "ModelConfigError",
-    "ServerValidationError",
-    "UsageError",
+    "DiskFullError",
+    "DuplicateSampleError",
+    "ForeignDatasetError",
+    "FormatError",
+    "HsDatasetError",
     "HubError",
+    "IntegrityError",
+    "ModelConfigError",
+    "NonFiniteStateError",
     "ReadOnlyError",
     "RemoteError",
+    "SampleError",
+    "ServerValidationError",
+    "SourceError",
+    "UnsafePathError",
+    "UnsupportedFormatError",
+    "UsageError",
 ]
 
 

@@ -20,7 +20,7 @@ import bisect
 import ctypes
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -30,10 +30,10 @@ _GRANULARITY = 1 << 20  # buffers are whole MiBs, so nearby sizes share them
 
 _leases_lock = threading.Lock()
 _lease_starts: list[int] = []  # sorted start addresses of every live lease, of every pool
-_lease_ends: dict[int, tuple[int, "HostBufferPool"]] = {}  # start -> (end, the pool it goes back to)
+_lease_ends: dict[int, tuple[int, HostBufferPool]] = {}  # start -> (end, the pool it goes back to)
 
 
-def lease_pool(t: torch.Tensor) -> "HostBufferPool | None":
+def lease_pool(t: torch.Tensor) -> HostBufferPool | None:
     """The pool whose live lease holds ``t``'s memory, or None for memory of no pool."""
     address = t.data_ptr()
     with _leases_lock:
@@ -44,7 +44,7 @@ def lease_pool(t: torch.Tensor) -> "HostBufferPool | None":
         return pool if address < end else None
 
 
-def _register(start: int, nbytes: int, pool: "HostBufferPool") -> None:
+def _register(start: int, nbytes: int, pool: HostBufferPool) -> None:
     with _leases_lock:
         bisect.insort(_lease_starts, start)
         _lease_ends[start] = (start + nbytes, pool)

@@ -14,18 +14,18 @@ outputs than taps is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = [
     "DEFAULT_TAPS",
-    "LayerPreset",
     "LAYER_PRESETS",
     "PRESET_NAMES",
     "TAPPED_PRESETS",
-    "eagle3_default_aux_layers",
-    "dflash_aux_layers",
+    "LayerPreset",
     "dflash2_aux_layers",
+    "dflash_aux_layers",
+    "eagle3_default_aux_layers",
     "preset_aux_layers",
 ]
 
@@ -68,10 +68,7 @@ def dflash_aux_layers(num_layers: int, taps: int = DEFAULT_TAPS) -> list[int]:
     """
     _check_layers(num_layers)
     _check_taps(taps)
-    if taps == 1:
-        outputs = [num_layers // 2]
-    else:
-        outputs = [round(1 + i * (num_layers - 4) / (taps - 1)) for i in range(taps)]
+    outputs = [num_layers // 2] if taps == 1 else [round(1 + i * (num_layers - 4) / (taps - 1)) for i in range(taps)]
     return _distinct([j + 1 for j in outputs], num_layers)
 
 
@@ -138,22 +135,59 @@ _DFLASH_SOURCE = "z-lab DFlash `build_target_layer_ids`, also SGLang's DFlash wo
 LAYER_PRESETS: dict[str, LayerPreset] = {
     preset.name: preset
     for preset in (
-        LayerPreset("eagle3", "EAGLE-3 and Eagle 3.1 (speculators `eagle3`)", "`[2, L//2, L-3]`", _EAGLE3_SOURCE,
-                    lambda layers, _taps: eagle3_default_aux_layers(layers)),
-        LayerPreset("peagle", "P-EAGLE (`peagle`)", "as `eagle3`: `[2, L//2, L-3]`", _EAGLE3_SOURCE + " (P-EAGLE reads the EAGLE-3 data)",
-                    lambda layers, _taps: eagle3_default_aux_layers(layers)),
-        LayerPreset("dflash", "DFlash (`dflash`)", "`taps` layer outputs `round(1 + i(L-4)/(taps-1))`, +1", _DFLASH_SOURCE,
-                    dflash_aux_layers, tapped=True),
-        LayerPreset("dflash2", "DFlash2 (`dflash2`)", "`taps` layer outputs `L-3 - (taps-1-i)·round((L-3)/(taps-½))`, +1",
-                    "SpecForge PR #869's DFlash2 recipe (taps 5/19/33/47/61 of 64 layers), the stride fitted to it",
-                    dflash2_aux_layers, tapped=True),
-        LayerPreset("dspark", "DSpark (`dspark`)", "as `dflash`", _DFLASH_SOURCE + " (DSpark extends the DFlash draft)",
-                    dflash_aux_layers, tapped=True),
-        LayerPreset("xpress", "XPress (`xpress`)", "as `dflash`", _DFLASH_SOURCE + " (XPress extends the DFlash draft)",
-                    dflash_aux_layers, tapped=True),
-        LayerPreset("mtp", "MTP fine-tune (`mtp`)", "`[]`: the final state only",
-                    "speculators 0.9.0 `MTPDraftModel.target_layer_ids` is `[L]` (`speculators/models/mtp/core.py`)",
-                    lambda _layers, _taps: []),
+        LayerPreset(
+            "eagle3",
+            "EAGLE-3 and Eagle 3.1 (speculators `eagle3`)",
+            "`[2, L//2, L-3]`",
+            _EAGLE3_SOURCE,
+            lambda layers, _taps: eagle3_default_aux_layers(layers),
+        ),
+        LayerPreset(
+            "peagle",
+            "P-EAGLE (`peagle`)",
+            "as `eagle3`: `[2, L//2, L-3]`",
+            _EAGLE3_SOURCE + " (P-EAGLE reads the EAGLE-3 data)",
+            lambda layers, _taps: eagle3_default_aux_layers(layers),
+        ),
+        LayerPreset(
+            "dflash",
+            "DFlash (`dflash`)",
+            "`taps` layer outputs `round(1 + i(L-4)/(taps-1))`, +1",
+            _DFLASH_SOURCE,
+            dflash_aux_layers,
+            tapped=True,
+        ),
+        LayerPreset(
+            "dflash2",
+            "DFlash2 (`dflash2`)",
+            "`taps` layer outputs `L-3 - (taps-1-i)·round((L-3)/(taps-½))`, +1",
+            "SpecForge PR #869's DFlash2 recipe (taps 5/19/33/47/61 of 64 layers), the stride fitted to it",
+            dflash2_aux_layers,
+            tapped=True,
+        ),
+        LayerPreset(
+            "dspark",
+            "DSpark (`dspark`)",
+            "as `dflash`",
+            _DFLASH_SOURCE + " (DSpark extends the DFlash draft)",
+            dflash_aux_layers,
+            tapped=True,
+        ),
+        LayerPreset(
+            "xpress",
+            "XPress (`xpress`)",
+            "as `dflash`",
+            _DFLASH_SOURCE + " (XPress extends the DFlash draft)",
+            dflash_aux_layers,
+            tapped=True,
+        ),
+        LayerPreset(
+            "mtp",
+            "MTP fine-tune (`mtp`)",
+            "`[]`: the final state only",
+            "speculators 0.9.0 `MTPDraftModel.target_layer_ids` is `[L]` (`speculators/models/mtp/core.py`)",
+            lambda _layers, _taps: [],
+        ),
     )
 }
 PRESET_NAMES = tuple(LAYER_PRESETS)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["libc_function", "name_os_thread", "start_writeback"]
 
@@ -45,7 +46,11 @@ _sync_file_range = (
     if sys.platform.startswith("linux")
     else None
 )
-_prctl = libc_function("prctl", ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong) if sys.platform.startswith("linux") else None
+_prctl = (
+    libc_function("prctl", ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    if sys.platform.startswith("linux")
+    else None
+)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["MAX_SAMPLE_ID_CHARS", "TokenizedSample", "CapturedSample", "batches"]
+__all__ = ["MAX_SAMPLE_ID_CHARS", "CapturedSample", "TokenizedSample", "batches"]
 
 MAX_SAMPLE_ID_CHARS = 1024  # a shard header lists every id: a longer one is a malformed row, skipped and counted
 

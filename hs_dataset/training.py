@@ -80,8 +80,9 @@ copies nothing more.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -89,13 +90,13 @@ from torch.utils.data import Sampler
 from hs_dataset.formats.reader import HiddenStateDataset, open_dataset
 
 __all__ = [
-    "shift_sample",
     "Eagle3Dataset",
-    "PackingBatchSampler",
-    "SeededShuffleSampler",
     "PackedCollator",
+    "PackingBatchSampler",
     "PackingOptions",
+    "SeededShuffleSampler",
     "make_loader",
+    "shift_sample",
 ]
 
 _ALIGNMENTS = ("next", "current")
@@ -127,7 +128,9 @@ class Eagle3Dataset(torch.utils.data.Dataset):
     Pickles as its path and options; every process maps the shards it touches.
     """
 
-    def __init__(self, source: str | os.PathLike | HiddenStateDataset, *, final_alignment: str = "next", verify_hashes: bool = False) -> None:
+    def __init__(
+        self, source: str | os.PathLike | HiddenStateDataset, *, final_alignment: str = "next", verify_hashes: bool = False
+    ) -> None:
         if final_alignment not in _ALIGNMENTS:
             raise ValueError(f"final_alignment must be one of {_ALIGNMENTS}, got {final_alignment!r}")
         self.data = source if isinstance(source, HiddenStateDataset) else open_dataset(source, verify_hashes=verify_hashes)
@@ -193,7 +196,15 @@ class PackingBatchSampler(Sampler[list[int]]):
     (``DistributedSampler``, :class:`SeededShuffleSampler`, ``SequentialSampler``).
     """
 
-    def __init__(self, sampler: Sampler[int] | Iterable[int], lengths: Sequence[int], max_tokens: int, *, oversize: str = "truncate", drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        sampler: Sampler[int] | Iterable[int],
+        lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        oversize: str = "truncate",
+        drop_last: bool = False,
+    ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         _check_oversize(oversize)
@@ -272,7 +283,9 @@ class PackedCollator:
             if budget is not None:
                 n = min(n, budget - sum(lengths))
                 if n <= 0:
-                    raise ValueError(f"pack of {len(items)} samples exceeds max_tokens={self.max_tokens}; use PackingBatchSampler with the same budget")
+                    raise ValueError(
+                        f"pack of {len(items)} samples exceeds max_tokens={self.max_tokens}; use PackingBatchSampler with the same budget"
+                    )
             lengths.append(n)
         total = sum(lengths)
         padded = total
@@ -298,7 +311,9 @@ class PackedCollator:
             for key in ("input_ids", "aux_hidden_states", "final_hidden_state", "loss_mask"):
                 src = it[key]
                 if src.shape[1:] != out[key].shape[2:] or src.dtype != out[key].dtype:
-                    raise ValueError(f"sample {it['sample_id']!r}: {key} is {tuple(src.shape)} {src.dtype}, the pack's first sample has {tuple(out[key].shape[2:])} {out[key].dtype}")
+                    raise ValueError(
+                        f"sample {it['sample_id']!r}: {key} is {tuple(src.shape)} {src.dtype}, the pack's first sample has {tuple(out[key].shape[2:])} {out[key].dtype}"
+                    )
                 out[key][0, begin:end].copy_(src[:n])
             out["position_ids"][0, begin:end].copy_(torch.arange(1, n + 1))
             out["document_ids"][0, begin:end] = doc

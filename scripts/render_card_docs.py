@@ -29,10 +29,10 @@ from hs_dataset.config import (
     LayersSection,
     LimitsSection,
     ModelSection,
+    RegenerateSection,
     SGLangBackendSection,
     SGLangServerSection,
     ShardsSection,
-    RegenerateSection,
     SourceSection,
     StagingSection,
 )

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import hs_dataset
-from tests.fixtures.paths import REPO
 from hs_dataset import open_dataset
 from hs_dataset.builder import HsDataset
 from hs_dataset.sources import bundled_conversations_path
+from tests.fixtures.paths import REPO
 
 STATES = ("aux_hidden_states", "final_hidden_state")
 
@@ -50,7 +50,9 @@ def test_rows_carry_the_states_on_every_path(tmp_path):
     assert int(row["loss_mask"].sum()) == int(row["num_supervised"])
     for row in torch_rows:
         _assert_row_equals_shards(row, ours)
-    streamed = datasets.load_dataset("hs_dataset", config="tiny-deepseek-hf", num_samples=5, cache_dir=str(tmp_path), split="train", streaming=True)
+    streamed = datasets.load_dataset(
+        "hs_dataset", config="tiny-deepseek-hf", num_samples=5, cache_dir=str(tmp_path), split="train", streaming=True
+    )
     seen = [row["sample_id"] for row in streamed]
     assert seen == train["sample_id"]
     for row in streamed.with_format("torch"):
@@ -99,7 +101,9 @@ def test_builder_resumes_after_sigkill(tmp_path, python_env):
         "import sys, hs_dataset;"
         "hs_dataset.load_dataset('tiny-deepseek-hf', num_samples=8, batch_size=2, shard_bytes=20_000, cache_dir=sys.argv[1])"
     )
-    crashed = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=dict(python_env, HS_DATASET_CRASH_AT="pipeline.after_batch:3"))
+    crashed = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=dict(python_env, HS_DATASET_CRASH_AT="pipeline.after_batch:3")
+    )
     assert crashed.returncode == -signal.SIGKILL
     part = next((tmp_path / "hs_dataset_work").glob("*/part-00000-of-00001"))
     kept = len(open_dataset(part))

@@ -13,7 +13,6 @@ from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.merge import merge_datasets
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.pipeline.build import build_dataset
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 

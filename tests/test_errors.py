@@ -21,14 +21,22 @@ def _module_names() -> list[str]:
 
 def _public_exceptions(module) -> list[type]:
     return [
-        obj for name, obj in vars(module).items()
+        obj
+        for name, obj in vars(module).items()
         if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__ and not name.startswith("_")
     ]
 
 
 def test_the_walk_finds_the_modules_that_define_errors():
     names = _module_names()
-    for expected in ("hs_dataset.config", "hs_dataset.config.problems", "hs_dataset.server_patch.legacy.edit", "hs_dataset.interop.common", "hs_dataset.interop.importing", "hs_dataset.cli.main"):
+    for expected in (
+        "hs_dataset.config",
+        "hs_dataset.config.problems",
+        "hs_dataset.server_patch.legacy.edit",
+        "hs_dataset.interop.common",
+        "hs_dataset.interop.importing",
+        "hs_dataset.cli.main",
+    ):
         assert expected in names
 
 
@@ -40,9 +48,9 @@ def test_public_exceptions_derive_from_hs_dataset_error(module_name):
 
 
 def test_old_bases_are_kept_for_existing_except_clauses():
-    from hs_dataset.config import CardError
-    from hs_dataset.capture.sglang.support import UnsupportedVersionError
     from hs_dataset.capture.serve.layer_ids import LayerIdError
+    from hs_dataset.capture.sglang.support import UnsupportedVersionError
+    from hs_dataset.config import CardError
     from hs_dataset.server_patch.contract.private_dir import StagingError
 
     assert issubclass(CardError, ValueError) and issubclass(LayerIdError, ValueError)

@@ -40,9 +40,21 @@ def test_every_contract_is_kept():
         ("hs_dataset/server_patch/core.py", "from hs_dataset.formats import writer", "The server patch runs inside SGLang"),
         ("hs_dataset/server_patch/hooks.py", "import transformers", "The server patch runs inside SGLang"),
         ("hs_dataset/codecs/fp8.py", "import numpy", "The server patch runs inside SGLang"),
-        ("hs_dataset/server_patch/contract/status.py", "from hs_dataset.server_patch import reporter", "Inside the server patch, everything stands on the contract"),
-        ("hs_dataset/capture/sglang/backend.py", "from hs_dataset.server_patch import core", "The client side reaches the server patch only"),
-        ("hs_dataset/capture/serve/plan.py", "from hs_dataset.server_patch.legacy import hook", "The client side reaches the server patch only"),
+        (
+            "hs_dataset/server_patch/contract/status.py",
+            "from hs_dataset.server_patch import reporter",
+            "Inside the server patch, everything stands on the contract",
+        ),
+        (
+            "hs_dataset/capture/sglang/backend.py",
+            "from hs_dataset.server_patch import core",
+            "The client side reaches the server patch only",
+        ),
+        (
+            "hs_dataset/capture/serve/plan.py",
+            "from hs_dataset.server_patch.legacy import hook",
+            "The client side reaches the server patch only",
+        ),
         ("hs_dataset/capture/sglang/dumps.py", "from hs_dataset.capture.serve import plan", "The capture backends"),
         ("hs_dataset/model/snapshot.py", "from hs_dataset.demo import tiny_model", "Production reaches the demo model only"),
         ("hs_dataset/formats/paths.py", "from hs_dataset.formats import reader", "No import cycles"),
@@ -61,7 +73,7 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract
     target.write_text(target.read_text() + f"\n\ndef _broken_on_purpose():\n    {line}  # noqa\n")
     done = _lint(root)
     assert done.returncode != 0, f"{line!r} in {module} passed every contract"
-    broken = done.stdout[done.stdout.index("Broken contracts"):]
+    broken = done.stdout[done.stdout.index("Broken contracts") :]
     assert contract in broken, broken[:2000]
 
 

@@ -104,8 +104,12 @@ def test_the_trainer_gets_the_datasets_layers_type_and_verifier_unless_told_othe
     assert flag_values(argv, "--target-layer-ids") == ["1", "2", "3", "4", "5"]
     assert flag_values(argv, "--verifier-name-or-path") == ["/models/m"]
     assert flag_values(argv, "--hs-dataset-path") == ["ds"] and flag_values(argv, "--save-path") == ["ckpt"]
-    mine = trainer_argv("ds", Path("rows"), ["--speculator-type=eagle3", "--target-layer-ids", "2", "4", "--verifier-name-or-path", "v"],
-                        _manifest([1, 2, 3, 4, 5], "dflash2"))
+    mine = trainer_argv(
+        "ds",
+        Path("rows"),
+        ["--speculator-type=eagle3", "--target-layer-ids", "2", "4", "--verifier-name-or-path", "v"],
+        _manifest([1, 2, 3, 4, 5], "dflash2"),
+    )
     assert flag_values(mine, "--speculator-type") == ["eagle3"] and flag_values(mine, "--target-layer-ids") == ["2", "4"]
     assert flag_values(mine, "--verifier-name-or-path") == ["v"]
     mtp = trainer_argv("ds", Path("rows"), [], _manifest([], "mtp"))

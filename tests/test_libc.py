@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import sys
@@ -13,7 +14,6 @@ import pytest
 from hs_dataset import libc, open_dataset
 from hs_dataset.formats import ShardWriter, shard_file
 from hs_dataset.formats.verify import verify_dataset
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range and prctl are Linux calls")
@@ -98,7 +98,7 @@ def test_every_shard_has_its_writeback_started_in_order_and_stays_exact(tmp_path
     assert sorted(final_name.values()) == sorted(size_of)  # one temp file per shard, each asked for
     for name, ranges in by_file.items():
         assert ranges[0][0] == 0
-        for (offset, length), (next_offset, _) in zip(ranges, ranges[1:]):
+        for (offset, length), (next_offset, _) in itertools.pairwise(ranges):
             assert length >= 2048 and offset + length == next_offset  # contiguous, never re-asked
         assert ranges[-1][0] + ranges[-1][1] <= size_of[final_name[name]]  # never past the file
 

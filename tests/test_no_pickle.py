@@ -174,7 +174,11 @@ def test_the_scanner_catches_what_it_must(tmp_path, code, expected):
 
 @pytest.mark.parametrize(
     "code",
-    ["import torch\ntorch.load('x', weights_only=True, mmap=True)", "import numpy as np\nnp.load('x')", "import numpy as np\nnp.load('x', allow_pickle=False)"],
+    [
+        "import torch\ntorch.load('x', weights_only=True, mmap=True)",
+        "import numpy as np\nnp.load('x')",
+        "import numpy as np\nnp.load('x', allow_pickle=False)",
+    ],
 )
 def test_the_scanner_accepts_safe_loads(code):
     scanner = _Scanner("probe.py")
@@ -216,7 +220,6 @@ def test_reading_a_dataset_never_unpickles(tmp_path, monkeypatch, capsys, storag
     from hs_dataset.cli.main import main as cli_main
     from hs_dataset.formats import ShardWriter
     from hs_dataset.formats.verify import verify_dataset
-
     from tests.fixtures.samples import make_metadata, make_sample
 
     with ShardWriter(tmp_path, make_metadata(), final_norm_weight=torch.ones(16), storage=storage, shard_bytes=3_000) as writer:
@@ -225,7 +228,7 @@ def test_reading_a_dataset_never_unpickles(tmp_path, monkeypatch, capsys, storag
     ds = open_dataset(tmp_path, verify_hashes=True)
     items = list(ds)
     assert len(items) == 12 and ds[3]["sample_id"] == "s3"
-    weight, eps = ds.final_norm()
+    weight, _eps = ds.final_norm()
     assert weight.shape == (16,)
     assert verify_dataset(tmp_path).ok
     assert cli_main(["verify", str(tmp_path)]) == 0

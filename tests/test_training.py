@@ -16,7 +16,6 @@ from hs_dataset.training import (
     make_loader,
     shift_sample,
 )
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 K, H = 3, 16
@@ -34,13 +33,15 @@ def _hand_shift(s, alignment="next"):
     t = s.input_ids.shape[0]
     rows = []
     for j in range(t - 1):
-        rows.append({
-            "input_ids": s.input_ids[j + 1],
-            "aux": s.aux_hidden_states[j],
-            "final": s.final_hidden_state[j + 1] if alignment == "next" else s.final_hidden_state[j],
-            "loss_mask": s.loss_mask[j + 1],
-            "position": j + 1,
-        })
+        rows.append(
+            {
+                "input_ids": s.input_ids[j + 1],
+                "aux": s.aux_hidden_states[j],
+                "final": s.final_hidden_state[j + 1] if alignment == "next" else s.final_hidden_state[j],
+                "loss_mask": s.loss_mask[j + 1],
+                "position": j + 1,
+            }
+        )
     return rows
 
 
@@ -98,7 +99,9 @@ def test_collate_packs_with_boundaries_and_padding(tmp_path):
     assert not batch["loss_mask"][0, 12:].any()
     assert not batch["aux_hidden_states"][0, 12:].any() and not batch["input_ids"][0, 12:].any()
     # the one copy: the batch owns its memory
-    assert batch["aux_hidden_states"].untyped_storage().data_ptr() != ds.data.shard(0).tensor("aux_hidden_states").untyped_storage().data_ptr()
+    assert (
+        batch["aux_hidden_states"].untyped_storage().data_ptr() != ds.data.shard(0).tensor("aux_hidden_states").untyped_storage().data_ptr()
+    )
 
 
 def test_packing_respects_the_budget_and_never_splits(tmp_path):
@@ -129,7 +132,16 @@ def test_packing_respects_the_budget_and_never_splits(tmp_path):
 
 
 def _as_lists(batch):
-    return {k: (v.tolist() if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 else v.float().tolist() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    return {
+        k: (
+            v.tolist()
+            if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16
+            else v.float().tolist()
+            if isinstance(v, torch.Tensor)
+            else v
+        )
+        for k, v in batch.items()
+    }
 
 
 def test_workers_give_the_same_batches(tmp_path):
@@ -139,8 +151,13 @@ def test_workers_give_the_same_batches(tmp_path):
 
     def loader(workers):
         sampler = PackingBatchSampler(SeededShuffleSampler(len(ds), seed=7), ds.lengths, 40)
-        return DataLoader(ds, batch_sampler=sampler, collate_fn=PackedCollator(40), num_workers=workers,
-                          multiprocessing_context="fork" if workers else None)
+        return DataLoader(
+            ds,
+            batch_sampler=sampler,
+            collate_fn=PackedCollator(40),
+            num_workers=workers,
+            multiprocessing_context="fork" if workers else None,
+        )
 
     serial = [_as_lists(b) for b in loader(0)]
     parallel = [_as_lists(b) for b in loader(2)]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from hs_dataset.config import Card, RegenerateSection
     from hs_dataset.regenerate.generator import Generator
 
-__all__ = ["CaptureTarget", "CaptureInfo", "CaptureFailure", "CaptureResult", "CaptureBackend", "card_aux_layers"]
+__all__ = ["CaptureBackend", "CaptureFailure", "CaptureInfo", "CaptureResult", "CaptureTarget", "card_aux_layers"]
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ class CaptureTarget:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
 
     @classmethod
-    def from_card(cls, card: "Card", model_path: str | os.PathLike | None = None) -> "CaptureTarget":
+    def from_card(cls, card: Card, model_path: str | os.PathLike | None = None) -> CaptureTarget:
         """The card's target; the model path is ``model_path``, else the card's, else ``$HS_DATASET_MODEL_PATH``, resolved."""
         path = model_path or card.model.path or os.environ.get("HS_DATASET_MODEL_PATH")
         if not path:
-            raise UsageError(f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)")
+            raise UsageError(
+                f"config {card.name!r} needs a local model directory: pass --model-path DIR (hs_dataset never downloads weights)"
+            )
         directory = resolve_model_path(str(path))
         return cls(
             model_path=str(directory),
@@ -67,7 +70,7 @@ class CaptureTarget:
         )
 
 
-def card_aux_layers(card: "Card", model_dir: str | os.PathLike) -> list[int]:
+def card_aux_layers(card: Card, model_dir: str | os.PathLike) -> list[int]:
     """The aux ids the card captures on the model in ``model_dir``: its ``layers.aux``, or its preset for the model's layer count."""
     if card.layers.aux is not None:
         return list(card.layers.aux)
@@ -142,7 +145,7 @@ class CaptureBackend(abc.ABC):
         """Samples :meth:`capture_stream` works on at once: one batch here; the SGLang client keeps more requests going."""
         return batch_size
 
-    def generator(self, regenerate: "RegenerateSection", tokenizer: Any) -> "Generator":
+    def generator(self, regenerate: RegenerateSection, tokenizer: Any) -> Generator:
         """The generator beside this backend, on the same model, for the card's ``regenerate`` section; refused here."""
         raise UsageError(f"--regenerate needs the hf or sglang backend; {type(self).__name__} cannot generate")
 
@@ -166,7 +169,7 @@ class CaptureBackend(abc.ABC):
     def close(self) -> None:
         """Release resources (servers, sessions, GPU memory)."""
 
-    def __enter__(self) -> "CaptureBackend":
+    def __enter__(self) -> CaptureBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

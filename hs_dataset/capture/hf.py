@@ -17,21 +17,22 @@ never see padding, and padded rows are cut off before anything is returned.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
 from hs_dataset.config import Card, CardError, HFBackendSection, RegenerateSection
-from hs_dataset.model.remote_code import check_remote_code
+from hs_dataset.dtypes import state_dtype
 from hs_dataset.model.model_config import load_text_config, text_config
+from hs_dataset.model.remote_code import check_remote_code
 from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path
 from hs_dataset.model.text_model import load_causal_lm, loaded_module_path
-from hs_dataset.dtypes import state_dtype
 from hs_dataset.regenerate.generator import Generator, HFGenerator
 from hs_dataset.sample import CapturedSample, TokenizedSample
 
-__all__ = ["HFBackend", "pick_device", "find_decoder"]
+__all__ = ["HFBackend", "find_decoder", "pick_device"]
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -55,7 +56,9 @@ def find_decoder(model: torch.nn.Module, module_path: str | None = None) -> torc
             continue
         if all(hasattr(module, name) for name in ("embed_tokens", "layers", "norm")):
             return module
-    raise ValueError(f"{type(model).__name__}: no decoder with embed_tokens/layers/norm found at {candidates}; set model.text_module in the card")
+    raise ValueError(
+        f"{type(model).__name__}: no decoder with embed_tokens/layers/norm found at {candidates}; set model.text_module in the card"
+    )
 
 
 class HFBackend(CaptureBackend):
@@ -94,7 +97,7 @@ class HFBackend(CaptureBackend):
             )
 
     @classmethod
-    def from_card(cls, card: Card, *, model_path: str | None = None, device: str | None = None) -> "HFBackend":
+    def from_card(cls, card: Card, *, model_path: str | None = None, device: str | None = None) -> HFBackend:
         """Build from a card (see docs/CARDS.md); ``model_path`` and ``device`` override the card's."""
         section = card.backend
         if not isinstance(section, HFBackendSection):

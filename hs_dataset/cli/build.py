@@ -9,7 +9,7 @@ import sys
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
 from hs_dataset.codecs.registry import STORAGE_CHOICES
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "capture hidden states for a config and write a dataset"
 EXAMPLES = """
@@ -26,28 +26,45 @@ EXAMPLES = """
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_card_arguments(parser)
     add_override_arguments(parser)
-    parser.add_argument("--out", required=True, help="dataset directory, or an fsspec URL (s3://bucket/prefix, docs/REMOTE.md); an existing one is resumed")
-    parser.add_argument("--stage-dir", default=None, help="--out URL: the local directory shards are written to before upload (default: $HS_DATASET_STAGE_DIR, else one per URL)")
+    parser.add_argument(
+        "--out", required=True, help="dataset directory, or an fsspec URL (s3://bucket/prefix, docs/REMOTE.md); an existing one is resumed"
+    )
+    parser.add_argument(
+        "--stage-dir",
+        default=None,
+        help="--out URL: the local directory shards are written to before upload (default: $HS_DATASET_STAGE_DIR, else one per URL)",
+    )
     parser.add_argument("--num-samples", type=int, default=None, help="capture only the first N samples of the source")
     parser.add_argument(
-        "--source", default=None,
+        "--source",
+        default=None,
         help="hf:ORG/NAME (a Hub dataset), a .jsonl/.json/.parquet/.arrow file or a saved datasets directory (default: the card's source)",
     )
     parser.add_argument("--subset", default=None, help="hf: sources: the dataset's config (subset)")
     parser.add_argument("--split", default=None, help="hf: sources and saved DatasetDicts: the split (default train), e.g. train_sft")
     parser.add_argument("--revision", default=None, help="hf: sources: branch, tag or commit of the dataset")
     parser.add_argument(
-        "--columns", action="append", default=None, metavar="OURS=THEIRS",
+        "--columns",
+        action="append",
+        default=None,
+        metavar="OURS=THEIRS",
         help="map a source column to our field, e.g. --columns messages=dialog (repeatable, or comma-separated)",
     )
-    parser.add_argument("--regenerate", action="store_true", help="the target rewrites every assistant turn before capture (card section regenerate)")
+    parser.add_argument(
+        "--regenerate", action="store_true", help="the target rewrites every assistant turn before capture (card section regenerate)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="with --regenerate: most tokens per turn (default: the card's)")
     parser.add_argument("--thinking", choices=["on", "off"], default=None, help="with --regenerate: the template's thinking switch")
     parser.add_argument("--batch-size", type=int, default=None, help="samples per forward (hf) or requests in flight (sglang)")
     parser.add_argument("--model-path", default=None, help="local model directory (overrides the card)")
     parser.add_argument("--device", default=None, help="hf backend: auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--server", action="append", default=None, metavar="URL", help="SGLang server URL (repeat for several)")
-    parser.add_argument("--storage", choices=STORAGE_CHOICES, default=None, help="state encoding on disk (fp8 halves bytes, mxfp4/nf4 about a quarter; default: the card's)")
+    parser.add_argument(
+        "--storage",
+        choices=STORAGE_CHOICES,
+        default=None,
+        help="state encoding on disk (fp8 halves bytes, mxfp4/nf4 about a quarter; default: the card's)",
+    )
     parser.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from SLURM/torchrun variables, else 0)")
     parser.add_argument("--world-size", type=int, default=None, help="number of ranks (default: from SLURM/torchrun variables, else 1)")

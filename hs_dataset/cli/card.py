@@ -16,7 +16,7 @@ from typing import Any
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run", "card_yaml"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "card_yaml", "run"]
 
 HELP = "write the card derived from a model (every field commented) to edit or keep"
 EXAMPLES = """
@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["init"], help="init: print the derived card as YAML")
     add_card_arguments(parser, config=False)
     add_override_arguments(parser)
-    parser.add_argument("--server", action="append", default=None, metavar="URL", help="SGLang server URL of a derived sglang card (repeatable)")
+    parser.add_argument(
+        "--server", action="append", default=None, metavar="URL", help="SGLang server URL of a derived sglang card (repeatable)"
+    )
 
 
 def _comment(text: str, indent: str) -> list[str]:
@@ -50,14 +52,18 @@ def _lines(section: Any, indent: str) -> list[str]:
             out.append(f"{indent}{name}:")
             out += _lines(value, indent + "  ")
         else:
-            out.append(f"{indent}{name}: {json.dumps(value.model_dump(mode='json') if hasattr(value, 'model_dump') else value, ensure_ascii=False)}")
+            out.append(
+                f"{indent}{name}: {json.dumps(value.model_dump(mode='json') if hasattr(value, 'model_dump') else value, ensure_ascii=False)}"
+            )
     return out
 
 
 def card_yaml(card: Any) -> str:
     """The card as YAML with every field preceded by its description."""
-    head = ["# hs_dataset card derived from the model; edit and build with `hs-dataset build --config THIS.yaml`.",
-            "# Every key is documented in docs/CARDS.md."]
+    head = [
+        "# hs_dataset card derived from the model; edit and build with `hs-dataset build --config THIS.yaml`.",
+        "# Every key is documented in docs/CARDS.md.",
+    ]
     return "\n".join(head + _lines(card, "")) + "\n"
 
 

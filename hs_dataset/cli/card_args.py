@@ -17,25 +17,49 @@ __all__ = ["add_card_arguments", "add_override_arguments", "card_from_args"]
 def add_card_arguments(parser: argparse.ArgumentParser, *, config: bool = True, backend: bool = True) -> None:
     """``--config`` or ``--model`` (with ``--backend``, ``--model-revision``, ``--trust-remote-code``)."""
     if config:
-        parser.add_argument("--config", default=None, help="card name (e.g. tiny-deepseek-hf, kimi-k25-sglang) or path to a .yaml card; "
-                            "without it the card is derived from --model")
-    parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                        help="model directory or Hub id in the local cache: derive the card from the model (EAGLE-3 default layers)")
+        parser.add_argument(
+            "--config",
+            default=None,
+            help="card name (e.g. tiny-deepseek-hf, kimi-k25-sglang) or path to a .yaml card; without it the card is derived from --model",
+        )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH_OR_ID",
+        help="model directory or Hub id in the local cache: derive the card from the model (EAGLE-3 default layers)",
+    )
     if backend:
-        parser.add_argument("--backend", choices=["hf", "sglang"], default=None, help="capture backend of a derived card (default: hf; sglang with --server)")
+        parser.add_argument(
+            "--backend",
+            choices=["hf", "sglang"],
+            default=None,
+            help="capture backend of a derived card (default: hf; sglang with --server)",
+        )
     parser.add_argument("--model-revision", default=None, help="model revision (Hub ids: which cached snapshot)")
-    parser.add_argument("--trust-remote-code", action="store_true", default=None,
-                        help="run the Python code the snapshot ships (tokenizer, processor); only for snapshots you trust")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=None,
+        help="run the Python code the snapshot ships (tokenizer, processor); only for snapshots you trust",
+    )
 
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     """Every card field used for capture, settable on the command line."""
-    parser.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes (e.g. 2 30 58)")
-    parser.add_argument("--layer-preset", choices=PRESET_NAMES, default=None,
-                        help="a drafter family's layers, derived from the model's layer count (layers.preset; mtp: the final state only)")
+    parser.add_argument(
+        "--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes (e.g. 2 30 58)"
+    )
+    parser.add_argument(
+        "--layer-preset",
+        choices=PRESET_NAMES,
+        default=None,
+        help="a drafter family's layers, derived from the model's layer count (layers.preset; mtp: the final state only)",
+    )
     parser.add_argument("--taps", type=int, default=None, help="layers a DFlash-family preset taps (layers.taps, default 5)")
     parser.add_argument("--max-length", type=int, default=None, help="longest sample in tokens")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="dtype the states are captured and stored in")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="dtype the states are captured and stored in"
+    )
     parser.add_argument("--chat-template", default=None, metavar="FILE", help="Jinja chat template used instead of the tokenizer's own")
     parser.add_argument("--final-state", choices=["pre_norm", "post_norm"], default=None, help="the final state the card asks for")
 
@@ -77,7 +101,9 @@ def card_from_args(args: argparse.Namespace, *, default_backend: str = "hf") -> 
 
         servers = getattr(args, "server", None)
         backend = getattr(args, "backend", None) or ("sglang" if servers else default_backend)
-        card = card_from_model(model, backend=backend, servers=servers, trust_remote_code=bool(args.trust_remote_code), revision=args.model_revision)
+        card = card_from_model(
+            model, backend=backend, servers=servers, trust_remote_code=bool(args.trust_remote_code), revision=args.model_revision
+        )
     else:
         raise UsageError("name a card with --config NAME, or a model with --model PATH (the card is then derived from the model)")
     overrides = _overrides(args)

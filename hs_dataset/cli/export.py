@@ -7,7 +7,7 @@ import json
 
 from hs_dataset.cli.style import add_global_flags
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "export to a trainer's layout (speculators, specforge)"
 EXAMPLES = """
@@ -21,7 +21,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_global_flags(p, top_level=False)
     p.add_argument("src", help="hs_dataset dataset directory (holds manifest.json)")
     p.add_argument("dest", help="export directory; an interrupted export of the same source resumes")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST (only its own files; never a dataset, a link or files of yours)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in DEST (only its own files; never a dataset, a link or files of yours)",
+    )
     p.add_argument(
         "--aux-layer-ids",
         type=int,
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="target", metavar="TARGET")
     sub.required = True
-    style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
+    style = {"formatter_class": parser.formatter_class, "epilog": parser.epilog}  # same help style and examples
     for name in TRAINERS:
         trainer = trainer_cli(name)
         target = sub.add_parser(name, **style, help=trainer.EXPORT_HELP, description=trainer.EXPORT_DESCRIPTION)

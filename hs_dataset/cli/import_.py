@@ -8,7 +8,7 @@ import json
 from hs_dataset.cli.style import add_global_flags
 from hs_dataset.codecs.registry import STORAGE_CHOICES
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "import a speculators or SpecForge layout"
 EXAMPLES = """
@@ -27,13 +27,21 @@ def _common(p: argparse.ArgumentParser) -> None:
         required=True,
         help="config card name or .yaml path (supplies layer ids, dtype, model), or a free-form name for the imported dataset",
     )
-    p.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes, ascending")
-    p.add_argument("--num-hidden-layers", type=int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]")
+    p.add_argument(
+        "--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes, ascending"
+    )
+    p.add_argument(
+        "--num-hidden-layers", type=int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]"
+    )
     p.add_argument("--model-path", default=None, help="local model directory: records its fingerprint and final-norm weight/eps")
     p.add_argument("--model-id", default=None, help="model id to record (e.g. moonshotai/Kimi-K2.5)")
     p.add_argument("--storage", choices=STORAGE_CHOICES, default="native", help="state encoding on disk (docs/FORMAT.md)")
     p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
-    p.add_argument("--overwrite", action="store_true", help="delete an earlier export in DEST first (only its own files; never a dataset, a link or files of yours)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete an earlier export in DEST first (only its own files; never a dataset, a link or files of yours)",
+    )
     p.add_argument("--json", action="store_true", help="print the import report as JSON")
 
 
@@ -42,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="source_format", metavar="FORMAT")
     sub.required = True
-    style = dict(formatter_class=parser.formatter_class, epilog=parser.epilog)  # same help style and examples
+    style = {"formatter_class": parser.formatter_class, "epilog": parser.epilog}  # same help style and examples
     for name in TRAINERS:
         trainer = trainer_cli(name)
         source = sub.add_parser(name, **style, help=trainer.IMPORT_HELP, description=trainer.IMPORT_DESCRIPTION)

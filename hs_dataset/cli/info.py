@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.metadata import DatasetMetadata
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run", "describe", "human_bytes"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "describe", "human_bytes", "run"]
 
 HELP = "print a dataset's metadata and sizes (optionally plots)"
 EXAMPLES = """
@@ -53,7 +53,7 @@ def layer_preset_line(md: DatasetMetadata) -> str:
     return f"{preset.name}{taps}{pinned}"
 
 
-def describe(manifest: "Manifest") -> str:
+def describe(manifest: Manifest) -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
     from hs_dataset.formats.metadata import FinalNorm, ModelRecord
@@ -84,7 +84,11 @@ def describe(manifest: "Manifest") -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json)")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    parser.add_argument("--plots", metavar="DIR", help="also write length and per-layer statistics plots (PNG) to DIR (refused if a file of that name is there)")
+    parser.add_argument(
+        "--plots",
+        metavar="DIR",
+        help="also write length and per-layer statistics plots (PNG) to DIR (refused if a file of that name is there)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

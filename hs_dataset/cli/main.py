@@ -20,13 +20,13 @@ import logging
 import os
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from hs_dataset.cli.style import HelpFormatter, Parser, add_global_flags, add_subcommand
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.version import __version__
 
-__all__ = ["main", "COMMANDS", "EXIT_PROBLEMS", "EXIT_ERROR", "EXIT_BUG", "build_parser"]
+__all__ = ["COMMANDS", "EXIT_BUG", "EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
 
 # command name -> module (under hs_dataset.cli) holding HELP, EXAMPLES, add_arguments, run
 COMMANDS: dict[str, str] = {
@@ -63,9 +63,7 @@ stderr; --debug or HS_DATASET_DEBUG=1 adds the traceback), 70 a bug (traceback s
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; command modules are imported here, so they must stay light."""
-    parser = Parser(
-        prog="hs-dataset", description="EAGLE-3 hidden-state datasets.", epilog=_EPILOG, formatter_class=HelpFormatter
-    )
+    parser = Parser(prog="hs-dataset", description="EAGLE-3 hidden-state datasets.", epilog=_EPILOG, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"hs-dataset {__version__}")
     add_global_flags(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -114,8 +112,11 @@ def _report_error(command: str, exc: BaseException, debug: bool) -> int:
 
 def _report_bug(command: str, exc: BaseException) -> int:
     traceback.print_exception(exc)
-    print(f"hs-dataset {command}: internal error ({type(exc).__name__}); this is a bug, please report it with the traceback above",
-          file=sys.stderr, flush=True)
+    print(
+        f"hs-dataset {command}: internal error ({type(exc).__name__}); this is a bug, please report it with the traceback above",
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_BUG
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["HELP", "DESCRIPTION", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "merge per-rank datasets into one verified dataset"
 DESCRIPTION = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["HELP", "DESCRIPTION", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "check / apply / revert the source patch for SGLang <= 0.5.5"
 DESCRIPTION = (

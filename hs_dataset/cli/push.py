@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "upload a dataset (index, shards, manifest, card) to the Hub"
 EXAMPLES = """
@@ -15,6 +15,7 @@ EXAMPLES = """
   hs-dataset push out/mine user/mine-eagle3 --card my-card.yaml      # built from a card file of your own
   hs-dataset push out/imported user/imported-eagle3 --no-card        # built from no card (an import)
 """
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -28,11 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("repo_id", help="dataset repository, e.g. user/kimi-k25-eagle3")
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
-        "--card", help="the config card that built the dataset (a shipped name or a .yaml file); its dataset_card: keys "
+        "--card",
+        help="the config card that built the dataset (a shipped name or a .yaml file); its dataset_card: keys "
         "go into the README. Default: the shipped card the manifest names",
     )
-    which.add_argument("--no-card", dest="card", action="store_false", default=None, help="push without a config card's metadata (a dataset built from no card)")
-    parser.add_argument("--config", dest="config_name", help="config (repo folder and datasets config); default: the manifest's config_name")
+    which.add_argument(
+        "--no-card",
+        dest="card",
+        action="store_false",
+        default=None,
+        help="push without a config card's metadata (a dataset built from no card)",
+    )
+    parser.add_argument(
+        "--config", dest="config_name", help="config (repo folder and datasets config); default: the manifest's config_name"
+    )
     parser.add_argument("--revision", help="branch to push to (created from main if missing)")
     parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
     parser.add_argument("--token", help="Hub token (default: the saved login / HF_TOKEN)")
@@ -58,15 +68,19 @@ def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
 
     from hs_dataset.errors import HubError
-    from hs_dataset.hub.upload import PushOptions, push_to_hub
     from hs_dataset.hub.timeouts import limit_hub_timeouts
+    from hs_dataset.hub.upload import PushOptions, push_to_hub
 
     timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this
     api = HfApi(endpoint=args.endpoint, token=args.token)
     limits = {k: v for k, v in (("commit_bytes", args.commit_bytes), ("commit_files", args.commit_files)) if v is not None}
     options = PushOptions(
-        config_name=args.config_name, revision=args.revision, private=args.private, plots=args.plots,
-        stats_samples=args.stats_samples, **limits,
+        config_name=args.config_name,
+        revision=args.revision,
+        private=args.private,
+        plots=args.plots,
+        stats_samples=args.stats_samples,
+        **limits,
     )
     try:
         report = push_to_hub(args.path, args.repo_id, card=args.card, api=api, token=args.token, options=options)

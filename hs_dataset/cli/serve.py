@@ -8,7 +8,7 @@ import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, card_from_args
 
-__all__ = ["HELP", "EXAMPLES", "add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "start a SGLang server with everything capture needs"
 EXAMPLES = """
@@ -29,7 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")
     parser.add_argument("--python", default=None, help="Python of the server environment (default: .sglang-venv)")
     parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
-    parser.add_argument("--check", action="store_true", help="print what would run (version, flags, hooks) and exit; a multimodal wrapper's processor is loaded and checked first")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print what would run (version, flags, hooks) and exit; a multimodal wrapper's processor is loaded and checked first",
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra arguments passed to SGLang")
 
 
@@ -45,7 +49,6 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.serve.probe import check_processor_in_server
-
     from hs_dataset.formats.paths import check_local_path
 
     for value, what in ((args.log, "--log"), (args.staging_dir, "--staging-dir")):

@@ -10,13 +10,13 @@ import argparse
 import json
 import sys
 
-__all__ = ["HELP", "DESCRIPTION", "EXAMPLES", "EXIT_PROBLEMS", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "EXIT_PROBLEMS", "HELP", "add_arguments", "run"]
 
 EXIT_PROBLEMS = 1
 
 HELP = "check every shard, hash, shape and offset of a dataset"
 DESCRIPTION = (
-    HELP + ".\n\nexit status: 0 verified; 1 problems found (each listed on stderr, or under \"problems\" with --json);\n"
+    HELP + '.\n\nexit status: 0 verified; 1 problems found (each listed on stderr, or under "problems" with --json);\n'
     "2 the directory cannot be checked (not a dataset, unreadable)."
 )
 EXAMPLES = """
@@ -29,7 +29,11 @@ EXAMPLES = """
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json), or an fsspec URL (s3://bucket/prefix, docs/REMOTE.md)")
-    parser.add_argument("--no-hashes", action="store_true", help="skip the shard hash checks (BLAKE3, or sha256 for format-1 shards): a fast structural check only")
+    parser.add_argument(
+        "--no-hashes",
+        action="store_true",
+        help="skip the shard hash checks (BLAKE3, or sha256 for format-1 shards): a fast structural check only",
+    )
     parser.add_argument("--no-values", action="store_true", help="skip the NaN/inf scan of every state")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -40,7 +44,11 @@ def run(args: argparse.Namespace) -> int:
     # a URL's shards are downloaded, and every download checks its hash, --no-hashes or not
     result = verify(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
     if args.json:
-        print(json.dumps({"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}))
+        print(
+            json.dumps(
+                {"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}
+            )
+        )
     elif result.ok:
         print(result.summary())
     else:

@@ -26,21 +26,21 @@ if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with
     import torch
 
 __all__ = [
-    "MXFP4_ENCODING",
-    "NF4_ENCODING",
-    "GROUP_SIZE",
     "E2M1_LEVELS",
-    "NF4_LEVELS",
+    "GROUP_SIZE",
+    "MXFP4_ENCODING",
     "MX_EXPONENT_BIAS",
     "MX_MAX_EXPONENT_BYTE",
     "MX_NONFINITE_BYTE",
-    "code_table",
-    "quantize_mxfp4",
-    "dequantize_mxfp4",
-    "quantize_nf4",
-    "dequantize_nf4",
+    "NF4_ENCODING",
+    "NF4_LEVELS",
     "bad_mx_exponents",
     "bad_nf4_scales",
+    "code_table",
+    "dequantize_mxfp4",
+    "dequantize_nf4",
+    "quantize_mxfp4",
+    "quantize_nf4",
 ]
 
 MXFP4_ENCODING = "mxfp4_e2m1_g32"
@@ -56,14 +56,26 @@ MX_MAX_EXPONENT_BYTE = MX_EXPONENT_BIAS + 125
 MX_NONFINITE_BYTE = 255
 # NormalFloat4 levels (QLoRA, Dettmers et al. 2023): code c decodes to bf16(NF4_LEVELS[c]) * absmax.
 NF4_LEVELS = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-    0.7229568362236023, 1.0,
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
 )
 
 
-def _groups(x: "torch.Tensor") -> "torch.Tensor":
+def _groups(x: torch.Tensor) -> torch.Tensor:
     """``x [..., H]`` as ``[..., H/32, 32]`` (H must be a multiple of 32), in x's dtype (a view)."""
     if x.shape[-1] % GROUP_SIZE:
         raise ValueError(f"4-bit encodings need a hidden size that is a multiple of {GROUP_SIZE}, got {x.shape[-1]}")
@@ -71,10 +83,10 @@ def _groups(x: "torch.Tensor") -> "torch.Tensor":
 
 
 # Per device, built once: bf16 bit pattern -> code (65536 uint8), and byte -> its two decoded values (256 x 2 bf16).
-_TABLES: dict[tuple[str, str], tuple["torch.Tensor", "torch.Tensor"]] = {}
+_TABLES: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _tables(name: str, device: "torch.device") -> "tuple[torch.Tensor, torch.Tensor]":
+def _tables(name: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(code of every bfloat16 value, the two bfloat16 values of every byte) for encoding ``name`` on ``device``.
 
     Why tables: the nearest level is then one gather per value (a binary search over
@@ -104,7 +116,7 @@ def _tables(name: str, device: "torch.device") -> "tuple[torch.Tensor, torch.Ten
     return _TABLES[key]
 
 
-def code_table(name: str, device: "torch.device") -> "torch.Tensor":
+def code_table(name: str, device: torch.device) -> torch.Tensor:
     """The code of every bfloat16 bit pattern (65536 uint8, indexed by the pattern as unsigned) on ``device``.
 
     Public for the server's fused GPU quantizer, which must pick codes from the same
@@ -113,7 +125,7 @@ def code_table(name: str, device: "torch.device") -> "torch.Tensor":
     return _tables(name, device)[0]
 
 
-def _codes(name: str, scaled: "torch.Tensor") -> "torch.Tensor":
+def _codes(name: str, scaled: torch.Tensor) -> torch.Tensor:
     """uint8 codes of bfloat16 values (any shape): the nearest level of each, from the table."""
     import torch
 
@@ -122,13 +134,13 @@ def _codes(name: str, scaled: "torch.Tensor") -> "torch.Tensor":
     return table.index_select(0, bits.reshape(-1)).view(scaled.shape)
 
 
-def _pack(codes: "torch.Tensor") -> "torch.Tensor":
+def _pack(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes ``[..., H]`` (values < 16) -> bytes ``[..., H/2]``, even index in the low nibble."""
     pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
 
 
-def _decode_pairs(name: str, packed: "torch.Tensor", group_shape: tuple[int, ...]) -> "torch.Tensor":
+def _decode_pairs(name: str, packed: torch.Tensor, group_shape: tuple[int, ...]) -> torch.Tensor:
     """bfloat16 levels ``[..., H/32, 32]`` of packed codes ``[..., H/2]``: one gather per byte."""
     import torch
 
@@ -136,7 +148,7 @@ def _decode_pairs(name: str, packed: "torch.Tensor", group_shape: tuple[int, ...
     return pairs.index_select(0, packed.reshape(-1).to(torch.int32)).view(*group_shape, GROUP_SIZE)
 
 
-def _mx_exponents(amax: "torch.Tensor") -> "torch.Tensor":
+def _mx_exponents(amax: torch.Tensor) -> torch.Tensor:
     """The smallest power-of-two exponent ``j`` with ``amax <= 6 * 2**j``, exactly, clamped to the stored range.
 
     With ``amax = m * 2**k`` (``m`` in [0.5, 1), frexp), ``6 * 2**(k-3) = 0.75 * 2**k``:
@@ -150,7 +162,7 @@ def _mx_exponents(amax: "torch.Tensor") -> "torch.Tensor":
     return j.clamp_(-MX_EXPONENT_BIAS, MX_MAX_EXPONENT_BYTE - MX_EXPONENT_BIAS)
 
 
-def quantize_mxfp4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
+def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., H]`` -> (uint8 codes ``[..., H/2]``, uint8 exponents ``[..., H/32]``), on x's device.
 
     The one implementation of ``mxfp4_e2m1_g32`` (the server can call it on the GPU).
@@ -175,7 +187,7 @@ def quantize_mxfp4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
     return _pack(_codes(MXFP4_ENCODING, scaled).reshape(x.shape)), exponents.contiguous()
 
 
-def dequantize_mxfp4(codes: "torch.Tensor", exponents: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+def dequantize_mxfp4(codes: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`quantize_mxfp4`, back to ``dtype``: ``level[code] * 2**(e - 127)`` per group.
 
     Computed in bfloat16, exactly: a level (at most 2 significant bits) times a power of
@@ -189,7 +201,7 @@ def dequantize_mxfp4(codes: "torch.Tensor", exponents: "torch.Tensor", dtype: "t
     return out if dtype == torch.bfloat16 else out.to(dtype)
 
 
-def quantize_nf4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
+def quantize_nf4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., H]`` -> (uint8 codes ``[..., H/2]``, bfloat16 absmax ``[..., H/32]``), on x's device.
 
     The scale ``s`` is the group's absmax rounded to bfloat16 (the value that decodes).
@@ -211,7 +223,7 @@ def quantize_nf4(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
     return _pack(_codes(NF4_ENCODING, normed).reshape(x.shape)), scale.contiguous()
 
 
-def dequantize_nf4(codes: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+def dequantize_nf4(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`quantize_nf4`, back to ``dtype``: ``bf16(NF4_LEVELS[code]) * absmax``, rounded once to bfloat16."""
     import torch
 
@@ -220,12 +232,12 @@ def dequantize_nf4(codes: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.d
     return out if dtype == torch.bfloat16 else out.to(dtype)
 
 
-def bad_mx_exponents(exponents: "torch.Tensor") -> "torch.Tensor":
+def bad_mx_exponents(exponents: torch.Tensor) -> torch.Tensor:
     """Mask of the exponent bytes no finite group has: above :data:`MX_MAX_EXPONENT_BYTE` (a non-finite group's mark)."""
     return exponents > MX_MAX_EXPONENT_BYTE
 
 
-def bad_nf4_scales(scale: "torch.Tensor") -> "torch.Tensor":
+def bad_nf4_scales(scale: torch.Tensor) -> torch.Tensor:
     """Mask of the absmax scales that cannot decode: negative, inf or NaN."""
     import torch
 

@@ -16,7 +16,7 @@ Used only for contiguous bfloat16 states on a CUDA device with Triton importable
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -45,9 +45,18 @@ if triton is not None:
 
     @triton.jit
     def quantize_groups(
-        x_ptr, codes_ptr, scales_ptr, table_ptr, n_groups,
-        MX: tl.constexpr, BLOCK: tl.constexpr, MX_BIAS: tl.constexpr, MX_TOP: tl.constexpr, MX_BAD: tl.constexpr,
-        BF16_MAX: tl.constexpr, F32_MAX: tl.constexpr,
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        table_ptr,
+        n_groups,
+        MX: tl.constexpr,
+        BLOCK: tl.constexpr,
+        MX_BIAS: tl.constexpr,
+        MX_TOP: tl.constexpr,
+        MX_BAD: tl.constexpr,
+        BF16_MAX: tl.constexpr,
+        F32_MAX: tl.constexpr,
     ):
         g = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = (g < n_groups)[:, None]
@@ -99,9 +108,18 @@ def _run(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if n_groups:
         grid = (-(-n_groups // _GROUPS_PER_PROGRAM),)
         quantize_groups[grid](
-            x, codes, scales, code_table(name, x.device), n_groups, MX=mx, BLOCK=_GROUPS_PER_PROGRAM,
-            MX_BIAS=MX_EXPONENT_BIAS, MX_TOP=MX_MAX_EXPONENT_BYTE, MX_BAD=MX_NONFINITE_BYTE,
-            BF16_MAX=float(torch.finfo(torch.bfloat16).max), F32_MAX=float(torch.finfo(torch.float32).max),
+            x,
+            codes,
+            scales,
+            code_table(name, x.device),
+            n_groups,
+            MX=mx,
+            BLOCK=_GROUPS_PER_PROGRAM,
+            MX_BIAS=MX_EXPONENT_BIAS,
+            MX_TOP=MX_MAX_EXPONENT_BYTE,
+            MX_BAD=MX_NONFINITE_BYTE,
+            BF16_MAX=float(torch.finfo(torch.bfloat16).max),
+            F32_MAX=float(torch.finfo(torch.float32).max),
         )
     return codes, scales
 

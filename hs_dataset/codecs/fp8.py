@@ -15,7 +15,13 @@ if TYPE_CHECKING:  # torch is imported lazily: this module stays importable with
     import torch
 
 __all__ = [
-    "STATE_ENCODING_KEY", "FP8_ENCODING", "FP8_MAX", "SCALE_SUFFIX", "quantize_fp8_per_token", "dequantize_fp8_per_token", "bad_scales",
+    "FP8_ENCODING",
+    "FP8_MAX",
+    "SCALE_SUFFIX",
+    "STATE_ENCODING_KEY",
+    "bad_scales",
+    "dequantize_fp8_per_token",
+    "quantize_fp8_per_token",
 ]
 
 STATE_ENCODING_KEY = "state_encoding"  # dump metadata key; absent or "native" = model dtype
@@ -24,7 +30,7 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_SUFFIX = ".scale"
 
 
-def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., H]`` -> (float8_e4m3fn data ``[..., H]``, float32 scale ``[...]``), on x's device.
 
     The one implementation of the ``fp8_e4m3_per_token`` encoding: the server runs it
@@ -49,12 +55,12 @@ def quantize_fp8_per_token(x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tens
     return data.contiguous(), scale.contiguous()
 
 
-def dequantize_fp8_per_token(data: "torch.Tensor", scale: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+def dequantize_fp8_per_token(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`quantize_fp8_per_token`, back to ``dtype``."""
     return (data.float() * scale.unsqueeze(-1)).to(dtype)
 
 
-def bad_scales(scale: "torch.Tensor") -> "torch.Tensor":
+def bad_scales(scale: torch.Tensor) -> torch.Tensor:
     """Mask of the scales that cannot decode: not > 0, or not finite once multiplied by :data:`FP8_MAX`."""
     import torch
 

@@ -13,8 +13,9 @@ schema can name storages without torch and the server side can read it inside SG
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from hs_dataset.codecs import fp4, fp8
 from hs_dataset.dtypes import DTYPES, STATE_DTYPES, dtype_info, from_torch
@@ -24,17 +25,17 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "Encoding",
-    "ENCODINGS",
-    "STORAGE_NAMES",
-    "STORAGE_CHOICES",
-    "STORAGE_VALUES",
     "ENCODED_STORAGES",
+    "ENCODINGS",
     "NATIVE",
-    "get_encoding",
-    "encoding_of_storage",
-    "state_encoding_for",
+    "STORAGE_CHOICES",
+    "STORAGE_NAMES",
+    "STORAGE_VALUES",
+    "Encoding",
     "device_quantizer",
+    "encoding_of_storage",
+    "get_encoding",
+    "state_encoding_for",
 ]
 
 Quantize = Callable[["torch.Tensor"], "tuple[torch.Tensor, torch.Tensor]"]
@@ -57,7 +58,7 @@ class Encoding:
     pack: int = 1  # values per stored element along the last dimension
     quantize: Quantize | None = None  # host (and reference device) encoder; None: a plain cast
     dequantize: Dequantize | None = None
-    bad_scales: Callable[["torch.Tensor"], "torch.Tensor"] | None = None  # mask of scales that cannot decode
+    bad_scales: Callable[[torch.Tensor], torch.Tensor] | None = None  # mask of scales that cannot decode
     scale_rule: str = ""  # what a valid scale is, in words
     device_quantizer: Callable[[], Quantize] | None = None  # the server's quantizer (same bytes), made once per process
 
@@ -66,15 +67,15 @@ class Encoding:
         return self.quantize is not None
 
     @property
-    def decoded_dtype(self) -> "torch.dtype":
+    def decoded_dtype(self) -> torch.dtype:
         return dtype_info(self.decoded).torch
 
     @property
-    def storage_torch_dtype(self) -> "torch.dtype":
+    def storage_torch_dtype(self) -> torch.dtype:
         return _torch_dtype(self.storage_dtype)
 
     @property
-    def scale_torch_dtype(self) -> "torch.dtype":
+    def scale_torch_dtype(self) -> torch.dtype:
         return _torch_dtype(self.scale_dtype)
 
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -104,7 +105,7 @@ class Encoding:
         return ""
 
 
-def _torch_dtype(code: str) -> "torch.dtype":
+def _torch_dtype(code: str) -> torch.dtype:
     return _BY_CODE[code].torch
 
 
@@ -120,26 +121,45 @@ ENCODINGS: dict[str, Encoding] = {
     **{d.encoding: Encoding(d.encoding, d.safetensors, d.name) for d in DTYPES if d.encoding},
     # the scaled ones decode to bf16: opt-in storage reductions of bf16 captures
     fp8.FP8_ENCODING: Encoding(
-        fp8.FP8_ENCODING, _F8, "bfloat16", storage="fp8",
+        fp8.FP8_ENCODING,
+        _F8,
+        "bfloat16",
+        storage="fp8",
         summary="float8 e4m3 plus a float32 scale per token, half the bytes of bf16",
-        quantize=fp8.quantize_fp8_per_token, dequantize=fp8.dequantize_fp8_per_token,
-        bad_scales=fp8.bad_scales, scale_rule="finite and > 0",
+        quantize=fp8.quantize_fp8_per_token,
+        dequantize=fp8.dequantize_fp8_per_token,
+        bad_scales=fp8.bad_scales,
+        scale_rule="finite and > 0",
         device_quantizer=lambda: fp8.quantize_fp8_per_token,
     ),
     fp4.MXFP4_ENCODING: Encoding(
-        fp4.MXFP4_ENCODING, _U8, "bfloat16", storage="mxfp4",
+        fp4.MXFP4_ENCODING,
+        _U8,
+        "bfloat16",
+        storage="mxfp4",
         summary="4-bit e2m1 codes plus a power-of-two scale per 32 values, 0.266 of bf16",
-        scale_dtype=_U8, group=fp4.GROUP_SIZE, pack=2,
-        quantize=fp4.quantize_mxfp4, dequantize=fp4.dequantize_mxfp4,
-        bad_scales=fp4.bad_mx_exponents, scale_rule=f"exponent bytes <= {fp4.MX_MAX_EXPONENT_BYTE}",
+        scale_dtype=_U8,
+        group=fp4.GROUP_SIZE,
+        pack=2,
+        quantize=fp4.quantize_mxfp4,
+        dequantize=fp4.dequantize_mxfp4,
+        bad_scales=fp4.bad_mx_exponents,
+        scale_rule=f"exponent bytes <= {fp4.MX_MAX_EXPONENT_BYTE}",
         device_quantizer=lambda: _fused(fp4.MXFP4_ENCODING, fp4.quantize_mxfp4),
     ),
     fp4.NF4_ENCODING: Encoding(
-        fp4.NF4_ENCODING, _U8, "bfloat16", storage="nf4",
+        fp4.NF4_ENCODING,
+        _U8,
+        "bfloat16",
+        storage="nf4",
         summary="4-bit NormalFloat codes plus a bf16 absmax per 32 values, 0.281 of bf16",
-        scale_dtype=_BF16, group=fp4.GROUP_SIZE, pack=2,
-        quantize=fp4.quantize_nf4, dequantize=fp4.dequantize_nf4,
-        bad_scales=fp4.bad_nf4_scales, scale_rule="finite and >= 0",
+        scale_dtype=_BF16,
+        group=fp4.GROUP_SIZE,
+        pack=2,
+        quantize=fp4.quantize_nf4,
+        dequantize=fp4.dequantize_nf4,
+        bad_scales=fp4.bad_nf4_scales,
+        scale_rule="finite and >= 0",
         device_quantizer=lambda: _fused(fp4.NF4_ENCODING, fp4.quantize_nf4),
     ),
 }
@@ -173,7 +193,7 @@ def encoding_of_storage(storage: str) -> str | None:
     return STORAGE_NAMES.get(storage, storage if storage in STORAGE_NAMES.values() else None)
 
 
-def state_encoding_for(dtype: "torch.dtype", storage: str | None = None) -> str:
+def state_encoding_for(dtype: torch.dtype, storage: str | None = None) -> str:
     """The encoding name for hidden states captured in ``dtype`` and stored as ``storage`` (``native`` by default)."""
     if storage in (None, "", NATIVE):
         row = from_torch(dtype)

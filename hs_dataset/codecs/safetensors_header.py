@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["dump_header"]
 
@@ -16,7 +16,23 @@ __all__ = ["dump_header"]
 # Dtype enum, descending; ties by name) -- so that :func:`dump_header` lays out the
 # bytes exactly as ``safetensors.torch.save`` does. Descending rank is descending item
 # size, so every tensor starts aligned to its item size.
-_DTYPE_RANK = {"BOOL": 0, "U8": 4, "I8": 5, "F8_E5M2": 6, "F8_E4M3": 7, "I16": 9, "U16": 10, "F16": 11, "BF16": 12, "I32": 13, "U32": 14, "F32": 15, "F64": 17, "I64": 18, "U64": 19}
+_DTYPE_RANK = {
+    "BOOL": 0,
+    "U8": 4,
+    "I8": 5,
+    "F8_E5M2": 6,
+    "F8_E4M3": 7,
+    "I16": 9,
+    "U16": 10,
+    "F16": 11,
+    "BF16": 12,
+    "I32": 13,
+    "U32": 14,
+    "F32": 15,
+    "F64": 17,
+    "I64": 18,
+    "U64": 19,
+}
 _ALIGN = 8  # the data section starts 8-byte aligned
 
 

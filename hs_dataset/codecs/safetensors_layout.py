@@ -22,16 +22,27 @@ from typing import BinaryIO
 
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 
-__all__ = ["TensorSpec", "parse_header", "read_header", "MAX_HEADER_BYTES", "DTYPE_SIZES"]
+__all__ = ["DTYPE_SIZES", "MAX_HEADER_BYTES", "TensorSpec", "parse_header", "read_header"]
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _MAX_DIMS = 16
 # Item size of every safetensors dtype code, so a header is checked without torch.
 DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 
 
@@ -58,7 +69,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def parse_header(prefix: bytes, file_size: int, where: str, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
+def parse_header(
+    prefix: bytes, file_size: int, where: str, max_header_bytes: int = MAX_HEADER_BYTES
+) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
     """Validate and parse a header; ``prefix`` must hold at least the 8 + N header bytes.
 
     Returns (specs by name, metadata, absolute offset of the data section). Every
@@ -98,7 +111,9 @@ def _parse_entry(name: str, entry: object, where: str) -> TensorSpec:
     except (KeyError, TypeError):
         raise FormatError(f"{where}: tensor {name!r} has a malformed header entry") from None
     if not all(_is_count(v) for v in (*shape, *offsets)) or len(shape) > _MAX_DIMS:
-        raise FormatError(f"{where}: tensor {name!r} has a shape {str(shape)[:80]} or data_offsets {str(offsets)[:80]} that are not non-negative integers")
+        raise FormatError(
+            f"{where}: tensor {name!r} has a shape {str(shape)[:80]} or data_offsets {str(offsets)[:80]} that are not non-negative integers"
+        )
     itemsize = DTYPE_SIZES.get(dtype)
     if itemsize is None:
         raise UnsupportedFormatError(f"{where}: tensor {name!r} has dtype {dtype[:40]!r}, unknown to this reader; upgrade hs_dataset")
@@ -127,7 +142,11 @@ def _check_layout(specs: dict[str, TensorSpec], data_bytes: int, where: str) -> 
     position, previous = 0, None
     for spec in sorted(specs.values(), key=lambda s: (s.begin, s.end)):
         if spec.begin != position:
-            kind = f"overlap {previous.name!r}'s [{previous.begin}, {previous.end})" if spec.begin < position and previous else "leave a hole before them"
+            kind = (
+                f"overlap {previous.name!r}'s [{previous.begin}, {previous.end})"
+                if spec.begin < position and previous
+                else "leave a hole before them"
+            )
             raise FormatError(f"{where}: tensor {spec.name!r} bytes [{spec.begin}, {spec.end}) {kind} (damaged or hand-edited header)")
         position, previous = spec.end, spec
     if position != data_bytes:

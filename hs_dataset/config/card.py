@@ -45,9 +45,12 @@ class Card(Section):
     dtype: StateDtypeName = Field(description="Dtype the states are captured and stored in. Required.")
     max_length: int = Field(4096, gt=0, description="Longest sample in tokens; longer ones follow `overflow`. Default 4096.")
     overflow: Literal["truncate", "drop"] = Field(
-        "truncate", description="What happens to a sample longer than `max_length`: cut to it, or left out (and reported). Default `truncate`."
+        "truncate",
+        description="What happens to a sample longer than `max_length`: cut to it, or left out (and reported). Default `truncate`.",
     )
-    limits: LimitsSection = Field(default_factory=LimitsSection, description="Bounds on rows and chat templates (section below, docs/LIMITS.md).")
+    limits: LimitsSection = Field(
+        default_factory=LimitsSection, description="Bounds on rows and chat templates (section below, docs/LIMITS.md)."
+    )
     source: SourceSection = Field(default_factory=SourceSection, description="The source rows (section below).")
     regenerate: RegenerateSection = Field(
         default_factory=RegenerateSection, description="Regenerating assistant turns with the target before capture (section below)."
@@ -55,7 +58,9 @@ class Card(Section):
     backend: BackendSection = Field(description="The capture backend, chosen by `name`: `hf` or `sglang` (sections below). Required.")
     shards: ShardsSection = Field(default_factory=ShardsSection, description="Shard size and storage encoding (section below).")
     dataset_card: DatasetCardSection = Field(default_factory=DatasetCardSection, description="Hub dataset-card metadata (section below).")
-    sglang: SGLangServerSection = Field(default_factory=SGLangServerSection, description="The SGLang server for `hs-dataset serve` (section below).")
+    sglang: SGLangServerSection = Field(
+        default_factory=SGLangServerSection, description="The SGLang server for `hs-dataset serve` (section below)."
+    )
 
     _source_path: str = PrivateAttr("<dict>")
 
@@ -100,7 +105,7 @@ class Card(Section):
         """Every key with its value (defaults filled in), as plain JSON types; :func:`card_from_dict` reads it back."""
         return self.model_dump(mode="json")
 
-    def with_overrides(self, **sections: Any) -> "Card":
+    def with_overrides(self, **sections: Any) -> Card:
         """A new validated card with top-level sections shallow-merged (e.g. ``model={"path": ...}``).
 
         A mapping (or section model) is merged key by key into the section; anything else

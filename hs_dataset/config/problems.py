@@ -17,14 +17,13 @@ from pydantic import BaseModel, ValidationError
 
 from hs_dataset.errors import HsDatasetError
 
-__all__ = ["CardError", "DOCS_HINT", "card_error"]
+__all__ = ["DOCS_HINT", "CardError", "card_error"]
 
 DOCS_HINT = "every key is documented in docs/CARDS.md"
 
 
 class CardError(HsDatasetError, ValueError):
     """A card is missing, malformed or inconsistent; the message names the file, the key and the fix."""
-
 
 
 def _unwrap(annotation: Any) -> Any:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hs_dataset.errors import UsageError
 
-__all__ = ["RemoteOptions", "FollowSettings", "DEFAULT_CACHE_BYTES", "DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_MIN_BYTES_PER_S"]
+__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_MIN_BYTES_PER_S", "DEFAULT_REQUEST_TIMEOUT_S", "FollowSettings", "RemoteOptions"]
 
 DEFAULT_CACHE_BYTES = 64 << 30
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -64,7 +64,8 @@ class RemoteOptions(BaseModel):
         description="Where downloaded shards are kept (content-addressed, shared by datasets and processes).",
     )
     max_cache_bytes: int = Field(
-        default_factory=lambda: _env_bytes("HS_DATASET_CACHE_BYTES", DEFAULT_CACHE_BYTES), gt=0,
+        default_factory=lambda: _env_bytes("HS_DATASET_CACHE_BYTES", DEFAULT_CACHE_BYTES),
+        gt=0,
         description="Bytes the cache directory may hold on disk, downloads in flight included; least recently used shards are evicted.",
     )
     prefetch_shards: int = Field(2, ge=0, le=64, description="Shards downloaded ahead of the one being read.")
@@ -75,14 +76,16 @@ class RemoteOptions(BaseModel):
     upload_interval_s: float = Field(10.0, gt=0, description="build --out URL: seconds between uploads of newly published shards.")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="Passed to the fsspec filesystem (endpoint_url, key, ...).")
     request_timeout_s: float = Field(
-        default_factory=lambda: _env_seconds("HS_DATASET_REQUEST_TIMEOUT_S", DEFAULT_REQUEST_TIMEOUT_S), gt=0, le=3600,
+        default_factory=lambda: _env_seconds("HS_DATASET_REQUEST_TIMEOUT_S", DEFAULT_REQUEST_TIMEOUT_S),
+        gt=0,
+        le=3600,
         description="Total seconds one request to the store (a size, a listing, a manifest or header read) may take, answer included.",
     )
     min_bytes_per_s: int = Field(
-        DEFAULT_MIN_BYTES_PER_S, gt=0,
+        DEFAULT_MIN_BYTES_PER_S,
+        gt=0,
         description="Slowest average rate a download is given: N bytes must arrive within request_timeout_s + N / min_bytes_per_s seconds.",
     )
-
 
 
 class FollowSettings(BaseModel):

@@ -36,17 +36,21 @@ class RunOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_samples: int | None = Field(None, ge=0, description="Use only the first N samples of the source.")
-    source: Any = Field(None, description="What iter_samples reads (a path, hf:NAME, a datasets.Dataset, a list of rows); default: the card's source.")
-    batch_size: int | None = Field(
-        None, gt=0, description="Samples per forward (hf) or samples handed to the client per step (sglang); default: the card's backend.batch_size."
+    source: Any = Field(
+        None, description="What iter_samples reads (a path, hf:NAME, a datasets.Dataset, a list of rows); default: the card's source."
     )
-    model_path: Annotated[str | None, BeforeValidator(_path_text)] = Field(None, description="Local model snapshot; default: the card's model.path.")
+    batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Samples per forward (hf) or samples handed to the client per step (sglang); default: the card's backend.batch_size.",
+    )
+    model_path: Annotated[str | None, BeforeValidator(_path_text)] = Field(
+        None, description="Local model snapshot; default: the card's model.path."
+    )
     device: str | None = Field(None, description="hf backend: the torch device; default: the card's backend.device.")
     servers: list[str] | None = Field(None, description="sglang backend: server URLs; default: the card's backend.urls.")
     shard_bytes: int | None = Field(None, gt=0, le=MAX_SHARD_BYTES, description="Target shard size; default: the card's shards.bytes.")
-    storage: StorageName | None = Field(
-        None, description="State encoding on disk (as the card's shards.storage); default: the card's."
-    )
+    storage: StorageName | None = Field(None, description="State encoding on disk (as the card's shards.storage); default: the card's.")
 
     def apply_to(self, card: Card) -> Card:
         """``card`` with the settings given here that are card fields (a backend ignores the other backend's)."""
@@ -80,7 +84,7 @@ class BuildOptions(RunOptions):
     remote: RemoteOptions = Field(default_factory=RemoteOptions, description="An output URL: where it is staged, how often uploaded.")
 
     @model_validator(mode="after")
-    def _rank_in_range(self) -> "BuildOptions":
+    def _rank_in_range(self) -> BuildOptions:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
         return self
@@ -95,7 +99,9 @@ class StreamOptions(RunOptions):
     cache_dir: Path = Field(description="The cache: a dataset directory (created, or resumed if it holds this card's data).")
     max_cache_bytes: int = Field(gt=0, description="Bytes the cache directory may hold on disk, every file counted.")
     final_alignment: Literal["next", "current"] = Field("next", description="As training.shift_sample.")
-    on_failure: Literal["raise", "skip"] = Field("raise", description="A sample the server cannot capture: one CaptureError, or counted and skipped.")
+    on_failure: Literal["raise", "skip"] = Field(
+        "raise", description="A sample the server cannot capture: one CaptureError, or counted and skipped."
+    )
 
     def _backend_fields(self, name: str) -> dict[str, Any]:
         """As a build's, and the stream's batch size is also the sglang client's requests in flight."""

@@ -7,33 +7,34 @@ docs/CARDS.md is rendered from them (scripts/render_card_docs.py).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import itertools
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from hs_dataset.codecs.registry import ENCODINGS, STORAGE_VALUES
-from hs_dataset.layer_presets import DEFAULT_TAPS, PRESET_NAMES, TAPPED_PRESETS, preset_aux_layers
 from hs_dataset.dtypes import STATE_DTYPES
+from hs_dataset.layer_presets import DEFAULT_TAPS, PRESET_NAMES, TAPPED_PRESETS, preset_aux_layers
 from hs_dataset.server_patch.contract.mechanism import AUTO, CARD_CHOICES, Mechanism
 
 __all__ = [
-    "Section",
-    "ModelSection",
-    "LayersSection",
-    "SourceSection",
-    "RegenerateSection",
-    "HFBackendSection",
-    "SGLangBackendSection",
-    "BackendSection",
-    "ShardsSection",
-    "DatasetCardSection",
-    "StagingSection",
-    "SGLangServerSection",
-    "LimitsSection",
-    "StateDtypeName",
-    "StorageName",
     "LAYER_CONVENTION",
     "MAX_SHARD_BYTES",
+    "BackendSection",
+    "DatasetCardSection",
+    "HFBackendSection",
+    "LayersSection",
+    "LimitsSection",
+    "ModelSection",
+    "RegenerateSection",
+    "SGLangBackendSection",
+    "SGLangServerSection",
+    "Section",
+    "ShardsSection",
+    "SourceSection",
+    "StagingSection",
+    "StateDtypeName",
+    "StorageName",
 ]
 
 LAYER_CONVENTION = "hf_hidden_states_index"
@@ -135,16 +136,15 @@ class LayersSection(Section):
             return aux
         if aux and min(aux) < 0:
             raise ValueError(f"must be HF hidden_states indexes >= 0 (0 is the embedding output), got {aux}")
-        if any(b <= a for a, b in zip(aux, aux[1:])):
+        if any(b <= a for a, b in itertools.pairwise(aux)):
             raise ValueError(f"must be ascending distinct HF hidden_states indexes, got {aux}")
         return aux
 
     @model_validator(mode="after")
-    def _ids_or_preset(self) -> "LayersSection":
+    def _ids_or_preset(self) -> LayersSection:
         if self.aux is None and self.preset is None:
             raise ValueError(
-                "name the captured layers: `aux: [2, 30, 58]` (HF hidden_states indexes) or `preset: NAME` "
-                f"({', '.join(PRESET_NAMES)})"
+                f"name the captured layers: `aux: [2, 30, 58]` (HF hidden_states indexes) or `preset: NAME` ({', '.join(PRESET_NAMES)})"
             )
         if self.taps is not None and self.preset not in TAPPED_PRESETS:
             raise ValueError(f"taps applies to the presets {', '.join(TAPPED_PRESETS)} only, not to preset {self.preset}; drop it")
@@ -184,9 +184,12 @@ class SourceSection(Section):
         None, description="`hf:` sources: the dataset's config (subset) name (`--subset`). Default null: the dataset's default."
     )
     split: str | None = Field(
-        None, description="`hf:` sources (and saved `DatasetDict`s): the split to read (`--split`, e.g. `train_sft`). Default null: `train`."
+        None,
+        description="`hf:` sources (and saved `DatasetDict`s): the split to read (`--split`, e.g. `train_sft`). Default null: `train`.",
     )
-    revision: str | None = Field(None, description="`hf:` sources: branch, tag or commit of the dataset repo (`--revision`). Default null: main.")
+    revision: str | None = Field(
+        None, description="`hf:` sources: branch, tag or commit of the dataset repo (`--revision`). Default null: main."
+    )
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="Our field name -> the source's column name, for sources that name them differently "
@@ -217,7 +220,9 @@ class RegenerateSection(Section):
         "Default null: the template's default.",
     )
     turns: int | None = Field(
-        None, ge=1, description="Regenerate at most this many assistant turns per conversation; the conversation ends after the last one. Default null: all."
+        None,
+        ge=1,
+        description="Regenerate at most this many assistant turns per conversation; the conversation ends after the last one. Default null: all.",
     )
     policy: Literal["keep", "drop"] = Field(
         "keep",
@@ -225,13 +230,15 @@ class RegenerateSection(Section):
         "and including it (failed turns end it before), or `drop` the whole conversation. Counted either way. Default `keep`.",
     )
     concurrency: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="SGLang: the most generation requests in flight, all servers together; the number kept in flight is what the "
         "servers report they run at once (max running requests, KV cache / `max_new_tokens`), at most this. HF: conversations "
         "per batch. Default null: the servers' figure (HF: 16).",
     )
     request_timeout_s: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="SGLang: seconds one generation request may take. An answer of `max_new_tokens` decodes for minutes on a "
         "loaded server, so the capture requests' `backend.request_timeout_s` is too short for it. Default null: "
         "`backend.request_timeout_s` + `max_new_tokens` / 5 (an answer decoding at 5 tokens/s or faster ends in time).",
@@ -248,28 +255,46 @@ class LimitsSection(Section):
     """Per-row and per-template bounds that keep memory and time set by the card, not by the input (docs/LIMITS.md)."""
 
     row_turns: int = Field(
-        1024, ge=1, le=1_000_000, description="Most messages a conversation row may have; a longer row is skipped and counted `oversized`. Default 1024."
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Most messages a conversation row may have; a longer row is skipped and counted `oversized`. Default 1024.",
     )
     row_chars: int | None = Field(
-        None, ge=1, le=1 << 32, description="Most characters of text (every string of the row together) before anything is expanded; a longer row is "
+        None,
+        ge=1,
+        le=1 << 32,
+        description="Most characters of text (every string of the row together) before anything is expanded; a longer row is "
         "skipped and counted `oversized`. Default null: the JSONL line cap, `max(16 MiB, 64 * max(65536, 16 * max_length))`.",
     )
     row_depth: int = Field(
-        64, ge=8, le=512, description="Deepest nesting of lists and objects in a row (tool-call arguments and tool schemas included); "
+        64,
+        ge=8,
+        le=512,
+        description="Deepest nesting of lists and objects in a row (tool-call arguments and tool schemas included); "
         "a deeper row is skipped and counted `oversized`. Default 64.",
     )
     template_chars: int = Field(
-        16 * 1024 * 1024, ge=1024, le=1 << 28, description="Most characters a chat template may render for one row (and the largest "
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1 << 28,
+        description="Most characters a chat template may render for one row (and the largest "
         "string or list one template operation may build; a render may build twice this in all); over it the row is skipped and "
         "counted `oversized`. A render is also refused, before it is tokenized, past 4 times the row character cap (what "
         "`max_length` tokens can use). Default 16777216.",
     )
     template_seconds: float = Field(
-        5.0, gt=0, le=3600, description="Seconds a chat template may take for one row, all of its renders together (a regenerated "
+        5.0,
+        gt=0,
+        le=3600,
+        description="Seconds a chat template may take for one row, all of its renders together (a regenerated "
         "row renders once or twice per turn); over it the row is skipped and counted `oversized`. Default 5.",
     )
     template_failures: int = Field(
-        8, ge=1, le=1_000_000, description="Rows in a row that may fail in the chat template the same way, before any row got "
+        8,
+        ge=1,
+        le=1_000_000,
+        description="Rows in a row that may fail in the chat template the same way, before any row got "
         "through it, until the build stops naming the template (a broken template would otherwise cost every row its "
         "`template_seconds` and write nothing). Default 8.",
     )
@@ -301,7 +326,9 @@ class SGLangBackendSection(Section):
     concurrency: int = Field(8, ge=1, description="Requests in flight, all servers together (`--batch-size` overrides it). Default 8.")
     request_timeout_s: float = Field(120.0, gt=0, description="Seconds one HTTP request may take. Default 120.")
     dump_timeout_s: float = Field(60.0, gt=0, description="Seconds to wait for a request's dump file to appear. Default 60.")
-    retries: int = Field(2, ge=0, description="Extra attempts per sample for retryable failures (server errors, timeouts, staging full). Default 2.")
+    retries: int = Field(
+        2, ge=0, description="Extra attempts per sample for retryable failures (server errors, timeouts, staging full). Default 2."
+    )
     backoff_s: float = Field(0.5, ge=0, description="First back-off between retries in seconds; doubles per attempt. Default 0.5.")
     max_new_tokens: Literal[0, 1] = Field(
         1, description="Tokens generated per request: 1 (safest) or 0 (prefill only; not with speculative decoding). Default 1."
@@ -323,13 +350,15 @@ class SGLangBackendSection(Section):
         5.0, ge=0, description="Seconds a failing server stays out of rotation (grows with repeated failures). Default 5."
     )
     max_response_bytes: int = Field(
-        16 * 1024 * 1024, ge=4096, le=1024**3,
+        16 * 1024 * 1024,
+        ge=4096,
+        le=1024**3,
         description="Largest HTTP answer body read from a server (`/server_info`, `/generate`), read in bounded chunks; a larger "
         "one is refused. Default 16777216 (16 MiB).",
     )
 
 
-BackendSection = Annotated[Union[HFBackendSection, SGLangBackendSection], Field(discriminator="name")]
+BackendSection = Annotated[HFBackendSection | SGLangBackendSection, Field(discriminator="name")]
 
 
 # ``shards.storage`` values and the CLIs' choices: the codec registry's (hs_dataset.codecs.registry)
@@ -380,12 +409,30 @@ class StagingSection(Section):
     dir: str | None = Field(
         None, description="Staging directory (`--staging-dir` overrides it). Default null: `/dev/shm/hs_dataset-<uid>/<host>-<port>`."
     )
-    max_bytes: int | None = Field(None, ge=1, description="Bytes of dumps waiting for the client before new ones are refused. Default null: 16 GiB.")
-    max_files: int | None = Field(None, ge=1, description="Dump files waiting for the client before new ones are refused. Default null: 4096.")
-    max_wait_s: float | None = Field(None, ge=0, description="Seconds one forward pass may wait, in total, for staging room or pinned memory before its dumps are refused. Default null: 2.0.")
-    writer_threads: int | None = Field(None, ge=1, description="Threads writing dumps off the forward path (each dump one `writev` from its pinned buffer). Default null: 4.")
-    pinned_pool_bytes: int | None = Field(None, ge=0, description="Host memory for the capture copies, in bytes: pinned for device-to-host copies, plain on a CPU server. Default null: 2 GiB.")
-    orphan_ttl_s: float | None = Field(None, gt=0, description="Seconds after which unclaimed dumps and temporaries are deleted. Default null: 3600.")
+    max_bytes: int | None = Field(
+        None, ge=1, description="Bytes of dumps waiting for the client before new ones are refused. Default null: 16 GiB."
+    )
+    max_files: int | None = Field(
+        None, ge=1, description="Dump files waiting for the client before new ones are refused. Default null: 4096."
+    )
+    max_wait_s: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds one forward pass may wait, in total, for staging room or pinned memory before its dumps are refused. Default null: 2.0.",
+    )
+    writer_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Threads writing dumps off the forward path (each dump one `writev` from its pinned buffer). Default null: 4.",
+    )
+    pinned_pool_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Host memory for the capture copies, in bytes: pinned for device-to-host copies, plain on a CPU server. Default null: 2 GiB.",
+    )
+    orphan_ttl_s: float | None = Field(
+        None, gt=0, description="Seconds after which unclaimed dumps and temporaries are deleted. Default null: 3600."
+    )
     rid_prefix: str | None = Field(
         None, pattern=r"^hs-[A-Za-z0-9-]*$", description="Request-id prefix whose requests are captured. Default null: `hs-`."
     )
@@ -399,7 +446,9 @@ class SGLangServerSection(Section):
         description="Server interpreter; a relative path with a `/` is relative to the repository. `--python` overrides it. "
         "Default null: `$HS_SGLANG_PYTHON` or `<repo>/.sglang-venv/bin/python`.",
     )
-    device: Literal["cuda", "cpu"] = Field("cuda", description="`cuda`, or `cpu` for CPU test servers (adds the CPU support files). Default `cuda`.")
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda", description="`cuda`, or `cpu` for CPU test servers (adds the CPU support files). Default `cuda`."
+    )
     tp: int = Field(1, ge=1, description="Tensor-parallel size (`--tp-size`). Default 1.")
     host: str = Field("127.0.0.1", description="Listen address (`--host` overrides it). Default `127.0.0.1`.")
     port: int = Field(30000, ge=1, le=65535, description="Listen port (`--port` overrides it). Default 30000.")
@@ -414,14 +463,21 @@ class SGLangServerSection(Section):
     )
     radix_cache: bool = Field(False, description="Keep SGLang's prefix cache on. Default false (`--disable-radix-cache`).")
     chunked_prefill_size: int | None = Field(
-        None, gt=0, description="`--chunked-prefill-size`; chunks of a long prompt are assembled into one dump. Default null: SGLang's default."
+        None,
+        gt=0,
+        description="`--chunked-prefill-size`; chunks of a long prompt are assembled into one dump. Default null: SGLang's default.",
     )
     startup_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for `/health` after starting. Default 900.")
-    env: dict[str, CommandWord] = Field(default_factory=dict, description="Extra environment variables for the server (numbers become strings). Default none.")
-    args: list[CommandWord] = Field(
-        default_factory=list, description="Extra SGLang command-line arguments (numbers become strings); `-- ARGS` on the command line adds more. Default none."
+    env: dict[str, CommandWord] = Field(
+        default_factory=dict, description="Extra environment variables for the server (numbers become strings). Default none."
     )
-    staging: StagingSection = Field(default_factory=StagingSection, description="The dump staging directory and its limits (section below).")
+    args: list[CommandWord] = Field(
+        default_factory=list,
+        description="Extra SGLang command-line arguments (numbers become strings); `-- ARGS` on the command line adds more. Default none.",
+    )
+    staging: StagingSection = Field(
+        default_factory=StagingSection, description="The dump staging directory and its limits (section below)."
+    )
     architectures: list[str] | None = Field(
         None, description="Model architectures, only used when the model directory has no readable config.json. Default null."
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hs_dataset.demo.cached_build import build_once
 
-__all__ = ["TINY_DEEPSEEK_CONFIG", "TINY_SEED", "tiny_model_dir", "build_tiny_deepseek", "default_cache_dir", "write_random_deepseek"]
+__all__ = ["TINY_DEEPSEEK_CONFIG", "TINY_SEED", "build_tiny_deepseek", "default_cache_dir", "tiny_model_dir", "write_random_deepseek"]
 
 TINY_SEED = 1234
 # Bump when anything that changes the built files changes (weights, config, tokenizer).

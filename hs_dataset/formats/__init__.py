@@ -9,12 +9,12 @@ from hs_dataset.formats.writer_session import WriterReport
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "Manifest",
     "DatasetMetadata",
-    "ShardRecord",
     "HiddenStateDataset",
+    "Manifest",
     "ShardReader",
-    "open_dataset",
+    "ShardRecord",
     "ShardWriter",
     "WriterReport",
+    "open_dataset",
 ]

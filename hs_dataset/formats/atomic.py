@@ -12,15 +12,25 @@ import errno
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.writable import open_for_writing
 
 __all__ = [
-    "TEMP_PREFIX", "STALE_TEMP_S", "temp_path_for", "fsync_dir", "publish", "atomic_write_bytes", "atomic_write_chunks", "write_all",
-    "is_temp_name", "temp_writer_pid", "is_stale_temp", "remove_quietly",
+    "STALE_TEMP_S",
+    "TEMP_PREFIX",
+    "atomic_write_bytes",
+    "atomic_write_chunks",
+    "fsync_dir",
+    "is_stale_temp",
+    "is_temp_name",
+    "publish",
+    "remove_quietly",
+    "temp_path_for",
+    "temp_writer_pid",
+    "write_all",
 ]
 
 TEMP_PREFIX = ".hs-tmp-"

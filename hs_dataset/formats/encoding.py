@@ -22,14 +22,14 @@ from hs_dataset.errors import FormatError, SampleError, UnsupportedFormatError
 __all__ = [
     "SAFETENSORS_DTYPES",
     "BadScaleError",
-    "check_tensor_table",
-    "encode_state",
     "accept_encoded_state",
-    "decode_state",
+    "all_finite",
     "bad_scales",
+    "check_tensor_table",
+    "decode_state",
+    "encode_state",
     "scale_rule",
     "tensor_bytes",
-    "all_finite",
 ]
 
 # safetensors dtype code -> torch dtype (the ones this format uses), from the one table in hs_dataset.dtypes.
@@ -57,7 +57,9 @@ def check_tensor_table(tensors: dict[str, dict], where: str) -> Encoding:
     final = tensors["final_hidden_state"]["encoding"]
     aux = tensors.get("aux_hidden_states", {}).get("encoding", final)
     if aux != final:
-        raise FormatError(f"{where}: aux states are {aux!r} but the final state {final!r}; a dataset stores both one way (restore the manifest)")
+        raise FormatError(
+            f"{where}: aux states are {aux!r} but the final state {final!r}; a dataset stores both one way (restore the manifest)"
+        )
     return get_encoding(final)
 
 
@@ -80,7 +82,9 @@ def scale_rule(encoding: Encoding) -> str:
     return encoding.scale_rule
 
 
-def accept_encoded_state(data: torch.Tensor, scale: torch.Tensor | None, encoding: Encoding, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_encoded_state(
+    data: torch.Tensor, scale: torch.Tensor | None, encoding: Encoding, where: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """States the server already encoded (fp8 on its GPU): checked, then stored as they are.
 
     Why: quantizing again on the host would cost a decode and a second rounding for

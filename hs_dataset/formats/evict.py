@@ -13,8 +13,8 @@ The caller holds the directory lock (``dirlock.py``): eviction rewrites the mani
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.atomic import fsync_dir, remove_quietly

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import BinaryIO, Iterable, Protocol
+from collections.abc import Iterable
+from typing import BinaryIO, Protocol
 
 import blake3
 
 __all__ = [
-    "SHARD_HASH",
     "HASH_ALGORITHMS",
+    "SHARD_HASH",
     "Hasher",
-    "new_hasher",
     "file_digests",
+    "new_hasher",
     "sha256_bytes",
     "sha256_file",
     "sha256_fileobj",

@@ -12,7 +12,8 @@ state tensors, read with the one shard reader. Imported on demand only: it needs
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import datasets
 import torch
@@ -20,7 +21,7 @@ import torch
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats.reader import HiddenStateDataset, open_dataset
 
-__all__ = ["INDEX_FEATURES", "index_rows", "ShardTransform"]
+__all__ = ["INDEX_FEATURES", "ShardTransform", "index_rows"]
 
 INDEX_FEATURES = datasets.Features(
     {
@@ -84,7 +85,9 @@ class ShardTransform:
         ds = self._open()
         shard_index = self._by_file.get(file)
         if shard_index is None or ds.manifest.shards[shard_index].content_hash != sha:
-            raise IntegrityError(f"{self.root}: row {sid!r} points to shard {file!r} with hash {sha[:19]}..., which the manifest does not list")
+            raise IntegrityError(
+                f"{self.root}: row {sid!r} points to shard {file!r} with hash {sha[:19]}..., which the manifest does not list"
+            )
         item = ds.shard(shard_index).sample(index)
         if item["sample_id"] != sid:
             raise IntegrityError(f"{self.root}/{file}: row {index} holds {item['sample_id']!r}, the index says {sid!r}")

@@ -12,9 +12,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
@@ -26,14 +27,14 @@ from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, L
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "MANIFEST_NAME",
-    "ShardRecord",
-    "Manifest",
-    "identity_fingerprint",
     "IDENTITY_KEYS",
+    "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
-    "read_manifest_bytes",
+    "Manifest",
+    "ShardRecord",
+    "identity_fingerprint",
     "is_dataset_dir",
+    "read_manifest_bytes",
 ]
 
 FORMAT_NAME = "hs_dataset"
@@ -110,7 +111,7 @@ class ShardRecord:
         return raw
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any], where: str, index: int = 0, *, version: int = FORMAT_VERSION) -> "ShardRecord":
+    def from_json(cls, raw: dict[str, Any], where: str, index: int = 0, *, version: int = FORMAT_VERSION) -> ShardRecord:
         field_name = f"shards[{index}]"
         if not isinstance(raw, dict):
             raise FormatError(f"{where}: {field_name} is a {type(raw).__name__}, not an object; restore the manifest")
@@ -128,8 +129,12 @@ class ShardRecord:
             dataset_id = raw.get("dataset_id")
             return cls(
                 check_member_name(raw["file"], what=f"{field_name}.file", where=where),
-                _count(raw["samples"]), _count(raw["tokens"]), _count(raw["bytes"]), hashes.get("sha256"),
-                None if dataset_id is None else check_plain_name(dataset_id, what=f"{field_name}.dataset_id", where=where), hashes.get("blake3"),
+                _count(raw["samples"]),
+                _count(raw["tokens"]),
+                _count(raw["bytes"]),
+                hashes.get("sha256"),
+                None if dataset_id is None else check_plain_name(dataset_id, what=f"{field_name}.dataset_id", where=where),
+                hashes.get("blake3"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: malformed {field_name} {str(raw)[:200]} ({exc}); restore the manifest") from None
@@ -214,7 +219,7 @@ class Manifest:
         atomic_write_bytes(Path(root) / MANIFEST_NAME, self.encode())
 
     @classmethod
-    def from_json(cls, raw: Any, where: str) -> "Manifest":
+    def from_json(cls, raw: Any, where: str) -> Manifest:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: not an hs_dataset manifest (format={raw.get('format') if isinstance(raw, dict) else None!r})")
         version = raw.get("format_version")
@@ -243,7 +248,7 @@ class Manifest:
         return manifest
 
     @classmethod
-    def load(cls, root: Path) -> "Manifest":
+    def load(cls, root: Path) -> Manifest:
         path = check_local_path(root, what="dataset") / MANIFEST_NAME
         try:
             raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
@@ -280,7 +285,7 @@ def is_dataset_dir(root: str | os.PathLike) -> bool:
     return isinstance(raw, dict) and raw.get("format") == FORMAT_NAME
 
 
-def _check_identity(manifest: "Manifest", recorded: Any, where: str) -> None:
+def _check_identity(manifest: Manifest, recorded: Any, where: str) -> None:
     """The recorded ``identity`` must be the hash of the metadata it covers, recomputed here.
 
     Shard headers do not repeat the aux layer ids or the model: a manifest whose
@@ -297,7 +302,7 @@ def _check_identity(manifest: "Manifest", recorded: Any, where: str) -> None:
         )
 
 
-def _check_members(manifest: "Manifest", where: str) -> None:
+def _check_members(manifest: Manifest, where: str) -> None:
     """Names and counts a reader trusts: no shard listed twice, a norm weight file named safely."""
     seen: set[str] = set()
     for i, record in enumerate(manifest.shards):
@@ -307,7 +312,7 @@ def _check_members(manifest: "Manifest", where: str) -> None:
     _check_shape_fields(manifest, where)  # the final norm's weight file name is checked as the metadata is read
 
 
-def _check_shape_fields(manifest: "Manifest", where: str) -> None:
+def _check_shape_fields(manifest: Manifest, where: str) -> None:
     """The fields readers compute shapes from: small non-negative ints, tensor entries with an encoding name."""
     ids, hidden = manifest.metadata.aux_layer_ids, manifest.metadata.hidden_size  # types and ranges checked as they are read
     if ids is None:
@@ -322,10 +327,14 @@ def _check_shape_fields(manifest: "Manifest", where: str) -> None:
         if name not in manifest.tensors:
             raise FormatError(f"{where}: tensors.{name} is missing; every dataset records its encoding; restore the manifest")
     if not ids and AUX_KEY in manifest.tensors:
-        raise FormatError(f"{where}: tensors.{AUX_KEY} is listed but metadata.aux_layer_ids is empty (the final state only); restore the manifest")
+        raise FormatError(
+            f"{where}: tensors.{AUX_KEY} is listed but metadata.aux_layer_ids is empty (the final state only); restore the manifest"
+        )
     wrong = [n for n, enc in fixed.items() if manifest.tensors[n]["encoding"] != enc]
     if wrong:
-        raise FormatError(f"{where}: tensors {wrong} have the wrong encoding (offsets and ids are int64, the mask bool); restore the manifest")
+        raise FormatError(
+            f"{where}: tensors {wrong} have the wrong encoding (offsets and ids are int64, the mask bool); restore the manifest"
+        )
     for i, entry in enumerate(manifest.quarantine):
         if not isinstance(entry, dict) or not isinstance(entry.get("sample_id"), str):
             raise FormatError(f"{where}: quarantine[{i}] needs a 'sample_id' string; restore the manifest")

@@ -35,7 +35,7 @@ _RUN_REPORT = "run_report.json"
 _PER_PART_KEYS = ("file", "files")
 _PER_PART_GENERATOR_KEYS = ("servers", "served_model", "concurrency", "concurrency_from")  # where, and how many requests at once
 
-__all__ = ["merge_datasets", "check_compatible"]
+__all__ = ["check_compatible", "merge_datasets"]
 
 
 def _publish_link(src: Path, dst: Path, *, link: bool = True) -> None:
@@ -58,7 +58,10 @@ def _publish_link(src: Path, dst: Path, *, link: bool = True) -> None:
             raise OSError("copy requested")
         os.link(src, temp)
     except OSError:
-        with open_regular(src, what="file") as f_in, open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f_out:
+        with (
+            open_regular(src, what="file") as f_in,
+            open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f_out,
+        ):
             shutil.copyfileobj(f_in, f_out, 8 * 1024 * 1024)
             f_out.flush()
             os.fsync(f_out.fileno())
@@ -73,9 +76,7 @@ def _load_parts(parts: list[str | os.PathLike]) -> list[tuple[Path, Manifest]]:
         manifest = Manifest.load(path)
         for other_path, other in loaded:
             if os.path.realpath(path) == os.path.realpath(other_path) or manifest.dataset_id == other.dataset_id:
-                raise IntegrityError(
-                    f"{path} and {other_path} are the same part (dataset id {manifest.dataset_id}); give each part once"
-                )
+                raise IntegrityError(f"{path} and {other_path} are the same part (dataset id {manifest.dataset_id}); give each part once")
         loaded.append((path, manifest))
     return loaded
 
@@ -95,7 +96,9 @@ def check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
                 "merge only parts written with the same --storage (or rebuild one of them)"
             )
         if manifest.metadata.final_norm != first.metadata.final_norm:
-            raise ForeignDatasetError(f"{path} and {first_path} record different final norms (metadata.final_norm); only parts of one build can be merged")
+            raise ForeignDatasetError(
+                f"{path} and {first_path} record different final norms (metadata.final_norm); only parts of one build can be merged"
+            )
         _check_same_regeneration(path, manifest, first_path, first)
 
 
@@ -224,7 +227,9 @@ def _copy_regenerated(part: Path, manifest: Manifest, out: Path, prefix: str) ->
         return {}
     files = entry.files
     if not files:
-        raise IntegrityError(f"{part / MANIFEST_NAME}: metadata.regeneration.files is missing; finish the part's build (resume it) before merging")
+        raise IntegrityError(
+            f"{part / MANIFEST_NAME}: metadata.regeneration.files is missing; finish the part's build (resume it) before merging"
+        )
     merged: dict[str, RegeneratedFile] = {}
     for name, info in files.items():
         what = f"metadata.regeneration.files[{name!r}]"

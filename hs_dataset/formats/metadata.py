@@ -21,23 +21,24 @@ Two rules keep the bytes of ``manifest.json`` stable across a read and a rewrite
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.paths import check_member_name
 
 __all__ = [
     "HF_HIDDEN_STATES_INDEX",
-    "MetadataRecord",
+    "BackendRecord",
     "DatasetMetadata",
     "FinalNorm",
     "LayerPreset",
+    "MetadataRecord",
     "ModelRecord",
     "RegeneratedFile",
     "RegenerationRecord",
     "TokenizerRecord",
-    "BackendRecord",
 ]
 
 HF_HIDDEN_STATES_INDEX = "hf_hidden_states_index"  # the layer convention: ids index HF ``hidden_states``
@@ -189,7 +190,7 @@ class ModelRecord(MetadataRecord):
     revision: str | None = None
     fingerprint: str | None = None
 
-    _PARSERS: ClassVar[dict[str, Parser]] = {k: _str for k in ("path", "id", "revision", "fingerprint")}
+    _PARSERS: ClassVar[dict[str, Parser]] = dict.fromkeys(("path", "id", "revision", "fingerprint"), _str)
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,11 @@ class FinalNorm(MetadataRecord):
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = ("kind", "eps")  # the weight's keys are added once it is stored
     _NOT_NULL: ClassVar[tuple[str, ...]] = ("weight_file",)  # a listed weight names a file; readers would skip a null one
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "kind": _str, "eps": _number, "weight_file": _member_name,
-        "weight_key": _str, "weight_sha256": _str,
+        "kind": _str,
+        "eps": _number,
+        "weight_file": _member_name,
+        "weight_key": _str,
+        "weight_sha256": _str,
     }
 
 
@@ -237,8 +241,11 @@ class TokenizerRecord(MetadataRecord):
 
     _JSON_NAMES: ClassVar[dict[str, str]] = {"class_name": "class"}
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "path": _str, "class_name": _str, "vocab_size": _int,
-        "fingerprint": _str, "chat_template_sha256": _str,
+        "path": _str,
+        "class_name": _str,
+        "vocab_size": _int,
+        "fingerprint": _str,
+        "chat_template_sha256": _str,
     }
 
 
@@ -292,22 +299,43 @@ class RegenerationRecord(MetadataRecord):
     files: dict[str, RegeneratedFile] | None = None
 
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = (
-        "file", "max_new_tokens", "temperature", "top_p", "seed", "stop_token_ids", "thinking", "turns", "policy", "concurrency", "generator",
+        "file",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop_token_ids",
+        "thinking",
+        "turns",
+        "policy",
+        "concurrency",
+        "generator",
     )
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "file": _str, "max_new_tokens": _int, "temperature": _number, "top_p": _number,
-        "seed": _int, "stop_token_ids": _int_tuple, "thinking": _str, "turns": _int,
-        "policy": _str, "concurrency": _int, "generator": _object, "files": _files,
+        "file": _str,
+        "max_new_tokens": _int,
+        "temperature": _number,
+        "top_p": _number,
+        "seed": _int,
+        "stop_token_ids": _int_tuple,
+        "thinking": _str,
+        "turns": _int,
+        "policy": _str,
+        "concurrency": _int,
+        "generator": _object,
+        "files": _files,
     }
 
-    def with_file(self, name: str, entry: RegeneratedFile) -> "RegenerationRecord":
+    def with_file(self, name: str, entry: RegeneratedFile) -> RegenerationRecord:
         """This record with ``files[name]`` set to ``entry`` (other files kept)."""
         return dataclasses.replace(self, files={**(self.files or {}), name: entry})
 
 
 def _aux_layer_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 20 for i in value):
-        raise FormatError(f"{where}: metadata.aux_layer_ids must be a list of HF hidden_states indexes, got {str(value)[:80]}; restore the manifest")
+        raise FormatError(
+            f"{where}: metadata.aux_layer_ids must be a list of HF hidden_states indexes, got {str(value)[:80]}; restore the manifest"
+        )
     return tuple(value)
 
 
@@ -354,24 +382,52 @@ class DatasetMetadata(MetadataRecord):
 
     # A build writes these even when null (``layer_preset`` without a preset); the rest only when set.
     _DEFAULT_KEYS: ClassVar[tuple[str, ...] | None] = (
-        "config_name", "config_fingerprint", "model", "aux_layer_ids", "layer_preset", "layer_convention", "final_state", "final_norm",
-        "dtype", "hidden_size", "num_hidden_layers", "vocab_size", "tokenizer", "max_length", "overflow", "backend", "capture",
+        "config_name",
+        "config_fingerprint",
+        "model",
+        "aux_layer_ids",
+        "layer_preset",
+        "layer_convention",
+        "final_state",
+        "final_norm",
+        "dtype",
+        "hidden_size",
+        "num_hidden_layers",
+        "vocab_size",
+        "tokenizer",
+        "max_length",
+        "overflow",
+        "backend",
+        "capture",
     )
     _PARSERS: ClassVar[dict[str, Parser]] = {
-        "config_name": _str, "config_fingerprint": _str, "model": _record(ModelRecord),
-        "aux_layer_ids": _aux_layer_ids, "layer_preset": _record(LayerPreset), "layer_convention": _str,
-        "final_state": _str, "final_norm": _final_norm, "dtype": _str, "hidden_size": _hidden_size,
-        "num_hidden_layers": _int, "vocab_size": _int, "tokenizer": _record(TokenizerRecord),
-        "max_length": _int, "overflow": _str, "backend": _record(BackendRecord), "capture": _object,
-        "regeneration": _record(RegenerationRecord), "stream_cache": _bool,
+        "config_name": _str,
+        "config_fingerprint": _str,
+        "model": _record(ModelRecord),
+        "aux_layer_ids": _aux_layer_ids,
+        "layer_preset": _record(LayerPreset),
+        "layer_convention": _str,
+        "final_state": _str,
+        "final_norm": _final_norm,
+        "dtype": _str,
+        "hidden_size": _hidden_size,
+        "num_hidden_layers": _int,
+        "vocab_size": _int,
+        "tokenizer": _record(TokenizerRecord),
+        "max_length": _int,
+        "overflow": _str,
+        "backend": _record(BackendRecord),
+        "capture": _object,
+        "regeneration": _record(RegenerationRecord),
+        "stream_cache": _bool,
     }
 
     @classmethod
-    def coerce(cls, metadata: "DatasetMetadata | Mapping[str, Any]", where: str = "metadata") -> "DatasetMetadata":
+    def coerce(cls, metadata: DatasetMetadata | Mapping[str, Any], where: str = "metadata") -> DatasetMetadata:
         """``metadata`` as given, or parsed from its JSON form (a plain mapping)."""
         return metadata if isinstance(metadata, DatasetMetadata) else cls.from_json(dict(metadata), where)
 
-    def with_strings(self, change: Callable[[str], str]) -> "DatasetMetadata":
+    def with_strings(self, change: Callable[[str], str]) -> DatasetMetadata:
         """This metadata with every string value (at any depth, keys excepted) passed through ``change``."""
         return DatasetMetadata.from_json(_map_strings(self.to_json(), change), "metadata")
 

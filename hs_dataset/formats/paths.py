@@ -20,8 +20,15 @@ from typing import BinaryIO
 from hs_dataset.errors import FormatError, UnsafePathError, UsageError
 
 __all__ = [
-    "MAX_NAME_CHARS", "MAX_NAME_DEPTH", "url_scheme", "check_local_path", "check_member_name", "check_plain_name", "resolve_member",
-    "open_regular", "open_member",
+    "MAX_NAME_CHARS",
+    "MAX_NAME_DEPTH",
+    "check_local_path",
+    "check_member_name",
+    "check_plain_name",
+    "open_member",
+    "open_regular",
+    "resolve_member",
+    "url_scheme",
 ]
 
 MAX_NAME_CHARS = 1024  # a whole relative name
@@ -30,7 +37,9 @@ MAX_NAME_DEPTH = 8  # components ("part-00001/shard-000000.safetensors" has 2)
 _COMPONENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
 # ``s3://b/x`` and what ``Path("s3://b/x")`` makes of it (``s3:/b/x``); two letters at least, so ``C:/`` is no URL
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/")
-URL_HINT = "fsspec URLs are read by hs_dataset.open_dataset and hs-dataset verify / merge, written by hs-dataset build --out (docs/REMOTE.md)"
+URL_HINT = (
+    "fsspec URLs are read by hs_dataset.open_dataset and hs-dataset verify / merge, written by hs-dataset build --out (docs/REMOTE.md)"
+)
 _FIX = "a dataset may only name plain files inside its own directory; restore the original manifest entry (or file)"
 
 
@@ -48,9 +57,7 @@ def check_local_path(path: str | os.PathLike, *, what: str) -> Path:
     """``path`` as a local Path; a URL is refused in one line (it would become a directory named ``s3:``)."""
     scheme = url_scheme(path)
     if scheme is not None:
-        raise UsageError(
-            f"{os.fspath(path)}: {what} is a {scheme}:// URL, but this takes a local directory; {URL_HINT}"
-        )
+        raise UsageError(f"{os.fspath(path)}: {what} is a {scheme}:// URL, but this takes a local directory; {URL_HINT}")
     return Path(path)
 
 

@@ -19,20 +19,21 @@ import json
 import mmap
 import os
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
 from hs_dataset.codecs.fp8 import SCALE_SUFFIX
-from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, bad_scales, check_tensor_table, decode_state, scale_rule
 from hs_dataset.codecs.registry import get_encoding
+from hs_dataset.codecs.safetensors_layout import TensorSpec, parse_header, read_header
+from hs_dataset.errors import FormatError, IntegrityError, UnsupportedFormatError
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, bad_scales, check_tensor_table, decode_state, scale_rule
 from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import FinalNorm
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
-from hs_dataset.codecs.safetensors_layout import TensorSpec, parse_header, read_header
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
     FINAL_KEY,
@@ -44,7 +45,7 @@ from hs_dataset.formats.shard_layout import (
     state_keys,
 )
 
-__all__ = ["ShardReader", "HiddenStateDataset", "open_dataset", "load_norm_weight"]
+__all__ = ["HiddenStateDataset", "ShardReader", "load_norm_weight", "open_dataset"]
 
 _SUPPORTED_SHARD_VERSIONS = {"1"}
 
@@ -92,7 +93,9 @@ class ShardReader:
         if meta.get("format") != SHARD_FORMAT:
             raise FormatError(f"{where}: not an hs_dataset shard (format={meta.get('format')!r})")
         if meta.get("format_version") not in _SUPPORTED_SHARD_VERSIONS:
-            raise UnsupportedFormatError(f"{where}: shard format version {meta.get('format_version')!r} is not supported; upgrade hs_dataset")
+            raise UnsupportedFormatError(
+                f"{where}: shard format version {meta.get('format_version')!r} is not supported; upgrade hs_dataset"
+            )
         if meta.get("dataset_id") != dataset_id:
             raise IntegrityError(
                 f"{where}: shard belongs to dataset {meta.get('dataset_id')!r}, not {dataset_id!r} "
@@ -174,7 +177,9 @@ class ShardReader:
             scale = self._tensors.get(name)
             if scale is None or tuple(scale.shape) != shape:
                 got = "missing" if scale is None else f"of shape {tuple(scale.shape)}"
-                raise IntegrityError(f"{where}: {name} is {got}, the {encoding.name} encoding needs {encoding.scale_dtype} scales of shape {shape}")
+                raise IntegrityError(
+                    f"{where}: {name} is {got}, the {encoding.name} encoding needs {encoding.scale_dtype} scales of shape {shape}"
+                )
             bad = bad_scales(scale, encoding)
             if bool(bad.any()):
                 token = int(bad.reshape(tokens, -1).any(dim=1).nonzero()[0])
@@ -352,7 +357,9 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
 MAX_NORM_WEIGHT_BYTES = 64 * 1024 * 1024  # a [H] vector; far above any real model's
 
 
-def load_norm_weight(root: str | os.PathLike, info: FinalNorm | Mapping[str, Any], *, where: str, hidden_size: int | None = None) -> torch.Tensor:
+def load_norm_weight(
+    root: str | os.PathLike, info: FinalNorm | Mapping[str, Any], *, where: str, hidden_size: int | None = None
+) -> torch.Tensor:
     """Read the norm weight file named by ``info`` (``weight_file``/``weight_key``/``weight_sha256``) under ``root``.
 
     ``info`` is the manifest's :class:`FinalNorm` or an export record's ``final_norm`` object.

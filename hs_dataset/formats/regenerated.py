@@ -55,7 +55,9 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) 
     with open_regular(path, what=what) as f:
         digest = sha256_fileobj(f)
         if digest != sha256:
-            raise IntegrityError(f"{path}: sha256 is {digest} but {what}.sha256 is {sha256!r}; the file changed after the build: restore it")
+            raise IntegrityError(
+                f"{path}: sha256 is {digest} but {what}.sha256 is {sha256!r}; the file changed after the build: restore it"
+            )
         f.seek(0)
         for number, line in enumerate(iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""), 1):
             if not line.endswith(b"\n"):

@@ -39,19 +39,35 @@ class TurnOutcome:
     refused: bool = False
 
     @classmethod
-    def template_refused(cls, error: str) -> "TurnOutcome":
+    def template_refused(cls, error: str) -> TurnOutcome:
         return cls(prompt_tokens=0, token_ids=[], finish="failed", empty=False, error=error, refused=True)
 
     def to_json(self) -> dict[str, Any]:
         if self.refused:
-            return {"finish": self.finish, "empty": self.empty, "token_ids": self.token_ids, "error": self.error, "prompt_tokens": self.prompt_tokens}
-        return {"prompt_tokens": self.prompt_tokens, "token_ids": self.token_ids, "finish": self.finish, "empty": self.empty, "error": self.error}
+            return {
+                "finish": self.finish,
+                "empty": self.empty,
+                "token_ids": self.token_ids,
+                "error": self.error,
+                "prompt_tokens": self.prompt_tokens,
+            }
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "token_ids": self.token_ids,
+            "finish": self.finish,
+            "empty": self.empty,
+            "error": self.error,
+        }
 
     @classmethod
-    def from_json(cls, turn: dict[str, Any]) -> "TurnOutcome":
+    def from_json(cls, turn: dict[str, Any]) -> TurnOutcome:
         return cls(
-            prompt_tokens=turn["prompt_tokens"], token_ids=turn["token_ids"], finish=turn["finish"], empty=bool(turn["empty"]),
-            error=turn["error"], refused=next(iter(turn)) == "finish",
+            prompt_tokens=turn["prompt_tokens"],
+            token_ids=turn["token_ids"],
+            finish=turn["finish"],
+            empty=bool(turn["empty"]),
+            error=turn["error"],
+            refused=next(iter(turn)) == "finish",
         )
 
 
@@ -79,18 +95,30 @@ class ConversationRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "sample_id": self.sample_id, "row_index": self.row_index, "turns": [t.to_json() for t in self.turns],
-            "messages": self.messages, "tools": self.tools, "input_ids": self.input_ids, "loss_spans": self.loss_spans,
-            "supervised_turns": self.supervised_turns, "dropped": self.dropped,
+            "sample_id": self.sample_id,
+            "row_index": self.row_index,
+            "turns": [t.to_json() for t in self.turns],
+            "messages": self.messages,
+            "tools": self.tools,
+            "input_ids": self.input_ids,
+            "loss_spans": self.loss_spans,
+            "supervised_turns": self.supervised_turns,
+            "dropped": self.dropped,
         }
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> "ConversationRecord":
+    def from_json(cls, record: dict[str, Any]) -> ConversationRecord:
         """The record of a stored line's entry (already passed :func:`check_record`)."""
         return cls(
-            sample_id=record["sample_id"], row_index=record.get("row_index"), turns=[TurnOutcome.from_json(t) for t in record["turns"]],
-            messages=record["messages"], tools=record.get("tools"), input_ids=record["input_ids"], loss_spans=record["loss_spans"],
-            supervised_turns=record["supervised_turns"], dropped=record["dropped"],
+            sample_id=record["sample_id"],
+            row_index=record.get("row_index"),
+            turns=[TurnOutcome.from_json(t) for t in record["turns"]],
+            messages=record["messages"],
+            tools=record.get("tools"),
+            input_ids=record["input_ids"],
+            loss_spans=record["loss_spans"],
+            supervised_turns=record["supervised_turns"],
+            dropped=record["dropped"],
         )
 
 

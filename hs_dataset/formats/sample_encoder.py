@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hs_dataset.codecs.registry import Encoding
 from hs_dataset.errors import NonFiniteStateError, SampleError
 from hs_dataset.formats.encoding import BadScaleError, accept_encoded_state, all_finite, encode_state
-from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.sample import CapturedSample
 
@@ -92,7 +92,9 @@ class SampleEncoder:
         if _pre_encoded(s):  # stored as the server encoded them (the same quantizer), after checks
             try:
                 aux_data, aux_scale = accept_encoded_state(on_host(aux), on_host(s.aux_scale), self.encoding, f"{sid}: aux_hidden_states")
-                final_data, final_scale = accept_encoded_state(on_host(final), on_host(s.final_scale), self.encoding, f"{sid}: final_hidden_state")
+                final_data, final_scale = accept_encoded_state(
+                    on_host(final), on_host(s.final_scale), self.encoding, f"{sid}: final_hidden_state"
+                )
             except BadScaleError as exc:  # non-finite once decoded: the writer's nonfinite policy decides, as for NaN states
                 raise NonFiniteStateError(str(exc)) from None
             except ValueError as exc:

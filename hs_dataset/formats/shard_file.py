@@ -18,20 +18,20 @@ from pathlib import Path
 
 import torch
 
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX
+from hs_dataset.codecs.safetensors_header import dump_header
+from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.errors import FormatError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import remove_quietly, temp_path_for, write_all
-from hs_dataset.codecs.fp8 import SCALE_SUFFIX
 from hs_dataset.formats.encoding import safetensors_dtype, tensor_bytes
 from hs_dataset.formats.hashing import SHARD_HASH, Hasher, new_hasher
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import open_regular
-from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, SHARD_FORMAT
 from hs_dataset.libc import start_writeback
-from hs_dataset.codecs.safetensors_header import dump_header
 
-__all__ = ["EncodedSample", "EarlyWriteback", "WRITEBACK_BYTES", "write_shard", "shard_sample_ids"]
+__all__ = ["WRITEBACK_BYTES", "EarlyWriteback", "EncodedSample", "shard_sample_ids", "write_shard"]
 
 _HASH_CHUNK = 8 * 1024 * 1024
 WRITEBACK_BYTES = 32 * 1024 * 1024  # how much of a shard is written before its writeback is started (see EarlyWriteback)
@@ -73,8 +73,16 @@ def _shard_tensors(batch: list[EncodedSample]) -> dict[str, tuple[str, tuple[int
     }
     if first.aux_scale is not None:
         # per-token scales [T, K] / [T], or per-group ones [T, K, G] / [T, G]: the samples' own trailing shape
-        tensors[AUX_KEY + SCALE_SUFFIX] = (first.aux_scale.dtype, (tokens, *first.aux_scale.shape[1:]), [tensor_bytes(s.aux_scale) for s in batch])
-        tensors[FINAL_KEY + SCALE_SUFFIX] = (first.final_scale.dtype, (tokens, *first.final_scale.shape[1:]), [tensor_bytes(s.final_scale) for s in batch])
+        tensors[AUX_KEY + SCALE_SUFFIX] = (
+            first.aux_scale.dtype,
+            (tokens, *first.aux_scale.shape[1:]),
+            [tensor_bytes(s.aux_scale) for s in batch],
+        )
+        tensors[FINAL_KEY + SCALE_SUFFIX] = (
+            first.final_scale.dtype,
+            (tokens, *first.final_scale.shape[1:]),
+            [tensor_bytes(s.final_scale) for s in batch],
+        )
     if first.aux.shape[1] == 0:  # no aux layer (the final state only): the shard holds no aux tensor at all
         tensors.pop(AUX_KEY)
         tensors.pop(AUX_KEY + SCALE_SUFFIX, None)

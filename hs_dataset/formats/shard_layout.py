@@ -5,20 +5,20 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "SHARD_FORMAT",
-    "SHARD_SUFFIX",
-    "OFFSETS_KEY",
+    "AUX_KEY",
+    "DEFAULT_SHARD_BYTES",
+    "FINAL_KEY",
     "INPUT_IDS_KEY",
     "LOSS_MASK_KEY",
-    "AUX_KEY",
-    "FINAL_KEY",
-    "STATE_KEYS",
-    "state_keys",
     "NORM_WEIGHT_FILE",
     "NORM_WEIGHT_KEY",
-    "DEFAULT_SHARD_BYTES",
-    "shard_file_name",
+    "OFFSETS_KEY",
+    "SHARD_FORMAT",
     "SHARD_NAME_RE",
+    "SHARD_SUFFIX",
+    "STATE_KEYS",
+    "shard_file_name",
+    "state_keys",
 ]
 
 SHARD_FORMAT = "hs_dataset.shard"

@@ -29,7 +29,7 @@ from typing import Any
 
 from hs_dataset.errors import HsDatasetError, UsageError
 
-__all__ = ["LayerStats", "DatasetStats", "compute_stats", "write_plots", "PLOT_FILES", "PlotsUnavailable"]
+__all__ = ["PLOT_FILES", "DatasetStats", "LayerStats", "PlotsUnavailable", "compute_stats", "write_plots"]
 
 PLOT_FILES = ("lengths.png", "layer_stats.png")
 
@@ -118,8 +118,8 @@ def compute_stats(dataset_dir: str | os.PathLike, *, max_samples: int | None = N
             supervised.append(int(item["loss_mask"].sum()))
             s_sumsq = torch.zeros(n_layers, dtype=torch.float64)
             for begin in range(0, tokens, chunk_tokens):
-                aux = item["aux_hidden_states"][begin:begin + chunk_tokens].float()  # [t, K, H]
-                final = item["final_hidden_state"][begin:begin + chunk_tokens].float().unsqueeze(1)  # [t, 1, H]
+                aux = item["aux_hidden_states"][begin : begin + chunk_tokens].float()  # [t, K, H]
+                final = item["final_hidden_state"][begin : begin + chunk_tokens].float().unsqueeze(1)  # [t, 1, H]
                 x = torch.cat([aux, final], dim=1)  # [t, K+1, H]
                 finite = torch.isfinite(x)
                 nonfinite += (~finite).any(dim=-1).sum(dim=0)
@@ -145,7 +145,11 @@ def compute_stats(dataset_dir: str | os.PathLike, *, max_samples: int | None = N
 
 
 def write_plots(
-    dataset_dir: str | os.PathLike, out_dir: str | os.PathLike, *, stats: DatasetStats | None = None, max_samples: int | None = None,
+    dataset_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    stats: DatasetStats | None = None,
+    max_samples: int | None = None,
     replace: bool = False,
 ) -> list[Path]:
     """Write ``lengths.png`` and ``layer_stats.png`` into ``out_dir``; returns their paths.
@@ -248,7 +252,9 @@ def _save_figure(fig: Any, path: Path, replace: bool) -> Path:
             try:
                 os.link(temp, path)
             except FileExistsError:
-                raise UsageError(f"{path} appeared while the figure was drawn; --plots never replaces a file: remove it or choose another directory") from None
+                raise UsageError(
+                    f"{path} appeared while the figure was drawn; --plots never replaces a file: remove it or choose another directory"
+                ) from None
     finally:
         remove_quietly(temp)
     return path

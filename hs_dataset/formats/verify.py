@@ -19,7 +19,6 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -27,13 +26,13 @@ from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.metadata import RegeneratedFile
+from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 
-__all__ = ["VerifyResult", "verify_dataset", "check_finite"]
+__all__ = ["VerifyResult", "check_finite", "verify_dataset"]
 
 _STATE_CHUNK_TOKENS = 4096
 _RUN_REPORT = "run_report.json"  # written by the pipeline beside the regenerated file (merge keeps them together)
@@ -56,7 +55,9 @@ class VerifyResult:
         return f"verified {self.samples} samples, {self.tokens} tokens, {self.shards} shards"
 
 
-def verify_dataset(root: str | os.PathLike, *, check_hashes: bool = True, check_values: bool = True, max_problems: int = 20) -> VerifyResult:
+def verify_dataset(
+    root: str | os.PathLike, *, check_hashes: bool = True, check_values: bool = True, max_problems: int = 20
+) -> VerifyResult:
     """Run every check; collects up to ``max_problems`` problems instead of stopping at the first."""
     root = check_local_path(root, what="dataset")
     result = VerifyResult()
@@ -120,7 +121,9 @@ def check_finite(reader: ShardReader, path: Path) -> None:
             if not bool(finite.all()):
                 token = start + int((~finite).flatten(1).any(dim=1).nonzero()[0])
                 sample = int(torch.searchsorted(reader.offsets, torch.tensor(token), right=True)) - 1
-                raise IntegrityError(f"{path}: sample {reader.sample_ids[sample]!r} has NaN/inf in {key} at token {token - int(reader.offsets[sample])}")
+                raise IntegrityError(
+                    f"{path}: sample {reader.sample_ids[sample]!r} has NaN/inf in {key} at token {token - int(reader.offsets[sample])}"
+                )
 
 
 def _check_norm_weight(root: Path, manifest: Manifest, result: VerifyResult) -> None:
@@ -149,7 +152,9 @@ def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, sto
         )
         return
     if entry.file is not None and entry.file not in files:
-        result.problems.append(f"{where}: metadata.regeneration.file {entry.file!r} is not listed in metadata.regeneration.files; restore the original manifest")
+        result.problems.append(
+            f"{where}: metadata.regeneration.file {entry.file!r} is not listed in metadata.regeneration.files; restore the original manifest"
+        )
     owner: dict[str, str] = {}
     for name, info in files.items():
         field = f"metadata.regeneration.files[{name!r}]"
@@ -160,7 +165,9 @@ def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, sto
             continue
         twice = sorted(set(records) & set(owner))
         if twice:
-            result.problems.append(f"{path}: {field} stores sample {twice[0]!r} that {owner[twice[0]]} also stores; each conversation is regenerated once")
+            result.problems.append(
+                f"{path}: {field} stores sample {twice[0]!r} that {owner[twice[0]]} also stores; each conversation is regenerated once"
+            )
         owner.update(dict.fromkeys(records, name))
         if stored is not None:
             _check_stored(root, manifest, name, path, records, stored, result)
@@ -172,14 +179,18 @@ def _read_listed(root: Path, name: str, info: RegeneratedFile, field: str, where
     try:
         records = read_regenerated(path, what=field, sha256=info.sha256)
     except FileNotFoundError:
-        raise IntegrityError(f"{path}: {field} names a file that is missing; restore it (its sha256 is in {where}) or rebuild with --regenerate") from None
+        raise IntegrityError(
+            f"{path}: {field} names a file that is missing; restore it (its sha256 is in {where}) or rebuild with --regenerate"
+        ) from None
     count = info.records
     if count != len(records):
         raise IntegrityError(f"{path}: holds {len(records)} records but {field}.records is {count!r}; restore the file or the manifest")
     return path, records
 
 
-def _check_stored(root: Path, manifest: Manifest, name: str, path: Path, records: dict[str, dict], stored: set[str], result: VerifyResult) -> None:
+def _check_stored(
+    root: Path, manifest: Manifest, name: str, path: Path, records: dict[str, dict], stored: set[str], result: VerifyResult
+) -> None:
     """Kept conversations are stored (or accounted for); dropped ones are not (what the regeneration stage guarantees)."""
     accounted = {q.get("sample_id") for q in manifest.quarantine if isinstance(q, dict)} | _capture_failures(root, name)
     max_length = manifest.metadata.max_length
@@ -196,7 +207,9 @@ def _check_stored(root: Path, manifest: Manifest, name: str, path: Path, records
             f"quarantine or the run report's capture_failures (first {lost[0]!r}); resume the build to capture them"
         )
     if leaked:
-        result.problems.append(f"{path}: sample {leaked[0]!r} is stored although metadata.regeneration.files[{name!r}] records it as dropped; rebuild the dataset")
+        result.problems.append(
+            f"{path}: sample {leaked[0]!r} is stored although metadata.regeneration.files[{name!r}] records it as dropped; rebuild the dataset"
+        )
 
 
 def _cut_by_max_length(record: dict, max_length: object) -> bool:

@@ -20,25 +20,26 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import replace
 import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
+from hs_dataset.codecs.registry import Encoding, get_encoding, state_encoding_for
+from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import NonFiniteStateError, SampleError, UsageError
 from hs_dataset.formats.atomic import remove_quietly
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
-from hs_dataset.codecs.registry import Encoding, get_encoding, state_encoding_for
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
 from hs_dataset.formats.metadata import DatasetMetadata, RegeneratedFile, RegenerationRecord
 from hs_dataset.formats.paths import check_local_path
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
-from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES
 from hs_dataset.formats.writer_resume import WriteTarget, open_or_resume
 from hs_dataset.formats.writer_session import WriterReport, WriterSession
@@ -272,7 +273,7 @@ class ShardWriter:
         except BaseException:
             pass
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:

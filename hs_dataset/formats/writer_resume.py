@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 
+from hs_dataset.codecs.registry import Encoding
+from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME
-from hs_dataset.codecs.registry import Encoding
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm, ModelRecord
 from hs_dataset.formats.paths import open_regular, resolve_member
-from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.formats.shard_file import shard_sample_ids
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
@@ -40,7 +40,7 @@ from hs_dataset.formats.shard_layout import (
 )
 from hs_dataset.formats.writer_session import WriterReport
 
-__all__ = ["WriteTarget", "OpenedDataset", "open_or_resume"]
+__all__ = ["OpenedDataset", "WriteTarget", "open_or_resume"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ class OpenedDataset:
     next_seq: int
 
 
-def open_or_resume(target: WriteTarget, report: WriterReport, final_norm_weight: torch.Tensor | None, created_by: str | None) -> OpenedDataset:
+def open_or_resume(
+    target: WriteTarget, report: WriterReport, final_norm_weight: torch.Tensor | None, created_by: str | None
+) -> OpenedDataset:
     """Create the dataset in an empty directory, or resume the one it holds (counting what was cleaned in ``report``)."""
     root = target.root
     entries = [e for e in os.listdir(root) if e != LOCK_NAME]
@@ -119,7 +121,9 @@ def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created
     metadata = target.metadata
     if final_norm_weight is not None:
         weight_file, weight_key, weight_sha256 = _write_norm_weight(target.root, final_norm_weight)
-        norm = replace(metadata.final_norm or FinalNorm(json_keys=()), weight_file=weight_file, weight_key=weight_key, weight_sha256=weight_sha256)
+        norm = replace(
+            metadata.final_norm or FinalNorm(json_keys=()), weight_file=weight_file, weight_key=weight_key, weight_sha256=weight_sha256
+        )
         metadata = replace(metadata, final_norm=norm)
     manifest = Manifest(
         dataset_id=uuid.uuid4().hex,

@@ -8,9 +8,9 @@ lock is held and written after, so an older state never overwrites a newer one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from hs_dataset.errors import DuplicateSampleError
 from hs_dataset.formats.atomic import atomic_write_bytes

@@ -11,7 +11,7 @@ built from no card (an import) with ``card=False``.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping
+from typing import Literal
 
 from hs_dataset.config import Card, list_cards, load_card
 from hs_dataset.errors import UsageError

@@ -48,10 +48,15 @@ def download_pushed(
         if config is None:
             readme = api.hf_hub_download(repo_id, README, repo_type=REPO_TYPE, revision=revision)
             config = _only_config(Path(readme).read_text(encoding="utf-8"), repo_id)
-        root = Path(api.snapshot_download(
-            repo_id, repo_type=REPO_TYPE, revision=revision, local_dir=local_dir,
-            allow_patterns=[README, f"{config}/*"],
-        ))
+        root = Path(
+            api.snapshot_download(
+                repo_id,
+                repo_type=REPO_TYPE,
+                revision=revision,
+                local_dir=local_dir,
+                allow_patterns=[README, f"{config}/*"],
+            )
+        )
     if config is None:
         config = _only_config((root / README).read_text(encoding="utf-8"), str(root))
     shards_dir = root / config / SHARDS_FOLDER

@@ -7,15 +7,15 @@ its oid (sha256) equals the local sha256, a regular file when its git blob id do
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.paths import open_regular
 
-__all__ = ["LocalFile", "RemoteFile", "same_bytes", "batches"]
+__all__ = ["LocalFile", "RemoteFile", "batches", "same_bytes"]
 
 
 @dataclass

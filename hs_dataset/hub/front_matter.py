@@ -18,7 +18,7 @@ from hs_dataset.hub.config_card import card_model_name
 from hs_dataset.hub.index import IndexFiles
 from hs_dataset.hub.public import bigger_size_category, hub_model_id, model_id, size_category, source_datasets
 
-__all__ = ["parse_readme", "configs_of", "merged_front_matter", "render_front_matter"]
+__all__ = ["configs_of", "merged_front_matter", "parse_readme", "render_front_matter"]
 
 OUR_TAGS = ("eagle3", "speculative-decoding", "hidden-states", "hs_dataset")
 

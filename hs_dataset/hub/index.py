@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["write_index", "IndexFiles", "DEFAULT_INDEX_FILE_BYTES"]
+__all__ = ["DEFAULT_INDEX_FILE_BYTES", "IndexFiles", "write_index"]
 
 DEFAULT_INDEX_FILE_BYTES = 500 * 1024**2  # datasets.push_to_hub's max_shard_size
 _ROW_GROUP_ROWS = 4096

@@ -14,7 +14,7 @@ so ``datasets.load_dataset(repo, config)`` loads the index and
 
 from __future__ import annotations
 
-__all__ = ["REPO_TYPE", "SHARDS_FOLDER", "FIGURES_FOLDER", "README"]
+__all__ = ["FIGURES_FOLDER", "README", "REPO_TYPE", "SHARDS_FOLDER"]
 
 REPO_TYPE = "dataset"
 SHARDS_FOLDER = "hs_shards"

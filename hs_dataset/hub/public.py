@@ -25,15 +25,15 @@ if TYPE_CHECKING:
     from hs_dataset.formats.manifest import Manifest
 
 __all__ = [
+    "bigger_size_category",
+    "hub_model_id",
     "is_local_path",
     "model_id",
-    "public_model",
-    "public_metadata",
     "public_manifest",
+    "public_metadata",
+    "public_model",
     "public_run_report",
-    "hub_model_id",
     "size_category",
-    "bigger_size_category",
     "source_datasets",
 ]
 
@@ -43,8 +43,13 @@ LOCAL = "<local>"  # what a local path is replaced by in a pushed record
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # huggingface.co's size_categories, smallest first (the dataset card's YAML validator knows these)
 _SIZE_CATEGORIES = (
-    (1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
-    (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B"),
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"),
+    (100_000_000, "10M<n<100M"),
+    (1_000_000_000, "100M<n<1B"),
 )
 
 
@@ -105,7 +110,7 @@ def public_metadata(metadata: DatasetMetadata, card_model_path: str | None = Non
     return replace(metadata, model=model, tokenizer=tokenizer).with_strings(lambda text: _replace_paths(text, ordered))
 
 
-def public_manifest(manifest: "Manifest", card_model_path: str | None = None) -> bytes:
+def public_manifest(manifest: Manifest, card_model_path: str | None = None) -> bytes:
     """The manifest JSON a push uploads: ``manifest`` with :func:`public_metadata`; every other field unchanged."""
     from hs_dataset.formats.manifest import identity_fingerprint
 
@@ -128,7 +133,7 @@ def bigger_size_category(a: str | None, b: str) -> str:
 
 def source_datasets(*sources: str | None) -> list[str]:
     """Hub ``source_datasets``: ``hf:owner/name`` sources by id; local or bundled conversations are ``original``."""
-    ids = sorted({s[len("hf:"):].split(":")[0] for s in sources if isinstance(s, str) and s.startswith("hf:")})
+    ids = sorted({s[len("hf:") :].split(":")[0] for s in sources if isinstance(s, str) and s.startswith("hf:")})
     return ids or ["original"]
 
 

@@ -64,8 +64,11 @@ def render_card(
     meta = merged_front_matter(old_meta, card, dataset.manifest, config=config, index=index, run_source=(run or {}).get("source"))
     names = sorted(sections)
     text = _load_template("dataset_card.md.j2").render(
-        front_matter=render_front_matter(meta), title=meta.get("pretty_name") or repo_id,
-        format_version=dataset.manifest.format_version, config_names=names, sections=[sections[n] for n in names],
+        front_matter=render_front_matter(meta),
+        title=meta.get("pretty_name") or repo_id,
+        format_version=dataset.manifest.format_version,
+        config_names=names,
+        sections=[sections[n] for n in names],
     )
     return re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n"
 

@@ -30,10 +30,11 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hs_dataset.config import Card
 from hs_dataset.errors import IntegrityError, UsageError
@@ -41,16 +42,16 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import open_regular, resolve_member
-from hs_dataset.hub.readme import render_card
 from hs_dataset.hub.config_card import CardChoice, card_for_push, card_model_name
 from hs_dataset.hub.files import LocalFile, RemoteFile, batches, same_bytes
 from hs_dataset.hub.index import DEFAULT_INDEX_FILE_BYTES, IndexFiles, write_index
 from hs_dataset.hub.layout import FIGURES_FOLDER, README, REPO_TYPE, SHARDS_FOLDER
 from hs_dataset.hub.public import public_manifest, public_run_report
+from hs_dataset.hub.readme import render_card
 from hs_dataset.hub.repo_state import remote_files, remote_readme
 from hs_dataset.pipeline.run_report import RUN_REPORT_NAME
 
-__all__ = ["push_to_hub", "PushOptions", "PushReport", "DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES"]
+__all__ = ["DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES", "PushOptions", "PushReport", "push_to_hub"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class PushOptions:
             raise UsageError("commit_bytes and commit_files must be >= 1")
 
     @classmethod
-    def of(cls, options: "PushOptions | None", settings: dict[str, Any]) -> "PushOptions":
+    def of(cls, options: PushOptions | None, settings: dict[str, Any]) -> PushOptions:
         """``options`` (default: the defaults) with keyword ``settings`` on top; an unknown name is refused."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
@@ -141,7 +142,11 @@ class _Target:
 
     def commit(self, operations: list[Any], message: str) -> str:
         info = self.api.create_commit(
-            self.repo_id, operations=operations, repo_type=REPO_TYPE, revision=self.revision, commit_message=message,
+            self.repo_id,
+            operations=operations,
+            repo_type=REPO_TYPE,
+            revision=self.revision,
+            commit_message=message,
         )
         return info.oid
 
@@ -279,7 +284,9 @@ def _work_dir(work_dir: str | os.PathLike | None) -> Iterator[Path]:
         yield Path(temp)
 
 
-def _last_commit_files(target: _Target, dataset: Any, card: Card | None, opts: PushOptions, work: Path) -> tuple[list[LocalFile], LocalFile | None]:
+def _last_commit_files(
+    target: _Target, dataset: Any, card: Card | None, opts: PushOptions, work: Path
+) -> tuple[list[LocalFile], LocalFile | None]:
     """The files of the last commit: run report, manifest, index and figures, then the README.
 
     The README is None when the repo's already has exactly this text.
@@ -293,16 +300,26 @@ def _last_commit_files(target: _Target, dataset: Any, card: Card | None, opts: P
     files.extend(figures)
     existing, readme_remote = remote_readme(target.api, target.repo_id, target.revision, work)
     text = render_card(
-        dataset, card, repo_id=target.repo_id, config=target.config, index=index,
-        figures=[f.repo_path for f in figures], stats=stats, existing=existing,
+        dataset,
+        card,
+        repo_id=target.repo_id,
+        config=target.config,
+        index=index,
+        figures=[f.repo_path for f in figures],
+        stats=stats,
+        existing=existing,
     )
     readme = _readme_file(work, text)
     return files, (None if existing == text and readme_remote is not None else readme)
 
 
 def _commit_last(
-    target: _Target, files: list[LocalFile], readme: LocalFile | None, data_files: list[LocalFile],
-    remote: dict[str, RemoteFile], report: PushReport,
+    target: _Target,
+    files: list[LocalFile],
+    readme: LocalFile | None,
+    data_files: list[LocalFile],
+    remote: dict[str, RemoteFile],
+    report: PushReport,
 ) -> None:
     """One commit of what changed, deleting the files under the config's folder that this dataset does not have."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete

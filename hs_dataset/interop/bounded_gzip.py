@@ -20,7 +20,15 @@ from typing import IO
 
 from hs_dataset.errors import HsDatasetError
 
-__all__ = ["CHUNK_BYTES", "MAX_DECOMPRESSED_BYTES", "MAX_RATIO", "MIN_CAP_BYTES", "CompressedInputError", "decompressed_cap", "gunzip_to_temp"]
+__all__ = [
+    "CHUNK_BYTES",
+    "MAX_DECOMPRESSED_BYTES",
+    "MAX_RATIO",
+    "MIN_CAP_BYTES",
+    "CompressedInputError",
+    "decompressed_cap",
+    "gunzip_to_temp",
+]
 
 CHUNK_BYTES = 1 << 20
 MAX_DECOMPRESSED_BYTES = 16 << 30  # far above one sample (Kimi-K2.5, 8k tokens, bf16: ~0.5 GB)

@@ -23,9 +23,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hs_dataset.errors import HsDatasetError
 
@@ -35,26 +36,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from hs_dataset.formats.reader import HiddenStateDataset
 
 __all__ = [
+    "EXPORT_RECORD_NAME",
     "ExportError",
     "ExportMismatchError",
     "ExportReport",
-    "EXPORT_RECORD_NAME",
-    "temp_path",
-    "write_file_atomic",
-    "remove_temp_files",
-    "derive_post_norm",
-    "trainer_default_aux_layer_ids",
-    "quarantined_count",
-    "note_source_storage",
+    "base_record",
     "check_layer_convention",
-    "select_aux_layers",
+    "derive_post_norm",
+    "note_source_storage",
     "num_hidden_layers",
-    "read_export_record",
-    "write_export_record",
-    "refuse_to_wipe_dataset",
     "paths_overlap",
     "prepare_destination",
-    "base_record",
+    "quarantined_count",
+    "read_export_record",
+    "refuse_to_wipe_dataset",
+    "remove_temp_files",
+    "select_aux_layers",
+    "temp_path",
+    "trainer_default_aux_layer_ids",
+    "write_export_record",
+    "write_file_atomic",
 ]
 
 EXPORT_RECORD_NAME = "hs_dataset_export.json"
@@ -154,7 +155,7 @@ def remove_temp_files(root: Path) -> int:
 
 
 # ---------------------------------------------------------------------------- norm
-def derive_post_norm(pre: "torch.Tensor", weight: "torch.Tensor", eps: float, out_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
+def derive_post_norm(pre: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm of the pre-norm final state: ``x * rsqrt(mean(x^2) + eps) * weight``.
 
     Computed in float32 (input and weight promoted), cast once to ``out_dtype``
@@ -177,11 +178,11 @@ def trainer_default_aux_layer_ids(num_layers: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- source checks
-def quarantined_count(ds: "HiddenStateDataset") -> int:
+def quarantined_count(ds: HiddenStateDataset) -> int:
     return len(ds.manifest.quarantine)
 
 
-def note_source_storage(ds: "HiddenStateDataset", report: ExportReport, out_dtype: "torch.dtype") -> None:
+def note_source_storage(ds: HiddenStateDataset, report: ExportReport, out_dtype: torch.dtype) -> None:
     """Say in the report how the source stores its states and what the export wrote: a lossy source (fp8, 4-bit)
     exported as bf16 is not bf16 data, and a trainer's user must know that the values carry its rounding."""
     from hs_dataset.codecs.registry import get_encoding
@@ -197,7 +198,7 @@ def note_source_storage(ds: "HiddenStateDataset", report: ExportReport, out_dtyp
         )
 
 
-def check_layer_convention(ds: "HiddenStateDataset", target: str) -> None:
+def check_layer_convention(ds: HiddenStateDataset, target: str) -> None:
     convention = ds.manifest.metadata.convention
     if convention != "hf_hidden_states_index":
         raise ExportMismatchError(
@@ -206,7 +207,7 @@ def check_layer_convention(ds: "HiddenStateDataset", target: str) -> None:
         )
 
 
-def select_aux_layers(ds: "HiddenStateDataset", wanted: Sequence[int] | None, target: str) -> tuple[list[int], list[int]]:
+def select_aux_layers(ds: HiddenStateDataset, wanted: Sequence[int] | None, target: str) -> tuple[list[int], list[int]]:
     """(positions in the stored K axis, HF ids) of the aux layers to export.
 
     ``wanted`` (HF ids) picks a subset of the stored aux layers, e.g. 3 of 4; an id
@@ -214,7 +215,9 @@ def select_aux_layers(ds: "HiddenStateDataset", wanted: Sequence[int] | None, ta
     """
     stored = [int(i) for i in ds.manifest.aux_layer_ids]
     if sorted(set(stored)) != stored:
-        raise ExportMismatchError(f"{ds.root}: stored aux_layer_ids {stored} are not ascending and distinct; {target} expects ascending layers")
+        raise ExportMismatchError(
+            f"{ds.root}: stored aux_layer_ids {stored} are not ascending and distinct; {target} expects ascending layers"
+        )
     if wanted is None:
         return list(range(len(stored))), stored
     wanted = [int(i) for i in wanted]
@@ -229,13 +232,11 @@ def select_aux_layers(ds: "HiddenStateDataset", wanted: Sequence[int] | None, ta
     return [stored.index(i) for i in wanted], wanted
 
 
-def num_hidden_layers(ds: "HiddenStateDataset", override: int | None, target: str) -> int:
+def num_hidden_layers(ds: HiddenStateDataset, override: int | None, target: str) -> int:
     recorded = ds.manifest.metadata.num_hidden_layers
     if override is not None:
         if recorded is not None and int(recorded) != int(override):
-            raise ExportMismatchError(
-                f"--num-hidden-layers {override} contradicts the manifest's num_hidden_layers {recorded} ({ds.root})"
-            )
+            raise ExportMismatchError(f"--num-hidden-layers {override} contradicts the manifest's num_hidden_layers {recorded} ({ds.root})")
         return int(override)
     if recorded is None:
         raise ExportMismatchError(
@@ -296,8 +297,13 @@ def refuse_symlinked_destination(dest: Path) -> None:
 
 
 # What an export writes, by name: top-level files, and directories with the files inside them (docs/EXPORTS.md).
-_OWN_FILES = re.compile(r"^(hs_dataset_export\.json|token_freq\.pt|final_norm\.safetensors|dataset_info\.json|state\.json|data-\d+-of-\d+\.arrow)$")
-_OWN_DIRS = {re.compile(r"^hidden_states$"): re.compile(r"^hs_\d+\.safetensors$"), re.compile(r"^rows_\d+-\d+$"): re.compile(r"^data_\d+\.ckpt$")}
+_OWN_FILES = re.compile(
+    r"^(hs_dataset_export\.json|token_freq\.pt|final_norm\.safetensors|dataset_info\.json|state\.json|data-\d+-of-\d+\.arrow)$"
+)
+_OWN_DIRS = {
+    re.compile(r"^hidden_states$"): re.compile(r"^hs_\d+\.safetensors$"),
+    re.compile(r"^rows_\d+-\d+$"): re.compile(r"^data_\d+\.ckpt$"),
+}
 
 
 def foreign_entries(dest: Path) -> list[str]:
@@ -316,7 +322,11 @@ def foreign_entries(dest: Path) -> list[str]:
                 foreign.append(entry.name)
                 continue
             for child in os.scandir(entry.path):
-                ours = not child.is_symlink() and child.is_file(follow_symlinks=False) and (inner.match(child.name) or is_temp_name(child.name))
+                ours = (
+                    not child.is_symlink()
+                    and child.is_file(follow_symlinks=False)
+                    and (inner.match(child.name) or is_temp_name(child.name))
+                )
                 if not ours:
                     foreign.append(f"{entry.name}/{child.name}")
         elif not (entry.is_file(follow_symlinks=False) and _OWN_FILES.match(entry.name)):
@@ -325,7 +335,12 @@ def foreign_entries(dest: Path) -> list[str]:
 
 
 def _links_under(root: Path) -> list[str]:
-    return [os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files if os.path.islink(os.path.join(d, n))]
+    return [
+        os.path.relpath(os.path.join(d, n), root)
+        for d, dirs, files in os.walk(root)
+        for n in dirs + files
+        if os.path.islink(os.path.join(d, n))
+    ]
 
 
 def clear_own_export(dest: Path, problem: str) -> None:
@@ -381,7 +396,9 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         ]
         links = [name for name in foreign_entries(dest) if os.path.islink(dest / name)]
         if links:  # a resumed export removes stale files of its layout: never through a link
-            raise ExportError(f"{dest} holds symbolic links ({links[:3]}); an export never writes one: remove them, or choose another destination")
+            raise ExportError(
+                f"{dest} holds symbolic links ({links[:3]}); an export never writes one: remove them, or choose another destination"
+            )
         if not differences:
             return True
         problem = f"{dest} holds a different export ({'; '.join(differences)})"
@@ -393,7 +410,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
     return False
 
 
-def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def base_record(ds: HiddenStateDataset, target: str, resume_key: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     from hs_dataset.version import __version__
 
     md = ds.manifest.metadata
@@ -416,4 +433,3 @@ def base_record(ds: "HiddenStateDataset", target: str, resume_key: dict[str, Any
         },
         **extra,
     }
-

@@ -117,7 +117,9 @@ class TrainerExporter(ABC):
         """Write the side files (index, vocabulary counts, norm) after every sample file; may add to ``record``."""
 
 
-def run_export(exporter_class: type[TrainerExporter], src: str | os.PathLike, dest: str | os.PathLike, settings: ExportSettings) -> ExportReport:
+def run_export(
+    exporter_class: type[TrainerExporter], src: str | os.PathLike, dest: str | os.PathLike, settings: ExportSettings
+) -> ExportReport:
     """Export dataset ``src`` to ``dest`` with ``exporter_class``; an interrupted export of the same source resumes."""
     from hs_dataset.formats.reader import open_dataset
 

@@ -28,28 +28,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.dtypes import state_dtype_name
-from hs_dataset.errors import HsDatasetError, UsageError
+from hs_dataset.errors import HsDatasetError
 from hs_dataset.formats.metadata import HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, ModelRecord
+from hs_dataset.interop.common import (
+    clear_own_export,
+    paths_overlap,
+    read_export_record,
+    refuse_symlinked_destination,
+    trainer_default_aux_layer_ids,
+)
 from hs_dataset.interop.settings import ImportSettings
-from hs_dataset.interop.common import clear_own_export, paths_overlap, read_export_record, refuse_symlinked_destination, trainer_default_aux_layer_ids
 
 __all__ = [
     "ImportDataError",
     "ImportReport",
     "ResolvedImport",
     "SampleItem",
-    "resolve_settings",
-    "prepare_import_dest",
-    "run_import",
     "check_mask",
+    "prepare_import_dest",
+    "resolve_settings",
+    "run_import",
 ]
+
 
 class ImportDataError(HsDatasetError, ValueError):
     """An input directory or file cannot be imported (named in the message)."""
@@ -172,7 +180,9 @@ def _layer_id_sources(src: Path, aux_layer_ids: Sequence[int] | None, layers: di
     return sources
 
 
-def _model_and_norm(settings: ImportSettings, card: Any, record: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None, float | None, int | None]:
+def _model_and_norm(
+    settings: ImportSettings, card: Any, record: dict[str, Any]
+) -> tuple[dict[str, Any], torch.Tensor | None, float | None, int | None]:
     """(model record, final-norm weight and eps, num_hidden_layers) from the settings, the card and the export record."""
     model_path, model_id, num_hidden_layers = settings.model_path, settings.model_id, settings.num_hidden_layers
     norm_weight = norm_eps = None
@@ -213,8 +223,16 @@ def _recorded_norm(src: Path, norm: dict[str, Any]) -> tuple[torch.Tensor | None
 
 
 _IMPORT_KEYS = (
-    "config_name", "config_fingerprint", "model", "aux_layer_ids", "layer_convention", "final_state", "dtype", "hidden_size",
-    "num_hidden_layers", "backend",
+    "config_name",
+    "config_fingerprint",
+    "model",
+    "aux_layer_ids",
+    "layer_convention",
+    "final_state",
+    "dtype",
+    "hidden_size",
+    "num_hidden_layers",
+    "backend",
 )
 
 
@@ -335,5 +353,3 @@ def check_mask(mask: torch.Tensor, t: int, where: str) -> torch.Tensor:
     if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
         raise ImportDataError(f"{where}: loss_mask holds values other than 0/1")
     return mask
-
-

@@ -9,8 +9,9 @@ exporter (``interop/speculators/settings.py``, ``interop/specforge/settings.py``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 from hs_dataset.errors import UsageError
 

@@ -14,13 +14,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from hs_dataset.config import Card, card_from_dict, load_card
+from hs_dataset.dtypes import STATE_DTYPES
+from hs_dataset.layer_presets import eagle3_default_aux_layers
 from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.snapshot import resolve_model_path
 from hs_dataset.model.text_model import is_wrapper, text_weight_prefix
 from hs_dataset.model.weights import check_weights
-from hs_dataset.config import Card, card_from_dict, load_card
-from hs_dataset.layer_presets import eagle3_default_aux_layers
-from hs_dataset.dtypes import STATE_DTYPES
 
 __all__ = ["card_from_model", "model_card_dict"]
 
@@ -76,7 +76,9 @@ def model_card_dict(
         "description": f"Derived from {model} ({architecture}: {layers} layers, hidden {text['hidden_size']}); "
         f"{f'the {preset} layer preset' if preset else 'EAGLE-3 default aux layers'}, pre-norm final state, the tokenizer's own chat template.",
         "model": {"path": model, "revision": revision, "text_module": text_module, "trust_remote_code": trust_remote_code},
-        "layers": {"preset": preset, "taps": taps, "final": "pre_norm"} if preset else {"aux": eagle3_default_aux_layers(layers), "final": "pre_norm"},
+        "layers": {"preset": preset, "taps": taps, "final": "pre_norm"}
+        if preset
+        else {"aux": eagle3_default_aux_layers(layers), "final": "pre_norm"},
         "dtype": _dtype(text, config),
         "max_length": min(4096, int(text.get("max_position_embeddings") or 4096)),
         "source": {"path": "builtin:conversations"},

@@ -22,8 +22,14 @@ from typing import Any
 from hs_dataset.errors import ModelConfigError
 
 __all__ = [
-    "MAX_CONFIG_BYTES", "FIELD_RANGES", "FLOAT_RANGES", "KIND_FIELDS", "read_model_config", "check_text_config", "text_config",
+    "FIELD_RANGES",
+    "FLOAT_RANGES",
+    "KIND_FIELDS",
+    "MAX_CONFIG_BYTES",
+    "check_text_config",
     "load_text_config",
+    "read_model_config",
+    "text_config",
 ]
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # real config.json files are a few kilobytes
@@ -69,9 +75,19 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 }
 # field -> the JSON types it must have when present (what decides which code runs, or whether a tensor exists)
 KIND_FIELDS: dict[str, tuple[type, ...]] = {
-    "model_type": (str,), "architectures": (list,), "hidden_act": (str,), "tie_word_embeddings": (bool,),
-    "attention_bias": (bool,), "mlp_bias": (bool,), "norm_topk_prob": (bool,), "scoring_func": (str,), "topk_method": (str,),
-    "rope_scaling": (dict,), "rope_parameters": (dict,), "auto_map": (dict,), "quantization_config": (dict,),
+    "model_type": (str,),
+    "architectures": (list,),
+    "hidden_act": (str,),
+    "tie_word_embeddings": (bool,),
+    "attention_bias": (bool,),
+    "mlp_bias": (bool,),
+    "norm_topk_prob": (bool,),
+    "scoring_func": (str,),
+    "topk_method": (str,),
+    "rope_scaling": (dict,),
+    "rope_parameters": (dict,),
+    "auto_map": (dict,),
+    "quantization_config": (dict,),
 }
 
 
@@ -126,7 +142,9 @@ def check_text_config(text: Any, where: str) -> None:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ModelConfigError(f"{where}: {name} must be an integer in [{low}, {high}], got {type(value).__name__} {value!r:.40}")
         if not low <= value <= high:
-            raise ModelConfigError(f"{where}: {name} is {value}, outside [{low}, {high}]; fix the value (or use the snapshot's own config.json)")
+            raise ModelConfigError(
+                f"{where}: {name} is {value}, outside [{low}, {high}]; fix the value (or use the snapshot's own config.json)"
+            )
     _check_floats(text, where)
     _check_kinds(text, where)
 
@@ -139,7 +157,9 @@ def _check_floats(text: dict[str, Any], where: str) -> None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ModelConfigError(f"{where}: {name} must be a number in [{low:g}, {high:g}], got {type(value).__name__} {value!r:.40}")
         if not (math.isfinite(value) and low <= value <= high):
-            raise ModelConfigError(f"{where}: {name} is {value!r}, outside [{low:g}, {high:g}]; fix the value (or use the snapshot's own config.json)")
+            raise ModelConfigError(
+                f"{where}: {name} is {value!r}, outside [{low:g}, {high:g}]; fix the value (or use the snapshot's own config.json)"
+            )
 
 
 def _check_kinds(text: dict[str, Any], where: str) -> None:
@@ -147,7 +167,9 @@ def _check_kinds(text: dict[str, Any], where: str) -> None:
         value = text.get(name)
         if value is not None and not isinstance(value, types):
             kinds = " or ".join("an object" if t is dict else ("a list" if t is list else f"a {t.__name__}") for t in types)
-            raise ModelConfigError(f"{where}: {name} must be {kinds}, got {type(value).__name__} {value!r:.40}; use the snapshot's own config.json")
+            raise ModelConfigError(
+                f"{where}: {name} must be {kinds}, got {type(value).__name__} {value!r:.40}; use the snapshot's own config.json"
+            )
     names = text.get("architectures") or []
     if not all(isinstance(n, str) for n in names):
         raise ModelConfigError(f"{where}: architectures must be a list of class names, got {names!r:.60}")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.errors import CaptureError
-from hs_dataset.model.remote_code import PROCESSOR_CONFIGS, auto_map, check_remote_code
 from hs_dataset.model.model_config import text_config
+from hs_dataset.model.remote_code import PROCESSOR_CONFIGS, auto_map, check_remote_code
 
 __all__ = ["ProcessorFilesError", "check_processor_files"]
 
@@ -83,7 +83,9 @@ def _load_shipped_class(directory: Path, config_name: str, ref: str) -> None:
 
     path = _module_file(directory, ref)
     if not path.is_file():
-        raise ProcessorFilesError(f"{directory / config_name}: auto_map names {ref!r} but {path} is missing; copy it from the model's snapshot")
+        raise ProcessorFilesError(
+            f"{directory / config_name}: auto_map names {ref!r} but {path} is missing; copy it from the model's snapshot"
+        )
     try:
         get_class_from_dynamic_module(ref, str(directory), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 -- whatever the shipped code raises, named with its file
@@ -104,7 +106,9 @@ def _load_processor(directory: Path, present: list[str], trust_remote_code: bool
     try:
         processor = AutoProcessor.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 -- whatever the shipped code raises, named with its file
-        raise ProcessorFilesError(f"{source}: AutoProcessor.from_pretrained({str(directory)!r}) fails, as it would in SGLang: {_first_line(exc)}") from exc
+        raise ProcessorFilesError(
+            f"{source}: AutoProcessor.from_pretrained({str(directory)!r}) fails, as it would in SGLang: {_first_line(exc)}"
+        ) from exc
     return processor, source
 
 

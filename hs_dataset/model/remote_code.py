@@ -21,13 +21,13 @@ from typing import Any
 from hs_dataset.errors import CaptureError
 
 __all__ = [
-    "RemoteCodeError",
-    "REMOTE_CODE_CONFIGS",
     "PROCESSOR_CONFIGS",
+    "REMOTE_CODE_CONFIGS",
+    "RemoteCodeError",
     "auto_map",
-    "remote_code_users",
     "check_remote_code",
     "from_pretrained_kwargs",
+    "remote_code_users",
 ]
 
 # Files whose ``auto_map`` names Python classes shipped with the snapshot.
@@ -72,7 +72,9 @@ def check_remote_code(directory: str | os.PathLike, trust_remote_code: bool, fil
         )
 
 
-def from_pretrained_kwargs(directory: str | os.PathLike, trust_remote_code: bool, files: tuple[str, ...] = ("config.json",)) -> dict[str, Any]:
+def from_pretrained_kwargs(
+    directory: str | os.PathLike, trust_remote_code: bool, files: tuple[str, ...] = ("config.json",)
+) -> dict[str, Any]:
     """The keyword arguments of a model/config ``from_pretrained``: local files only, remote code as chosen (checked)."""
     check_remote_code(directory, trust_remote_code, files)
     return {"local_files_only": True, "trust_remote_code": trust_remote_code}

@@ -13,14 +13,14 @@ from hs_dataset.errors import CaptureError
 from hs_dataset.model.model_config import load_text_config
 
 __all__ = [
-    "BUILTIN_PREFIX",
     "BUILTIN_GROUP",
+    "BUILTIN_PREFIX",
     "ModelPathError",
     "builtin_models",
-    "resolve_model_path",
     "download_command",
     "model_fingerprint",
     "read_final_norm",
+    "resolve_model_path",
 ]
 
 BUILTIN_PREFIX = "builtin:"
@@ -54,7 +54,9 @@ def resolve_model_path(path: str | None, *, revision: str | None = None) -> Path
         name = path[len(BUILTIN_PREFIX) :]
         known = builtin_models()
         if name not in known:
-            raise ModelPathError(f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(known)) or 'none (reinstall hs_dataset)'}")
+            raise ModelPathError(
+                f"unknown builtin model {path!r}; known: {', '.join(BUILTIN_PREFIX + n for n in sorted(known)) or 'none (reinstall hs_dataset)'}"
+            )
         return Path(known[name].load()()).resolve()
     local = Path(path).expanduser()
     if (local / "config.json").is_file():

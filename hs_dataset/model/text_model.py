@@ -20,7 +20,7 @@ from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.remote_code import from_pretrained_kwargs
 from hs_dataset.model.weights import check_weights, text_prefix, weight_shapes
 
-__all__ = ["is_wrapper", "text_weight_prefix", "load_causal_lm", "loaded_module_path"]
+__all__ = ["is_wrapper", "load_causal_lm", "loaded_module_path", "text_weight_prefix"]
 
 # Text model types of wrappers that transformers knows under another name
 # (Kimi-K2.5's text_config says kimi_k2; transformers' own Kimi_K25Config maps it the same way).
@@ -60,10 +60,19 @@ def _load_text_of_wrapper(directory: Path, config: dict[str, Any], dtype: Any) -
     prefix = text_weight_prefix(directory)
     # transformers' own loading (fused experts, dtype), with the wrapper's prefix mapped away;
     # weights outside it (the vision tower) are left unread.
-    model, info = _built(directory, "model", lambda: AutoModelForCausalLM.from_pretrained(
-        directory, config=text_cfg, dtype=dtype, key_mapping={f"^{re.escape(prefix)}": ""}, local_files_only=True, output_loading_info=True,
-        ignore_mismatched_sizes=True,
-    ))
+    model, info = _built(
+        directory,
+        "model",
+        lambda: AutoModelForCausalLM.from_pretrained(
+            directory,
+            config=text_cfg,
+            dtype=dtype,
+            key_mapping={f"^{re.escape(prefix)}": ""},
+            local_files_only=True,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+        ),
+    )
     return model, info
 
 
@@ -75,9 +84,11 @@ def _refuse_loading_problems(directory: Path, info: dict[str, Any]) -> None:
     model's to load. A checkpoint of another naming altogether still fails, on its missing weights.
     """
     info = {**info, "unexpected_keys": [k for k in info.get("unexpected_keys") or () if str(k).startswith(("model.", "lm_head."))]}
-    for kind, what in (("missing_keys", "missing weights (they would run from random numbers)"),
-                       ("unexpected_keys", "unexpected weights (the config builds no place for them)"),
-                       ("mismatched_keys", "weights whose shapes the config does not make")):
+    for kind, what in (
+        ("missing_keys", "missing weights (they would run from random numbers)"),
+        ("unexpected_keys", "unexpected weights (the config builds no place for them)"),
+        ("mismatched_keys", "weights whose shapes the config does not make"),
+    ):
         keys = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(kind) or ())
         if keys:
             more = f" and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else ""
@@ -104,9 +115,13 @@ def load_causal_lm(directory: str | os.PathLike, *, dtype: Any, trust_remote_cod
     else:
         kwargs = from_pretrained_kwargs(directory, trust_remote_code)
         built = _built(directory, "model config", lambda: AutoConfig.from_pretrained(directory, **kwargs))
-        model, info = _built(directory, "model", lambda: AutoModelForCausalLM.from_pretrained(
-            directory, config=built, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
-        ))
+        model, info = _built(
+            directory,
+            "model",
+            lambda: AutoModelForCausalLM.from_pretrained(
+                directory, config=built, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+            ),
+        )
     _refuse_loading_problems(directory, info)
     return model
 

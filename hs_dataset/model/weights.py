@@ -28,7 +28,7 @@ from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.errors import FormatError, HsDatasetError, ModelConfigError
 from hs_dataset.model.model_config import text_config
 
-__all__ = ["EMBED_SUFFIX", "MAX_INDEX_BYTES", "weight_shapes", "text_prefix", "check_weights"]
+__all__ = ["EMBED_SUFFIX", "MAX_INDEX_BYTES", "check_weights", "text_prefix", "weight_shapes"]
 
 EMBED_SUFFIX = "model.embed_tokens.weight"
 INDEX_NAME = "model.safetensors.index.json"
@@ -99,7 +99,9 @@ def weight_shapes(directory: str | os.PathLike) -> Shapes:
     if weight_map is not None:
         absent = sorted(k for k in weight_map if k not in shapes)
         if absent:
-            raise ModelConfigError(f"{directory / INDEX_NAME}: lists {len(absent)} tensor(s) its files lack, first {absent[0][:120]!r}; {_FIX}")
+            raise ModelConfigError(
+                f"{directory / INDEX_NAME}: lists {len(absent)} tensor(s) its files lack, first {absent[0][:120]!r}; {_FIX}"
+            )
     return shapes
 
 
@@ -108,7 +110,9 @@ def text_prefix(shapes: Mapping[str, Any], where: str) -> str:
     for name in shapes:
         if name.endswith(EMBED_SUFFIX) and "vision" not in name:
             return name[: -len(EMBED_SUFFIX)]
-    raise ModelConfigError(f"{where}: no weight named '*{EMBED_SUFFIX}' (the text model's embedding); set model.text_module in the card, or {_FIX}")
+    raise ModelConfigError(
+        f"{where}: no weight named '*{EMBED_SUFFIX}' (the text model's embedding); set model.text_module in the card, or {_FIX}"
+    )
 
 
 class _Checker:
@@ -175,7 +179,8 @@ def _check_layer_set(layers: dict[int, set[str]], text: Mapping[str, Any], decod
         lacking = sorted(kinds[any(n.startswith("mlp.experts.") for n in layers[i])] - layers[i])
         if lacking:
             raise ModelConfigError(
-                f"{where}: missing weights: {decoder}layers.{i}.{lacking[0]}" + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
+                f"{where}: missing weights: {decoder}layers.{i}.{lacking[0]}"
+                + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
                 + f" (the other layers of its kind have them; they would run from random numbers); {_FIX}"
             )
 
@@ -200,7 +205,11 @@ def _check_sizes(c: _Checker, decoder: str, prefix: str, layers: dict[int, set[s
         elif heads:
             c.expect(base + "self_attn.q_proj.weight", (heads * head_dim, hidden), f"num_attention_heads {heads} x head_dim {head_dim}")
             for proj in ("k_proj", "v_proj"):
-                c.expect(base + f"self_attn.{proj}.weight", (kv_heads * head_dim, hidden), f"num_key_value_heads {kv_heads} x head_dim {head_dim}")
+                c.expect(
+                    base + f"self_attn.{proj}.weight",
+                    (kv_heads * head_dim, hidden),
+                    f"num_key_value_heads {kv_heads} x head_dim {head_dim}",
+                )
             c.expect(base + "self_attn.o_proj.weight", (hidden, heads * head_dim), f"num_attention_heads {heads} x head_dim {head_dim}")
         _check_mlp(c, base + "mlp.", hidden, experts.get(i, set()))
 
@@ -213,9 +222,17 @@ def _check_mla(c: _Checker, base: str, heads: int, qk_dim: int | None, hidden: i
     c.expect(base + "q_a_proj.weight", (q_rank, hidden), f"q_lora_rank {q_rank}")
     c.expect(base + "q_b_proj.weight", (heads * qk_dim if qk_dim else None, q_rank), f"{why_q} / q_lora_rank {q_rank}")
     c.expect(base + "q_proj.weight", (heads * qk_dim if qk_dim else None, hidden), why_q)
-    c.expect(base + "kv_a_proj_with_mqa.weight", (kv_rank + rope if kv_rank and rope is not None else None, hidden), f"kv_lora_rank {kv_rank} + qk_rope_head_dim {rope}")
+    c.expect(
+        base + "kv_a_proj_with_mqa.weight",
+        (kv_rank + rope if kv_rank and rope is not None else None, hidden),
+        f"kv_lora_rank {kv_rank} + qk_rope_head_dim {rope}",
+    )
     kv_b = heads * (nope + v_dim) if nope is not None and v_dim else None
-    c.expect(base + "kv_b_proj.weight", (kv_b, kv_rank), f"num_attention_heads {heads} x (qk_nope_head_dim + v_head_dim) / kv_lora_rank {kv_rank}")
+    c.expect(
+        base + "kv_b_proj.weight",
+        (kv_b, kv_rank),
+        f"num_attention_heads {heads} x (qk_nope_head_dim + v_head_dim) / kv_lora_rank {kv_rank}",
+    )
     c.expect(base + "o_proj.weight", (hidden, heads * v_dim if v_dim else None), f"num_attention_heads {heads} x v_head_dim {v_dim}")
 
 
@@ -237,7 +254,9 @@ def _check_mlp(c: _Checker, base: str, hidden: int, numbers: set[int]) -> None:
         c.expect(base + f"experts.{j}.down_proj.weight", (hidden, moe), f"moe_intermediate_size {moe}")
     shared = c.get("n_shared_experts")
     if moe and shared:
-        c.expect(base + "shared_experts.gate_proj.weight", (moe * shared, hidden), f"moe_intermediate_size {moe} x n_shared_experts {shared}")
+        c.expect(
+            base + "shared_experts.gate_proj.weight", (moe * shared, hidden), f"moe_intermediate_size {moe} x n_shared_experts {shared}"
+        )
 
 
 def check_weights(directory: str | os.PathLike, config: Mapping[str, Any]) -> int:

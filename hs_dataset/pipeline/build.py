@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureResult
 from hs_dataset.config import Card
@@ -21,11 +22,11 @@ from hs_dataset.config.run import BuildOptions, parse_options
 from hs_dataset.dataset_access import output_dir
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.pipeline.run_report import RunReport, save_run_report
+from hs_dataset.pipeline.session import CaptureSession, as_card
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.regenerate.progress import RegenerationProgress
-from hs_dataset.pipeline.run_report import RunReport, save_run_report
 from hs_dataset.sample import TokenizedSample, batches
-from hs_dataset.pipeline.session import CaptureSession, as_card
 from hs_dataset.sources.report import SourceReport
 
 __all__ = ["build_dataset"]
@@ -33,7 +34,9 @@ __all__ = ["build_dataset"]
 READ_AHEAD_WINDOWS = 2  # capture windows tokenized ahead of the backend
 
 
-def build_dataset(card: Card | str | os.PathLike, out_dir: str | os.PathLike, *, backend: CaptureBackend | None = None, **options: Any) -> RunReport:
+def build_dataset(
+    card: Card | str | os.PathLike, out_dir: str | os.PathLike, *, backend: CaptureBackend | None = None, **options: Any
+) -> RunReport:
     """Capture ``card``'s data into ``out_dir`` (created or resumed). Returns the run report.
 
     ``out_dir`` may be an fsspec URL (``s3://bucket/prefix``): the build then writes a
@@ -51,7 +54,9 @@ def build_dataset(card: Card | str | os.PathLike, out_dir: str | os.PathLike, *,
         return _build_dataset(card, local_dir, opts, backend, started)
 
 
-def _build_dataset(card: Card | str | os.PathLike, out_dir: Path, opts: BuildOptions, backend: CaptureBackend | None, started: float) -> RunReport:
+def _build_dataset(
+    card: Card | str | os.PathLike, out_dir: Path, opts: BuildOptions, backend: CaptureBackend | None, started: float
+) -> RunReport:
     with CaptureSession(as_card(card), opts, backend=backend) as session:
         regen = _open_regeneration(session, out_dir, opts) if session.card.regenerate.enabled else None
         try:
@@ -78,7 +83,12 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     batch_size = card.backend.batch_size
     # tokenization runs a few windows ahead of capture, on its own thread
     samples: Iterable[TokenizedSample] = session.samples(
-        rows, report=source_report, strict=opts.strict, rank=opts.rank, world_size=opts.world_size, depth=READ_AHEAD_WINDOWS * batch_size,
+        rows,
+        report=source_report,
+        strict=opts.strict,
+        rank=opts.rank,
+        world_size=opts.world_size,
+        depth=READ_AHEAD_WINDOWS * batch_size,
     )
     expected = _expected_samples(session.source, opts, rows.total) if opts.progress or regen is not None else None
     shown = RegenerationProgress(expected, bar=opts.progress) if regen is not None else None
@@ -117,7 +127,9 @@ def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, reg
     )
 
 
-def _store(results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float, shown: RegenerationProgress | None) -> None:
+def _store(
+    results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float, shown: RegenerationProgress | None
+) -> None:
     """Write each captured sample and count each capture failure; ``bar`` (if any) shows the progress, ``shown`` the regeneration's."""
     for result in results:
         if isinstance(result, CaptureFailure):
@@ -133,13 +145,16 @@ def _store(results: Iterable[CaptureResult], writer: ShardWriter, report: RunRep
         bar.close()
 
 
-def _capture(backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_size: int, writer: ShardWriter, report: RunReport) -> Iterator[CaptureResult]:
+def _capture(
+    backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_size: int, writer: ShardWriter, report: RunReport
+) -> Iterator[CaptureResult]:
     """Yield capture results for every sample not yet stored.
 
     Fixed windows of the source order form the batches; a window whose members are
     all stored is skipped without a forward pass.
     """
     if not backend.fixed_batches:
+
         def missing() -> Iterator[TokenizedSample]:
             for sample in samples:
                 report.samples_considered += 1

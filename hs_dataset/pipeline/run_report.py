@@ -87,7 +87,8 @@ class RunReport:
             f"  samples written      {self.samples_written} ({self.tokens_written} tokens, {self.bytes_written / 2**20:.1f} MiB)",
             f"  already stored       {self.skipped_existing}",
             f"  truncated            {self.truncated}",
-            f"  not written          {sum(reasons.values())}" + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))})" if reasons else ""),
+            f"  not written          {sum(reasons.values())}"
+            + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))})" if reasons else ""),
             f"  time                 {self.elapsed_s:.1f} s ({self.samples_per_s:.2f} samples/s, {self.tokens_per_s:.0f} tokens/s)",
         ]
         if self.regeneration:

@@ -8,8 +8,9 @@ split across ranks the same way.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from hs_dataset.capture.base import CaptureBackend, CaptureInfo
 from hs_dataset.config import Card, HFBackendSection, load_card
@@ -17,7 +18,13 @@ from hs_dataset.config.run import RunOptions
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import UsageError
 from hs_dataset.formats.metadata import (
-    HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, LayerPreset, ModelRecord, TokenizerRecord,
+    HF_HIDDEN_STATES_INDEX,
+    BackendRecord,
+    DatasetMetadata,
+    FinalNorm,
+    LayerPreset,
+    ModelRecord,
+    TokenizerRecord,
 )
 from hs_dataset.model.tokenizer import load_card_tokenizer, tokenizer_info
 from hs_dataset.sample import TokenizedSample
@@ -27,8 +34,15 @@ from hs_dataset.sources.report import SourceReport
 from hs_dataset.sources.rows import RowSource
 
 __all__ = [
-    "CaptureSession", "as_card", "dataset_metadata", "layer_preset_record", "limit_samples", "make_backend", "open_rows",
-    "partition", "resolve_source",
+    "CaptureSession",
+    "as_card",
+    "dataset_metadata",
+    "layer_preset_record",
+    "limit_samples",
+    "make_backend",
+    "open_rows",
+    "partition",
+    "resolve_source",
 ]
 
 
@@ -66,8 +80,11 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         num_hidden_layers=info.num_hidden_layers,
         vocab_size=info.vocab_size,
         tokenizer=TokenizerRecord(
-            path=tokenizer_info["path"], class_name=tokenizer_info["class"], vocab_size=tokenizer_info["vocab_size"],
-            fingerprint=tokenizer_info["fingerprint"], chat_template_sha256=tokenizer_info["chat_template_sha256"],
+            path=tokenizer_info["path"],
+            class_name=tokenizer_info["class"],
+            vocab_size=tokenizer_info["vocab_size"],
+            fingerprint=tokenizer_info["fingerprint"],
+            chat_template_sha256=tokenizer_info["chat_template_sha256"],
         ),
         max_length=card.max_length,
         overflow=card.overflow,
@@ -158,7 +175,14 @@ class CaptureSession:
         return open_rows(self.card, self.source)
 
     def samples(
-        self, rows: RowSource, *, report: SourceReport | None = None, strict: bool = False, rank: int = 0, world_size: int = 1, depth: int = 0,
+        self,
+        rows: RowSource,
+        *,
+        report: SourceReport | None = None,
+        strict: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        depth: int = 0,
     ) -> Iterator[TokenizedSample]:
         """The tokenized samples of ``rows`` under the card's rules, the first ``num_samples``, this rank's share.
 
@@ -166,8 +190,13 @@ class CaptureSession:
         """
         card = self.card
         rules = SampleRules(
-            max_length=card.max_length, overflow=card.overflow, strict=strict, vocab_size=self.info.vocab_size,
-            columns=card.source.columns, keep_conversation=card.regenerate.enabled, limits=card.limits,
+            max_length=card.max_length,
+            overflow=card.overflow,
+            strict=strict,
+            vocab_size=self.info.vocab_size,
+            columns=card.source.columns,
+            keep_conversation=card.regenerate.enabled,
+            limits=card.limits,
             template_source=f"the chat template {card.model.chat_template} (model.chat_template)" if card.model.chat_template else None,
         )
         samples = iter_samples(rows, self.tokenizer, rules, report=report)
@@ -179,7 +208,7 @@ class CaptureSession:
             self.backend.close()
             self.backend = None
 
-    def __enter__(self) -> "CaptureSession":
+    def __enter__(self) -> CaptureSession:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -66,7 +66,7 @@ class TurnRules:
             return None
         source = conv.sample.meta["conversation"]
         index = conv.turns[len(conv.prompts)]
-        context = conv.messages + source.messages[conv.pos:index]
+        context = conv.messages + source.messages[conv.pos : index]
         try:
             prompt = self.renderer.prompt_ids(context, source.tools, conv.budget)
             if conv.prompts:
@@ -91,8 +91,11 @@ class TurnRules:
         stop = self.params.stop_token_ids
         body = [t for t in result.token_ids if t not in stop]
         turn = TurnOutcome(
-            prompt_tokens=len(prompt), token_ids=list(result.token_ids), finish=result.finish,
-            empty=not body and result.finish != "failed", error=result.error,
+            prompt_tokens=len(prompt),
+            token_ids=list(result.token_ids),
+            finish=result.finish,
+            empty=not body and result.finish != "failed",
+            error=result.error,
         )
         conv.answers.append(turn)
         if result.finish == "failed":
@@ -108,8 +111,11 @@ class TurnRules:
         """The stored outcome of one conversation: its turns, the regenerated messages and the sample's ids and mask spans."""
         source = conv.sample.meta.get("conversation")
         record = ConversationRecord(
-            sample_id=conv.sample.sample_id, row_index=conv.sample.meta.get("row_index"), turns=conv.answers,
-            messages=conv.messages, tools=source.tools if source is not None else None,
+            sample_id=conv.sample.sample_id,
+            row_index=conv.sample.meta.get("row_index"),
+            turns=conv.answers,
+            messages=conv.messages,
+            tools=source.tools if source is not None else None,
         )
         if not conv.turns:
             return replace(record, dropped=NOT_REGENERABLE)

@@ -13,8 +13,9 @@ build resumes from the stored records and never regenerates a stored conversatio
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from hs_dataset.config import Card
 from hs_dataset.formats.metadata import RegeneratedFile, RegenerationRecord
@@ -46,7 +47,9 @@ def _stop_ids(chat: ChatTokenizer, tokenizer: Any) -> tuple[int, ...]:
 class Regeneration:
     """One build's regeneration: generator, turn rules, the stored records and the counts."""
 
-    def __init__(self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str, burst: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str, burst: tuple[int, int] | None = None
+    ) -> None:
         """``burst``: (tokens, samples) finished conversations gather to before going on to capture (``sample.bursts``)."""
         section = card.regenerate
         self.burst = burst
@@ -54,8 +57,11 @@ class Regeneration:
         self.generator = generator
         self.section = section
         self.params = GenerationParams(
-            max_new_tokens=section.max_new_tokens, temperature=section.temperature, top_p=section.top_p,
-            seed=section.seed, stop_token_ids=_stop_ids(chat, tokenizer),
+            max_new_tokens=section.max_new_tokens,
+            temperature=section.temperature,
+            top_p=section.top_p,
+            seed=section.seed,
+            stop_token_ids=_stop_ids(chat, tokenizer),
         )
         renderer = TurnRenderer(chat, None if section.thinking is None else section.thinking == "on")
         self.rules = TurnRules(renderer, self.params, policy=section.policy, turn_limit=section.turns)
@@ -67,8 +73,16 @@ class Regeneration:
         """Generation parameters, engine and model, for the manifest and the dataset card."""
         s, p = self.section, self.params
         return RegenerationRecord(
-            file=self.store.name, max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-            stop_token_ids=tuple(p.stop_token_ids), thinking=s.thinking, turns=s.turns, policy=s.policy, concurrency=s.concurrency,
+            file=self.store.name,
+            max_new_tokens=p.max_new_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            stop_token_ids=tuple(p.stop_token_ids),
+            thinking=s.thinking,
+            turns=s.turns,
+            policy=s.policy,
+            concurrency=s.concurrency,
             generator=self.generator.describe(),
         )
 
@@ -121,8 +135,11 @@ class Regeneration:
         meta = {k: v for k, v in sample.meta.items() if k != "conversation"}
         meta.update(format="regenerated", full_length=full)
         return TokenizedSample(
-            sample_id=sample.sample_id, input_ids=torch.tensor(ids, dtype=torch.int64),
-            loss_mask=torch.tensor(mask, dtype=torch.bool), truncated=full > self.max_length, meta=meta,
+            sample_id=sample.sample_id,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            loss_mask=torch.tensor(mask, dtype=torch.bool),
+            truncated=full > self.max_length,
+            meta=meta,
         )
 
     # ------------------------------------------------------------------ the manifest

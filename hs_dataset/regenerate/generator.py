@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -36,8 +37,11 @@ class GenerationParams:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-            "seed": self.seed, "stop_token_ids": list(self.stop_token_ids),
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop_token_ids": list(self.stop_token_ids),
         }
 
 
@@ -68,7 +72,7 @@ class StreamingGenerator(Generator):
     in_flight: int  # requests to keep in flight, all servers together
 
     @abc.abstractmethod
-    def submit(self, prompt: list[int], params: GenerationParams) -> "concurrent.futures.Future[GenerationResult]":
+    def submit(self, prompt: list[int], params: GenerationParams) -> concurrent.futures.Future[GenerationResult]:
         """Start generating for one prompt; the future's result is its answer (a failed one, never an exception)."""
 
 
@@ -89,8 +93,11 @@ class HFGenerator(Generator):
         import transformers
 
         return {
-            "engine": "transformers", "version": transformers.__version__, "model_class": type(self.model).__name__,
-            "model_fingerprint": self.model_fingerprint, "batching": "left-padded batches of model.generate",
+            "engine": "transformers",
+            "version": transformers.__version__,
+            "model_class": type(self.model).__name__,
+            "model_fingerprint": self.model_fingerprint,
+            "batching": "left-padded batches of model.generate",
         }
 
     @torch.inference_mode()
@@ -102,11 +109,13 @@ class HFGenerator(Generator):
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.int64)
         mask = torch.zeros((len(prompts), width), dtype=torch.int64)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.int64)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+            mask[row, width - len(prompt) :] = 1
         torch.manual_seed(params.seed)
         out = self.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), **hf_generate_kwargs(params, self.pad_token_id),
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            **hf_generate_kwargs(params, self.pad_token_id),
         )
         return [self._result(row.tolist()[width:], params) for row in out.cpu()]
 
@@ -121,7 +130,9 @@ def hf_generate_kwargs(params: GenerationParams, pad_token_id: int) -> dict[str,
     """``model.generate`` keyword arguments for ``params`` (also what a plain reference call uses)."""
     sampling = params.temperature > 0
     kwargs: dict[str, Any] = {
-        "max_new_tokens": params.max_new_tokens, "do_sample": sampling, "eos_token_id": list(params.stop_token_ids) or None,
+        "max_new_tokens": params.max_new_tokens,
+        "do_sample": sampling,
+        "eos_token_id": list(params.stop_token_ids) or None,
         "pad_token_id": pad_token_id,
     }
     if sampling:

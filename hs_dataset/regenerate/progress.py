@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["RegenerationProgress"]
 
@@ -71,7 +72,8 @@ class RegenerationProgress:
             if now - self._shown >= _BAR_REFRESH_S:
                 elapsed = max(now - self._started, 1e-9)
                 self._bar.set_postfix_str(
-                    f"{self.generated_tokens / elapsed:.0f} tok/s generated, {self.captured_tokens / elapsed:.0f} tok/s captured", refresh=False,
+                    f"{self.generated_tokens / elapsed:.0f} tok/s generated, {self.captured_tokens / elapsed:.0f} tok/s captured",
+                    refresh=False,
                 )
                 self._shown = now
         elif now - self._shown >= self.log_every_s:

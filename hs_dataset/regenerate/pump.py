@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
@@ -42,7 +43,11 @@ class ConversationPump:
     """Keep ``slots`` conversations in flight on ``generator``; see the module docstring."""
 
     def __init__(
-        self, generator: StreamingGenerator, rules: TurnRules, store: RegeneratedStore, slots: int,
+        self,
+        generator: StreamingGenerator,
+        rules: TurnRules,
+        store: RegeneratedStore,
+        slots: int,
         on_tokens: Callable[[int], None] = lambda n: None,
     ) -> None:
         if slots < 1:
@@ -98,7 +103,11 @@ class ConversationPump:
         self._render = ThreadPoolExecutor(1, thread_name_prefix="hs-regenerate-render")  # one: a tokenizer is not shared safely
         tasks: list[asyncio.Task] = []
         try:
-            tasks = [asyncio.create_task(self._feed(samples, reader)), asyncio.create_task(self._generate()), asyncio.create_task(self._store())]
+            tasks = [
+                asyncio.create_task(self._feed(samples, reader)),
+                asyncio.create_task(self._generate()),
+                asyncio.create_task(self._store()),
+            ]
             await asyncio.gather(*tasks)
         except asyncio.CancelledError:
             for task in tasks:

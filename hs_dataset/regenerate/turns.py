@@ -53,7 +53,12 @@ class TurnRenderer:
         return self.render_ids(messages, tools, generation_prompt=True, budget=budget)
 
     def render_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool, budget: RowBudget | None = None,
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        generation_prompt: bool,
+        budget: RowBudget | None = None,
     ) -> list[int]:
         """Token ids the template renders for ``messages`` (with or without the assistant header); ``budget``: the
         conversation's template time, shared by all of its turns' renders."""
@@ -72,7 +77,7 @@ class TurnRenderer:
         if _THINK_CLOSE not in text:
             return {"role": "assistant", "content": text}
         reasoning, content = text.split(_THINK_CLOSE, 1)
-        reasoning = reasoning[len(_THINK_OPEN):] if reasoning.startswith(_THINK_OPEN) else reasoning
+        reasoning = reasoning[len(_THINK_OPEN) :] if reasoning.startswith(_THINK_OPEN) else reasoning
         return {"role": "assistant", "content": content, "reasoning_content": reasoning}
 
 
@@ -88,7 +93,7 @@ def splice(previous: list[int], answer: list[int], rendered_history: list[int], 
     if fresh[: len(rendered_history)] != rendered_history:
         return None
     tail = [] if answer and answer[-1] == end_id else [end_id]
-    return previous + answer + tail + fresh[len(rendered_history):]
+    return previous + answer + tail + fresh[len(rendered_history) :]
 
 
 def assemble(prompts: list[list[int]], generated: list[list[int]]) -> tuple[list[int], list[bool], list[bool]]:
@@ -109,4 +114,3 @@ def assemble(prompts: list[list[int]], generated: list[list[int]]) -> tuple[list
         if same:
             mask[start:stop] = [True] * (stop - start)
     return ids, mask, verbatim
-

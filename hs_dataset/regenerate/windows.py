@@ -11,7 +11,7 @@ share one device here, so nothing would be gained by overlapping them.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
@@ -24,7 +24,11 @@ __all__ = ["regenerate_in_windows"]
 
 
 def regenerate_in_windows(
-    samples: Iterable[TokenizedSample], size: int, generator: Generator, rules: TurnRules, store: RegeneratedStore,
+    samples: Iterable[TokenizedSample],
+    size: int,
+    generator: Generator,
+    rules: TurnRules,
+    store: RegeneratedStore,
     on_tokens: Callable[[int], None] = lambda n: None,
 ) -> Iterator[Finished]:
     """Each sample with its record, window by window (the stored record where there is one)."""
@@ -41,7 +45,9 @@ def regenerate_in_windows(
             yield sample, record or ConversationRecord.from_json(store.get(sample.sample_id)), record is not None
 
 
-def _regenerate_window(window: list[TokenizedSample], generator: Generator, rules: TurnRules, on_tokens: Callable[[int], None]) -> list[ConversationRecord]:
+def _regenerate_window(
+    window: list[TokenizedSample], generator: Generator, rules: TurnRules, on_tokens: Callable[[int], None]
+) -> list[ConversationRecord]:
     """Turn k of every conversation of the window in one generate call, for k = 1, 2, ..."""
     convs = [rules.start(sample) for sample in window]
     while True:

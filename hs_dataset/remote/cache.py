@@ -40,7 +40,7 @@ from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.remote.location import RemoteLocation
 from hs_dataset.remote.transfer import Expected, receive_file
 
-__all__ = ["ShardCache", "disk_usage", "INDEX_NAME", "META_DIR"]
+__all__ = ["INDEX_NAME", "META_DIR", "ShardCache", "disk_usage"]
 
 INDEX_NAME = ".hs_dataset-cache.json"
 META_DIR = "meta"  # the small files datasets name besides shards (remote/dataset.py), one directory per dataset id
@@ -81,7 +81,9 @@ class ShardCache:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise UsageError(f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory") from None
+            raise UsageError(
+                f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory"
+            ) from None
         if not os.path.lexists(self.directory / INDEX_NAME):
             self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
         lock = _lock(self.directory)
@@ -133,7 +135,9 @@ class ShardCache:
         index = self.directory / INDEX_NAME
         if os.path.lexists(index):
             if not stat.S_ISREG(os.lstat(index).st_mode):
-                raise ForeignDatasetError(f"{index}: not a regular file (a link?); this is no hs_dataset cache: give cache_dir an empty or new directory")
+                raise ForeignDatasetError(
+                    f"{index}: not a regular file (a link?); this is no hs_dataset cache: give cache_dir an empty or new directory"
+                )
             return
         self._refuse_foreign()
         self._write_index({})

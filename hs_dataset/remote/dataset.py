@@ -23,12 +23,12 @@ from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import check_local_path, resolve_member
 from hs_dataset.formats.reader import MAX_NORM_WEIGHT_BYTES, HiddenStateDataset, ShardReader
 from hs_dataset.remote.cache import META_DIR, ShardCache
+from hs_dataset.remote.header import read_offsets
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.prefetch import Prefetcher
-from hs_dataset.remote.header import read_offsets
 from hs_dataset.remote.transfer import Expected
 
-__all__ = ["RemoteDataset", "OPEN_SHARDS"]
+__all__ = ["OPEN_SHARDS", "RemoteDataset"]
 
 OPEN_SHARDS = 2  # shards a reader keeps open (the one being read and the one before, for a reader at a boundary)
 
@@ -44,7 +44,9 @@ class RemoteDataset(HiddenStateDataset):
         manifest = self.location.require_manifest()
         self.cache = ShardCache(self.options.cache_dir, self.options.max_cache_bytes)
         # the small files the manifest names besides shards: inside the cache (the dataset id is one plain name, no link on the way)
-        side = resolve_member(self.cache.directory, f"{META_DIR}/{manifest.dataset_id}", what="side-file directory", where=str(self.cache.directory))
+        side = resolve_member(
+            self.cache.directory, f"{META_DIR}/{manifest.dataset_id}", what="side-file directory", where=str(self.cache.directory)
+        )
         super().__init__(side, verify_hashes=verify_hashes, manifest=manifest)
         _check_bound(self.url, manifest.shards, self.options)
         self._prefetch = Prefetcher(self.cache, self.location, manifest.shards, self.options.prefetch_shards)

@@ -22,9 +22,9 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import ForeignDatasetError, RemoteError, UsageError
@@ -36,7 +36,7 @@ from hs_dataset.remote.location import RemoteLocation, open_location, storage_er
 from hs_dataset.remote.publish import publish_dataset, refuse_foreign
 from hs_dataset.remote.transfer import Expected, download_file
 
-__all__ = ["stage_dir_for", "staged_upload", "seed_from_remote"]
+__all__ = ["seed_from_remote", "stage_dir_for", "staged_upload"]
 
 _log = logging.getLogger("hs_dataset.remote")
 
@@ -94,12 +94,11 @@ def check_destination(loc: RemoteLocation, stage: Path) -> None:
     if remote is None:
         refuse_foreign(loc, None if local is None else local.dataset_id)
         return
-    if local is not None:
-        if local.dataset_id != remote.dataset_id:
-            raise ForeignDatasetError(
-                f"{loc.url} already holds another dataset (dataset id {remote.dataset_id}, the staging directory {stage} holds "
-                f"{local.dataset_id}); nothing was changed: write to a new prefix, or delete the staging directory to resume from the bucket"
-            )
+    if local is not None and local.dataset_id != remote.dataset_id:
+        raise ForeignDatasetError(
+            f"{loc.url} already holds another dataset (dataset id {remote.dataset_id}, the staging directory {stage} holds "
+            f"{local.dataset_id}); nothing was changed: write to a new prefix, or delete the staging directory to resume from the bucket"
+        )
 
 
 def seed_from_remote(loc: RemoteLocation, stage: Path) -> int:
@@ -115,7 +114,9 @@ def seed_from_remote(loc: RemoteLocation, stage: Path) -> int:
     if norm is not None and norm.weight_file is not None:
         size = loc.size(norm.weight_file)
         if size is not None and size > MAX_NORM_WEIGHT_BYTES:
-            raise RemoteError(f"{loc.url}/{norm.weight_file}: {size} bytes is no norm weight (over {MAX_NORM_WEIGHT_BYTES}; replaced object?)")
+            raise RemoteError(
+                f"{loc.url}/{norm.weight_file}: {size} bytes is no norm weight (over {MAX_NORM_WEIGHT_BYTES}; replaced object?)"
+            )
         if size is not None:
             names.append((norm.weight_file, Expected(size, "sha256", norm.weight_sha256)))
     for name, expected in names:

@@ -12,7 +12,8 @@ shard names yields the new shards' samples.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from hs_dataset.config.remote import FollowSettings, RemoteOptions
 from hs_dataset.config.run import parse_options
@@ -26,7 +27,12 @@ __all__ = ["follow_dataset"]
 
 
 def follow_dataset(
-    urls: str | list[str], *, poll_s: float = 5.0, idle_timeout_s: float | None = None, stop: Callable[[], bool] | None = None, **options: Any,
+    urls: str | list[str],
+    *,
+    poll_s: float = 5.0,
+    idle_timeout_s: float | None = None,
+    stop: Callable[[], bool] | None = None,
+    **options: Any,
 ) -> Iterator[dict[str, Any]]:
     """Yield the samples (reader dicts) of every shard the datasets at ``urls`` list, now and as they grow.
 
@@ -43,7 +49,9 @@ def follow_dataset(
         raise UsageError(f"follow_dataset(): urls must be a URL or a non-empty list of URLs, got {str(urls)[:80]!r}")
     bad = [u for u in pending if not isinstance(u, str) or not is_url(u)]
     if bad:
-        raise UsageError(f"follow_dataset(): {str(bad[0])[:120]!r} is no URL (s3://bucket/prefix, ...); a local dataset is read with open_dataset")
+        raise UsageError(
+            f"follow_dataset(): {str(bad[0])[:120]!r} is no URL (s3://bucket/prefix, ...); a local dataset is read with open_dataset"
+        )
     if stop is not None and not callable(stop):
         raise UsageError(f"follow_dataset(): stop must be a callable returning True to end, got {type(stop).__name__}")
     check_local_path(settings.cache_dir, what="cache_dir")
@@ -53,7 +61,11 @@ def follow_dataset(
 
 
 def _follow(
-    pending: list[str], poll_s: float, idle_timeout_s: float | None, stop: Callable[[], bool] | None, settings: RemoteOptions,
+    pending: list[str],
+    poll_s: float,
+    idle_timeout_s: float | None,
+    stop: Callable[[], bool] | None,
+    settings: RemoteOptions,
 ) -> Iterator[dict[str, Any]]:
     done: dict[str, set[str]] = {url: set() for url in pending}
     identity: dict[str, str] = {}
@@ -80,7 +92,9 @@ def _new_samples(url: str, done: set[str], identity: dict[str, str], settings: R
     try:
         first = identity.setdefault("identity", data.manifest.identity)
         if data.manifest.identity != first:
-            raise ForeignDatasetError(f"{url} holds another dataset than the other URLs followed (identity {data.manifest.identity[:12]}); follow one build")
+            raise ForeignDatasetError(
+                f"{url} holds another dataset than the other URLs followed (identity {data.manifest.identity[:12]}); follow one build"
+            )
         for index, record in enumerate(data.manifest.shards):
             if record.content_hash in done:
                 continue

@@ -12,14 +12,14 @@ import struct
 
 import torch
 
+from hs_dataset.codecs.safetensors_layout import MAX_HEADER_BYTES, TensorSpec, parse_header
 from hs_dataset.errors import IntegrityError
 from hs_dataset.formats.manifest import ShardRecord
-from hs_dataset.codecs.safetensors_layout import MAX_HEADER_BYTES, TensorSpec, parse_header
 from hs_dataset.formats.shard_layout import OFFSETS_KEY
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.reads import read_range
 
-__all__ = ["read_header", "read_sample_ids", "read_offsets"]
+__all__ = ["read_header", "read_offsets", "read_sample_ids"]
 
 
 def read_header(loc: RemoteLocation, record: ShardRecord) -> tuple[dict[str, TensorSpec], dict[str, str], int]:

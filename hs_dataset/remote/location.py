@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from hs_dataset.config.remote import RemoteOptions
@@ -69,7 +70,7 @@ class RemoteLocation:
 
         return isinstance(self.fs, LocalFileSystem)
 
-    def child(self, sub: str) -> "RemoteLocation":
+    def child(self, sub: str) -> RemoteLocation:
         return replace(self, root=self.key(sub), url=f"{self.url}/{sub}")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -94,7 +95,9 @@ class RemoteLocation:
             except FileNotFoundError:
                 return None
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise RemoteError(f"{self.url}/{name}: the store states no size for it ({str(size)[:40]}); hs_dataset reads only stores that do")
+            raise RemoteError(
+                f"{self.url}/{name}: the store states no size for it ({str(size)[:40]}); hs_dataset reads only stores that do"
+            )
         return size
 
     def read_bytes(self, name: str, limit: int) -> bytes | bytearray | None:

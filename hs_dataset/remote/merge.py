@@ -54,8 +54,13 @@ def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options:
     first_loc, first = loaded[0]
     _copy_norm(first_loc, first, target)
     merged = Manifest(
-        dataset_id=uuid.uuid4().hex, metadata=first.metadata, tensors=first.tensors, shards=shards,
-        quarantine=quarantine, created_by=first.created_by, identity=first.identity,
+        dataset_id=uuid.uuid4().hex,
+        metadata=first.metadata,
+        tensors=first.tensors,
+        shards=shards,
+        quarantine=quarantine,
+        created_by=first.created_by,
+        identity=first.identity,
     )
     put_bytes(target, MANIFEST_NAME, merged.encode())
     return merged
@@ -79,7 +84,7 @@ def _load_parts(locations: list[RemoteLocation], target: RemoteLocation) -> list
 def _relative(loc: RemoteLocation, target: RemoteLocation) -> str | None:
     """The part's path below the merged prefix (``rank-00003``), None when it is elsewhere."""
     head = target.root + "/"
-    return loc.root[len(head):] if loc.root.startswith(head) else None
+    return loc.root[len(head) :] if loc.root.startswith(head) else None
 
 
 def _check_out(target: RemoteLocation, loaded: list[tuple[RemoteLocation, Manifest]]) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.remote.cache import ShardCache

@@ -32,7 +32,7 @@ from hs_dataset.formats.paths import check_plain_name, resolve_member
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.transfer import Expected, put_bytes, upload_file
 
-__all__ = ["CLAIM_NAME", "PublishReport", "publish_dataset", "foreign_objects", "refuse_foreign"]
+__all__ = ["CLAIM_NAME", "PublishReport", "foreign_objects", "publish_dataset", "refuse_foreign"]
 
 _log = logging.getLogger("hs_dataset.remote")
 _RUN_REPORT = "run_report.json"

@@ -23,14 +23,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from hs_dataset.config.remote import DEFAULT_MIN_BYTES_PER_S, DEFAULT_REQUEST_TIMEOUT_S
 from hs_dataset.errors import IntegrityError, RemoteError
 
-__all__ = ["CHUNK_BYTES", "Budget", "Deadline", "http_url", "read_range", "object_chunks"]
+__all__ = ["CHUNK_BYTES", "Budget", "Deadline", "http_url", "object_chunks", "read_range"]
 
 CHUNK_BYTES = 8 * 1024 * 1024
 _READ_BYTES = 1 << 20  # one read of a small body (a manifest, a header): a list of these never outgrows what was asked
@@ -139,7 +140,7 @@ def _get(url: str, first: int, last: int | None, budget: Budget, expect: int | N
         if exc.code == 416:  # the object ends before ``first``: nothing there
             raise EOFError(where) from None
         raise RemoteError(f"{where}: the store answered HTTP {exc.code} {exc.reason}; check the URL, bucket and credentials") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise deadline.expired(where) from None
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, (TimeoutError, socket.timeout)):
@@ -216,7 +217,13 @@ def _read_up_to(read: Any, limit: int, deadline: Deadline, where: str) -> bytear
 
 
 def object_chunks(
-    fs: Any, key: str, size: int, *, budget: Budget, where: str, buffers: "queue.Queue[bytearray]",
+    fs: Any,
+    key: str,
+    size: int,
+    *,
+    budget: Budget,
+    where: str,
+    buffers: queue.Queue[bytearray],
 ) -> Iterator[tuple[memoryview | bytes, bytearray | None]]:
     """The object's bytes in order, at most ``size + 1`` (one more tells an object longer than its record), within ``budget``.
 

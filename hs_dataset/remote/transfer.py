@@ -20,8 +20,8 @@ import os
 import queue
 import secrets
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
@@ -31,7 +31,7 @@ from hs_dataset.formats.paths import open_regular
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.reads import CHUNK_BYTES, object_chunks
 
-__all__ = ["Expected", "upload_file", "put_bytes", "download_file", "receive_file"]
+__all__ = ["Expected", "download_file", "put_bytes", "receive_file", "upload_file"]
 
 _BUFFERS = 3  # receive buffers per download: one filling, one being hashed and written, one spare
 
@@ -66,7 +66,12 @@ def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expec
                         hasher.update(chunk)
                     out.write(chunk)
                     sent += len(chunk)
-            expected.check(sent, hasher.hexdigest() if hasher else None, f"{loc.url}/{name}", "the local file changed while it was uploaded; upload again")
+            expected.check(
+                sent,
+                hasher.hexdigest() if hasher else None,
+                f"{loc.url}/{name}",
+                "the local file changed while it was uploaded; upload again",
+            )
             stored = int(loc.call("info", target)["size"])
             expected.check(stored, expected.digest, f"{loc.url}/{name}", "the store kept other bytes than were sent; upload again")
         except BaseException:
@@ -115,10 +120,10 @@ class _HashingSink(threading.Thread):
     the work but not the draining, so the receiving side never waits on a dead sink.
     """
 
-    def __init__(self, out, hasher, buffers: "queue.Queue[bytearray]") -> None:
+    def __init__(self, out, hasher, buffers: queue.Queue[bytearray]) -> None:
         super().__init__(name="hs-download-sink", daemon=True)
         self.out, self.hasher, self.buffers = out, hasher, buffers
-        self.work: "queue.Queue[tuple[memoryview | bytes, bytearray | None] | None]" = queue.Queue(maxsize=_BUFFERS)
+        self.work: queue.Queue[tuple[memoryview | bytes, bytearray | None] | None] = queue.Queue(maxsize=_BUFFERS)
         self.got = 0
         self.error: BaseException | None = None
 
@@ -139,7 +144,7 @@ class _HashingSink(threading.Thread):
 
 def _receive_into(out, hasher, loc: RemoteLocation, name: str, size: int) -> int:
     """Stream ``loc/name`` into the open file ``out`` (hashing it too); returns the bytes written, at most ``size + 1``."""
-    buffers: "queue.Queue[bytearray]" = queue.Queue()
+    buffers: queue.Queue[bytearray] = queue.Queue()
     for _ in range(_BUFFERS):
         buffers.put(bytearray(CHUNK_BYTES))
     sink = _HashingSink(out, hasher, buffers)
@@ -173,8 +178,12 @@ def receive_file(loc: RemoteLocation, name: str, temp: Path, expected: Expected,
             out.flush()
             if durable:
                 os.fsync(out.fileno())
-        expected.check(got, hasher.hexdigest() if hasher else None, where,
-                       "the object is damaged or was replaced: upload it again from the rank's staging directory, or rebuild that part")
+        expected.check(
+            got,
+            hasher.hexdigest() if hasher else None,
+            where,
+            "the object is damaged or was replaced: upload it again from the rank's staging directory, or rebuild that part",
+        )
     except BaseException:
         remove_quietly(temp)
         raise

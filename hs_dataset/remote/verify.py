@@ -40,7 +40,9 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise UsageError(f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory") from None
+        raise UsageError(
+            f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory"
+        ) from None
     private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=parent)  # beside the shared cache
     try:
         data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))

@@ -18,7 +18,7 @@ import torch
 from hs_dataset.server_patch.contract.rid import RID_RE
 from hs_dataset.server_patch.contract.status import RECENT_IDS
 
-__all__ = ["PREFILL_MODES", "BatchView", "RequestSlice", "BatchSplit", "split_requests"]
+__all__ = ["PREFILL_MODES", "BatchSplit", "BatchView", "RequestSlice", "split_requests"]
 
 # ForwardMode names of the extend-shaped passes that carry prompt rows. MIXED (mixed chunked
 # prefill, --enable-mixed-chunk) is new prefill rows followed by 1-row decode tails of running
@@ -38,7 +38,7 @@ class BatchView:
     input_ids: torch.Tensor | None = None  # [total tokens] on the model's device
 
     @classmethod
-    def from_forward_batch(cls, fb: Any, input_ids: torch.Tensor | None = None) -> "BatchView":
+    def from_forward_batch(cls, fb: Any, input_ids: torch.Tensor | None = None) -> BatchView:
         mode = getattr(fb, "forward_mode", None)
         name = getattr(mode, "name", None) or str(mode)
         seq = getattr(fb, "extend_seq_lens_cpu", None)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "attention_ranks",
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sglang_version() -> str:
     """The installed SGLang's version (``unknown`` where neither its metadata nor the module says)."""
     try:
@@ -131,8 +132,11 @@ def _ranks_from_tensor_parallel() -> tuple[int, int]:
 
 
 _RANKS = _FirstAnswer(
-    (("runtime_context", _ranks_from_runtime_context), ("dp_attention", _ranks_from_dp_attention),
-     ("tensor_parallel", _ranks_from_tensor_parallel))
+    (
+        ("runtime_context", _ranks_from_runtime_context),
+        ("dp_attention", _ranks_from_dp_attention),
+        ("tensor_parallel", _ranks_from_tensor_parallel),
+    )
 )
 
 
@@ -145,7 +149,7 @@ def attention_ranks() -> tuple[int, int, str]:
     return tp, dp, name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_batch_rids() -> bool | None:
     """Whether the loaded ``ForwardBatch`` carries request ids (a field ``rids``); ``None`` if it cannot be found.
 

@@ -8,14 +8,16 @@ are the only source.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from hs_dataset.codecs.registry import STORAGE_VALUES, encoding_of_storage
 from hs_dataset.server_patch.contract.mechanism import DEFAULT_MECHANISM, Mechanism
 
-__all__ = ["CaptureConfig", "ENV_PREFIX"]
+__all__ = ["ENV_PREFIX", "CaptureConfig"]
 
 ENV_PREFIX = "HS_CAPTURE_"
 
@@ -67,7 +69,7 @@ class CaptureConfig:
         if self.hf_aux_layer_ids is None:
             raise ValueError("capture config: hf_aux_layer_ids is required (config key or HS_CAPTURE_LAYER_IDS)")
         ids = list(self.hf_aux_layer_ids)  # none: the final state only
-        if any(b <= a for a, b in zip(ids, ids[1:])) or (ids and ids[0] < 0):
+        if any(b <= a for a, b in itertools.pairwise(ids)) or (ids and ids[0] < 0):
             raise ValueError(f"capture config: hf_aux_layer_ids must be ascending and >= 0, got {ids}")
         if not self.rid_prefix.startswith("hs-") or not all(c.isalnum() or c == "-" for c in self.rid_prefix):
             raise ValueError(f"capture config: rid_prefix must start with 'hs-' and hold only [a-z0-9-], got {self.rid_prefix!r}")
@@ -86,7 +88,7 @@ class CaptureConfig:
         return encoding_of_storage(self.storage)
 
     @classmethod
-    def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> "CaptureConfig":
+    def from_sources(cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> CaptureConfig:
         """The config from the hook's JSON ``config``, each absent key from its ``HS_CAPTURE_*`` env var."""
         config = dict(config or {})
         environ = os.environ if environ is None else environ

@@ -22,14 +22,14 @@ import bisect
 import ctypes
 import threading
 import time
-from typing import Collection, Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
 from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.copy_pump import CopyPump
 
-__all__ = ["HostPiece", "PinnedPool", "HostCopier", "host_bytes"]
+__all__ = ["HostCopier", "HostPiece", "PinnedPool", "host_bytes"]
 
 _ALIGN = 256
 

@@ -19,11 +19,11 @@ import logging
 import queue
 import threading
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["CopyPump", "CopyDone"]
+__all__ = ["CopyDone", "CopyPump"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -49,7 +49,7 @@ class CopyDone:
 
 
 class _Job:
-    __slots__ = ("pairs", "ready", "done")
+    __slots__ = ("done", "pairs", "ready")
 
     def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], ready, done: CopyDone) -> None:
         self.pairs = pairs  # (device source, host destination), both contiguous, same bytes
@@ -61,7 +61,11 @@ class CopyPump:
     """One thread per device that copies jobs' tensors to host memory in slices, a few in flight."""
 
     def __init__(
-        self, device: torch.device, *, slice_bytes: int = SLICE_BYTES, in_flight: int = IN_FLIGHT,
+        self,
+        device: torch.device,
+        *,
+        slice_bytes: int = SLICE_BYTES,
+        in_flight: int = IN_FLIGHT,
         name_thread: Callable[[str], None] | None = None,
     ) -> None:
         self.device = device

@@ -40,8 +40,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -49,13 +50,13 @@ from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.batch import PREFILL_MODES, BatchSplit, BatchView, RequestSlice, split_requests
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
+from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
 from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.reporter import StatusReporter
 from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.states import UnusableStates, normalize_states, pass_states
-from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
-from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
 
 __all__ = ["CaptureCore"]
 
@@ -93,7 +94,7 @@ class _RequestRows:
     record to build (a frozen dataclass costs several times as much).
     """
 
-    __slots__ = ("rid", "total", "prefix", "length", "tensors", "cpu_shared_ns", "cpu_started_ns")
+    __slots__ = ("cpu_shared_ns", "cpu_started_ns", "length", "prefix", "rid", "tensors", "total")
 
     def __init__(
         self, rid: str, total: int, prefix: int, length: int, tensors: dict[str, torch.Tensor], cpu_shared_ns: int, cpu_started_ns: int
@@ -150,15 +151,30 @@ class CaptureCore:
             "staging_peak_bytes": 0,  # most staging bytes reserved or waiting at once (bound: max_staging_bytes)
             "pinned_peak_bytes": 0,  # most host copy memory held at once (bound: pinned_pool_bytes)
         }
-        self.reporter = StatusReporter(config.staging_dir, status_writer, self.stats, facts or {}, {
-            "sglang_version": self.sglang_version, "mechanism": config.mechanism, "rid_prefix": config.rid_prefix,
-            "hf_aux_layer_ids": list(config.hf_aux_layer_ids), "content_keys": bool(config.content_keys),
-            "max_staging_bytes": config.max_staging_bytes, "pinned_pool_bytes": config.pinned_pool_bytes,
-        })
+        self.reporter = StatusReporter(
+            config.staging_dir,
+            status_writer,
+            self.stats,
+            facts or {},
+            {
+                "sglang_version": self.sglang_version,
+                "mechanism": config.mechanism,
+                "rid_prefix": config.rid_prefix,
+                "hf_aux_layer_ids": list(config.hf_aux_layer_ids),
+                "content_keys": bool(config.content_keys),
+                "max_staging_bytes": config.max_staging_bytes,
+                "pinned_pool_bytes": config.pinned_pool_bytes,
+            },
+        )
         self.verified: dict | None = None
         self.writer = DumpWriter(
-            config, self.staging, self.budget,
-            sglang_version=self.sglang_version, extra_metadata=self.extra_metadata, stats=self.stats, refuse=self._refuse,
+            config,
+            self.staging,
+            self.budget,
+            sglang_version=self.sglang_version,
+            extra_metadata=self.extra_metadata,
+            stats=self.stats,
+            refuse=self._refuse,
             written=self.reporter.recent_dumps.append,
         )
         self._lock = threading.Lock()
@@ -298,8 +314,14 @@ class CaptureCore:
             self._assemblies.pop(rows.rid, None)
             if len(asm.pieces) > 1:
                 self.stats["chunks_assembled"] += 1
-        meta = {"prefill_batch_requests": str(asm.first_batch_size), "num_chunks": str(len(asm.pieces)), "capture_cpu_ns": str(asm.capture_cpu_ns)}
-        self.writer.submit(DumpJob(rid=rows.rid, total=rows.total, pieces=asm.pieces, reserved=asm.reserved, meta=meta, state_dtype=asm.state_dtype))
+        meta = {
+            "prefill_batch_requests": str(asm.first_batch_size),
+            "num_chunks": str(len(asm.pieces)),
+            "capture_cpu_ns": str(asm.capture_cpu_ns),
+        }
+        self.writer.submit(
+            DumpJob(rid=rows.rid, total=rows.total, pieces=asm.pieces, reserved=asm.reserved, meta=meta, state_dtype=asm.state_dtype)
+        )
 
     def _add_rows_locked(self, rows: _RequestRows, pass_: _PassInfo, nbytes: int) -> _Assembly | None:
         """The request's assembly with these rows reserved, copied and added; None once they are refused."""
@@ -420,7 +442,10 @@ class CaptureCore:
             for rid in stale:
                 asm = self._assemblies[rid]
                 self._drop_assembly_locked(rid)
-                self._refuse(rid, f"incomplete chunked prefill: {asm.length} of {asm.total} tokens arrived, then nothing for {self.config.assembly_ttl_s} s")
+                self._refuse(
+                    rid,
+                    f"incomplete chunked prefill: {asm.length} of {asm.total} tokens arrived, then nothing for {self.config.assembly_ttl_s} s",
+                )
         self.staging.sweep(self.config.orphan_ttl_s, spare_max_age_s=self.config.sweep_interval_s)
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -17,20 +17,20 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
+from hs_dataset.codecs.safetensors_header import dump_header
 from hs_dataset.dtypes import from_torch
 from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_WRITE_FAILED
 from hs_dataset.server_patch.copier import HostPiece, host_bytes
 from hs_dataset.server_patch.staging import StagingDir
-from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_WRITE_FAILED
-from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
-from hs_dataset.codecs.safetensors_header import dump_header
 
 __all__ = ["DumpJob", "DumpWriter"]
 
@@ -74,7 +74,7 @@ class DumpWriter:
         self.stats = stats
         self._refuse = refuse
         self._written = written
-        self._queue: "queue.Queue[DumpJob | None]" = queue.Queue()
+        self._queue: queue.Queue[DumpJob | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._pending = 0
         self._pending_cond = threading.Condition()
@@ -142,7 +142,8 @@ class DumpWriter:
         aux0 = parts[0]["aux"]
         columns, shapes = _columns(parts, tokens, encoding is not None)
         entries = [
-            (name, from_torch(ts[0].dtype).safetensors, shapes[name], sum(t.numel() * t.element_size() for t in ts)) for name, ts in columns.items()
+            (name, from_torch(ts[0].dtype).safetensors, shapes[name], sum(t.numel() * t.element_size() for t in ts))
+            for name, ts in columns.items()
         ]
         header, order = dump_header(entries, self._metadata(job, str(aux0.dtype).replace("torch.", ""), encoding))
         buffers = [header] + [host_bytes(t.contiguous()) for name in order for t in columns[name]]  # views keep their tensors alive
@@ -173,7 +174,9 @@ class DumpWriter:
         }
 
 
-def _columns(parts: list[Mapping[str, torch.Tensor]], tokens: int, encoded: bool) -> tuple[dict[str, list[torch.Tensor]], dict[str, tuple[int, ...]]]:
+def _columns(
+    parts: list[Mapping[str, torch.Tensor]], tokens: int, encoded: bool
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, tuple[int, ...]]]:
     """Each dump tensor as the rows of every piece in order (no concatenation), and its shape in the file.
 
     ``encoded``: the pieces hold codes and scales (fp8 or 4-bit), each stored as it is.

@@ -34,7 +34,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -49,11 +50,11 @@ from hs_dataset.server_patch.mechanisms.layer_hooks import check_layer_outputs
 from hs_dataset.server_patch.setup_error import SetupError
 from hs_dataset.server_patch.states import prepare_quantizer
 
-__all__ = ["model_hook", "norm_hook", "layer_hook", "get_runtime", "SetupError"]
+__all__ = ["SetupError", "get_runtime", "layer_hook", "model_hook", "norm_hook"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
-_RUNTIME: "_Runtime | None" = None
+_RUNTIME: _Runtime | None = None
 _RUNTIME_LOCK = threading.Lock()
 
 ALLOW_PREFILL_GRAPH_ENV = "HS_CAPTURE_ALLOW_PREFILL_GRAPH"  # "1": start even with a prefill CUDA graph on (diagnostics only)

@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from hs_dataset.server_patch.contract.status import RECENT_IDS, STATUS_HEARTBEAT_S, STATUS_INTERVAL_S, write_status
 
@@ -27,7 +28,9 @@ logger = logging.getLogger("hs_dataset.server_patch")
 class StatusReporter:
     """One writer's status: the facts it was started with, the core's counters, the last request ids of each kind."""
 
-    def __init__(self, staging_dir: str, writer: str, stats: Mapping[str, int], facts: Mapping[str, Any], identity: Mapping[str, Any]) -> None:
+    def __init__(
+        self, staging_dir: str, writer: str, stats: Mapping[str, int], facts: Mapping[str, Any], identity: Mapping[str, Any]
+    ) -> None:
         self.staging_dir = staging_dir
         self.writer = writer
         self._stats = stats
@@ -55,11 +58,20 @@ class StatusReporter:
         state = (tuple(sorted(counts.items())), lists, self.last_error, self.last_unusable)
         if state == self._last and time.monotonic() - self._written_at < STATUS_HEARTBEAT_S:
             return
-        write_status(self.staging_dir, self.writer, {
-            **self._static, "counted_at": time.time(), "counts": counts, "recent_foreign": list(lists[0]),
-            "recent_dumps": list(lists[1]), "recent_refused": list(lists[2]), "last_error": self.last_error,
-            "last_unusable": self.last_unusable,
-        })
+        write_status(
+            self.staging_dir,
+            self.writer,
+            {
+                **self._static,
+                "counted_at": time.time(),
+                "counts": counts,
+                "recent_foreign": list(lists[0]),
+                "recent_dumps": list(lists[1]),
+                "recent_refused": list(lists[2]),
+                "last_error": self.last_error,
+                "last_unusable": self.last_unusable,
+            },
+        )
         self._last = state
         self._written_at = time.monotonic()
 

@@ -33,10 +33,11 @@ import os
 import stat
 import threading
 import time
-from typing import Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
-from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into
 from hs_dataset.server_patch.contract.dump import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX
+from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 from hs_dataset.server_patch.contract.spares import SPARE_DIR, spare_size
 
@@ -235,7 +236,7 @@ class StagingDir:
         self._sweep_pool(now, max_age_s if spare_max_age_s is None else spare_max_age_s)
         for entry in entries:
             name = entry.name
-            if not (name.endswith(DUMP_SUFFIX) or name.endswith(REFUSED_SUFFIX) or name.startswith(TMP_PREFIX)):
+            if not (name.endswith((DUMP_SUFFIX, REFUSED_SUFFIX)) or name.startswith(TMP_PREFIX)):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)

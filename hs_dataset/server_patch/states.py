@@ -12,12 +12,12 @@ fp8 or 4-bit states, so each request's rows are plain slices of the result.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from hs_dataset.errors import HsDatasetError
 from hs_dataset.codecs.registry import ENCODINGS
+from hs_dataset.errors import HsDatasetError
 
 __all__ = ["UnusableStates", "normalize_states", "pass_states", "prepare_quantizer"]
 

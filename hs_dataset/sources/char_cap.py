@@ -27,8 +27,14 @@ from hs_dataset.sources.messages import Conversation
 from hs_dataset.sources.report import OversizedRowError
 
 __all__ = [
-    "CHARS_PER_TOKEN", "MIN_ROW_CHARS", "MARGIN_FRACTION", "OUTPUT_FACTOR", "conversation_chars", "encode_capped", "row_char_cap",
+    "CHARS_PER_TOKEN",
+    "MARGIN_FRACTION",
+    "MIN_ROW_CHARS",
+    "OUTPUT_FACTOR",
+    "conversation_chars",
+    "encode_capped",
     "output_char_cap",
+    "row_char_cap",
 ]
 
 CHARS_PER_TOKEN = 16  # far above any real tokenizer's average (about 3-5 for text, 1-2 for CJK)
@@ -120,11 +126,7 @@ def encode_capped(encode: Encode, conv: Conversation, limit: int, max_length: in
     """Token ids and mask of ``conv`` cut to ``limit`` characters, or :class:`OversizedRowError`."""
     ids, mask = encode(cut_conversation(conv, limit))
     early_ids, early_mask = encode(cut_conversation(conv, limit - limit // MARGIN_FRACTION))
-    stable = (
-        len(early_ids) > max_length
-        and early_ids[:max_length] == ids[:max_length]
-        and early_mask[:max_length] == mask[:max_length]
-    )
+    stable = len(early_ids) > max_length and early_ids[:max_length] == ids[:max_length] and early_mask[:max_length] == mask[:max_length]
     if not stable:
         raise OversizedRowError(
             f"row has more than {limit} characters of text and its first {max_length} tokens reach that cut "

@@ -20,7 +20,7 @@ import inspect
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal
 
 from hs_dataset.config import LimitsSection
@@ -36,7 +36,7 @@ class TemplateFailedError(MalformedRowError):
     """The chat template itself refused the row (``raise_exception``, a type it cannot handle, ...)."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _supports_sanitize(cls: type) -> bool:
     try:
         return "sanitize_control_tokens" in inspect.signature(cls.apply_chat_template).parameters
@@ -58,11 +58,7 @@ def _control_text_pattern(tokenizer: Any, templates: list[Any]) -> re.Pattern[st
         return None
     markers = (_CONTROL_TOKEN_START, _CONTROL_TOKEN_END)
     listed = set(getattr(tokenizer, "chat_control_tokens", None) or ())
-    tokens = {
-        t.content
-        for t in tokenizer.added_tokens_decoder.values()
-        if t.special or not t.content.isspace() or t.content in listed
-    }
+    tokens = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special or not t.content.isspace() or t.content in listed}
     texts = [*tokens, *(v for t in templates for v in (t.values() if isinstance(t, Mapping) else [t]) if isinstance(v, str))]
     if any(m in text for text in texts for m in markers):
         return None
@@ -148,7 +144,13 @@ class ChatTokenizer:
             self._hardened.add(source)
 
     def apply(
-        self, messages: list[dict[str, Any]], tools: Any, *, what: str = "this row", budget: RowBudget | None = None, **extra: Any,
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        *,
+        what: str = "this row",
+        budget: RowBudget | None = None,
+        **extra: Any,
     ) -> Mapping[str, Any]:
         """``apply_chat_template`` (tokenized, as a dict) within the card's template bounds; one-line errors naming ``what``.
 
@@ -158,9 +160,19 @@ class ChatTokenizer:
         kwargs = {**(self.template_kwargs or {}), **extra}
         try:
             self._harden(tools)
-            return bounded_render(self.limits, lambda: self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.chat_template, tokenize=True, return_dict=True, **kwargs,
-            ), budget=budget, output_chars=self.max_output_chars)
+            return bounded_render(
+                self.limits,
+                lambda: self.tokenizer.apply_chat_template(
+                    messages,
+                    tools=tools,
+                    chat_template=self.chat_template,
+                    tokenize=True,
+                    return_dict=True,
+                    **kwargs,
+                ),
+                budget=budget,
+                output_chars=self.max_output_chars,
+            )
         except MalformedRowError:
             raise
         except Exception as exc:  # the template itself refused the row (raise_exception, bad types, ...)

@@ -26,7 +26,12 @@ def _offline() -> bool:
 
 
 def load_hub_rows(
-    repo: str, *, subset: str | None = None, split: str | None = None, revision: str | None = None, streaming: bool = True,
+    repo: str,
+    *,
+    subset: str | None = None,
+    split: str | None = None,
+    revision: str | None = None,
+    streaming: bool = True,
 ) -> Any:
     """The rows of one split of Hub dataset ``repo`` (a ``Dataset`` or ``IterableDataset``)."""
     import datasets

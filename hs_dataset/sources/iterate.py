@@ -18,13 +18,13 @@ import torch
 
 from hs_dataset.config import LimitsSection
 from hs_dataset.errors import SourceError
+from hs_dataset.model.tokenizer import load_tokenizer
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.char_cap import conversation_chars, encode_capped, output_char_cap, row_char_cap
 from hs_dataset.sources.chat import ChatTokenizer, TemplateFailedError
 from hs_dataset.sources.masking import MaskRule, resolve_mask_rule
 from hs_dataset.sources.messages import has_chat, normalize_conversation
 from hs_dataset.sources.pretokenized import MissingMaskPolicy, is_pretokenized, read_pretokenized
-from hs_dataset.model.tokenizer import load_tokenizer
 from hs_dataset.sources.report import IssueKind, MalformedRowError, OversizedRowError, RowIssue, SourceReport
 from hs_dataset.sources.row_bounds import check_row_bounds
 from hs_dataset.sources.rows import BadRow, RowSource, Source, open_source
@@ -39,8 +39,7 @@ MIN_LINE_BYTES = 16 << 20
 
 Overflow = Literal["truncate", "drop"]
 _DEFAULT_MASK_NOTE = (
-    "pre-tokenized rows without loss_mask are supervised on every token (missing_loss_mask='all'); "
-    "their count is pretokenized_default_mask"
+    "pre-tokenized rows without loss_mask are supervised on every token (missing_loss_mask='all'); their count is pretokenized_default_mask"
 )
 
 
@@ -132,7 +131,11 @@ class _Run:
                 raise SourceError("conversation rows need a tokenizer with a chat template; pass tokenizer=...")
             rule = resolve_mask_rule(self.tokenizer, self.rules.mask, self.rules.chat_template)
             self._chat = ChatTokenizer(
-                self.tokenizer, rule, self.rules.chat_template, self.rules.template_kwargs, self.rules.limits,
+                self.tokenizer,
+                rule,
+                self.rules.chat_template,
+                self.rules.template_kwargs,
+                self.rules.limits,
                 max_output_chars=output_char_cap(self.rules.max_length),
             )
         return self._chat
@@ -146,8 +149,11 @@ class _Run:
         count = self.failing[1] + 1 if self.failing is not None and self.failing[0] == way else 1
         self.failing = (way, count)
         if count >= self.rules.limits.template_failures:
-            which = self.rules.template_source or ("the chat_template given" if self.rules.chat_template else (
-                f"the chat template of the tokenizer {getattr(self.tokenizer, 'name_or_path', '') or ''}".rstrip()))
+            which = self.rules.template_source or (
+                "the chat_template given"
+                if self.rules.chat_template
+                else (f"the chat template of the tokenizer {getattr(self.tokenizer, 'name_or_path', '') or ''}".rstrip())
+            )
             raise SourceError(
                 f"{which} failed on the first {count} rows the same way and no row got through it: {exc}; "
                 "fix the template (or raise limits.template_failures in the card to go on skipping such rows)"
@@ -253,8 +259,10 @@ class _Run:
             ids, mask = ids[:max_length], mask[:max_length]
             if not any(mask):
                 raise self.issue(
-                    row_index, "no_supervised_token",
-                    f"every supervised token lies beyond max_length {max_length} (row has {full} tokens)", sid,
+                    row_index,
+                    "no_supervised_token",
+                    f"every supervised token lies beyond max_length {max_length} (row has {full} tokens)",
+                    sid,
                 )
         meta.update(source=self.report.source_name, row_index=row_index, full_length=full)
         return TokenizedSample(
@@ -322,6 +330,8 @@ def load_samples(
     """Eager :func:`iter_samples`: all samples plus the finished report (small sources, tests)."""
     report = SourceReport()
     samples = list(
-        iter_samples(source, tokenizer, rules, report=report, source_name=source_name, skip_ids=skip_ids, trust_remote_code=trust_remote_code)
+        iter_samples(
+            source, tokenizer, rules, report=report, source_name=source_name, skip_ids=skip_ids, trust_remote_code=trust_remote_code
+        )
     )
     return samples, report

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["Line", "SKIP_CHUNK_BYTES", "read_lines"]
+__all__ = ["SKIP_CHUNK_BYTES", "Line", "read_lines"]
 
 SKIP_CHUNK_BYTES = 1 << 20  # what an over-long line's remainder is read (and dropped) in
 

@@ -24,7 +24,7 @@ from typing import Literal, Union
 from hs_dataset.errors import SourceError
 from hs_dataset.sources.report import MalformedRowError
 
-__all__ = ["KIMI_K25_RULE", "MarkerSpanRule", "CompiledMarkerRule", "MaskRule", "resolve_mask_rule", "has_generation_markers"]
+__all__ = ["KIMI_K25_RULE", "CompiledMarkerRule", "MarkerSpanRule", "MaskRule", "has_generation_markers", "resolve_mask_rule"]
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -37,7 +37,7 @@ class MarkerSpanRule:
     header: str
     end: str
 
-    def compile(self, tokenizer) -> "CompiledMarkerRule":
+    def compile(self, tokenizer) -> CompiledMarkerRule:
         header_ids = tuple(tokenizer.encode(self.header, add_special_tokens=False))
         end_ids = tokenizer.encode(self.end, add_special_tokens=False)
         if not header_ids:

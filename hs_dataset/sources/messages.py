@@ -20,7 +20,7 @@ from typing import Any
 from hs_dataset.sources.report import MalformedRowError
 from hs_dataset.sources.row_bounds import bounded_json
 
-__all__ = ["Conversation", "ROLES", "drop_nones", "has_chat", "normalize_conversation"]
+__all__ = ["ROLES", "Conversation", "drop_nones", "has_chat", "normalize_conversation"]
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"human": "user", "gpt": "assistant"}  # ShareGPT
@@ -85,7 +85,7 @@ def _arguments(where: str, raw: Any, max_depth: int) -> str | dict:
     if isinstance(raw, Mapping):
         return drop_nones(dict(raw))
     if raw is None:
-        raise _bad(where, "missing arguments (use \"{}\" for a call without arguments)")
+        raise _bad(where, 'missing arguments (use "{}" for a call without arguments)')
     raise _bad(where, f"arguments must be a JSON string or an object, got {type(raw).__name__}")
 
 
@@ -100,7 +100,10 @@ def _tool_call(where: str, raw: Any, max_depth: int) -> dict[str, Any]:
         raise _bad(f"{where}.function.name", "missing or not a non-empty string")
     if raw.get("type") not in (None, "function"):
         raise _bad(f"{where}.type", f"only 'function' tool calls are supported, got {raw.get('type')!r}")
-    call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": _arguments(f"{where}.function", fn.get("arguments"), max_depth)}}
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": name, "arguments": _arguments(f"{where}.function", fn.get("arguments"), max_depth)},
+    }
     call_id = raw.get("id")
     if call_id is not None:
         if not isinstance(call_id, str) or not call_id:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 __all__ = ["read_ahead"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from hs_dataset.config import LimitsSection
 from hs_dataset.sources.report import OversizedRowError
 
-__all__ = ["TURN_FIELDS", "check_row_bounds", "check_depth", "bounded_json"]
+__all__ = ["TURN_FIELDS", "bounded_json", "check_depth", "check_row_bounds"]
 
 TURN_FIELDS = ("messages", "conversations", "data")  # the lists whose entries are turns (docs/SOURCES.md shapes)
 
@@ -44,7 +44,9 @@ def check_depth(value: Any, max_depth: int, where: str) -> None:
         if not isinstance(node, (Mapping, list, tuple)):
             continue
         if depth > max_depth:
-            raise OversizedRowError(f"{where}: nested more than {max_depth} levels deep, over the row_depth bound (raise limits.row_depth in the card)")
+            raise OversizedRowError(
+                f"{where}: nested more than {max_depth} levels deep, over the row_depth bound (raise limits.row_depth in the card)"
+            )
         stack.extend((child, depth + 1) for _, child in _children(node))
 
 

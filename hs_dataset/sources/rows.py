@@ -23,7 +23,7 @@ from hs_dataset.errors import SourceError
 from hs_dataset.sources.hub import HF_PREFIX, load_hub_rows
 from hs_dataset.sources.lines import read_lines
 
-__all__ = ["BadRow", "DEFAULT_MAX_LINE_BYTES", "RowSource", "Source", "open_source"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "BadRow", "RowSource", "Source", "open_source"]
 
 DEFAULT_MAX_LINE_BYTES = 16 << 20  # iter_samples passes its own (docs/SOURCES.md, "Size limits")
 
@@ -60,7 +60,7 @@ def _parse_line(data: bytes, number: int) -> Mapping[str, Any] | BadRow:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return BadRow(f"line {number} is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})")
+        return BadRow(f"line {number} is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r})")
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -78,9 +78,12 @@ def _iter_jsonl(path: Path, source: RowSource, max_bytes: int) -> Iterator[tuple
                 continue
             source.line = line.number
             if line.data is None:
-                yield index, BadRow(
-                    f"line {line.number} is {line.size} bytes, over the {max_bytes}-byte line cap "
-                    "(raise max_length, or split the row)", kind="oversized",
+                yield (
+                    index,
+                    BadRow(
+                        f"line {line.number} is {line.size} bytes, over the {max_bytes}-byte line cap (raise max_length, or split the row)",
+                        kind="oversized",
+                    ),
                 )
             else:
                 yield index, _parse_line(line.data, line.number)
@@ -158,7 +161,11 @@ def _path_source(path: Path, name: str | None, max_line_bytes: int, split: str |
 
 
 def open_source(
-    source: Source, name: str | None = None, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, hub: Mapping[str, Any] | None = None,
+    source: Source,
+    name: str | None = None,
+    *,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    hub: Mapping[str, Any] | None = None,
 ) -> RowSource:
     """Wrap ``source`` as a :class:`RowSource`.
 
@@ -174,8 +181,8 @@ def open_source(
     if isinstance(source, RowSource):
         return source
     if isinstance(source, str) and source.startswith(HF_PREFIX):
-        data = load_hub_rows(source[len(HF_PREFIX):], **hub)
-        return _dataset_source(data, name or source[len(HF_PREFIX):].replace("/", "__"))
+        data = load_hub_rows(source[len(HF_PREFIX) :], **hub)
+        return _dataset_source(data, name or source[len(HF_PREFIX) :].replace("/", "__"))
     if isinstance(source, (str, PathLike)):
         return _path_source(Path(source), name, max_line_bytes, hub.get("split"))
     if isinstance(source, Mapping):

@@ -40,7 +40,9 @@ def sample_id_for(row: Mapping[str, Any] | None, row_index: int, source_name: st
                 raise MalformedRowError(f"id: must be a non-empty string or an integer, got {own!r}")
             text = str(own)
             if len(text) > MAX_SAMPLE_ID_CHARS:
-                raise MalformedRowError(f"id: {len(text)} characters ({text[:40]!r}...), at most {MAX_SAMPLE_ID_CHARS}; shorten the row's id")
+                raise MalformedRowError(
+                    f"id: {len(text)} characters ({text[:40]!r}...), at most {MAX_SAMPLE_ID_CHARS}; shorten the row's id"
+                )
             return text
     if policy == "content" and row is not None:
         return f"{source_name}:{_content_hash(row)}"

@@ -105,5 +105,8 @@ def to_chat_row(row: Mapping[str, Any], shape: Shape, max_depth: int = 64) -> Ma
         return {**keep, "messages": [{"role": roles[i % 2], "content": text} for i, text in enumerate(row["data"])]}
     if shape == "prompt_response":
         system = [{"role": "system", "content": row["system"]}] if isinstance(row.get("system"), str) else []
-        return {**keep, "messages": [*system, {"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}]}
+        return {
+            **keep,
+            "messages": [*system, {"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}],
+        }
     return row

@@ -49,7 +49,7 @@ from hs_dataset.config import LimitsSection
 from hs_dataset.sources.report import OversizedRowError
 from hs_dataset.sources.template_sizes import MATERIALIZING_FILTERS, call_size, filter_size, rendered_size
 
-__all__ = ["BUILT_FACTOR", "TemplateBoundError", "RowBudget", "bounded_render", "harden_template"]
+__all__ = ["BUILT_FACTOR", "RowBudget", "TemplateBoundError", "bounded_render", "harden_template"]
 
 T = TypeVar("T")
 _POLL_S = 0.05  # the watchdog's tick: a render stops at most this long after its deadline
@@ -199,7 +199,7 @@ def _too_big_output(size: int, render: _Render) -> None:
     _too_big(size, "an output")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bounded_code_generator(base: type) -> type:
     """jinja's code generator, with ``~`` and slices routed through the size guard (both bypass the environment)."""
 
@@ -223,7 +223,7 @@ def _bounded_code_generator(base: type) -> type:
     return BoundedCodeGenerator
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bounded_env_class(base: type) -> type:
     """``base`` (transformers' sandbox class) with size checks on operators and calls."""
 
@@ -403,7 +403,9 @@ def _timed_out(budget: RowBudget) -> TemplateBoundError:
     )
 
 
-def bounded_render(limits: LimitsSection, render: Callable[[], T], *, budget: RowBudget | None = None, output_chars: int | None = None) -> T:
+def bounded_render(
+    limits: LimitsSection, render: Callable[[], T], *, budget: RowBudget | None = None, output_chars: int | None = None
+) -> T:
     """``render()`` (a call that renders a hardened template) within ``limits``' size and time bounds.
 
     ``budget``: the row's time, shared by its renders (default: this render alone).

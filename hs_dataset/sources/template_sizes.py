@@ -14,13 +14,29 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["rendered_size", "filter_size", "method_size", "call_size", "MATERIALIZING_FILTERS"]
+__all__ = ["MATERIALIZING_FILTERS", "call_size", "filter_size", "method_size", "rendered_size"]
 
 _ESCAPE_GROWTH = 6  # one character escaped as ``&#34;`` / ``\u0000``: what html, JSON and URL escaping can make of it
 _ITEM_CHARS = 4  # what a list or mapping adds per item when written out: ``, `` and quotes, or ``: ``
 # Filters that build a list from an iterable (the result holds one reference per item).
-MATERIALIZING_FILTERS = frozenset({"list", "batch", "slice", "sort", "unique", "reverse", "dictsort", "groupby", "map",
-                                   "select", "reject", "selectattr", "rejectattr", "items"})
+MATERIALIZING_FILTERS = frozenset(
+    {
+        "list",
+        "batch",
+        "slice",
+        "sort",
+        "unique",
+        "reverse",
+        "dictsort",
+        "groupby",
+        "map",
+        "select",
+        "reject",
+        "selectattr",
+        "rejectattr",
+        "items",
+    }
+)
 
 
 def rendered_size(value: Any, limit: int) -> int:

@@ -19,22 +19,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 
+from hs_dataset.codecs.registry import get_encoding, state_encoding_for
+from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UsageError
 from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.encoding import decode_state, encode_state
-from hs_dataset.codecs.registry import get_encoding, state_encoding_for
 from hs_dataset.formats.evict import evict_shards
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint, is_dataset_dir
 from hs_dataset.formats.metadata import DatasetMetadata, ModelRecord
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.formats.reader import ShardReader
-from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample
@@ -64,8 +65,15 @@ class StreamCache:
     """The cache directory ``root``, kept within ``max_bytes``, holding the data ``metadata`` describes."""
 
     def __init__(
-        self, root: Path, max_bytes: int, metadata: DatasetMetadata | Mapping[str, Any], *, final_norm_weight: torch.Tensor, storage: str,
-        dtype: torch.dtype, card_name: str,
+        self,
+        root: Path,
+        max_bytes: int,
+        metadata: DatasetMetadata | Mapping[str, Any],
+        *,
+        final_norm_weight: torch.Tensor,
+        storage: str,
+        dtype: torch.dtype,
+        card_name: str,
     ) -> None:
         # marked as a cache: a dataset built by hs-dataset build of the same card is never taken for one (and evicted)
         self.root, self.max_bytes, self.metadata = root, max_bytes, replace(DatasetMetadata.coerce(metadata), stream_cache=True)
@@ -139,8 +147,12 @@ class StreamCache:
         self.unlock()  # the writer takes the directory lock itself
         try:
             with ShardWriter(
-                self.root, self.metadata, final_norm_weight=self.final_norm_weight, storage=self.storage,
-                shard_bytes=MAX_SHARD_BYTES, writer_threads=1,
+                self.root,
+                self.metadata,
+                final_norm_weight=self.final_norm_weight,
+                storage=self.storage,
+                shard_bytes=MAX_SHARD_BYTES,
+                writer_threads=1,
             ) as writer:
                 for sample in samples:
                     writer.add(sample)
@@ -256,8 +268,13 @@ class StreamCache:
         if self.encoding.scaled:
             aux = decode_state(*encode_state(aux, self.encoding), self.encoding)
             final = decode_state(*encode_state(final, self.encoding), self.encoding)
-        return {"sample_id": sample.sample_id, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask,
-                "aux_hidden_states": aux, "final_hidden_state": final}
+        return {
+            "sample_id": sample.sample_id,
+            "input_ids": sample.input_ids,
+            "loss_mask": sample.loss_mask,
+            "aux_hidden_states": aux,
+            "final_hidden_state": final,
+        }
 
     def _shard_ids(self, file: str) -> list[str]:
         if file not in self._shards:

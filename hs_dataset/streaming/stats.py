@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from hs_dataset.formats.manifest import ShardRecord
 
@@ -52,7 +53,12 @@ class StreamStats:
         self.evicted_samples += sum(r.samples for r in removed)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": round(self.hit_rate, 4), "samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1)}
+        return {
+            **asdict(self),
+            "hit_rate": round(self.hit_rate, 4),
+            "samples_per_s": round(self.samples_per_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+        }
 
     def summary(self) -> str:
         return (

@@ -46,8 +46,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -58,13 +59,13 @@ from hs_dataset.errors import CaptureError, ForeignDatasetError, IntegrityError,
 from hs_dataset.formats.encoding import all_finite
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.paths import check_local_path
-from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.pipeline.session import CaptureSession, as_card
+from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.streaming.cache import MANIFEST_ENTRY_BYTES, StreamCache, Where, disk_bytes
 from hs_dataset.streaming.stats import StreamStats
 from hs_dataset.training import shift_sample
 
-__all__ = ["stream", "StreamDataset"]
+__all__ = ["StreamDataset", "stream"]
 
 logger = logging.getLogger("hs_dataset.streaming.stream")
 
@@ -80,7 +81,7 @@ def stream(
     max_cache_bytes: int,
     backend: CaptureBackend | None = None,
     **options: Any,
-) -> "StreamDataset":
+) -> StreamDataset:
     """A torch ``IterableDataset`` of EAGLE-3 training items captured on demand (see the module doc).
 
     ``card_or_model``: a :class:`Card`, a shipped card name or ``.yaml`` path, or a model
@@ -123,9 +124,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.root = check_local_path(options.cache_dir, what="stream cache_dir")  # before the model loads
         self.max_cache_bytes = options.max_cache_bytes
         if card.regenerate.enabled:
-            raise UsageError(f"config {card.name!r} has regenerate.enabled: stream() captures the source as written; use build_dataset for regeneration")
+            raise UsageError(
+                f"config {card.name!r} has regenerate.enabled: stream() captures the source as written; use build_dataset for regeneration"
+            )
         if options.shard_bytes is not None and options.shard_bytes * 2 > options.max_cache_bytes:
-            raise UsageError(f"shard_bytes={options.shard_bytes} must be at most half of max_cache_bytes={options.max_cache_bytes}, or no shard could ever be evicted for the next")
+            raise UsageError(
+                f"shard_bytes={options.shard_bytes} must be at most half of max_cache_bytes={options.max_cache_bytes}, or no shard could ever be evicted for the next"
+            )
         self.session = CaptureSession(card, options, backend=backend)
         try:
             self.card = card = self.session.card
@@ -137,8 +142,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
             self.stats = StreamStats(epoch=0)
             info = self.session.info
             self.cache = StreamCache(
-                self.root, self.max_cache_bytes, self.metadata, final_norm_weight=info.final_norm_weight,
-                storage=card.shards.storage, dtype=info.dtype, card_name=card.name,
+                self.root,
+                self.max_cache_bytes,
+                self.metadata,
+                final_norm_weight=info.final_norm_weight,
+                storage=card.shards.storage,
+                dtype=info.dtype,
+                card_name=card.name,
             )
             self.stats.count_evicted(self.cache.open())
         except BaseException:
@@ -224,7 +234,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.stats.tokens += int(stored["input_ids"].shape[0])
         return shift_sample(stored, final_alignment=self.options.final_alignment)
 
-    def _capture(self, misses: list[TokenizedSample], pending: _Pending, consumed: set[str], index: dict[str, Where]) -> Iterator[dict[str, Any]]:
+    def _capture(
+        self, misses: list[TokenizedSample], pending: _Pending, consumed: set[str], index: dict[str, Where]
+    ) -> Iterator[dict[str, Any]]:
         """Capture ``misses`` with many requests in flight; yield each, and cache it shard by shard."""
         if not misses:
             return
@@ -291,7 +303,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         if session is not None:
             session.close()
 
-    def __enter__(self) -> "StreamDataset":
+    def __enter__(self) -> StreamDataset:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,53 +24,296 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 # On the image already (KINDS.md, 'Python packages already there', read 2026-11-17).
-HOST = set(map(canonicalize_name, """
-absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
-charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
-cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools
-formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna
-imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
-lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
-matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals
-networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
-nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13
-nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
-opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
-pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
-pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
-python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
-scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
-statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
-tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
-triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split()))
+HOST = set(
+    map(
+        canonicalize_name,
+        [
+            "absl-py",
+            "accelerate",
+            "aiofiles",
+            "aiohappyeyeballs",
+            "aiohttp",
+            "aiosignal",
+            "annotated-doc",
+            "anyio",
+            "attrs",
+            "botorch",
+            "build",
+            "certifi",
+            "charset-normalizer",
+            "chex",
+            "click",
+            "cloudpickle",
+            "cmake",
+            "colorama",
+            "contourpy",
+            "coverage",
+            "cuda-bindings",
+            "cuda-core",
+            "cuda-pathfinder",
+            "cuda-toolkit",
+            "cupy-cuda13x",
+            "cycler",
+            "cython",
+            "diffrax",
+            "e3nn",
+            "einops",
+            "equinox",
+            "etils",
+            "execnet",
+            "filelock",
+            "flatbuffers",
+            "flax",
+            "fonttools",
+            "formulaic",
+            "frozenlist",
+            "fsspec",
+            "gpytorch",
+            "grpcio",
+            "h11",
+            "h5py",
+            "hf-xet",
+            "httpcore",
+            "httpx",
+            "huggingface-hub",
+            "humanize",
+            "hypothesis",
+            "idna",
+            "imageio",
+            "iniconfig",
+            "interface-meta",
+            "jax",
+            "jax-cuda13-pjrt",
+            "jax-cuda13-plugin",
+            "jaxlib",
+            "jaxtyping",
+            "jinja2",
+            "joblib",
+            "kiwisolver",
+            "lazy-loader",
+            "lightning",
+            "lightning-utilities",
+            "linear-operator",
+            "lineax",
+            "llvmlite",
+            "lxml",
+            "markdown",
+            "markdown-it-py",
+            "markupsafe",
+            "matplotlib",
+            "mdurl",
+            "meson",
+            "ml-dtypes",
+            "mpi4py",
+            "mpmath",
+            "msgpack",
+            "multidict",
+            "multipledispatch",
+            "mypy-extensions",
+            "nanobind",
+            "narwhals",
+            "networkx",
+            "ninja",
+            "numba",
+            "numba-cuda",
+            "numpy",
+            "numpyro",
+            "nvidia-cublas",
+            "nvidia-cuda-cupti",
+            "nvidia-cuda-nvrtc",
+            "nvidia-cuda-runtime",
+            "nvidia-cudnn-cu13",
+            "nvidia-cufft",
+            "nvidia-cufile",
+            "nvidia-curand",
+            "nvidia-cusolver",
+            "nvidia-cusparse",
+            "nvidia-cusparselt-cu13",
+            "nvidia-ml-py",
+            "nvidia-nccl-cu13",
+            "nvidia-nvjitlink",
+            "nvidia-nvshmem-cu13",
+            "nvidia-nvtx",
+            "onnx",
+            "onnx-ir",
+            "onnxruntime",
+            "onnxscript",
+            "opencv-python-headless",
+            "optax",
+            "opt-einsum",
+            "opt-einsum-fx",
+            "optimistix",
+            "orbax-checkpoint",
+            "packaging",
+            "pandas",
+            "pathspec",
+            "patsy",
+            "peft",
+            "pillow",
+            "pip",
+            "pluggy",
+            "portalocker",
+            "prometheus-client",
+            "propcache",
+            "protobuf",
+            "psutil",
+            "pyarrow",
+            "pybind11",
+            "py-cpuinfo",
+            "pygments",
+            "pyparsing",
+            "pyproject-hooks",
+            "pyre-extensions",
+            "pytest",
+            "pytest-benchmark",
+            "pytest-cov",
+            "pytest-mock",
+            "pytest-timeout",
+            "pytest-xdist",
+            "python-dateutil",
+            "pytorch-lightning",
+            "pyyaml",
+            "regex",
+            "requests",
+            "rich",
+            "sacrebleu",
+            "safetensors",
+            "scikit-build-core",
+            "scikit-image",
+            "scikit-learn",
+            "scipy",
+            "seaborn",
+            "sentencepiece",
+            "sentence-transformers",
+            "setuptools",
+            "shellingham",
+            "simplejson",
+            "six",
+            "sortedcontainers",
+            "statsmodels",
+            "sympy",
+            "tabulate",
+            "tensorboard",
+            "tensorboard-data-server",
+            "tensorstore",
+            "threadpoolctl",
+            "tifffile",
+            "tiktoken",
+            "timm",
+            "tokenizers",
+            "toolz",
+            "torch",
+            "torchaudio",
+            "torchdiffeq",
+            "torch-geometric",
+            "torchmetrics",
+            "torchvision",
+            "tqdm",
+            "transformers",
+            "treescope",
+            "triton",
+            "typer",
+            "typing-extensions",
+            "typing-inspect",
+            "urllib3",
+            "uvloop",
+            "wadler-lindig",
+            "werkzeug",
+            "wheel",
+            "wrapt",
+            "xarray",
+            "xxhash",
+            "yarl",
+            "zipp",
+        ],
+    )
+)
 
 # Never imported by a server started with --attention-backend triton --sampling-backend pytorch
 # --grammar-backend none (or only by models/features hs_dataset does not use): left behind. The CUDA compiler
 # wheels (nvcc, nvvm, crt, cccl: 338 MB unpacked) serve JIT-compiled kernels (humming's quantized MoE) that an
 # unquantized model on the triton backends never builds. xgrammar is NOT here: 0.5.15+ import it whatever the
 # grammar backend (sglang/srt/function_call/inkling_detector.py), so it travels, minus its static library.
-NOT_NEEDED = set(map(canonicalize_name, """
-flash-attn-4 flashinfer-cubin nvidia-cutlass-dsl nvidia-mathdx tilelang tokenspeed-mla quack-kernels
-llguidance mistral-common outlines modelscope py-spy torchcodec kernels decord2 av timm
-nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-cccl
-""".split()))
+NOT_NEEDED = set(
+    map(
+        canonicalize_name,
+        [
+            "flash-attn-4",
+            "flashinfer-cubin",
+            "nvidia-cutlass-dsl",
+            "nvidia-mathdx",
+            "tilelang",
+            "tokenspeed-mla",
+            "quack-kernels",
+            "llguidance",
+            "mistral-common",
+            "outlines",
+            "modelscope",
+            "py-spy",
+            "torchcodec",
+            "kernels",
+            "decord2",
+            "av",
+            "timm",
+            "nvidia-cuda-nvcc",
+            "nvidia-nvvm",
+            "nvidia-cuda-crt",
+            "nvidia-cuda-cccl",
+        ],
+    )
+)
 
 # Wanted even though the host has a version: sglang pins another one it needs to import.
 OVERRIDE_HOST = {"transformers", "tokenizers"}
 
-PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64", "any"]
-ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3", "platform_machine": "x86_64",
-       "sys_platform": "linux", "implementation_name": "cpython", "platform_system": "Linux"}
+PLATFORMS = [
+    "manylinux_2_34_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+    "any",
+]
+ENV = {
+    **default_environment(),
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "platform_machine": "x86_64",
+    "sys_platform": "linux",
+    "implementation_name": "cpython",
+    "platform_system": "Linux",
+}
 
 
 def download(spec: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-           "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none", "-d", str(dest), "-q", spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp312",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "-d",
+        str(dest),
+        "-q",
+        spec,
+    ]
     for p in PLATFORMS:
-        cmd[cmd.index("-d"):cmd.index("-d")] = ["--platform", p]
+        cmd[cmd.index("-d") : cmd.index("-d")] = ["--platform", p]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"pip download {spec} failed:\n{done.stderr[-2000:]}")

@@ -41,10 +41,23 @@ sys.path.insert(0, str(REPO))
 
 # A Kimi-K2.5-shaped text model, scaled down: the real MLA head dims, MoE after one dense layer.
 GPU_MODEL = {
-    "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 256, "num_hidden_layers": 6,
-    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 1, "n_routed_experts": 16,
-    "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2, "kv_lora_rank": 512, "q_lora_rank": 768,
-    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "initializer_range": 0.02,
+    "hidden_size": 1024,
+    "intermediate_size": 2048,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_shared_experts": 1,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 768,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "initializer_range": 0.02,
     "max_position_embeddings": 8192,
 }
 AUX = [2, 3, 4]
@@ -87,8 +100,10 @@ def text_model_dir(kimi: Path, directory: Path) -> Path:
     cfg["model_type"] = "deepseek_v3"
     (directory / "config.json").write_text(json.dumps(cfg))
     weights = load_file(str(kimi / "model.safetensors"))
-    save_file({k[len("language_model."):]: v for k, v in weights.items() if k.startswith("language_model.")},
-              str(directory / "model.safetensors"))
+    save_file(
+        {k[len("language_model.") :]: v for k, v in weights.items() if k.startswith("language_model.")},
+        str(directory / "model.safetensors"),
+    )
     return directory
 
 
@@ -97,23 +112,60 @@ def write_card(path: Path, model: Path, args: argparse.Namespace, port: int, sta
 
     server_args = list(args.server_arg) + (["--trust-remote-code"] if args.model == "kimi" else [])
     if args.device == "cuda":
-        server_args += ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-                        "--mem-fraction-static", "0.3"]
+        server_args += [
+            "--attention-backend",
+            "triton",
+            "--sampling-backend",
+            "pytorch",
+            "--grammar-backend",
+            "none",
+            "--mem-fraction-static",
+            "0.3",
+        ]
     else:
-        server_args += ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1", "--max-total-tokens", "8192",
-                        "--sampling-backend", "pytorch", "--grammar-backend", "none", "--sleep-on-idle"]
+        server_args += [
+            "--attention-backend",
+            "torch_native",
+            "--mem-fraction-static",
+            "0.1",
+            "--max-total-tokens",
+            "8192",
+            "--sampling-backend",
+            "pytorch",
+            "--grammar-backend",
+            "none",
+            "--sleep-on-idle",
+        ]
     card = {
-        "name": "gpu-check", "description": "hs_dataset GPU check (scripts/gpu/check_server.py)",
-        "model": {"path": str(model), **({"text_module": "language_model.model", "trust_remote_code": True} if args.model == "kimi" else {})},
-        "layers": {"aux": AUX}, "dtype": args.dtype, "max_length": 2048,
+        "name": "gpu-check",
+        "description": "hs_dataset GPU check (scripts/gpu/check_server.py)",
+        "model": {
+            "path": str(model),
+            **({"text_module": "language_model.model", "trust_remote_code": True} if args.model == "kimi" else {}),
+        },
+        "layers": {"aux": AUX},
+        "dtype": args.dtype,
+        "max_length": 2048,
         "source": {"path": "builtin:conversations"},
-        "backend": {"name": "sglang", "urls": [f"http://127.0.0.1:{port}"], "concurrency": args.concurrency,
-                    "request_timeout_s": 300, "dump_timeout_s": 60},
+        "backend": {
+            "name": "sglang",
+            "urls": [f"http://127.0.0.1:{port}"],
+            "concurrency": args.concurrency,
+            "request_timeout_s": 300,
+            "dump_timeout_s": 60,
+        },
         "shards": {"bytes": 64 << 20, **({} if args.storage == "native" else {"storage": args.storage})},
-        "sglang": {"python": args.python, "device": args.device, "port": port, "chunked_prefill_size": args.chunk,
-                   **({"module_path": "language_model.model"} if args.model == "kimi" else {}),
-                   "startup_timeout_s": 600, "args": server_args, "staging": {"dir": str(staging)},
-                   "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"} if args.device == "cpu" else {}},
+        "sglang": {
+            "python": args.python,
+            "device": args.device,
+            "port": port,
+            "chunked_prefill_size": args.chunk,
+            **({"module_path": "language_model.model"} if args.model == "kimi" else {}),
+            "startup_timeout_s": 600,
+            "args": server_args,
+            "staging": {"dir": str(staging)},
+            "env": {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"} if args.device == "cpu" else {},
+        },
     }
     path.write_text(yaml.safe_dump(card, sort_keys=False))
     return path
@@ -124,11 +176,35 @@ def write_source(path: Path, n_long: int) -> Path:
     from hs_dataset.sources import bundled_conversations_path
 
     rows = [json.loads(line) for line in bundled_conversations_path().read_text().splitlines() if line.strip()]
-    words = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches".split()
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "wizards",
+        "quietly",
+        "judge",
+        "boxing",
+        "matches",
+    ]
     for i in range(n_long):
         text = " ".join(words[(i + j) % len(words)] for j in range(300 + 150 * i))
-        rows.append({"id": f"long-{i}", "messages": [{"role": "user", "content": f"Summarise: {text}"},
-                                                      {"role": "assistant", "content": f"A summary {i}: {text[:400]}"}]})
+        rows.append(
+            {
+                "id": f"long-{i}",
+                "messages": [
+                    {"role": "user", "content": f"Summarise: {text}"},
+                    {"role": "assistant", "content": f"A summary {i}: {text[:400]}"},
+                ],
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -149,8 +225,13 @@ def _healthy(url: str) -> bool:
 
 def serve(card: Path, log: Path, url: str, timeout: float) -> subprocess.Popen:
     out = open(log, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", str(card)],
-                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hs_dataset.cli.main", "serve", "--config", str(card)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -181,8 +262,8 @@ def start_graph_servers(card: Path, out: Path, port: int, only: tuple[str, ...] 
     """
     import yaml
 
-    from hs_dataset.config import load_card
     from hs_dataset.capture.serve.plan import plan_server
+    from hs_dataset.config import load_card
 
     started = {}
     for name, offset, env in (("refused", 1, {}), ("allowed", 2, {"HS_CAPTURE_ALLOW_PREFILL_GRAPH": "1"})):
@@ -197,8 +278,14 @@ def start_graph_servers(card: Path, out: Path, port: int, only: tuple[str, ...] 
         argv = [a for a in plan.argv if a != "--disable-prefill-cuda-graph"]
         argv[argv.index("--mem-fraction-static") + 1] = "0.2"
         log = out / f"server-graph-{name}.log"
-        proc = subprocess.Popen([plan.python, *argv], env={**os.environ, **plan.env, **env}, cwd=REPO, start_new_session=True,
-                                stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [plan.python, *argv],
+            env={**os.environ, **plan.env, **env},
+            cwd=REPO,
+            start_new_session=True,
+            stdout=open(log, "ab"),
+            stderr=subprocess.STDOUT,
+        )
         started[name] = {"proc": proc, "url": plan.url, "log": log, "t0": time.monotonic(), "card": own}
     return started
 
@@ -221,8 +308,10 @@ def prefill_graph_in_log(text: str) -> bool | None:
 def _not_applicable(server: dict, result: dict, key: str) -> bool:
     """A release that resolves the prefill graph to off for this setup runs prefill eagerly: nothing to fail fast on."""
     if prefill_graph_in_log(server["log"].read_text(errors="replace")) is False:
-        result[key] = {"not_applicable": "this SGLang ran the prefill without a CUDA graph here although the flag was "
-                                         "left out (its log: 'cuda graph: False'); the hooks saw every pass"}
+        result[key] = {
+            "not_applicable": "this SGLang ran the prefill without a CUDA graph here although the flag was "
+            "left out (its log: 'cuda graph: False'); the hooks saw every pass"
+        }
         return True
     return False
 
@@ -254,8 +343,11 @@ def _judge_refused(refused: dict, result: dict) -> list[str]:
     if refused["proc"].poll() is None:
         stop(refused["proc"])
     text = refused["log"].read_text(errors="replace")
-    result["refused_at_start"] = {"exit": refused["proc"].returncode, "after_s": round(time.monotonic() - refused["t0"], 1),
-                                  "names_the_flag": "--disable-prefill-cuda-graph" in text and "CUDA graph" in text}
+    result["refused_at_start"] = {
+        "exit": refused["proc"].returncode,
+        "after_s": round(time.monotonic() - refused["t0"], 1),
+        "names_the_flag": "--disable-prefill-cuda-graph" in text and "CUDA graph" in text,
+    }
     if refused["proc"].returncode in (None, 0) or not result["refused_at_start"]["names_the_flag"]:
         problems.append(f"a server with the prefill CUDA graph on was not refused at start by the hooks: {result['refused_at_start']}")
     return problems
@@ -271,8 +363,21 @@ def _judge_allowed(allowed: dict, card: Path, source: Path, out: Path, result: d
         stop(allowed["proc"])
         return problems
     t0 = time.monotonic()
-    built = _cli("build", "--config", str(allowed["card"]), "--server", allowed["url"], "--source", str(source), "--num-samples", "4",
-                 "--out", str(out / "ds-graph"), log=out / "build-graph.log", timeout=600)
+    built = _cli(
+        "build",
+        "--config",
+        str(allowed["card"]),
+        "--server",
+        allowed["url"],
+        "--source",
+        str(source),
+        "--num-samples",
+        "4",
+        "--out",
+        str(out / "ds-graph"),
+        log=out / "build-graph.log",
+        timeout=600,
+    )
     took = time.monotonic() - t0
     stop(allowed["proc"])
     if built.returncode == 0 and _not_applicable(allowed, result, "build_against_graph"):
@@ -280,7 +385,9 @@ def _judge_allowed(allowed: dict, card: Path, source: Path, out: Path, result: d
     said = (out / "build-graph.log").read_text(errors="replace").strip().splitlines()[-1:]
     result["build_against_graph"] = {"exit": built.returncode, "after_s": round(took, 1), "said": said}
     if built.returncode == 0 or took > 30 or not said or "prefill CUDA graph" not in said[0]:
-        problems.append(f"a build against a server whose prefill runs in a CUDA graph did not stop in < 30 s naming it: {result['build_against_graph']}")
+        problems.append(
+            f"a build against a server whose prefill runs in a CUDA graph did not stop in < 30 s naming it: {result['build_against_graph']}"
+        )
     return problems
 
 
@@ -304,16 +411,18 @@ def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str, storage
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hs_dataset.formats.encoding import decode_state, encode_state
-
     from hs_dataset.codecs.registry import get_encoding, state_encoding_for
+    from hs_dataset.formats.encoding import decode_state, encode_state
     from hs_dataset.formats.reader import open_dataset
 
     ds = open_dataset(dataset_dir)
     encoding = get_encoding(state_encoding_for(getattr(torch, dtype), storage))
 
     def stored(x):  # what the dataset would hold for transformers' own capture-dtype states
-        return decode_state(*encode_state(x.to(getattr(torch, dtype)).cpu(), encoding), encoding).to(device).float() if encoding.scaled else x
+        return (
+            decode_state(*encode_state(x.to(getattr(torch, dtype)).cpu(), encoding), encoding).to(device).float() if encoding.scaled else x
+        )
+
     fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device).eval()
     low = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
     names = [f"aux hidden_states[{i}]" for i in AUX] + ["final (pre-norm)"]
@@ -362,7 +471,9 @@ def judge(result: dict, slack: float, neighbour_factor: float = 10.0) -> list[st
         for stat in ("median", "max"):
             limit = max(low[stat] * slack, FLOAT32_LIMIT)
             if server[stat] > limit:
-                problems.append(f"{name}: server {stat} error {server[stat]:.3g} > {limit:.3g} ({slack} x transformers' own {low[stat]:.3g})")
+                problems.append(
+                    f"{name}: server {stat} error {server[stat]:.3g} > {limit:.3g} ({slack} x transformers' own {low[stat]:.3g})"
+                )
         nearest = min(s["prev"]["median"], s["next"]["median"])
         if nearest < neighbour_factor * server["median"]:
             problems.append(f"{name}: a neighbour is only {nearest / max(server['median'], 1e-30):.1f}x further than the server's states")
@@ -370,12 +481,16 @@ def judge(result: dict, slack: float, neighbour_factor: float = 10.0) -> list[st
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['samples']} samples, {result['tokens']} tokens, stored {result.get('storage', 'native')}; "
-             "per-token relative error to float32 transformers (hf-low: transformers' capture dtype, stored the same way)",
-             f"{'layer':24} {'server med':>11} {'max':>9} {'hf-low med':>11} {'max':>9} {'prev med':>9} {'next med':>9}"]
+    lines = [
+        f"{result['samples']} samples, {result['tokens']} tokens, stored {result.get('storage', 'native')}; "
+        "per-token relative error to float32 transformers (hf-low: transformers' capture dtype, stored the same way)",
+        f"{'layer':24} {'server med':>11} {'max':>9} {'hf-low med':>11} {'max':>9} {'prev med':>9} {'next med':>9}",
+    ]
     for name, s in result["layers"].items():
-        lines.append(f"{name:24} {s['server']['median']:11.3g} {s['server']['max']:9.3g} {s['hf_low']['median']:11.3g} "
-                     f"{s['hf_low']['max']:9.3g} {s['prev']['median']:9.3g} {s['next']['median']:9.3g}")
+        lines.append(
+            f"{name:24} {s['server']['median']:11.3g} {s['server']['max']:9.3g} {s['hf_low']['median']:11.3g} "
+            f"{s['hf_low']['max']:9.3g} {s['prev']['median']:9.3g} {s['next']['median']:9.3g}"
+        )
     return "\n".join(lines)
 
 
@@ -393,11 +508,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
     p.add_argument("--storage", default="native", help="the card's shards.storage (fp8, nf4, mxfp4: quantized by the server on the GPU)")
     p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")
-    p.add_argument("--fail-fast-only", choices=["refused", "allowed"], action="append", default=[],
-                   help="start only this prefill-graph server (repeatable) and judge it: no main server, build or comparison")
-    p.add_argument("--model", choices=["deepseek", "kimi"], default="deepseek",
-                   help="deepseek: a Kimi-shaped tiny DeepseekV3; kimi: the Kimi-K2.5-class remote-code snapshot "
-                   "(KimiK25ForConditionalGeneration, tiktoken tokenizer, language_model.model)")
+    p.add_argument(
+        "--fail-fast-only",
+        choices=["refused", "allowed"],
+        action="append",
+        default=[],
+        help="start only this prefill-graph server (repeatable) and judge it: no main server, build or comparison",
+    )
+    p.add_argument(
+        "--model",
+        choices=["deepseek", "kimi"],
+        default="deepseek",
+        help="deepseek: a Kimi-shaped tiny DeepseekV3; kimi: the Kimi-K2.5-class remote-code snapshot "
+        "(KimiK25ForConditionalGeneration, tiktoken tokenizer, language_model.model)",
+    )
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -407,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         model = build_kimi_snapshot(Path(os.environ.get("HS_GPU_KIMI_DIR", "/tmp/hs-gpu-check-kimi")))
         reference_dir = text_model_dir(model, out / "kimi-text-model")
     else:
-        model = build_model(Path(os.environ.get("HS_GPU_MODEL_DIR", "/tmp/hs-gpu-check-model")), args.dtype if args.device == "cuda" else "float32")
+        model = build_model(
+            Path(os.environ.get("HS_GPU_MODEL_DIR", "/tmp/hs-gpu-check-model")), args.dtype if args.device == "cuda" else "float32"
+        )
         reference_dir = model
     timings["model_s"] = time.monotonic() - t0
     url = f"http://127.0.0.1:{args.port}"
@@ -421,8 +547,21 @@ def main(argv: list[str] | None = None) -> int:
     timings["server_start_s"] = time.monotonic() - t0
     try:
         t0 = time.monotonic()
-        built = _cli("build", "--config", str(card), "--server", url, "--source", str(source), "--out", str(out / "ds"),
-                     "--batch-size", str(args.concurrency), log=out / "build.log", timeout=900)
+        built = _cli(
+            "build",
+            "--config",
+            str(card),
+            "--server",
+            url,
+            "--source",
+            str(source),
+            "--out",
+            str(out / "ds"),
+            "--batch-size",
+            str(args.concurrency),
+            log=out / "build.log",
+            timeout=900,
+        )
         timings["build_s"] = time.monotonic() - t0
     finally:
         stop(server)

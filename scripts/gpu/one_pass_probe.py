@@ -47,11 +47,34 @@ LAUNCH = ["-c", "import hs_one_pass_probe as p; p.main()"]
 
 
 def gpu_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    argv = [sys.executable, *LAUNCH, "--model-path", str(args.model),
-            "--host", "127.0.0.1", "--port", str(args.port), "--dtype", "bfloat16", "--skip-tokenizer-init",
-            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--mem-fraction-static", "0.5", "--disable-radix-cache", "--disable-prefill-cuda-graph",
-            "--max-running-requests", "64", "--cuda-graph-max-bs", str(args.graph_max_bs), *args.server_arg]
+    argv = [
+        sys.executable,
+        *LAUNCH,
+        "--model-path",
+        str(args.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--dtype",
+        "bfloat16",
+        "--skip-tokenizer-init",
+        "--attention-backend",
+        "triton",
+        "--sampling-backend",
+        "pytorch",
+        "--grammar-backend",
+        "none",
+        "--mem-fraction-static",
+        "0.5",
+        "--disable-radix-cache",
+        "--disable-prefill-cuda-graph",
+        "--max-running-requests",
+        "64",
+        "--cuda-graph-max-bs",
+        str(args.graph_max_bs),
+        *args.server_arg,
+    ]
     if not list(args.model.glob("*.safetensors")):
         argv += ["--load-format", "dummy"]  # no weights: a speed rehearsal's model (its layers barely change the state)
     return argv, {}
@@ -96,8 +119,13 @@ def generate(url: str, n: int, vocab: int, seed: int) -> list[dict]:
     jobs = []
     for i in range(n):
         prompt = [rng.randrange(100, vocab) for _ in range(rng.choice([7, 33, 120, 301, 517]))]
-        jobs.append({"rid": f"gen-{i}", "input_ids": prompt,
-                     "sampling_params": {"max_new_tokens": rng.choice([5, 17, 40, 96]), "temperature": 0, "ignore_eos": True}})
+        jobs.append(
+            {
+                "rid": f"gen-{i}",
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": rng.choice([5, 17, 40, 96]), "temperature": 0, "ignore_eos": True},
+            }
+        )
     with concurrent.futures.ThreadPoolExecutor(n) as pool:  # all in flight: decode batches of many requests
         answers = list(pool.map(lambda j: post(url + "/generate", j), jobs))
     return [{"rid": j["rid"], "prompt": j["input_ids"], "answer": a["output_ids"]} for j, a in zip(jobs, answers)]
@@ -173,8 +201,12 @@ def main() -> int:
     p.add_argument("--aux", default="2,4,6", help="HF hidden_states ids of the aux layers")
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--graph-max-bs", type=int, default=16,
-                   help="largest decode batch a CUDA graph covers: larger batches decode eagerly (both paths are checked)")
+    p.add_argument(
+        "--graph-max-bs",
+        type=int,
+        default=16,
+        help="largest decode batch a CUDA graph covers: larger batches decode eagerly (both paths are checked)",
+    )
     p.add_argument("--server-arg", action="append", default=[])
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -198,8 +230,11 @@ def main() -> int:
     names = [f"aux{a}" for a in args.aux.split(",")] + ["final"]
     lines, ok = compare(runs, rows, names)
     lines.insert(0, f"rows by mode/how: {dict(seen)}")
-    lines.insert(1, f"requests {len(runs)}, prompt lengths {sorted({len(r['prompt']) for r in runs})}, "
-                    f"answer lengths {sorted({len(r['answer']) for r in runs})}")
+    lines.insert(
+        1,
+        f"requests {len(runs)}, prompt lengths {sorted({len(r['prompt']) for r in runs})}, "
+        f"answer lengths {sorted({len(r['answer']) for r in runs})}",
+    )
     where = f"CPU server, SGLang {args.cpu}" if args.cpu else "GPU server"
     lines.insert(0, f"{where}; {time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}")
     text = "\n".join(lines + ["PASS" if ok else "FAIL"])

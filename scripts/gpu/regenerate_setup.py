@@ -27,18 +27,44 @@ def write_card(path: Path, model: Path, args: argparse.Namespace) -> Path:
 
     layers = args.layers
     card = {
-        "name": "regenerate-gpu", "description": "benchmarks/bench_regenerate.py on a GPU: a Kimi-wide model (scripts/gpu/regenerate_setup.py)",
-        "model": {"path": str(model)}, "layers": {"aux": [2, layers // 2, layers - 2]}, "dtype": "bfloat16",
-        "max_length": args.max_length, "source": {"path": "builtin:conversations"},
-        "backend": {"name": "sglang", "urls": [f"http://127.0.0.1:{args.port}"], "concurrency": 32,
-                    "request_timeout_s": 900, "dump_timeout_s": 300},
+        "name": "regenerate-gpu",
+        "description": "benchmarks/bench_regenerate.py on a GPU: a Kimi-wide model (scripts/gpu/regenerate_setup.py)",
+        "model": {"path": str(model)},
+        "layers": {"aux": [2, layers // 2, layers - 2]},
+        "dtype": "bfloat16",
+        "max_length": args.max_length,
+        "source": {"path": "builtin:conversations"},
+        "backend": {
+            "name": "sglang",
+            "urls": [f"http://127.0.0.1:{args.port}"],
+            "concurrency": 32,
+            "request_timeout_s": 900,
+            "dump_timeout_s": 300,
+        },
         "shards": {"bytes": 1 << 30, "storage": "nf4"},
         "sglang": {
-            "python": sys.executable, "device": "cuda", "port": args.port, "startup_timeout_s": 900,
+            "python": sys.executable,
+            "device": "cuda",
+            "port": args.port,
+            "startup_timeout_s": 900,
             "chunked_prefill_size": 8192,
-            "args": ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-                     "--mem-fraction-static", "0.85", "--load-format", "dummy", "--max-running-requests", str(args.max_running),
-                     "--cuda-graph-max-bs", str(args.max_running), *args.server_arg],
+            "args": [
+                "--attention-backend",
+                "triton",
+                "--sampling-backend",
+                "pytorch",
+                "--grammar-backend",
+                "none",
+                "--mem-fraction-static",
+                "0.85",
+                "--load-format",
+                "dummy",
+                "--max-running-requests",
+                str(args.max_running),
+                "--cuda-graph-max-bs",
+                str(args.max_running),
+                *args.server_arg,
+            ],
             "staging": {"dir": "/dev/shm/hs-regenerate-stage", "max_bytes": 16 << 30, "pinned_pool_bytes": 4 << 30},
         },
     }
@@ -54,8 +80,12 @@ def main() -> int:
     p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--max-length", type=int, default=16384)
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra SGLang argument for the card (repeatable), e.g. --server-arg=--enable-mixed-chunk")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra SGLang argument for the card (repeatable), e.g. --server-arg=--enable-mixed-chunk",
+    )
     args = p.parse_args()
     from hs_dataset.demo.tiny_model import TINY_DEEPSEEK_CONFIG
 

@@ -22,7 +22,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _samples(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [TokenizedSample(f"s{i}", torch.randint(0, 129_000, (n,), generator=g), torch.ones(n, dtype=torch.bool)) for i, n in enumerate(lengths)]
+    return [
+        TokenizedSample(f"s{i}", torch.randint(0, 129_000, (n,), generator=g), torch.ones(n, dtype=torch.bool))
+        for i, n in enumerate(lengths)
+    ]
 
 
 @torch.inference_mode()

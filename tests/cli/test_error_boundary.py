@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.fixtures.paths import REPO
-from tests.fixtures.samples import make_metadata, make_sample
 
 from hs_dataset.cli.main import COMMANDS, main
 from hs_dataset.formats.writer import ShardWriter
+from tests.fixtures.paths import REPO
+from tests.fixtures.samples import make_metadata, make_sample
 
 HS_DATASET = Path(sys.executable).parent / "hs-dataset"
 
@@ -59,7 +59,11 @@ def fails_cleanly(capsys, argv: list[str]) -> str:
 # ------------------------------------------------------------------ every command, bad input
 BAD_INPUTS = [
     ("build-mistyped-config", lambda p: ["build", "--config", "tiny-deepseek-hff", "--out", str(p["out"])], "unknown config"),
-    ("build-bad-rank", lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--rank", "3", "--world-size", "2"], "rank"),
+    (
+        "build-bad-rank",
+        lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--rank", "3", "--world-size", "2"],
+        "rank",
+    ),
     ("verify-missing-dir", lambda p: ["verify", str(p["missing"])], "no such directory"),
     ("verify-not-a-dataset", lambda p: ["verify", str(p["empty"])], "not an hs_dataset dataset"),
     ("verify-file", lambda p: ["verify", str(p["file"])], "not a dataset directory"),
@@ -74,14 +78,30 @@ BAD_INPUTS = [
     ("export-not-a-dataset", lambda p: ["export", "speculators", str(p["empty"]), str(p["out"])], "not an hs_dataset dataset"),
     ("train-unknown-trainer", lambda p: ["train", "megatron", str(p["empty"])], "invalid choice"),
     ("train-not-a-dataset", lambda p: ["train", "speculators", str(p["empty"]), "--", "--epochs", "1"], "not an hs_dataset dataset"),
-    ("import-missing-source", lambda p: ["import", "speculators", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"], str(Path("missing"))),
-    ("import-specforge-missing-source", lambda p: ["import", "specforge", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"], "missing"),
+    (
+        "import-missing-source",
+        lambda p: ["import", "speculators", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"],
+        str(Path("missing")),
+    ),
+    (
+        "import-specforge-missing-source",
+        lambda p: ["import", "specforge", str(p["missing"]), str(p["out"]), "--config", "tiny-deepseek-hf"],
+        "missing",
+    ),
     ("push-not-a-dataset", lambda p: ["push", str(p["empty"]), "me/x", "--token", "hf_fake", "--no-plots"], "not an hs_dataset dataset"),
     ("push-file", lambda p: ["push", str(p["file"]), "me/x", "--token", "hf_fake", "--no-plots"], "manifest"),
     ("push-bad-commit-files", lambda p: ["push", str(p["empty"]), "me/x", "--commit-files", "0"], "must be >= 1"),
     ("card-init-missing-model", lambda p: ["card", "init", "--model", str(p["missing"])], "no config.json"),
-    ("build-bad-columns", lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--columns", "dialog"], "OURS=THEIRS"),
-    ("build-report-json-is-gone", lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--report-json"], "--report-json"),
+    (
+        "build-bad-columns",
+        lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--columns", "dialog"],
+        "OURS=THEIRS",
+    ),
+    (
+        "build-report-json-is-gone",
+        lambda p: ["build", "--config", "tiny-deepseek-hf", "--out", str(p["out"]), "--report-json"],
+        "--report-json",
+    ),
 ]
 
 
@@ -100,7 +120,9 @@ def test_push_to_an_unreachable_endpoint(capsys, dataset, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    line = fails_cleanly(capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots", "--no-card"])
+    line = fails_cleanly(
+        capsys, ["push", str(dataset), "me/x", "--endpoint", "http://127.0.0.1:9", "--token", "hf_fake", "--no-plots", "--no-card"]
+    )
     assert line.startswith("hs-dataset push: error: cannot reach http://127.0.0.1:9 (ConnectError"), line
 
 
@@ -109,7 +131,9 @@ def test_push_offline_with_a_fake_token_through_the_installed_script(dataset, tm
         pytest.skip(f"{HS_DATASET} is not installed")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_TOKEN="hf_fake", HF_HOME=str(tmp_path / "hf"))
     env.pop("HS_DATASET_DEBUG", None)
-    proc = subprocess.run([str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots", "--no-card"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(HS_DATASET), "push", str(dataset), "me/x", "--no-plots", "--no-card"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert_one_error_line(proc.returncode, proc.stderr, "push")
     assert "offline" in proc.stderr.lower()
 
@@ -195,7 +219,12 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"hs-dataset {__version__}"
 
 
-HELP_ARGVS = [[c] for c in COMMANDS] + [["export", "speculators"], ["export", "specforge"], ["import", "speculators"], ["import", "specforge"]]
+HELP_ARGVS = [[c] for c in COMMANDS] + [
+    ["export", "speculators"],
+    ["export", "specforge"],
+    ["import", "speculators"],
+    ["import", "specforge"],
+]
 
 
 @pytest.mark.parametrize("argv", HELP_ARGVS, ids=" ".join)
@@ -240,7 +269,9 @@ def test_verbose_lets_library_logs_through(capsys, paths):
 
 def test_building_the_parser_is_light():
     """``hs-dataset --help`` must not import torch, transformers or datasets."""
-    code = ("import sys; from hs_dataset.cli.main import build_parser; build_parser(); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets', 'huggingface_hub', 'numpy'}))")
+    code = (
+        "import sys; from hs_dataset.cli.main import build_parser; build_parser(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets', 'huggingface_hub', 'numpy'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.strip() == "[]"

@@ -16,7 +16,9 @@ def test_the_launchers_are_the_registrys() -> None:
     assert "speculators" in trainers.train_launchers() and "specforge" not in trainers.train_launchers()
 
 
-def test_a_trainer_without_a_launcher_is_refused_in_one_line_naming_those_with_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_trainer_without_a_launcher_is_refused_in_one_line_naming_those_with_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train", "specforge", str(tmp_path), "--", "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err

@@ -17,21 +17,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import load_file
 
-from tests.fixtures.paths import REPO
-from tests.fixtures.samples import make_metadata, make_sample
+from hs_dataset.codecs.fp4 import MX_MAX_EXPONENT_BYTE, MXFP4_ENCODING, NF4_ENCODING
+from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.formats.encoding import decode_state, encode_state
-from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.interop import derive_post_norm, export_specforge, export_speculators
-from hs_dataset.codecs.fp4 import MX_MAX_EXPONENT_BYTE, MXFP4_ENCODING, NF4_ENCODING
 from tests.fixtures.damage import rewrite_shard
+from tests.fixtures.paths import REPO
+from tests.fixtures.samples import make_metadata, make_sample
 
 K, H, L = 3, 64, 6
 STORAGES = ("mxfp4", "nf4")
@@ -87,7 +86,12 @@ def test_builder_rows_backend_transfer_and_stream_cache_read_the_decoded_states(
     src = _write(tmp / "src", storage, lengths)
     items = {s["sample_id"]: s for s in _expected(src)}
     data = open_dataset(src)
-    rows = [row for i in range(len(data.manifest.shards)) for table in _shard_tables(data.shard(i), row_features(K, H)) for row in table.to_pylist()]
+    rows = [
+        row
+        for i in range(len(data.manifest.shards))
+        for table in _shard_tables(data.shard(i), row_features(K, H))
+        for row in table.to_pylist()
+    ]
     for row in rows:
         item = items[row["sample_id"]]
         assert torch.equal(torch.tensor(row["aux_hidden_states"]), item["aux_hidden_states"].float())
@@ -98,8 +102,15 @@ def test_builder_rows_backend_transfer_and_stream_cache_read_the_decoded_states(
         got = transfer.get_cached(idx)["hidden_states"]
         assert torch.equal(got[:, :-1], item["aux_hidden_states"]) and torch.equal(got[:, -1], item["final_hidden_state"])
     samples = [make_sample(sid, int(item["input_ids"].shape[0]), k=K, h=H) for sid, item in items.items()]
-    cache = StreamCache(tmp / "cache", 1 << 30, make_metadata(k=K, h=H), final_norm_weight=torch.ones(H), storage=storage,
-                        dtype=torch.bfloat16, card_name="unit-test")
+    cache = StreamCache(
+        tmp / "cache",
+        1 << 30,
+        make_metadata(k=K, h=H),
+        final_norm_weight=torch.ones(H),
+        storage=storage,
+        dtype=torch.bfloat16,
+        card_name="unit-test",
+    )
     cache.open()
     cache.write(samples)
     _manifest, where = cache.index()
@@ -141,22 +152,54 @@ def _edit_header(edit):
 def _bf16(value: float) -> bytes:
     return struct.pack("<f", value)[2:]  # the high half of the float32: bfloat16, little-endian
 
+
 DAMAGE = [
     ("mx-exponent-255", "mxfp4", _set_bytes("final_hidden_state.scale", b"\xff"), r"final_hidden_state\.scale 255 .*exponent bytes <= 252"),
-    ("mx-exponent-overflows", "mxfp4", _set_bytes("aux_hidden_states.scale", bytes([MX_MAX_EXPONENT_BYTE + 1])), r"aux_hidden_states\.scale 253"),
+    (
+        "mx-exponent-overflows",
+        "mxfp4",
+        _set_bytes("aux_hidden_states.scale", bytes([MX_MAX_EXPONENT_BYTE + 1])),
+        r"aux_hidden_states\.scale 253",
+    ),
     ("nf4-scale-nan", "nf4", _set_bytes("aux_hidden_states.scale", _bf16(float("nan"))), r"aux_hidden_states\.scale nan"),
     ("nf4-scale-inf", "nf4", _set_bytes("final_hidden_state.scale", _bf16(float("inf"))), r"final_hidden_state\.scale inf"),
-    ("nf4-scale-negative", "nf4", _set_bytes("final_hidden_state.scale", _bf16(-1.0)), r"final_hidden_state\.scale -1\.0 .*finite and >= 0"),
-    ("scales-wrong-dtype", "mxfp4", _edit_header(lambda h: h["aux_hidden_states.scale"].update(dtype="BOOL")), r"aux_hidden_states\.scale' is BOOL"),
-    ("nf4-scales-as-f16", "nf4", _edit_header(lambda h: h["final_hidden_state.scale"].update(dtype="F16")), r"final_hidden_state\.scale.*is F16"),
+    (
+        "nf4-scale-negative",
+        "nf4",
+        _set_bytes("final_hidden_state.scale", _bf16(-1.0)),
+        r"final_hidden_state\.scale -1\.0 .*finite and >= 0",
+    ),
+    (
+        "scales-wrong-dtype",
+        "mxfp4",
+        _edit_header(lambda h: h["aux_hidden_states.scale"].update(dtype="BOOL")),
+        r"aux_hidden_states\.scale' is BOOL",
+    ),
+    (
+        "nf4-scales-as-f16",
+        "nf4",
+        _edit_header(lambda h: h["final_hidden_state.scale"].update(dtype="F16")),
+        r"final_hidden_state\.scale.*is F16",
+    ),
     ("codes-wrong-dtype", "mxfp4", _edit_header(lambda h: h["final_hidden_state"].update(dtype="BOOL")), r"final_hidden_state' is BOOL"),
-    ("codes-reshaped", "nf4", _edit_header(lambda h: h["final_hidden_state"].update(shape=[h["final_hidden_state"]["shape"][0], 1, H // 2])),
-     r"final_hidden_state has shape"),
-    ("scales-per-token-shape", "mxfp4",
-     _edit_header(lambda h: h["aux_hidden_states.scale"].update(shape=[h["aux_hidden_states.scale"]["shape"][0] * 2, K])),
-     r"aux_hidden_states\.scale is of shape"),
-    ("scales-missing", "nf4", _edit_header(lambda h: h.update({"final_hidden_state.scales": h.pop("final_hidden_state.scale")})),
-     r"final_hidden_state\.scale is missing"),
+    (
+        "codes-reshaped",
+        "nf4",
+        _edit_header(lambda h: h["final_hidden_state"].update(shape=[h["final_hidden_state"]["shape"][0], 1, H // 2])),
+        r"final_hidden_state has shape",
+    ),
+    (
+        "scales-per-token-shape",
+        "mxfp4",
+        _edit_header(lambda h: h["aux_hidden_states.scale"].update(shape=[h["aux_hidden_states.scale"]["shape"][0] * 2, K])),
+        r"aux_hidden_states\.scale is of shape",
+    ),
+    (
+        "scales-missing",
+        "nf4",
+        _edit_header(lambda h: h.update({"final_hidden_state.scales": h.pop("final_hidden_state.scale")})),
+        r"final_hidden_state\.scale is missing",
+    ),
 ]
 
 

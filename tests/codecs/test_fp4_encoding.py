@@ -10,17 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.fixtures.samples import make_metadata, make_sample
-from hs_dataset.errors import SampleError, UsageError
-from hs_dataset.formats.encoding import bad_scales, decode_state, encode_state
-from hs_dataset.codecs.registry import ENCODINGS, get_encoding, state_encoding_for
-from hs_dataset.formats.reader import open_dataset
-from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.formats.writer import ShardWriter
-from hs_dataset.sample import CapturedSample
 from hs_dataset.codecs.fp4 import (
     E2M1_LEVELS,
     GROUP_SIZE,
@@ -33,6 +24,14 @@ from hs_dataset.codecs.fp4 import (
     quantize_mxfp4,
     quantize_nf4,
 )
+from hs_dataset.codecs.registry import ENCODINGS, get_encoding, state_encoding_for
+from hs_dataset.errors import SampleError, UsageError
+from hs_dataset.formats.encoding import bad_scales, decode_state, encode_state
+from hs_dataset.formats.reader import open_dataset
+from hs_dataset.formats.verify import verify_dataset
+from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.sample import CapturedSample
+from tests.fixtures.samples import make_metadata, make_sample
 
 FOUR_BIT = (MXFP4_ENCODING, NF4_ENCODING)
 _SIGNED_E2M1 = torch.tensor(sorted({s * v for v in E2M1_LEVELS for s in (1, -1)}), dtype=torch.float64)
@@ -150,7 +149,12 @@ _SAMPLES = st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(lengths=_SAMPLES, name=st.sampled_from(FOUR_BIT), dtype=st.sampled_from(["bfloat16", "float32"]), shard_bytes=st.sampled_from([600, 5000]))
+@given(
+    lengths=_SAMPLES,
+    name=st.sampled_from(FOUR_BIT),
+    dtype=st.sampled_from(["bfloat16", "float32"]),
+    shard_bytes=st.sampled_from([600, 5000]),
+)
 def test_writer_reader_round_trip_bit_for_bit(tmp_path_factory, lengths, name, dtype, shard_bytes):
     root = tmp_path_factory.mktemp("fp4")
     k, h = 2, 2 * GROUP_SIZE
@@ -224,18 +228,30 @@ def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, n
 
     from safetensors.torch import save_file
 
-    from hs_dataset.sample import TokenizedSample
     from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
-    from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION
     from hs_dataset.codecs.fp8 import STATE_ENCODING_KEY
+    from hs_dataset.sample import TokenizedSample
+    from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION
 
     k, h, ids = 2, 2 * GROUP_SIZE, torch.arange(10, 15)
     plain = make_sample("s0", 5, k=k, h=h)
     (aux, aux_scale), (final, final_scale) = quantize(plain.aux_hidden_states), quantize(plain.final_hidden_state)
-    meta = {"format": DUMP_FORMAT, "version": DUMP_VERSION, "rid": "hs-r1", "final_state": "pre_norm",
-            "hf_aux_layer_ids": json.dumps([2, 3]), "dtype": "bfloat16", STATE_ENCODING_KEY: name}
-    tensors = {"input_ids": ids, "aux_hidden_states": aux, "final_hidden_state": final,
-               "aux_hidden_states.scale": aux_scale, "final_hidden_state.scale": final_scale}
+    meta = {
+        "format": DUMP_FORMAT,
+        "version": DUMP_VERSION,
+        "rid": "hs-r1",
+        "final_state": "pre_norm",
+        "hf_aux_layer_ids": json.dumps([2, 3]),
+        "dtype": "bfloat16",
+        STATE_ENCODING_KEY: name,
+    }
+    tensors = {
+        "input_ids": ids,
+        "aux_hidden_states": aux,
+        "final_hidden_state": final,
+        "aux_hidden_states.scale": aux_scale,
+        "final_hidden_state.scale": final_scale,
+    }
     sample = TokenizedSample("s0", ids, torch.ones(5, dtype=torch.bool))
     expected = ExpectedDump(aux_layer_ids=(2, 3), dtype=torch.bfloat16, hidden_size=h)
     save_file(tensors, str(tmp_path / "d.safetensors"), metadata=meta)
@@ -254,9 +270,9 @@ def test_client_hands_4bit_dumps_on_encoded_and_refuses_wrong_scales(tmp_path, n
 @pytest.mark.parametrize("storage", ["native", "fp8", MXFP4_ENCODING, NF4_ENCODING])
 def test_the_probe_reads_the_models_hidden_size_from_any_dump_encoding(storage):
     """A 4-bit dump is [T, H/2] bytes: the probe must still see H (it called the first real nf4 server the wrong model)."""
-    from hs_dataset.errors import ServerValidationError
     from hs_dataset.capture.sglang.validate import check_probe
     from hs_dataset.codecs.fp8 import quantize_fp8_per_token
+    from hs_dataset.errors import ServerValidationError
 
     k, h = 2, 4 * GROUP_SIZE
     plain = make_sample("__hs_probe__", 7, k=k, h=h, dtype=torch.bfloat16)

@@ -21,9 +21,11 @@ def test_every_storage_list_is_the_registry_s():
     scaled = {e.name for e in ENCODINGS.values() if e.scaled}
     assert set(STORAGE_NAMES.values()) == scaled and set(QUANTIZERS) == scaled
     assert set(typing.get_args(StorageName)) == {"native", *STORAGE_NAMES, *scaled} == set(CaptureConfig.STORAGES)
-    assert STORAGE_CHOICES == ("native", *STORAGE_NAMES)
+    assert ("native", *STORAGE_NAMES) == STORAGE_CHOICES
     for short, name in STORAGE_NAMES.items():  # the card schema's text names each one
-        assert f"`{short}`" in ShardsSection.model_fields["storage"].description and name in ShardsSection.model_fields["storage"].description
+        assert (
+            f"`{short}`" in ShardsSection.model_fields["storage"].description and name in ShardsSection.model_fields["storage"].description
+        )
 
 
 def test_no_second_list_of_encoding_names_in_the_package():

@@ -12,8 +12,7 @@ import yaml
 from hs_dataset.config import Card, CardError, card_from_dict, list_cards, load_card
 from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import HsDatasetError
-
-from tests.fixtures.paths import REPO as ROOT  # noqa: E402
+from tests.fixtures.paths import REPO as ROOT
 
 
 def _render_module():
@@ -112,7 +111,10 @@ def test_a_key_nothing_resembles_lists_the_known_keys(tmp_path, sglang_raw):
         # aux: [] is a valid card now (the final state only, issue #38); naming no layers at all is what is refused
         (lambda raw: raw["layers"].pop("aux"), "layers: name the captured layers: `aux: [2, 30, 58]`"),
         (lambda raw: raw["layers"].update(aux=None, preset="dflash3"), "layers.preset: must be one of 'eagle3'"),
-        (lambda raw: raw["layers"].update(preset="eagle3", taps=3), "layers: taps applies to the presets dflash, dflash2, dspark, xpress only"),
+        (
+            lambda raw: raw["layers"].update(preset="eagle3", taps=3),
+            "layers: taps applies to the presets dflash, dflash2, dspark, xpress only",
+        ),
         (lambda raw: raw["layers"].update(aux=[-1, 2]), "layers.aux: must be HF hidden_states indexes >= 0"),
         (lambda raw: raw["layers"].update(aux=[1, "2"]), "layers.aux[1]: must be an integer, got '2'"),
         (lambda raw: raw["layers"].update(final="mid_norm"), "layers.final: must be one of 'pre_norm' or 'post_norm', got 'mid_norm'"),
@@ -168,9 +170,13 @@ def test_numbers_in_server_env_and_args_become_strings(tmp_path, sglang_raw):
 
 def test_fingerprint_ignores_key_order_and_stated_defaults_but_not_values(sglang_raw):
     base = card_from_dict(sglang_raw)
-    reordered = card_from_dict({k: sglang_raw[k] for k in reversed(list(sglang_raw))} | {"layers": dict(reversed(list(sglang_raw["layers"].items())))})
+    reordered = card_from_dict(
+        {k: sglang_raw[k] for k in reversed(list(sglang_raw))} | {"layers": dict(reversed(list(sglang_raw["layers"].items())))}
+    )
     assert reordered.fingerprint == base.fingerprint
-    explicit = card_from_dict({**sglang_raw, "backend": {**sglang_raw["backend"], "backoff_s": 0.5}, "source": {**sglang_raw["source"], "kind": "conversations"}})
+    explicit = card_from_dict(
+        {**sglang_raw, "backend": {**sglang_raw["backend"], "backoff_s": 0.5}, "source": {**sglang_raw["source"], "kind": "conversations"}}
+    )
     assert explicit.fingerprint == base.fingerprint
     assert card_from_dict(base.to_dict()).fingerprint == base.fingerprint
     assert card_from_dict({**sglang_raw, "max_length": 1023}).fingerprint != base.fingerprint

@@ -33,7 +33,13 @@ def test_card_settings_are_applied_to_the_card_for_its_backend():
     assert RunOptions().apply_to(hf) is hf  # nothing given: the card as it is
     opts = RunOptions(batch_size=3, device="cpu", servers=["http://a:1"], shard_bytes=1000, storage="fp8", model_path=Path("/m"))
     card = opts.apply_to(hf)
-    assert (card.backend.batch_size, card.backend.device, card.shards.bytes, card.shards.storage, card.model.path) == (3, "cpu", 1000, "fp8", "/m")
+    assert (card.backend.batch_size, card.backend.device, card.shards.bytes, card.shards.storage, card.model.path) == (
+        3,
+        "cpu",
+        1000,
+        "fp8",
+        "/m",
+    )
     served = opts.apply_to(sglang)
     assert served.backend.urls == ["http://a:1"] and served.backend.concurrency == sglang.backend.concurrency
     # a stream's batch size is also the client's requests in flight

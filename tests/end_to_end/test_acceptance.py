@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tests.fixtures.interop import require_interop
 
 K, MAX_NEW, EPOCHS, SAMPLES = 3, 32, 10, 96
@@ -37,9 +38,8 @@ def _independent(model, ids):
     """HF ``hidden_states`` at the aux indexes and the input of the final norm (pre-norm), one sequence."""
     import torch
 
-    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
-
     from tests.fixtures.reference import aux_and_prenorm
+    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
     return aux_and_prenorm(model, torch.as_tensor(ids), VERIFIER_AUX_LAYERS)
 
@@ -68,16 +68,23 @@ def test_final_norm_reparameterisation_keeps_the_function(lib, ci_verifier: Path
             a, b = model(torch.tensor([ids])).logits, trained(torch.tensor([ids])).logits
         worst = max(worst, float((a - b).abs().max() / b.abs().max()))
         assert torch.equal(a.argmax(-1), b.argmax(-1))
-        reference = trained.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=verifier.stop, pad_token_id=verifier.stop)
-        assert verifier.greedy(ids, 24) == reference[0, len(ids):].tolist()
+        reference = trained.generate(
+            torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=verifier.stop, pad_token_id=verifier.stop
+        )
+        assert verifier.greedy(ids, 24) == reference[0, len(ids) :].tolist()
         # what speculators' trainer makes of post-norm data: verifier_lm_head(verifier_norm(post))
         _, pre = _independent(model, ids)
         post = derive_post_norm(pre, weight, eps)
-        rms = lambda x: weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+        def rms(x):
+            return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
         with torch.no_grad():
             same_targets += int((model.lm_head(rms(post)).argmax(-1) == model.lm_head(rms(pre)).argmax(-1)).sum())
         total += len(ids)
-    print(f"\nreparameterised vs trained verifier: max relative logit difference {worst:.1e}; post-norm targets equal on {same_targets / total:.2f}")
+    print(
+        f"\nreparameterised vs trained verifier: max relative logit difference {worst:.1e}; post-norm targets equal on {same_targets / total:.2f}"
+    )
     assert worst < 1e-5
     assert same_targets / total < 0.5
 
@@ -100,8 +107,13 @@ def test_our_data_beats_zeroed_aux_and_decoding_is_exact(lib, ci_verifier: Path,
     for i in range(0, len(stored), 12):  # stored states vs an independent forward of the verifier
         sample = stored[i]
         aux, pre = _independent(verifier.model, sample["input_ids"])
-        rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm())
-        worst = max(worst, rel(sample["final_hidden_state"], pre), *(rel(sample["aux_hidden_states"][:, k], aux[:, k]) for k in range(aux.shape[1])))
+
+        def rel(a, b):
+            return float((a.double() - b.double()).norm() / b.double().norm())
+
+        worst = max(
+            worst, rel(sample["final_hidden_state"], pre), *(rel(sample["aux_hidden_states"][:, k], aux[:, k]) for k in range(aux.shape[1]))
+        )
     print(f"stored states vs independent forward: max relative error {worst:.1e}")
     assert worst < 1e-5
     zeroed = lib.write_broken(ours, tmp_path / "zero_aux", "zero_aux")

@@ -17,9 +17,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -88,43 +89,107 @@ def chat(user: str | None, assistant: str | None, **extra) -> dict:
 BUILD_CASES: dict[str, BuildCase] = {
     # malformed conversation rows
     "line is not JSON": BuildCase(['{"id": "bad", "messages": [}'], "malformed", "is not valid JSON"),
-    "line is a JSON list": BuildCase(['[1, 2, 3]'], "malformed", "is a JSON list, not an object"),
+    "line is a JSON list": BuildCase(["[1, 2, 3]"], "malformed", "is a JSON list, not an object"),
     "messages is a string": BuildCase([{"id": "bad", "messages": "hello"}], "malformed", "must be a list of messages"),
     "message is not an object": BuildCase([{"id": "bad", "messages": ["hi", "there"]}], "malformed", "a message must be an object"),
-    "content is a number": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "x"}]}], "malformed", "must be a string or a list of text parts"),
-    "image content part": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, {"role": "assistant", "content": "x"}]}], "malformed", "only text parts"),
-    "tool call arguments not JSON": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}], "malformed", "arguments are not valid JSON"),
-    "tool result without call id": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]}], "malformed", "tool_call_id"),
+    "content is a number": BuildCase(
+        [{"id": "bad", "messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "x"}]}],
+        "malformed",
+        "must be a string or a list of text parts",
+    ),
+    "image content part": BuildCase(
+        [
+            {
+                "id": "bad",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, {"role": "assistant", "content": "x"}],
+            }
+        ],
+        "malformed",
+        "only text parts",
+    ),
+    "tool call arguments not JSON": BuildCase(
+        [
+            {
+                "id": "bad",
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]},
+                ],
+            }
+        ],
+        "malformed",
+        "arguments are not valid JSON",
+    ),
+    "tool result without call id": BuildCase(
+        [
+            {
+                "id": "bad",
+                "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}],
+            }
+        ],
+        "malformed",
+        "tool_call_id",
+    ),
     "neither messages nor input_ids": BuildCase([{"id": "bad", "text": "plain text"}], "malformed", "neither 'messages'"),
     "id is a list": BuildCase([{**GOOD_A, "id": [1]}], "malformed", "id: must be a non-empty string"),
     "duplicate id": BuildCase([{**GOOD_B, "id": "good-a"}], "malformed", "duplicate sample id (first used by row 0)"),
     # unknown roles
-    "unknown role": BuildCase([{"id": "bad", "messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": "x"}]}], "malformed", "unknown role 'wizard'"),
-    "missing role": BuildCase([{"id": "bad", "messages": [{"content": "hi"}, {"role": "assistant", "content": "x"}]}], "malformed", "unknown role None"),
+    "unknown role": BuildCase(
+        [{"id": "bad", "messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": "x"}]}],
+        "malformed",
+        "unknown role 'wizard'",
+    ),
+    "missing role": BuildCase(
+        [{"id": "bad", "messages": [{"content": "hi"}, {"role": "assistant", "content": "x"}]}], "malformed", "unknown role None"
+    ),
     # empty messages
     "messages is empty": BuildCase([{"id": "bad", "messages": []}], "malformed", "is empty"),
     "messages is null": BuildCase([{"id": "bad", "messages": None}], "malformed", "neither 'messages'"),
-    "user message without content": BuildCase([chat(None, None, messages=[{"role": "user"}, {"role": "assistant", "content": "x"}])], "malformed", "user message is missing content"),
-    "assistant message without content": BuildCase([chat("q", None, messages=[{"role": "user", "content": "q"}, {"role": "assistant"}])], "malformed", "neither content nor tool_calls"),
+    "user message without content": BuildCase(
+        [chat(None, None, messages=[{"role": "user"}, {"role": "assistant", "content": "x"}])],
+        "malformed",
+        "user message is missing content",
+    ),
+    "assistant message without content": BuildCase(
+        [chat("q", None, messages=[{"role": "user", "content": "q"}, {"role": "assistant"}])], "malformed", "neither content nor tool_calls"
+    ),
     "empty user content (allowed)": BuildCase([chat("", "an answer")], "written", ""),
     # samples with no supervised token
     "no assistant message": BuildCase([chat("only a question", None)], "no_supervised_token", "conversation has no assistant message"),
-    "pre-tokenized mask all zero": BuildCase([{"id": "bad", "input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}], "no_supervised_token", "loss_mask is all zero"),
+    "pre-tokenized mask all zero": BuildCase(
+        [{"id": "bad", "input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}], "no_supervised_token", "loss_mask is all zero"
+    ),
     # over-long samples
     "too long, truncate": BuildCase([chat("q", LONG)], "truncated", "", card={"max_length": 32, "overflow": "truncate"}),
-    "too long, drop": BuildCase([chat("q", LONG)], "dropped_too_long", "tokens > max_length 32", card={"max_length": 32, "overflow": "drop"}),
-    "too long, supervision cut off": BuildCase([chat(LONG, "x")], "no_supervised_token", "every supervised token lies beyond max_length 32", card={"max_length": 32}),
+    "too long, drop": BuildCase(
+        [chat("q", LONG)], "dropped_too_long", "tokens > max_length 32", card={"max_length": 32, "overflow": "drop"}
+    ),
+    "too long, supervision cut off": BuildCase(
+        [chat(LONG, "x")], "no_supervised_token", "every supervised token lies beyond max_length 32", card={"max_length": 32}
+    ),
     # token ids out of the vocabulary
-    "token id == vocab size": BuildCase([{"id": "bad", "input_ids": [1, 2, VOCAB], "loss_mask": [0, 1, 1]}], "malformed", f"outside the vocabulary [0, {VOCAB}), first {VOCAB} at position 2"),
-    "token id 10 million": BuildCase([{"id": "bad", "input_ids": [10_000_000, 2], "loss_mask": [1, 1]}], "malformed", "outside the vocabulary"),
+    "token id == vocab size": BuildCase(
+        [{"id": "bad", "input_ids": [1, 2, VOCAB], "loss_mask": [0, 1, 1]}],
+        "malformed",
+        f"outside the vocabulary [0, {VOCAB}), first {VOCAB} at position 2",
+    ),
+    "token id 10 million": BuildCase(
+        [{"id": "bad", "input_ids": [10_000_000, 2], "loss_mask": [1, 1]}], "malformed", "outside the vocabulary"
+    ),
     "negative token id": BuildCase([{"id": "bad", "input_ids": [3, -1], "loss_mask": [1, 1]}], "malformed", "first -1 at position 1"),
     "float token ids": BuildCase([{"id": "bad", "input_ids": [1.5, 2.0], "loss_mask": [1, 1]}], "malformed", "must hold integers"),
     "empty input_ids": BuildCase([{"id": "bad", "input_ids": [], "loss_mask": []}], "malformed", "input_ids: is empty"),
-    "loss_mask length mismatch": BuildCase([{"id": "bad", "input_ids": [1, 2, 3], "loss_mask": [1, 1]}], "malformed", "has 2 entries for 3 input_ids"),
+    "loss_mask length mismatch": BuildCase(
+        [{"id": "bad", "input_ids": [1, 2, 3], "loss_mask": [1, 1]}], "malformed", "has 2 entries for 3 input_ids"
+    ),
     "loss_mask value 2": BuildCase([{"id": "bad", "input_ids": [1, 2, 3], "loss_mask": [0, 2, 1]}], "malformed", "0/1"),
     # NaN/inf states and capture failures (injected into the backend's output for row "bad")
-    "NaN in an aux state": BuildCase([chat("q", "fine text")], "quarantined", "aux_hidden_states has NaN/inf at 1 token(s), first at token 1", poison="nan"),
-    "inf in the final state": BuildCase([chat("q", "fine text")], "quarantined", "final_hidden_state has NaN/inf at 1 token(s), first at token 0", poison="inf"),
+    "NaN in an aux state": BuildCase(
+        [chat("q", "fine text")], "quarantined", "aux_hidden_states has NaN/inf at 1 token(s), first at token 1", poison="nan"
+    ),
+    "inf in the final state": BuildCase(
+        [chat("q", "fine text")], "quarantined", "final_hidden_state has NaN/inf at 1 token(s), first at token 0", poison="inf"
+    ),
     "backend cannot capture": BuildCase([chat("q", "fine text")], "capture_failed", "partial prompt (injected)", poison="fail"),
     # source lines that cannot be decoded or parsed: counted with their line, never fatal
     "invalid UTF-8 line": BuildCase([b'{"id": "bad", "messages": "\xff\xfe"}'], "malformed", "line 2 is not valid UTF-8 (byte 27"),
@@ -137,18 +202,53 @@ BUILD_CASES: dict[str, BuildCase] = {
     "JSON nested 100k deep": BuildCase(["[" * 100_000 + "]" * 100_000], "malformed", "line 2 is"),
     "CRLF line ending (fine)": BuildCase([json.dumps(GOOD_B | {"id": "bad"}) + "\r"], "written", ""),
     # oversized rows: over the line cap (skipped unread) or over the character cap (cut exactly, or refused)
-    "line over the line cap": BuildCase([json.dumps(chat("q", "x" * (LINE_CAP + 10)))], "oversized", f"bytes, over the {LINE_CAP}-byte line cap"),
+    "line over the line cap": BuildCase(
+        [json.dumps(chat("q", "x" * (LINE_CAP + 10)))], "oversized", f"bytes, over the {LINE_CAP}-byte line cap"
+    ),
     "text over the character cap, cut exactly": BuildCase([chat("q", HUGE_TEXT)], "truncated", ""),
-    "reasoning over the character cap, cut exactly": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer", "reasoning_content": HUGE_TEXT}]}], "truncated", ""),
+    "reasoning over the character cap, cut exactly": BuildCase(
+        [
+            {
+                "id": "bad",
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer", "reasoning_content": HUGE_TEXT}],
+            }
+        ],
+        "truncated",
+        "",
+    ),
     "character cap reaching the stored window": BuildCase([chat("q", " " * 200_000)], "oversized", "its first 1024 tokens reach that cut"),
-    "tool schemas over the character cap": BuildCase([chat("q", "a", tools=[{"type": "function", "function": {"name": "f", "description": "d" * 70_000}}])], "oversized", "tool schemas alone exceed the 65536-character row cap"),
-    "tool-call arguments across the character cap": BuildCase([{"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": "y" * 70_000})}}]}]}], "oversized", "inside tool-call arguments"),
+    "tool schemas over the character cap": BuildCase(
+        [chat("q", "a", tools=[{"type": "function", "function": {"name": "f", "description": "d" * 70_000}}])],
+        "oversized",
+        "tool schemas alone exceed the 65536-character row cap",
+    ),
+    "tool-call arguments across the character cap": BuildCase(
+        [
+            {
+                "id": "bad",
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": "y" * 70_000})}}
+                        ],
+                    },
+                ],
+            }
+        ],
+        "oversized",
+        "inside tool-call arguments",
+    ),
     # token ids that do not fit the model
     "token id 2**70": BuildCase([{"id": "bad", "input_ids": [1, 2**70], "loss_mask": [1, 1]}], "malformed", "must hold integers"),
     "token ids nested": BuildCase([{"id": "bad", "input_ids": [[1, 2], [3, 4]], "loss_mask": [1, 1]}], "malformed", "must be a flat list"),
     "token ids a string": BuildCase([{"id": "bad", "input_ids": "1 2 3"}], "malformed", "input_ids"),
     "token ids booleans": BuildCase([{"id": "bad", "input_ids": [True, False], "loss_mask": [1, 1]}], "malformed", "got booleans"),
-    "most negative int64 id": BuildCase([{"id": "bad", "input_ids": [-(2**63), 5], "loss_mask": [1, 1]}], "malformed", f"first {-(2**63)} at position 0"),
+    "most negative int64 id": BuildCase(
+        [{"id": "bad", "input_ids": [-(2**63), 5], "loss_mask": [1, 1]}], "malformed", f"first {-(2**63)} at position 0"
+    ),
 }
 
 
@@ -439,8 +539,10 @@ def test_case_count():
     fs = len(READ_ONLY_COMMANDS) + len(WRITE_COMMANDS)
     network, mechanisms = 3, len(MECHANISM_CASES) + 2
     total = build + read + extra + limits + fs + network + mechanisms
-    print(f"\nbad inputs tried: {build} build-path rows + {read} read-path rows + {extra} resume cases + {limits} size/memory "
-          f"+ {fs} read-only fs + {network} network + {mechanisms} mechanism = {total} (plus {strict} strict-mode re-checks)")
+    print(
+        f"\nbad inputs tried: {build} build-path rows + {read} read-path rows + {extra} resume cases + {limits} size/memory "
+        f"+ {fs} read-only fs + {network} network + {mechanisms} mechanism = {total} (plus {strict} strict-mode re-checks)"
+    )
     assert total >= 60
 
 
@@ -513,8 +615,10 @@ def _child(kind: str, path: Path, extra: str) -> dict:
     res = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path), extra], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"child failed: {res.stderr[-2000:]}"
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"\n[memory] {kind}: peak RSS {out['peak_mib']:.0f} MiB, {out['peak_mib'] - out['base_mib']:.1f} MiB over the "
-          f"{out['base_mib']:.0f} MiB before the input (bound {MEMORY_BOUND_MIB} MiB)")
+    print(
+        f"\n[memory] {kind}: peak RSS {out['peak_mib']:.0f} MiB, {out['peak_mib'] - out['base_mib']:.1f} MiB over the "
+        f"{out['base_mib']:.0f} MiB before the input (bound {MEMORY_BOUND_MIB} MiB)"
+    )
     return out
 
 
@@ -525,8 +629,13 @@ def test_a_50mb_single_line_row_costs_bounded_memory(tmp_path, tiny_model_dir):
     assert src.stat().st_size > 50 << 20
     out = _child("jsonl", src, str(tiny_model_dir))
     assert out["stored"] == ["good-a", "good-b"], f"LOST: {out}"
-    assert out["issues"] == [["oversized", f"line 2 is {len(json.dumps(huge)) + 1} bytes, over the {LINE_CAP}-byte line cap "
-                                           "(raise max_length, or split the row)", 2]]
+    assert out["issues"] == [
+        [
+            "oversized",
+            f"line 2 is {len(json.dumps(huge)) + 1} bytes, over the {LINE_CAP}-byte line cap (raise max_length, or split the row)",
+            2,
+        ]
+    ]
     assert out["peak_mib"] - out["base_mib"] < MEMORY_BOUND_MIB
 
 
@@ -556,10 +665,13 @@ def test_a_20mb_ckpt_gz_bomb_is_refused_with_bounded_memory(tmp_path):
     assert not (tmp_path / "dest" / "manifest.json").exists() or open_dataset(tmp_path / "dest").sample_ids == []
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"not gzip at all", "cannot be decompressed"),
-    (None, "cannot be decompressed"),  # a real gzip cut in half
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"not gzip at all", "cannot be decompressed"),
+        (None, "cannot be decompressed"),  # a real gzip cut in half
+    ],
+)
 def test_unreadable_ckpt_gz_is_a_named_error(tmp_path, content, match):
     import gzip
 
@@ -569,7 +681,9 @@ def test_unreadable_ckpt_gz_is_a_named_error(tmp_path, content, match):
     path.parent.mkdir()
     path.write_bytes(content if content is not None else gzip.compress(os.urandom(4096))[:2000])
     with pytest.raises(ImportDataError, match=f"{re.escape(str(path))}: {match}"):
-        import_specforge(tmp_path / "sf", tmp_path / "dest", ImportSettings(config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8))
+        import_specforge(
+            tmp_path / "sf", tmp_path / "dest", ImportSettings(config="tiny-deepseek-hf", aux_layer_ids=[2, 3, 4], num_hidden_layers=8)
+        )
 
 
 # ---------------------------------------------------------------------------- read-only file systems
@@ -668,8 +782,25 @@ def _push(ds: Path, endpoint: str) -> tuple[int, str, float]:
 
     env = {**os.environ, "HS_DATASET_HUB_TIMEOUT_S": "2", "HF_HUB_OFFLINE": "0"}
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "hs_dataset.cli.main", "push", str(ds), "me/repo", "--endpoint", endpoint,
-                          "--token", "hf_test", "--no-plots"], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hs_dataset.cli.main",
+            "push",
+            str(ds),
+            "me/repo",
+            "--endpoint",
+            endpoint,
+            "--token",
+            "hf_test",
+            "--no-plots",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     return res.returncode, res.stderr.strip(), time.monotonic() - t0
 
 
@@ -685,8 +816,11 @@ def test_push_without_a_network_fails_in_one_line_without_hanging(tmp_path, clea
         port = hole.getsockname()[1]
         if where == "listens, never answers":
             hole.listen(8)
-        endpoint = {"nothing listens": f"http://127.0.0.1:{port}", "listens, never answers": f"http://127.0.0.1:{port}",
-                    "unresolvable host": "http://hub.invalid"}[where]
+        endpoint = {
+            "nothing listens": f"http://127.0.0.1:{port}",
+            "listens, never answers": f"http://127.0.0.1:{port}",
+            "unresolvable host": "http://hub.invalid",
+        }[where]
         if where == "nothing listens":
             hole.close()
         code, err, took = _push(ds, endpoint)
@@ -701,9 +835,24 @@ NEW_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hid
 OLD_LAYER = "class DeepseekV2DecoderLayer:\n    def forward(self, positions, hidden_states, forward_batch, residual):\n        if x:\n            return hidden_states, residual\n        return (hidden_states, residual)\n"
 
 MECHANISM_CASES = {
-    "layer_hooks where the layer returns topk_indices (0.5.23)": ("0.5.23", NEW_LAYER, ["DeepseekV3ForCausalLM"], "returns `(hidden_states, topk_indices)`"),
-    "layer_hooks where one return lacks the residual": ("0.5.19", OLD_LAYER.replace("return (hidden_states, residual)", "return hidden_states"), ["DeepseekV3ForCausalLM"], "returns `hidden_states`"),
-    "layer_hooks where the layer class is gone": ("0.5.19", "class Other:\n    pass\n", ["DeepseekV3ForCausalLM"], "cannot read sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.forward"),
+    "layer_hooks where the layer returns topk_indices (0.5.23)": (
+        "0.5.23",
+        NEW_LAYER,
+        ["DeepseekV3ForCausalLM"],
+        "returns `(hidden_states, topk_indices)`",
+    ),
+    "layer_hooks where one return lacks the residual": (
+        "0.5.19",
+        OLD_LAYER.replace("return (hidden_states, residual)", "return hidden_states"),
+        ["DeepseekV3ForCausalLM"],
+        "returns `hidden_states`",
+    ),
+    "layer_hooks where the layer class is gone": (
+        "0.5.19",
+        "class Other:\n    pass\n",
+        ["DeepseekV3ForCausalLM"],
+        "cannot read sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.forward",
+    ),
     "layer_hooks on an unknown architecture": ("0.5.19", OLD_LAYER, ["MysteryForCausalLM"], "no known SGLang decoder layer"),
     "layer_hooks where the model file is missing": ("0.5.19", None, ["DeepseekV3ForCausalLM"], "cannot read"),
 }
@@ -711,9 +860,7 @@ MECHANISM_CASES = {
 
 @pytest.mark.parametrize("name", list(MECHANISM_CASES))
 def test_wrong_mechanism_is_refused_at_planning(tmp_path, monkeypatch, name):
-    from hs_dataset.capture.serve import plan as serve
-    from hs_dataset.capture.serve import probe
-
+    from hs_dataset.capture.serve import plan as serve, probe
     from tests.fixtures.fake_sglang import fake_sglang
 
     version, layer_source, archs, match = MECHANISM_CASES[name]
@@ -747,8 +894,8 @@ def _need_server_env() -> None:
 def test_real_sglang_env_refuses_layer_hooks_at_planning(tmp_path):
     """The real probe of .sglang-venv (SGLang 0.5.23) finds the installed layer source and refuses; 'auto' still plans."""
     _need_server_env()
-    from hs_dataset.config import load_card
     from hs_dataset.capture.serve import plan as serve
+    from hs_dataset.config import load_card
 
     card = load_card("tiny-deepseek-sglang")
     with pytest.raises(serve.ServeError, match=r"SGLang 0\.5\.23.*returns `\(hidden_states, topk_indices\)`.*'aux_return'"):
@@ -776,12 +923,19 @@ def test_hand_started_server_refuses_layer_hooks_in_process(tmp_path):
 
     _need_server_env()
     from tests.fixtures.paths import REPO as repo
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'hs_dataset' / 'server_patch' / 'cpu_support'}",
-           "SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{repo}{os.pathsep}{repo / 'hs_dataset' / 'server_patch' / 'cpu_support'}",
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "TORCHDYNAMO_DISABLE": "1",
+    }
     stage = tmp_path / "stage"
     stage.mkdir(mode=0o700)
     res = subprocess.run([str(SERVER_PYTHON), "-c", _IN_SERVER, str(stage)], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["source_read"] is True
-    assert out["refused"] and "SGLang 0.5.23" in out["refused"] and "topk_indices" in out["refused"] and "'aux_return'" in out["refused"], out
+    assert out["refused"] and "SGLang 0.5.23" in out["refused"] and "topk_indices" in out["refused"] and "'aux_return'" in out["refused"], (
+        out
+    )

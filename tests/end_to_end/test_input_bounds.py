@@ -53,10 +53,13 @@ def nested_dict(depth: int) -> dict:
 
 
 def call_row(arguments) -> dict:
-    return {"id": "bad", "messages": [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": arguments}}]},
-    ]}
+    return {
+        "id": "bad",
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": arguments}}]},
+        ],
+    }
 
 
 def many_turns(n: int) -> list[dict]:
@@ -73,9 +76,17 @@ def nested_list(depth: int) -> list:
 DEEP_TEXT = "[" * 100_000 + "]" * 100_000
 ROW_CASES = {
     "2000 messages": ({"id": "bad", "messages": many_turns(2000)}, {}, "messages: 2000 turns, over the 1024-turn bound"),
-    "2000 sharegpt turns": ({"id": "bad", "conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": "x"} for i in range(2000)]}, {}, "conversations: 2000 turns"),
+    "2000 sharegpt turns": (
+        {"id": "bad", "conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": "x"} for i in range(2000)]},
+        {},
+        "conversations: 2000 turns",
+    ),
     "2000 ultrachat strings": ({"id": "bad", "data": ["x"] * 2000}, {}, "data: 2000 turns"),
-    "turns over a card bound of 3": ({"id": "bad", "messages": many_turns(4)}, {"row_turns": 3}, "over the 3-turn bound (raise limits.row_turns"),
+    "turns over a card bound of 3": (
+        {"id": "bad", "messages": many_turns(4)},
+        {"row_turns": 3},
+        "over the 3-turn bound (raise limits.row_turns",
+    ),
     "tool arguments 100 deep": (call_row(nested_dict(100)), {}, "over the row_depth bound"),
     "tool arguments 50000 deep": (call_row(nested_dict(50_000)), {}, "over the row_depth bound"),
     "argument JSON string 100000 deep": (call_row('{"a": ' * 100_000 + "1" + "}" * 100_000), {}, "arguments: JSON nested too deeply"),
@@ -83,13 +94,20 @@ ROW_CASES = {
     "tools JSON string 100000 deep": ({**GOOD, "id": "bad", "tools": DEEP_TEXT}, {}, "tools: JSON nested too deeply"),
     "tools list 200 deep": ({**GOOD, "id": "bad", "tools": [nested_dict(200)]}, {}, "over the row_depth bound"),
     "sharegpt function_call 100000 deep": (
-        {"id": "bad", "conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": DEEP_TEXT}]}, {}, "value: JSON nested too deeply",
+        {"id": "bad", "conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": DEEP_TEXT}]},
+        {},
+        "value: JSON nested too deeply",
     ),
-    "assistant content 5000 deep": ({"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": nested_list(5000)}]}, {}, "over the row_depth bound"),
+    "assistant content 5000 deep": (
+        {"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": nested_list(5000)}]},
+        {},
+        "over the row_depth bound",
+    ),
     "extra column 5000 deep": ({**GOOD, "id": "bad", "meta": nested_list(5000)}, {}, "meta"),
     "depth over a card bound of 8": (call_row(nested_dict(6)), {"row_depth": 8}, "nested more than 8 levels"),
     "characters over a card bound": (
-        {"id": "bad", "messages": [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "y"}]}, {"row_chars": 4000},
+        {"id": "bad", "messages": [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "y"}]},
+        {"row_chars": 4000},
         "more than 4000 characters of text, over the row_chars bound",
     ),
     "characters in keys": ({**GOOD, "id": "bad", "k" * 5000: 1}, {"row_chars": 4000}, "row_chars bound"),
@@ -103,7 +121,9 @@ def test_row_over_a_bound_is_counted_and_skipped(tok, name):
     start = time.monotonic()
     samples, report = load_samples([GOOD, row, GOOD2], tok, SampleRules(max_length=1024, limits=LimitsSection(**limits)))
     elapsed = time.monotonic() - start
-    assert [s.sample_id for s in samples] == ["good", "good2"], f"SILENT: good rows lost or the bad row kept: {[s.sample_id for s in samples]}"
+    assert [s.sample_id for s in samples] == ["good", "good2"], (
+        f"SILENT: good rows lost or the bad row kept: {[s.sample_id for s in samples]}"
+    )
     assert list(report.oversized) == [1], f"SILENT: the bad row is not counted oversized: {report.counts()} {report.issues}"
     assert reason in report.oversized[1] and "\n" not in report.oversized[1], report.oversized[1]
     assert elapsed < 10, f"HANG: {elapsed:.1f} s for one bad row"
@@ -143,9 +163,11 @@ BASE = _rss('VmRSS:')
 samples, report = load_samples(path, d, SampleRules(max_length=1024))
 RESULT = {{"samples": len(samples), "oversized": report.oversized}}
 """
-    result, elapsed = run_child(code)
+    result, _elapsed = run_child(code)
     assert result["samples"] == 1 and "row_turns" in result["oversized"]["0"]
-    assert result["growth_mb"] < CHILD_GROWTH_MB["row"], f"MEMORY: +{result['growth_mb']:.0f} MB for a 160k-turn row (bound {CHILD_GROWTH_MB['row']} MB)"
+    assert result["growth_mb"] < CHILD_GROWTH_MB["row"], (
+        f"MEMORY: +{result['growth_mb']:.0f} MB for a 160k-turn row (bound {CHILD_GROWTH_MB['row']} MB)"
+    )
 
 
 # ---------------------------------------------------------------- chat templates
@@ -153,12 +175,16 @@ RESULT = {{"samples": len(samples), "oversized": report.oversized}}
 TEMPLATE_CASES = {
     "nested loops for ever": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "template_seconds"),
     "loop over a loop with a namespace": (
-        "{% set ns = namespace(n=0) %}{% for i in range(100000) %}{% for j in range(100000) %}{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}", "template_seconds",
+        "{% set ns = namespace(n=0) %}{% for i in range(100000) %}{% for j in range(100000) %}{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}",
+        "template_seconds",
     ),
     "10 GB string by repetition": ("{{ 'x' * 10000000000 }}", "a repeated value"),
     "10 GB string from data": ("{{ messages[0].content * 10000000000 }}", "a repeated value"),
     "list repetition": ("{% set l = [1] * 1000000000 %}", "a repeated value"),
-    "output by loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{{ 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' }}{% endfor %}{% endfor %}", "an output"),
+    "output by loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' }}{% endfor %}{% endfor %}",
+        "an output",
+    ),
     "percent format width": ("{{ '%999999999s' % 'a' }}", "a formatted string"),
     "format method width": ("{{ '{:>999999999}'.format('a') }}", "a formatted string"),
     "center filter": ("{{ 'a' | center(1000000000) }}", "a width or count"),
@@ -188,7 +214,9 @@ def test_template_bounds_come_from_the_card(tok):
     template = "{% for i in range(3000) %}{{ 'x' }}{% endfor %}"
     samples, _ = load_samples([GOOD], tok, SampleRules(chat_template=template + ASSISTANT_TAIL))
     assert len(samples) == 1
-    samples, report = load_samples([GOOD], tok, SampleRules(chat_template=template + ASSISTANT_TAIL, limits=LimitsSection(template_chars=2048)))
+    samples, report = load_samples(
+        [GOOD], tok, SampleRules(chat_template=template + ASSISTANT_TAIL, limits=LimitsSection(template_chars=2048))
+    )
     assert not samples and "2048-character template_chars bound" in report.oversized[0]
 
 
@@ -199,9 +227,16 @@ def test_ordinary_template_renders_as_transformers_does(tok):
     from hs_dataset.sources.masking import resolve_mask_rule
 
     chat = ChatTokenizer(tok, resolve_mask_rule(tok))
-    conv_messages = [{"role": "system", "content": "s"}, *GOOD["messages"], {"role": "user", "content": "more {{ x }} %s"}, {"role": "assistant", "content": "ok"}]
+    conv_messages = [
+        {"role": "system", "content": "s"},
+        *GOOD["messages"],
+        {"role": "user", "content": "more {{ x }} %s"},
+        {"role": "assistant", "content": "ok"},
+    ]
     ours = chat.apply(conv_messages, None)
-    plain = utils._cached_compile_jinja_template(tok.get_chat_template()).render(messages=conv_messages, tools=None, documents=None, add_generation_prompt=False)
+    plain = utils._cached_compile_jinja_template(tok.get_chat_template()).render(
+        messages=conv_messages, tools=None, documents=None, add_generation_prompt=False
+    )
     theirs = tok(plain, add_special_tokens=False)["input_ids"]
     assert list(ours["input_ids"]) == list(theirs), "SILENT: the bounded template renders differently"
 
@@ -224,9 +259,11 @@ for bomb in bombs:
     found.append(report.oversized.get(0, ""))
 RESULT = {{"oversized": found}}
 """
-    result, elapsed = run_child(code)
+    result, _elapsed = run_child(code)
     assert all("template_chars" in r for r in result["oversized"]), result
-    assert result["growth_mb"] < CHILD_GROWTH_MB["template"], f"MEMORY: +{result['growth_mb']:.0f} MB for template bombs (bound {CHILD_GROWTH_MB['template']} MB)"
+    assert result["growth_mb"] < CHILD_GROWTH_MB["template"], (
+        f"MEMORY: +{result['growth_mb']:.0f} MB for template bombs (bound {CHILD_GROWTH_MB['template']} MB)"
+    )
 
 
 # ---------------------------------------------------------------- cards
@@ -283,13 +320,21 @@ except HsDatasetError as exc:
 """
     result, elapsed = run_child(code)
     assert "aliases" in result["error"], result
-    assert result["growth_mb"] < CHILD_GROWTH_MB["card"], f"MEMORY: +{result['growth_mb']:.0f} MB for a billion-laughs card (bound {CHILD_GROWTH_MB['card']} MB)"
+    assert result["growth_mb"] < CHILD_GROWTH_MB["card"], (
+        f"MEMORY: +{result['growth_mb']:.0f} MB for a billion-laughs card (bound {CHILD_GROWTH_MB['card']} MB)"
+    )
     assert elapsed < 30, f"HANG: {elapsed:.1f} s"
 
 
 # ---------------------------------------------------------------- model config.json
 
-GOOD_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 6, "hidden_size": 64, "vocab_size": 1000, "max_position_embeddings": 2048}
+GOOD_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 6,
+    "hidden_size": 64,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+}
 CONFIG_CASES = {
     "truncated JSON": ('{"num_hidden_layers": 6, "hidden_si', "not valid JSON"),
     "hidden_size -64": ({**GOOD_CONFIG, "hidden_size": -64}, "hidden_size is -64, outside [1, 131072]"),
@@ -301,7 +346,10 @@ CONFIG_CASES = {
     "num_hidden_layers missing": ({k: v for k, v in GOOD_CONFIG.items() if k != "num_hidden_layers"}, "num_hidden_layers is missing"),
     "vocab_size 0": ({**GOOD_CONFIG, "vocab_size": 0}, "vocab_size is 0"),
     "max_position_embeddings string": ({**GOOD_CONFIG, "max_position_embeddings": "4k"}, "max_position_embeddings must be an integer"),
-    "wrapper text_config layers 1e9": ({"architectures": ["X"], "text_config": {**GOOD_CONFIG, "num_hidden_layers": 10**9}}, "num_hidden_layers is 1000000000"),
+    "wrapper text_config layers 1e9": (
+        {"architectures": ["X"], "text_config": {**GOOD_CONFIG, "num_hidden_layers": 10**9}},
+        "num_hidden_layers is 1000000000",
+    ),
     "a JSON list": ("[1, 2]", "must hold a JSON object"),
     "not UTF-8": (b'{"hidden_size": "\xff"}', "not UTF-8 JSON"),
     "nested 100000 deep": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
@@ -379,7 +427,11 @@ BODIES: dict[str, tuple[int, str, bytes | None]] = {  # path -> (status, content
     "/deep": (200, "application/json", b"[" * 200_000 + b"]" * 200_000),
     "/error500": (500, "text/plain", b"x" * (4 << 20)),
     "/info-version-int/server_info": (200, "application/json", json.dumps({"version": 5, "model_path": "m"}).encode()),
-    "/info-hooks-dict/server_info": (200, "application/json", json.dumps({"version": "0.5", "model_path": "m", "forward_hooks": {"a": 1}}).encode()),
+    "/info-hooks-dict/server_info": (
+        200,
+        "application/json",
+        json.dumps({"version": "0.5", "model_path": "m", "forward_hooks": {"a": 1}}).encode(),
+    ),
     "/info-radix-str/server_info": (200, "application/json", json.dumps({"version": "0.5", "disable_radix_cache": "yes"}).encode()),
     "/info-list/server_info": (200, "application/json", b"[1, 2, 3]"),
 }
@@ -402,7 +454,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self):
         path = self.path
         if path.startswith("/gen-"):
-            name = list(GENERATE_ANSWERS)[int(path[len("/gen-"):].split("/")[0])]
+            name = list(GENERATE_ANSWERS)[int(path[len("/gen-") :].split("/")[0])]
             status, ctype, body = 200, "application/json", json.dumps(GENERATE_ANSWERS[name][0]).encode()
         else:
             status, ctype, body = BODIES[path]
@@ -504,8 +556,8 @@ def test_hostile_server_info_is_a_validation_error(server, name):
 
 @pytest.mark.parametrize("name", list(GENERATE_ANSWERS))
 def test_hostile_generate_answer_is_a_failed_turn(server, name):
-    from hs_dataset.regenerate.generator import GenerationParams
     from hs_dataset.capture.sglang.generate import SGLangGenerator
+    from hs_dataset.regenerate.generator import GenerationParams
 
     url = f"{server}/gen-{list(GENERATE_ANSWERS).index(name)}"
     generator = SGLangGenerator([url], retries=0, vocab_size=1000, request_timeout_s=10)
@@ -533,7 +585,7 @@ import aiohttp
 BASE = _rss('VmRSS:')
 async def go():
     async with new_session(1, 60) as session:
-        return await get_json(session, {server + '/endless'!r}, 60)
+        return await get_json(session, {server + "/endless"!r}, 60)
 try:
     asyncio.run(go()); RESULT = {{"error": ""}}
 except BadResponseError as exc:
@@ -541,5 +593,7 @@ except BadResponseError as exc:
 """
     result, elapsed = run_child(code)
     assert "over 16777216 bytes" in result["error"], result
-    assert result["growth_mb"] < CHILD_GROWTH_MB["http"], f"MEMORY: +{result['growth_mb']:.0f} MB for an endless answer (bound {CHILD_GROWTH_MB['http']} MB)"
+    assert result["growth_mb"] < CHILD_GROWTH_MB["http"], (
+        f"MEMORY: +{result['growth_mb']:.0f} MB for an endless answer (bound {CHILD_GROWTH_MB['http']} MB)"
+    )
     assert elapsed < 30, f"HANG: {elapsed:.1f} s"

@@ -40,9 +40,9 @@ from hs_dataset.formats.atomic import TEMP_PREFIX
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
-
 from tests.fixtures.forkserver_client import ForkServer
 from tests.fixtures.paths import REPO
+
 SOAK = os.environ.get("HS_DATASET_SOAK", "") not in ("", "0")
 COPIES = 6 if SOAK else 2  # the 42 bundled conversations, repeated under distinct ids: 84 samples (252 in soak mode)
 SHARD_BYTES = 150_000  # ~1 sample per shard: many shard and manifest events per child
@@ -116,8 +116,20 @@ def source(tmp_path_factory) -> Path:
 
 def build_argv(out: Path, source: Path) -> list[str]:
     return [
-        "build", "--config", "tiny-deepseek-hf", "--out", str(out), "--source", str(source),
-        "--batch-size", str(BATCH), "--shard-bytes", str(SHARD_BYTES), "--device", "cpu", "--no-progress",
+        "build",
+        "--config",
+        "tiny-deepseek-hf",
+        "--out",
+        str(out),
+        "--source",
+        str(source),
+        "--batch-size",
+        str(BATCH),
+        "--shard-bytes",
+        str(SHARD_BYTES),
+        "--device",
+        "cpu",
+        "--no-progress",
     ]
 
 
@@ -157,9 +169,11 @@ def leftovers(root: Path) -> list[str]:
     for dirpath, dirs, names in os.walk(root):
         for name in list(names) + list(dirs):
             rel = os.path.relpath(os.path.join(dirpath, name), root)
-            if name.startswith((TEMP_PREFIX, ".tmp-")) or name.endswith((".rejected", ".part")):
-                bad.append(rel)
-            elif dirpath == str(root) and name.startswith("shard-") and name not in listed:
+            if (
+                name.startswith((TEMP_PREFIX, ".tmp-"))
+                or name.endswith((".rejected", ".part"))
+                or (dirpath == str(root) and name.startswith("shard-") and name not in listed)
+            ):
                 bad.append(rel)
     return sorted(bad)
 
@@ -168,14 +182,17 @@ def assert_same_content(reference: Path, other: Path) -> int:
     a, b = open_dataset(reference), open_dataset(other)
     ids_a, ids_b = a.sample_ids, b.sample_ids
     assert len(ids_b) == len(set(ids_b)), "a sample is stored twice"
-    assert sorted(ids_a) == sorted(ids_b), (set(ids_a) ^ set(ids_b))
+    assert sorted(ids_a) == sorted(ids_b), set(ids_a) ^ set(ids_b)
     by_id = {item["sample_id"]: item for item in b}
     for item in a:
         got = by_id[item["sample_id"]]
         for key in SAMPLE_KEYS:
             x, y = item[key], got[key]
             assert x.dtype == y.dtype and x.shape == y.shape, (item["sample_id"], key)
-            assert x.contiguous().view(torch.uint8).numpy().tobytes() == y.contiguous().view(torch.uint8).numpy().tobytes(), (item["sample_id"], key)
+            assert x.contiguous().view(torch.uint8).numpy().tobytes() == y.contiguous().view(torch.uint8).numpy().tobytes(), (
+                item["sample_id"],
+                key,
+            )
     assert a.manifest.metadata == b.manifest.metadata or _same_metadata(a.manifest.metadata.to_json(), b.manifest.metadata.to_json())
     return len(ids_b)
 
@@ -203,7 +220,9 @@ def summarize(log: list[dict], label: str) -> int:
     kills = [e for e in log if e["killed"]]
     print(f"\n{label}: {len(kills)} of {len(log)} children SIGKILLed")
     for e in log:
-        print(f"  {e['step']:3d} {e['fault']:<24} {'KILLED by ' + e['by'] if e['killed'] else 'finished (point not reached)':<34} stored after: {e['stored_after']:4d}  {e['s']:.2f} s")
+        print(
+            f"  {e['step']:3d} {e['fault']:<24} {'KILLED by ' + e['by'] if e['killed'] else 'finished (point not reached)':<34} stored after: {e['stored_after']:4d}  {e['s']:.2f} s"
+        )
     return len(kills)
 
 
@@ -234,7 +253,9 @@ def _build_chain_test(forkserver, source, reference, tmp_path, record_property, 
     assert leftovers(out) == []
     assert assert_same_content(reference, out) == total
     kinds = {e["fault"].split(":")[0] for e in log if e["killed"]}
-    distinct = len({e["fault"] for e in log if e["killed"] and e["fault"] != "random"}) + sum(1 for e in log if e["killed"] and e["fault"] == "random")
+    distinct = len({e["fault"] for e in log if e["killed"] and e["fault"] != "random"}) + sum(
+        1 for e in log if e["killed"] and e["fault"] == "random"
+    )
     record_property("kills", kills)
     record_property("distinct_kill_points", distinct)
     record_property("kill_log", json.dumps(log))
@@ -263,8 +284,13 @@ def test_build_crash_points_are_all_known():
     assert set(BUILD_POINTS) <= named
     # export chains below; push in tests/hub/test_upload_download.py; regeneration in tests/regenerate/test_regenerate_build.py and tests/regenerate/test_kill_resume.py; uploads in tests/remote/test_s3_build.py
     assert set(CRASH_POINTS) - set(BUILD_POINTS) == {
-        "export.mid_file", "push.before_commit", "regenerate.after_chunk", "regenerate.after_turn", "regenerate.mid_chunk",
-        "remote.mid_upload", "remote.before_manifest",
+        "export.mid_file",
+        "push.before_commit",
+        "regenerate.after_chunk",
+        "regenerate.after_turn",
+        "regenerate.mid_chunk",
+        "remote.mid_upload",
+        "remote.before_manifest",
     }
 
 

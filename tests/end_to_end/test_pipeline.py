@@ -125,7 +125,10 @@ def test_sigkill_mid_build_then_resume_gives_identical_bytes(tmp_path, python_en
 
 def test_cli_build_verify_info(tmp_path, capsys):
     out = tmp_path / "cli"
-    assert cli_main(["build", "--config", "tiny-deepseek-hf", "--out", str(out), "--num-samples", "4", "--batch-size", "2", "--no-progress"]) == 0
+    assert (
+        cli_main(["build", "--config", "tiny-deepseek-hf", "--out", str(out), "--num-samples", "4", "--batch-size", "2", "--no-progress"])
+        == 0
+    )
     assert "samples written      4" in capsys.readouterr().out
     assert cli_main(["verify", str(out)]) == 0
     assert capsys.readouterr().out.startswith("verified 4 samples")

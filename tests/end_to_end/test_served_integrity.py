@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.errors import ForeignDatasetError, HsDatasetError, IntegrityError, UnsafePathError, UsageError
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.merge import merge_datasets
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
-from tests.fixtures.samples import make_metadata, make_sample
+from hs_dataset.interop.settings import ExportSettings
 from tests.fixtures.fake_capture import FakeCaptureBackend
+from tests.fixtures.samples import make_metadata, make_sample
 from tests.fixtures.untrusted_dataset import SECRET, build, load_manifest, save_manifest, snapshot, split_header
 
 K, H = 3, 16
@@ -135,7 +135,7 @@ def test_a_damaged_cached_shard_is_captured_again_never_served(damage, cached, t
     cache = _copy_cache(cached, tmp_path)
     victim = Manifest.load(cache).shards[0]
     damage(cache / victim.file)
-    ds, backend = _stream(tiny_card, tiny_model_dir, cache)
+    ds, _backend = _stream(tiny_card, tiny_model_dir, cache)
     items = _epoch(ds)
     assert set(items) == set(cached[1]), f"LOST: {sorted(set(cached[1]) - set(items))}"
     for sid, item in items.items():
@@ -150,7 +150,7 @@ def test_a_damaged_cached_shard_is_captured_again_never_served(damage, cached, t
 
 def test_a_shard_changed_between_epochs_of_one_stream_is_checked_again(cached, tiny_model_dir, tiny_card, tmp_path):
     cache = _copy_cache(cached, tmp_path)
-    ds, backend = _stream(tiny_card, tiny_model_dir, cache)
+    ds, _backend = _stream(tiny_card, tiny_model_dir, cache)
     assert len(_epoch(ds)) == 6 and ds.stats.hits == 6
     victim = Manifest.load(cache).shards[-1]
     flip_at(lambda p, n: n - 1)(cache / victim.file)
@@ -219,8 +219,9 @@ def _user_files(kind: str, root: Path) -> None:
         save_file({"my_weights": torch.ones(4)}, str(root / "final_norm.safetensors"))
     elif kind == "notes-and-our-norm":
         (root / "notes.txt").write_bytes(SECRET)
-        from hs_dataset.formats.shard_layout import NORM_WEIGHT_KEY
         from safetensors.torch import save_file
+
+        from hs_dataset.formats.shard_layout import NORM_WEIGHT_KEY
 
         save_file({NORM_WEIGHT_KEY: torch.ones(4)}, str(root / "final_norm.safetensors"))
     elif kind == "user-lock-and-notes":
@@ -228,7 +229,13 @@ def _user_files(kind: str, root: Path) -> None:
         (root / "notes.txt").write_bytes(SECRET)
 
 
-USER_DIRS = ["temp-named-and-notes", "text-named-final-norm", "other-safetensors-named-final-norm", "notes-and-our-norm", "user-lock-and-notes"]
+USER_DIRS = [
+    "temp-named-and-notes",
+    "text-named-final-norm",
+    "other-safetensors-named-final-norm",
+    "notes-and-our-norm",
+    "user-lock-and-notes",
+]
 
 
 def _hidden_snapshot(root: Path) -> dict[str, bytes]:
@@ -416,7 +423,8 @@ def test_export_into_a_link_to_an_empty_dir_writes_nothing_there(target, source,
 
 
 @pytest.mark.parametrize(
-    "target, inner", [("speculators", "hidden_states"), ("specforge", "rows_0-2000"), ("speculators", "token_freq.pt")],
+    "target, inner",
+    [("speculators", "hidden_states"), ("specforge", "rows_0-2000"), ("speculators", "token_freq.pt")],
     ids=["speculators-hidden-states-dir", "specforge-rows-dir", "speculators-file"],
 )
 @pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "resume"])
@@ -545,7 +553,7 @@ def test_plots_never_write_through_a_link_named_like_a_figure(source, tmp_path, 
     out = tmp_path / "figures"
     out.mkdir()
     os.symlink(outside / "secret.txt", out / "lengths.png")
-    code, err = _info_plots(source, out, capsys)
+    code, _err = _info_plots(source, out, capsys)
     assert code == 2 and (outside / "secret.txt").read_bytes() == SECRET, "ESCAPE: a figure written through a link"
 
 
@@ -586,8 +594,8 @@ def test_public_run_report_keeps_urls_and_counts():
 
 
 def test_a_push_carries_no_local_path(tiny_card, hf_backend, standin, api, tmp_path):
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.hub.upload import push_to_hub
+    from hs_dataset.pipeline.build import build_dataset
 
     out = tmp_path / "local-build-dir" / "tiny"
     build_dataset(tiny_card, out, num_samples=2, backend=hf_backend)

@@ -17,16 +17,17 @@ from hs_dataset import open_dataset
 from hs_dataset.faults import CRASH_POINTS
 from hs_dataset.formats.atomic import TEMP_PREFIX
 from hs_dataset.formats.verify import verify_dataset
-
-from tests.fixtures.samples import make_sample
 from tests.fixtures.paths import FIXTURES
+from tests.fixtures.samples import make_sample
 
 COUNT, SHARD_BYTES = 120, 30_000
 CHILD = FIXTURES / "writer_child.py"
 
 
 def _run_child(root: Path, env: dict, kill_after: float | None = None) -> int:
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(root), str(COUNT), str(SHARD_BYTES)], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(root), str(COUNT), str(SHARD_BYTES)], env=env, stdout=subprocess.PIPE, text=True
+    )
     if kill_after is not None:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(kill_after)

@@ -10,7 +10,6 @@ from torch.utils.data import DataLoader
 
 from hs_dataset import open_dataset
 from hs_dataset.formats import ShardWriter
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 

@@ -26,7 +26,6 @@ from hs_dataset.formats import FORMAT_VERSION, ShardWriter
 from hs_dataset.formats.hashing import file_digests, sha256_file
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.sample import CapturedSample
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 
@@ -89,8 +88,8 @@ def test_edited_manifest_is_caught(dataset):
 
 def test_nan_written_behind_the_writers_back_is_caught(dataset):
     """verify scans values too: a NaN patched into a shard (with a matching hash) names its sample."""
-    from hs_dataset.formats.reader import ShardReader
     from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.formats.reader import ShardReader
 
     manifest = Manifest.load(dataset)
     record = manifest.shards[0]
@@ -161,7 +160,9 @@ def test_format_1_dataset_resumes_into_format_2_keeping_its_sha256(dataset):
     assert all("blake3" in r and "sha256" not in r for r in raw["shards"][len(old) :])
     result = verify_dataset(dataset)
     assert result.ok and result.samples == 20
-    assert [r.hash_algorithm for r in open_dataset(dataset).manifest.shards] == ["sha256"] * len(old) + ["blake3"] * (len(raw["shards"]) - len(old))
+    assert [r.hash_algorithm for r in open_dataset(dataset).manifest.shards] == ["sha256"] * len(old) + ["blake3"] * (
+        len(raw["shards"]) - len(old)
+    )
 
 
 def test_merge_carries_both_hash_kinds(dataset, tmp_path):
@@ -248,9 +249,18 @@ def test_not_a_dataset(tmp_path):
 @pytest.mark.parametrize(
     "mutate, match",
     [
-        (lambda s: CapturedSample(s.sample_id, s.input_ids[:0], s.loss_mask[:0], s.aux_hidden_states[:0], s.final_hidden_state[:0]), "empty sample"),
-        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states[:, :2], s.final_hidden_state), "aux_hidden_states shape"),
-        (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states, s.final_hidden_state[:-1]), "final_hidden_state shape"),
+        (
+            lambda s: CapturedSample(s.sample_id, s.input_ids[:0], s.loss_mask[:0], s.aux_hidden_states[:0], s.final_hidden_state[:0]),
+            "empty sample",
+        ),
+        (
+            lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states[:, :2], s.final_hidden_state),
+            "aux_hidden_states shape",
+        ),
+        (
+            lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states, s.final_hidden_state[:-1]),
+            "final_hidden_state shape",
+        ),
         (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask, s.aux_hidden_states.float(), s.final_hidden_state), "dtype"),
         (lambda s: CapturedSample(s.sample_id, s.input_ids.float(), s.loss_mask, s.aux_hidden_states, s.final_hidden_state), "int64"),
         (lambda s: CapturedSample(s.sample_id, s.input_ids, s.loss_mask[:-1], s.aux_hidden_states, s.final_hidden_state), "loss_mask"),
@@ -308,9 +318,8 @@ def test_foreign_directories_are_refused(tmp_path):
 
 
 def test_second_writer_on_the_same_directory_is_refused(tmp_path):
-    with ShardWriter(tmp_path, make_metadata()):
-        with pytest.raises(ForeignDatasetError, match="another process"):
-            ShardWriter(tmp_path, make_metadata())
+    with ShardWriter(tmp_path, make_metadata()), pytest.raises(ForeignDatasetError, match="another process"):
+        ShardWriter(tmp_path, make_metadata())
 
 
 def test_disk_full_discards_partial_shard_and_keeps_manifest_valid(tmp_path, monkeypatch):

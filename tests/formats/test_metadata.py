@@ -7,38 +7,78 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.manifest import Manifest, identity_fingerprint
 from hs_dataset.formats.metadata import (
-    BackendRecord, DatasetMetadata, FinalNorm, LayerPreset, ModelRecord, RegeneratedFile, RegenerationRecord, TokenizerRecord,
+    BackendRecord,
+    DatasetMetadata,
+    FinalNorm,
+    LayerPreset,
+    ModelRecord,
+    RegeneratedFile,
+    RegenerationRecord,
+    TokenizerRecord,
 )
 from hs_dataset.formats.writer import ShardWriter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-OLD_DATASETS = [FIXTURES / "old_layout" / "native", FIXTURES / "old_layout" / "fp8", FIXTURES / "pre_fp4" / "native", FIXTURES / "pre_fp4" / "fp8"]
+OLD_DATASETS = [
+    FIXTURES / "old_layout" / "native",
+    FIXTURES / "old_layout" / "fp8",
+    FIXTURES / "pre_fp4" / "native",
+    FIXTURES / "pre_fp4" / "fp8",
+]
 
 # What session.dataset_metadata wrote as a dict before the metadata was typed: keys, order and values.
 BUILD_JSON = {
-    "config_name": "tiny", "config_fingerprint": "c" * 64,
+    "config_name": "tiny",
+    "config_fingerprint": "c" * 64,
     "model": {"path": "/models/tiny", "id": "org/tiny", "revision": None, "fingerprint": "f" * 64},
-    "aux_layer_ids": [2, 3, 4], "layer_preset": None, "layer_convention": "hf_hidden_states_index", "final_state": "pre_norm",
-    "final_norm": {"kind": "rmsnorm", "eps": 1e-6}, "dtype": "float32", "hidden_size": 64, "num_hidden_layers": 6, "vocab_size": 1000,
-    "tokenizer": {"path": "/models/tiny", "class": "PreTrainedTokenizerFast", "vocab_size": 1000, "fingerprint": "t" * 64, "chat_template_sha256": None},
-    "max_length": 512, "overflow": "truncate", "backend": {"name": "hf", "device": "cpu"}, "capture": {"checked": True},
+    "aux_layer_ids": [2, 3, 4],
+    "layer_preset": None,
+    "layer_convention": "hf_hidden_states_index",
+    "final_state": "pre_norm",
+    "final_norm": {"kind": "rmsnorm", "eps": 1e-6},
+    "dtype": "float32",
+    "hidden_size": 64,
+    "num_hidden_layers": 6,
+    "vocab_size": 1000,
+    "tokenizer": {
+        "path": "/models/tiny",
+        "class": "PreTrainedTokenizerFast",
+        "vocab_size": 1000,
+        "fingerprint": "t" * 64,
+        "chat_template_sha256": None,
+    },
+    "max_length": 512,
+    "overflow": "truncate",
+    "backend": {"name": "hf", "device": "cpu"},
+    "capture": {"checked": True},
 }
 
 
 def _built() -> DatasetMetadata:
     """The metadata as session.dataset_metadata builds it in code."""
     return DatasetMetadata(
-        config_name="tiny", config_fingerprint="c" * 64, model=ModelRecord(path="/models/tiny", id="org/tiny", fingerprint="f" * 64),
-        aux_layer_ids=(2, 3, 4), layer_preset=None, layer_convention="hf_hidden_states_index", final_state="pre_norm",
-        final_norm=FinalNorm(kind="rmsnorm", eps=1e-6), dtype="float32", hidden_size=64, num_hidden_layers=6, vocab_size=1000,
+        config_name="tiny",
+        config_fingerprint="c" * 64,
+        model=ModelRecord(path="/models/tiny", id="org/tiny", fingerprint="f" * 64),
+        aux_layer_ids=(2, 3, 4),
+        layer_preset=None,
+        layer_convention="hf_hidden_states_index",
+        final_state="pre_norm",
+        final_norm=FinalNorm(kind="rmsnorm", eps=1e-6),
+        dtype="float32",
+        hidden_size=64,
+        num_hidden_layers=6,
+        vocab_size=1000,
         tokenizer=TokenizerRecord(path="/models/tiny", class_name="PreTrainedTokenizerFast", vocab_size=1000, fingerprint="t" * 64),
-        max_length=512, overflow="truncate", backend=BackendRecord(name="hf", extra={"device": "cpu"}), capture={"checked": True},
+        max_length=512,
+        overflow="truncate",
+        backend=BackendRecord(name="hf", extra={"device": "cpu"}),
+        capture={"checked": True},
     )
 
 
@@ -51,14 +91,36 @@ def test_metadata_built_in_code_writes_the_json_the_dict_did():
 
 
 def test_a_set_field_is_appended_as_the_dict_update_did():
-    regen = RegenerationRecord(file="r.jsonl", max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0, stop_token_ids=(1, 2),
-                               thinking=None, turns=None, policy="drop", concurrency=None, generator={"engine": "transformers"})
+    regen = RegenerationRecord(
+        file="r.jsonl",
+        max_new_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        seed=0,
+        stop_token_ids=(1, 2),
+        thinking=None,
+        turns=None,
+        policy="drop",
+        concurrency=None,
+        generator={"engine": "transformers"},
+    )
     out = replace(_built(), regeneration=regen, stream_cache=True).to_json()
     assert list(out)[-2:] == ["regeneration", "stream_cache"]
-    assert _dumped(out["regeneration"]) == _dumped({
-        "file": "r.jsonl", "max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": 0, "stop_token_ids": [1, 2],
-        "thinking": None, "turns": None, "policy": "drop", "concurrency": None, "generator": {"engine": "transformers"},
-    })
+    assert _dumped(out["regeneration"]) == _dumped(
+        {
+            "file": "r.jsonl",
+            "max_new_tokens": 8,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "seed": 0,
+            "stop_token_ids": [1, 2],
+            "thinking": None,
+            "turns": None,
+            "policy": "drop",
+            "concurrency": None,
+            "generator": {"engine": "transformers"},
+        }
+    )
     with_file = regen.with_file("r.jsonl", RegeneratedFile(sha256="a" * 64, records=3)).to_json()
     assert list(with_file)[-1] == "files" and with_file["files"] == {"r.jsonl": {"sha256": "a" * 64, "records": 3}}
 
@@ -92,11 +154,18 @@ def test_null_and_absent_keys_stay_as_they_were():
     assert DatasetMetadata.from_json(raw, "m.json").model.without("id").to_json() == {}
 
 
-@pytest.mark.parametrize(("field", "value", "named"), [
-    ("hidden_size", "16", "metadata.hidden_size"), ("aux_layer_ids", "abc", "metadata.aux_layer_ids"), ("final_norm", "x", "metadata.final_norm"),
-    ("model", {"id": 3}, "metadata.model.id"), ("tokenizer", {"class": 1}, "metadata.tokenizer.class"), ("stream_cache", "yes", "metadata.stream_cache"),
-    ("regeneration", {"files": {"r.jsonl": {"records": "2"}}}, r"metadata.regeneration.files\['r.jsonl'\].records"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("hidden_size", "16", "metadata.hidden_size"),
+        ("aux_layer_ids", "abc", "metadata.aux_layer_ids"),
+        ("final_norm", "x", "metadata.final_norm"),
+        ("model", {"id": 3}, "metadata.model.id"),
+        ("tokenizer", {"class": 1}, "metadata.tokenizer.class"),
+        ("stream_cache", "yes", "metadata.stream_cache"),
+        ("regeneration", {"files": {"r.jsonl": {"records": "2"}}}, r"metadata.regeneration.files\['r.jsonl'\].records"),
+    ],
+)
 def test_a_known_key_of_the_wrong_type_is_refused_by_name(field, value, named):
     with pytest.raises(FormatError, match=f"m.json: {named} must be"):
         DatasetMetadata.from_json({**BUILD_JSON, field: value}, "m.json")
@@ -109,21 +178,35 @@ def test_the_norm_weight_file_is_checked_as_it_is_read(name):
 
 
 _names = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(_names, c, max_size=3), max_leaves=6)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(_names, c, max_size=3),
+    max_leaves=6,
+)
 _optional_str = st.none() | st.text(max_size=8)
 _known = {
-    "config_name": _optional_str, "dtype": _optional_str, "final_state": _optional_str, "hidden_size": st.none() | st.integers(1, 1 << 20),
-    "aux_layer_ids": st.none() | st.lists(st.integers(0, 100), max_size=4), "num_hidden_layers": st.none() | st.integers(0, 100),
+    "config_name": _optional_str,
+    "dtype": _optional_str,
+    "final_state": _optional_str,
+    "hidden_size": st.none() | st.integers(1, 1 << 20),
+    "aux_layer_ids": st.none() | st.lists(st.integers(0, 100), max_size=4),
+    "num_hidden_layers": st.none() | st.integers(0, 100),
     "model": st.none() | st.fixed_dictionaries({}, optional={"path": _optional_str, "id": _optional_str, "fingerprint": _optional_str}),
     "layer_preset": st.none() | st.fixed_dictionaries({}, optional={"name": _optional_str, "taps": st.none() | st.integers(0, 9)}),
     "final_norm": st.none() | st.fixed_dictionaries({}, optional={"kind": _optional_str, "eps": st.floats(0, 0.1)}),
     "tokenizer": st.none() | st.fixed_dictionaries({}, optional={"class": _optional_str, "vocab_size": st.integers(0, 9)}),
     "backend": st.none() | st.dictionaries(_names, _json, max_size=3).map(lambda d: {k: v for k, v in d.items() if k != "name"}),
     "capture": st.none() | st.dictionaries(_names, _json, max_size=3),
-    "regeneration": st.none() | st.fixed_dictionaries({}, optional={
-        "file": _optional_str, "seed": st.integers(0, 9), "stop_token_ids": st.lists(st.integers(0, 9), max_size=3),
-        "files": st.dictionaries(_names, st.fixed_dictionaries({"sha256": _optional_str, "records": st.integers(0, 9)}), max_size=2),
-    }),
+    "regeneration": st.none()
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "file": _optional_str,
+            "seed": st.integers(0, 9),
+            "stop_token_ids": st.lists(st.integers(0, 9), max_size=3),
+            "files": st.dictionaries(_names, st.fixed_dictionaries({"sha256": _optional_str, "records": st.integers(0, 9)}), max_size=2),
+        },
+    ),
     "stream_cache": st.none() | st.booleans(),
 }
 

@@ -47,9 +47,19 @@ class QuantizingServer(CaptureBackend):
     def info(self):
         from hs_dataset.capture.base import CaptureInfo
 
-        return CaptureInfo(model_path=str(self.model_dir), model_fingerprint="0" * 64, aux_layer_ids=[2, 3, 4], hidden_size=H,
-                           num_hidden_layers=6, dtype=torch.bfloat16, final_norm_eps=1e-6, final_norm_weight=torch.ones(H),
-                           vocab_size=1000, backend="sglang", verification={"verified": True, "by": "test"})
+        return CaptureInfo(
+            model_path=str(self.model_dir),
+            model_fingerprint="0" * 64,
+            aux_layer_ids=[2, 3, 4],
+            hidden_size=H,
+            num_hidden_layers=6,
+            dtype=torch.bfloat16,
+            final_norm_eps=1e-6,
+            final_norm_weight=torch.ones(H),
+            vocab_size=1000,
+            backend="sglang",
+            verification={"verified": True, "by": "test"},
+        )
 
     def capture_batch(self, samples):
         out = []
@@ -60,8 +70,8 @@ class QuantizingServer(CaptureBackend):
 
 
 def test_one_nan_scale_from_the_server_is_quarantined_not_a_build_abort(tmp_path, tiny_model_dir, tiny_card):
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.reader import open_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     rows = [{"id": f"row-{i}", "input_ids": list(range(5, 12 + i)), "loss_mask": [1] * (7 + i)} for i in range(6)]
     source = tmp_path / "rows.jsonl"

@@ -10,8 +10,14 @@ from hs_dataset.formats.regenerated_record import ConversationRecord, TurnOutcom
 
 def conversation(*turns: TurnOutcome) -> ConversationRecord:
     return ConversationRecord(
-        sample_id="s1", row_index=3, turns=list(turns), messages=[{"role": "user", "content": "hi"}], tools=None,
-        input_ids=[1, 2, 3, 4], loss_spans=[[2, 4]], supervised_turns=[True] * len(turns),
+        sample_id="s1",
+        row_index=3,
+        turns=list(turns),
+        messages=[{"role": "user", "content": "hi"}],
+        tools=None,
+        input_ids=[1, 2, 3, 4],
+        loss_spans=[[2, 4]],
+        supervised_turns=[True] * len(turns),
     )
 
 

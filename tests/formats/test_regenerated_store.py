@@ -11,8 +11,15 @@ from hs_dataset.formats.regenerated import RegeneratedStore
 
 def record(sid: str, n: int = 3) -> dict:
     return {
-        "sample_id": sid, "row_index": 0, "turns": [{"prompt_tokens": 1, "token_ids": [5] * n, "finish": "length", "empty": False, "error": ""}],
-        "messages": [], "tools": None, "input_ids": [1] + [5] * n, "loss_spans": [[1, 1 + n]], "supervised_turns": [True], "dropped": None,
+        "sample_id": sid,
+        "row_index": 0,
+        "turns": [{"prompt_tokens": 1, "token_ids": [5] * n, "finish": "length", "empty": False, "error": ""}],
+        "messages": [],
+        "tools": None,
+        "input_ids": [1] + [5] * n,
+        "loss_spans": [[1, 1 + n]],
+        "supervised_turns": [True],
+        "dropped": None,
     }
 
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors import safe_open
 
 from hs_dataset import open_dataset
 from hs_dataset.formats import ShardWriter
 from hs_dataset.formats.verify import verify_dataset
-
 from tests.fixtures.paths import FIXTURES
 from tests.fixtures.samples import make_metadata, make_sample
 
@@ -211,9 +208,8 @@ def test_shards_of_the_old_layout_still_read_verify_and_resume(tmp_path, storage
     """Shards written before the one header builder (``sample_offsets`` first) read, verify and take new shards."""
     import shutil
 
-    from hs_dataset.formats.encoding import decode_state, encode_state
-
     from hs_dataset.codecs.registry import get_encoding
+    from hs_dataset.formats.encoding import decode_state, encode_state
 
     root = tmp_path / storage
     shutil.copytree(OLD_LAYOUT / storage, root)

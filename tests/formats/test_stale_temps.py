@@ -23,7 +23,7 @@ def test_a_temp_file_is_stale_when_its_writer_is_gone_or_it_stopped_growing(tmp_
     os.utime(mine, (old, old))
     assert is_stale_temp(mine), "HANG: an hour-old temp file under a live pid would be waited on for ever"
     assert is_stale_temp(mine, max_age_s=7200) is False
-    dead = tmp_path / f"{TEMP_PREFIX}{2 ** 22 + 12345}-abcd-{final.name}"  # above any pid_max: no such process
+    dead = tmp_path / f"{TEMP_PREFIX}{2**22 + 12345}-abcd-{final.name}"  # above any pid_max: no such process
     dead.write_bytes(b"x")
     assert is_stale_temp(dead)
     for name in (f"{TEMP_PREFIX}notapid-{final.name}", f"{TEMP_PREFIX}{'9' * 40}-x-{final.name}", f"{TEMP_PREFIX}0-x-{final.name}"):

@@ -21,16 +21,13 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from unittest import mock
 
 import pytest
 import torch
 
-from tests.fixtures.damage import rewrite_shard
-from tests.fixtures.samples import make_metadata
-from hs_dataset.interop.settings import ExportSettings
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, UnsafePathError, UnsupportedFormatError
 from hs_dataset.formats import manifest as manifest_module
 from hs_dataset.formats.merge import merge_datasets
@@ -38,7 +35,10 @@ from hs_dataset.formats.paths import check_member_name, resolve_member
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
-from tests.fixtures.untrusted_dataset import H, K, LENGTHS, SECRET, build, load_manifest, save_manifest, snapshot, split_header
+from hs_dataset.interop.settings import ExportSettings
+from tests.fixtures.damage import rewrite_shard
+from tests.fixtures.samples import make_metadata
+from tests.fixtures.untrusted_dataset import LENGTHS, SECRET, H, K, build, load_manifest, save_manifest, snapshot, split_header
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -210,8 +210,18 @@ HOSTILE: list[tuple[str, str, Callable, str]] = [
     ("shard-long-name", "native", set_shard_file(lambda r, o: "a" * 5000), r"shards\[0\]\.file.*longer"),
     ("shard-deep-name", "native", set_shard_file(lambda r, o: "a/" * 20 + "x.safetensors"), r"shards\[0\]\.file.*deeper"),
     ("shard-name-not-string", "native", set_shard_file(lambda r, o: ["../x"]), r"shards\[0\]\.file"),
-    ("norm-dotdot", "native", edit_manifest(lambda m: m["metadata"]["final_norm"].update(weight_file="../outside/secret.txt")), r"final_norm\.weight_file"),
-    ("norm-absolute", "native", lambda r, o: edit_manifest(lambda m: m["metadata"]["final_norm"].update(weight_file=str(o / "secret.txt")))(r, o), r"final_norm\.weight_file"),
+    (
+        "norm-dotdot",
+        "native",
+        edit_manifest(lambda m: m["metadata"]["final_norm"].update(weight_file="../outside/secret.txt")),
+        r"final_norm\.weight_file",
+    ),
+    (
+        "norm-absolute",
+        "native",
+        lambda r, o: edit_manifest(lambda m: m["metadata"]["final_norm"].update(weight_file=str(o / "secret.txt")))(r, o),
+        r"final_norm\.weight_file",
+    ),
     ("norm-symlink-no-hash", "native", symlink_norm_to_canary, r"final_norm\.weight_file.*symbolic link"),
     ("manifest-symlink", "native", symlink_manifest, r"manifest.*symbolic link"),
     ("shard-fifo", "native", fifo_shard, r"not a regular file"),
@@ -222,9 +232,19 @@ HOSTILE: list[tuple[str, str, Callable, str]] = [
     ("truncated-shard", "native", lambda r, o: rewrite_shard(r, 0, lambda d: d[:-10]), r"tensors cover|needs|outside"),
     ("header-length-gigabytes", "native", header_length(8 * 1024**3), r"header length"),
     ("header-length-2^63", "native", header_length(2**63), r"header length"),
-    ("absurd-shape", "native", edit_header(lambda h: h["aux_hidden_states"].update(shape=[10**18, 10**18, 16])), r"aux_hidden_states.*needs"),
+    (
+        "absurd-shape",
+        "native",
+        edit_header(lambda h: h["aux_hidden_states"].update(shape=[10**18, 10**18, 16])),
+        r"aux_hidden_states.*needs",
+    ),
     ("negative-dims", "native", edit_header(negative_dims), r"aux_hidden_states.*non-negative"),
-    ("float-dims", "native", edit_header(lambda h: h["loss_mask"].update(shape=[float(h["loss_mask"]["shape"][0])])), r"loss_mask.*non-negative"),
+    (
+        "float-dims",
+        "native",
+        edit_header(lambda h: h["loss_mask"].update(shape=[float(h["loss_mask"]["shape"][0])])),
+        r"loss_mask.*non-negative",
+    ),
     ("unknown-dtype", "native", edit_header(lambda h: h["loss_mask"].update(dtype="F4_MAGIC")), r"F4_MAGIC"),
     ("duplicate-header-key", "native", lambda r, o: rewrite_shard(r, 0, lambda d: _duplicate_key(d)), r"appears twice"),
     ("header-not-object", "native", lambda r, o: rewrite_shard(r, 0, lambda d: join_header([], b"")), r"not a JSON object"),  # type: ignore[arg-type]
@@ -309,7 +329,13 @@ def test_hostile_dataset_is_refused(name, storage, damage, match, tmp_path, outs
 # ---------------------------------------------------------------------------- the resolver itself
 @pytest.mark.parametrize(
     "name",
-    ["shard-000000.safetensors", "rank3-shard-000001.safetensors", "part-00002/shard-000000.safetensors", "final_norm.safetensors", "a_b.c-d"],
+    [
+        "shard-000000.safetensors",
+        "rank3-shard-000001.safetensors",
+        "part-00002/shard-000000.safetensors",
+        "final_norm.safetensors",
+        "a_b.c-d",
+    ],
 )
 def test_plain_names_are_accepted(name):
     assert check_member_name(name, what="f", where="m") == name
@@ -317,8 +343,28 @@ def test_plain_names_are_accepted(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", "../x", "a/../b", "/etc/passwd", "a//b", "a/", "./a", ".hidden", "-rf", "a\\b", "a\x00b", "a b", "é.safetensors",
-     "a" * 300, "x/" * 9 + "y", None, 3, b"bytes"],
+    [
+        "",
+        ".",
+        "..",
+        "../x",
+        "a/../b",
+        "/etc/passwd",
+        "a//b",
+        "a/",
+        "./a",
+        ".hidden",
+        "-rf",
+        "a\\b",
+        "a\x00b",
+        "a b",
+        "é.safetensors",
+        "a" * 300,
+        "x/" * 9 + "y",
+        None,
+        3,
+        b"bytes",
+    ],
 )
 def test_unsafe_names_are_refused(name):
     with pytest.raises(FormatError, match="f"):
@@ -393,9 +439,8 @@ def test_merge_refuses_parts_with_different_norms(tmp_path):
 def test_merge_takes_the_writer_lock(tmp_path):
     a, b = parts(tmp_path)
     out = tmp_path / "out"
-    with ShardWriter(out, make_metadata(K, H)):
-        with pytest.raises(ForeignDatasetError, match="being written"):
-            merge_datasets([a, b], out)
+    with ShardWriter(out, make_metadata(K, H)), pytest.raises(ForeignDatasetError, match="being written"):
+        merge_datasets([a, b], out)
     # and a writer cannot start while a merge holds it: the lock is one and the same
     from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
 

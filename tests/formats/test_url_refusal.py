@@ -14,7 +14,6 @@ from hs_dataset.formats.paths import check_local_path, url_scheme
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
-
 from tests.fixtures.samples import make_metadata
 
 URL = "s3://bucket/ds"
@@ -29,8 +28,19 @@ def _in_tmp(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "path, scheme",
-    [("s3://b/x", "s3"), ("gs://b", "gs"), ("hf://datasets/o/n", "hf"), ("file:///tmp/x", "file"), (Path("s3://b/x"), "s3"),
-     ("S3://B", "s3"), ("out/ds", None), ("/abs/ds", None), ("C:/x", None), ("weird:name", None), (Path("a/s3:"), None)],
+    [
+        ("s3://b/x", "s3"),
+        ("gs://b", "gs"),
+        ("hf://datasets/o/n", "hf"),
+        ("file:///tmp/x", "file"),
+        (Path("s3://b/x"), "s3"),
+        ("S3://B", "s3"),
+        ("out/ds", None),
+        ("/abs/ds", None),
+        ("C:/x", None),
+        ("weird:name", None),
+        (Path("a/s3:"), None),
+    ],
 )
 def test_url_scheme(path, scheme):
     assert url_scheme(path) == scheme

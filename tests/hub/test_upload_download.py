@@ -20,7 +20,6 @@ from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.hub.download import download_pushed, open_pushed
 from hs_dataset.hub.upload import push_to_hub
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 CONFIG = "tiny-deepseek-hf"
@@ -117,15 +116,27 @@ def test_card_states_the_facts_and_embeds_the_figures(built, standin, api):
     manifest = open_dataset(built).manifest
     md = manifest.metadata.to_json()
     facts = [
-        "`builtin:tiny-deepseek-v3`", md["model"]["fingerprint"],               # model: id + fingerprint, never a local path
-        "`[2, 3, 4]`", "output_hidden_states", "`hidden_states[0]` is the embedding output",  # layers + convention
+        "`builtin:tiny-deepseek-v3`",
+        md["model"]["fingerprint"],  # model: id + fingerprint, never a local path
+        "`[2, 3, 4]`",
+        "output_hidden_states",
+        "`hidden_states[0]` is the embedding output",  # layers + convention
         "`hidden_states[2]` = output of decoder layer 1",
-        "**pre_norm**", str(md["final_norm"]["eps"]), md["final_norm"]["weight_sha256"],  # norm position + weight
-        f"{manifest.num_tokens:,}", f"{manifest.num_bytes:,}", "| 4 |",          # token counts, bytes, samples
-        "rows read", "samples written",                                         # run report
-        f'datasets.load_dataset("me/tiny", "{CONFIG}", split="train")', "hs_dataset.open_dataset(", "open_pushed(",
-        f"![lengths]({CONFIG}/figures/lengths.png)", f"![layer stats]({CONFIG}/figures/layer_stats.png)",
-        "hidden_states[4]", "final (pre_norm)",                                 # per-layer statistics table
+        "**pre_norm**",
+        str(md["final_norm"]["eps"]),
+        md["final_norm"]["weight_sha256"],  # norm position + weight
+        f"{manifest.num_tokens:,}",
+        f"{manifest.num_bytes:,}",
+        "| 4 |",  # token counts, bytes, samples
+        "rows read",
+        "samples written",  # run report
+        f'datasets.load_dataset("me/tiny", "{CONFIG}", split="train")',
+        "hs_dataset.open_dataset(",
+        "open_pushed(",
+        f"![lengths]({CONFIG}/figures/lengths.png)",
+        f"![layer stats]({CONFIG}/figures/layer_stats.png)",
+        "hidden_states[4]",
+        "final (pre_norm)",  # per-layer statistics table
     ]
     for record in manifest.shards:
         facts.append(sha256_file(built / record.file))  # the LFS oid, though the manifest records BLAKE3
@@ -272,7 +283,9 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
     from hs_dataset.cli.main import main
 
     root = _synthetic(tmp_path / "ds", n=3)
-    rc = main(["push", str(root), "me/cli", "--endpoint", standin.url, "--revision", "v1", "--no-plots", "--no-card", "--config", "renamed"])
+    rc = main(
+        ["push", str(root), "me/cli", "--endpoint", standin.url, "--revision", "v1", "--no-plots", "--no-card", "--config", "renamed"]
+    )
     assert rc == 0
     assert "renamed/hs_shards/manifest.json" in standin.files("me/cli", revision="v1")
     assert "renamed/hs_shards/manifest.json" not in standin.files("me/cli", revision="main")
@@ -286,8 +299,8 @@ def test_push_to_a_branch_and_cli(tmp_path, standin, api):
 @pytest.fixture(scope="module")
 def own_card(tmp_path_factory, tiny_card, hf_backend):
     """A card file of the user's own (not a shipped name) with Hub metadata, and a dataset built from it."""
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.config import load_card
+    from hs_dataset.pipeline.build import build_dataset
 
     raw = tiny_card.to_dict()
     raw["name"] = "my-tiny"
@@ -316,7 +329,7 @@ def test_a_card_given_by_path_keeps_its_metadata(own_card, standin, api, given):
 def test_a_card_that_cannot_be_found_is_one_clear_error(own_card, standin, api):
     from hs_dataset.errors import UsageError
 
-    path, out = own_card
+    _path, out = own_card
     with pytest.raises(UsageError, match=r"'my-tiny', which is not a card shipped with hs_dataset.*--card PATH.*--no-card"):
         push_to_hub(out, "me/mine", api=api, plots=False)
     with pytest.raises(UsageError, match=r"built by config 'my-tiny', but the card cards/tiny-deepseek-hf.yaml is 'tiny-deepseek-hf'"):
@@ -371,11 +384,26 @@ def test_sigkill_mid_push_then_resume(tmp_path, standin, api, python_env, nth):
     root = _synthetic(tmp_path / "ds", n=8)
     manifest = open_dataset(root).manifest
     env = dict(
-        python_env, HS_DATASET_CRASH_AT=f"push.before_commit:{nth}", HF_HUB_DISABLE_XET="1",
-        HF_HUB_CACHE=str(tmp_path / "child-cache"), HF_HUB_OFFLINE="0",
+        python_env,
+        HS_DATASET_CRASH_AT=f"push.before_commit:{nth}",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_CACHE=str(tmp_path / "child-cache"),
+        HF_HUB_OFFLINE="0",
     )
-    cmd = [sys.executable, "-m", "hs_dataset.cli.main", "push", str(root), "me/killed", "--endpoint", standin.url,
-           "--commit-files", "1", "--no-plots", "--no-card"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hs_dataset.cli.main",
+        "push",
+        str(root),
+        "me/killed",
+        "--endpoint",
+        standin.url,
+        "--commit-files",
+        "1",
+        "--no-plots",
+        "--no-card",
+    ]
     assert subprocess.run(cmd, env=env).returncode == -signal.SIGKILL
     files = standin.files("me/killed")
     assert "README.md" not in files and "unit-test/hs_shards/manifest.json" not in files

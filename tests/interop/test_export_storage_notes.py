@@ -15,7 +15,9 @@ from tests.fixtures.samples import make_metadata, make_sample
 K, H = 3, 64
 
 
-@pytest.mark.parametrize("storage, stored, words", [("nf4", "nf4", "4-bit"), ("mxfp4", "mxfp4", "4-bit"), ("fp8", "fp8", "8-bit"), ("native", "bf16", None)])
+@pytest.mark.parametrize(
+    "storage, stored, words", [("nf4", "nf4", "4-bit"), ("mxfp4", "mxfp4", "4-bit"), ("fp8", "fp8", "8-bit"), ("native", "bf16", None)]
+)
 def test_export_says_what_the_source_stored(tmp_path, capsys, storage, stored, words):
     from hs_dataset.cli.main import main
     from hs_dataset.formats.writer import ShardWriter

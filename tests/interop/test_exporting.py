@@ -120,7 +120,9 @@ def test_an_invalid_file_is_rewritten_and_files_past_the_source_removed(src: Pat
 
 
 def test_a_hook_failure_is_one_named_error(src: Path, tmp_path: Path) -> None:
-    with pytest.raises(ExportHookError, match=r"the tokenfiles exporter's encode hook failed on sample 0 \(s0\): KeyError: 'aux_hidden_states'") as caught:
+    with pytest.raises(
+        ExportHookError, match=r"the tokenfiles exporter's encode hook failed on sample 0 \(s0\): KeyError: 'aux_hidden_states'"
+    ) as caught:
         run_export(BrokenEncode, src, tmp_path / "out", ExportSettings())
     assert isinstance(caught.value.__cause__, KeyError)
     assert read_export_record(tmp_path / "out")["status"] == "in_progress"  # a rerun resumes

@@ -16,11 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.interop import require_interop
-from tests.fixtures.samples import PYTHON, make_metadata, make_sample
-from hs_dataset.interop.settings import ExportSettings
-from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
-from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
+from hs_dataset.formats.reader import open_dataset
+from hs_dataset.formats.verify import verify_dataset
+from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.interop import (
     EXPORT_RECORD_NAME,
     ExportError,
@@ -33,15 +31,19 @@ from hs_dataset.interop import (
     import_specforge,
     import_speculators,
 )
-from hs_dataset.formats.reader import open_dataset
-from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
+from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
+from tests.fixtures.interop import require_interop
+from tests.fixtures.samples import PYTHON, make_metadata, make_sample
 
 H, K, L = 16, 3, 6
 LENGTHS = (7, 12, 5, 9, 11)
 
 
-def _write(root: Path, *, k: int = K, dtype: str = "bfloat16", storage: str = "native", norm: bool = True, lengths=LENGTHS, **extra) -> Path:
+def _write(
+    root: Path, *, k: int = K, dtype: str = "bfloat16", storage: str = "native", norm: bool = True, lengths=LENGTHS, **extra
+) -> Path:
     md = make_metadata(k=k, h=H, dtype=dtype, **{"num_hidden_layers": L, **extra})
     tdtype = getattr(torch, dtype)
     weight = torch.linspace(0.5, 1.5, H) if norm else None
@@ -110,10 +112,22 @@ def test_speculators_loads_with_speculators_own_dataset_and_collate(src: Path, t
     assert int((batch["document_ids"] >= 0).sum()) == sum(t - 1 for t in LENGTHS)
     # The trainer's own loader construction (multipack sampler, train/val split), in-process.
     train, val = create_train_val_loaders(
-        data_path=str(dest), total_seq_len=64, hidden_states_dtype=torch.bfloat16, vllm_endpoint="http://127.0.0.1:9/v1",
-        on_missing="raise", verifier_name_or_path="unused", request_timeout=1, max_retries=0, generation_validation_retries=0,
-        max_consecutive_generation_failures=1, hidden_size=H, num_target_layers=K, num_workers=0, prefetch_factor=None,
-        preprocess=shift_batch, train_data_ratio=0.6,
+        data_path=str(dest),
+        total_seq_len=64,
+        hidden_states_dtype=torch.bfloat16,
+        vllm_endpoint="http://127.0.0.1:9/v1",
+        on_missing="raise",
+        verifier_name_or_path="unused",
+        request_timeout=1,
+        max_retries=0,
+        generation_validation_retries=0,
+        max_consecutive_generation_failures=1,
+        hidden_size=H,
+        num_target_layers=K,
+        num_workers=0,
+        prefetch_factor=None,
+        preprocess=shift_batch,
+        train_data_ratio=0.6,
     )
     seen = [b for loader in (train, val) for b in loader]
     assert seen and all(b["error_records"] == 0 for b in seen)
@@ -182,8 +196,13 @@ def test_specforge_loads_with_specforge_offline_reader(src: Path, tmp_path: Path
         raw = load_feature_file(path)  # SpecForge's own file loader
         assert torch.equal(raw["hidden_state"][0], derive_post_norm(sample["final_hidden_state"], weight, eps))
     loader = FeatureDataLoader(
-        LocalFeatureStore(), refs=refs, batch_size=2, collate_fn=build_offline_collator(),
-        per_sample_transform=build_offline_normalizer(64), drop_last=False, gc_interval_s=None,
+        LocalFeatureStore(),
+        refs=refs,
+        batch_size=2,
+        collate_fn=build_offline_collator(),
+        per_sample_transform=build_offline_normalizer(64),
+        drop_last=False,
+        gc_interval_s=None,
     )
     batches = list(loader)
     assert sum(len(b.sample_ids) for b in batches) == len(LENGTHS)
@@ -289,9 +308,11 @@ def test_interrupted_export_resumes(target: str, src: Path, tmp_path: Path, pyth
         assert (report.files_skipped, report.files_rewritten, report.files_written) == (1, 1, len(LENGTHS) - 1)
     else:
         assert (report.files_skipped, report.files_written) == (2, len(LENGTHS) - 2)
-    assert not [p for p in dest.rglob(".hs-tmp-*")]
+    assert not list(dest.rglob(".hs-tmp-*"))
     ours = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".ckpt")}
-    theirs = {p.relative_to(reference): p.read_bytes() for p in reference.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".ckpt")}
+    theirs = {
+        p.relative_to(reference): p.read_bytes() for p in reference.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".ckpt")
+    }
     assert ours.keys() == theirs.keys()
     assert ours == theirs  # byte-identical to an uninterrupted export (safetensors and torch.save zips are deterministic)
     assert json.loads((dest / EXPORT_RECORD_NAME).read_text())["status"] == "complete"
@@ -387,21 +408,33 @@ def test_import_foreign_layouts_and_refusals(tmp_path: Path) -> None:
     for i, t in enumerate((6, 4)):
         s = make_sample(f"x{i}", t, k=3, h=H)
         torch.save(
-            {"input_ids": s.input_ids, "loss_mask": s.loss_mask.long(), "aux_hidden_state": s.aux_hidden_states.reshape(1, t, 3 * H),
-             "hidden_state": s.final_hidden_state[None]},
+            {
+                "input_ids": s.input_ids,
+                "loss_mask": s.loss_mask.long(),
+                "aux_hidden_state": s.aux_hidden_states.reshape(1, t, 3 * H),
+                "hidden_state": s.final_hidden_state[None],
+            },
             forge / f"data_{i}.ckpt",
         )
     with pytest.raises(ImportDataError, match="nothing says which"):
         import_specforge(tmp_path / "forge", tmp_path / "a", ImportSettings(config="peer"))
     report = import_specforge(tmp_path / "forge", tmp_path / "b", ImportSettings(config="peer", num_hidden_layers=32))
     assert report.metadata.to_json()["aux_layer_ids"] == [2, 16, 29] and [s["sample_id"] for s in _samples(tmp_path / "b")] == [
-        "specforge-00000000", "specforge-00000001",
+        "specforge-00000000",
+        "specforge-00000001",
     ]
     with pytest.raises(ImportDataError, match="hold 3 aux layers but the layer ids are"):
         import_specforge(tmp_path / "forge", tmp_path / "c", ImportSettings(config="peer", aux_layer_ids=[2, 3]))
     bad = make_sample("bad", 5, k=3, h=H)
-    torch.save({"input_ids": bad.input_ids, "loss_mask": bad.loss_mask.long(), "aux_hidden_state": bad.aux_hidden_states.reshape(1, 5, 3 * H)[:, :4],
-                "hidden_state": bad.final_hidden_state[None]}, forge / "data_2.ckpt")
+    torch.save(
+        {
+            "input_ids": bad.input_ids,
+            "loss_mask": bad.loss_mask.long(),
+            "aux_hidden_state": bad.aux_hidden_states.reshape(1, 5, 3 * H)[:, :4],
+            "hidden_state": bad.final_hidden_state[None],
+        },
+        forge / "data_2.ckpt",
+    )
     with pytest.raises(ImportDataError, match=r"data_2\.ckpt: aux_hidden_state has shape"):
         import_specforge(tmp_path / "forge", tmp_path / "d", ImportSettings(config="peer", num_hidden_layers=32))
     (forge / "data_2.ckpt").write_bytes(b"not a zip")
@@ -451,4 +484,20 @@ def test_import_with_card_and_cli(tiny_card, hf_backend, tmp_path: Path) -> None
     assert open_dataset(tmp_path / "back2").manifest.metadata.to_json()["final_state"] == "post_norm"
     # the CLI names refusals and exits 2
     assert main(["export", "speculators", str(tmp_path / "back2"), str(tmp_path / "x")]) == 2
-    assert main(["import", "specforge", str(tmp_path / "forge"), str(tmp_path / "y"), "--config", "tiny-deepseek-hf", "--aux-layer-ids", "1", "2", "3"]) == 2
+    assert (
+        main(
+            [
+                "import",
+                "specforge",
+                str(tmp_path / "forge"),
+                str(tmp_path / "y"),
+                "--config",
+                "tiny-deepseek-hf",
+                "--aux-layer-ids",
+                "1",
+                "2",
+                "3",
+            ]
+        )
+        == 2
+    )

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.layer_presets import eagle3_default_aux_layers
-from hs_dataset.model.card_from_model import card_from_model
-from hs_dataset.model.snapshot import ModelPathError, resolve_model_path
-from hs_dataset.model.processor import ProcessorFilesError, check_processor_files
-from hs_dataset.model.remote_code import RemoteCodeError
 from hs_dataset.cli.main import main
 from hs_dataset.formats.reader import open_dataset
+from hs_dataset.layer_presets import eagle3_default_aux_layers
+from hs_dataset.model.card_from_model import card_from_model
+from hs_dataset.model.processor import ProcessorFilesError, check_processor_files
+from hs_dataset.model.remote_code import RemoteCodeError
+from hs_dataset.model.snapshot import ModelPathError, resolve_model_path
 from tests.fixtures.remote_code_snapshot import independent_text_forward
 
 pytest.importorskip("tiktoken")
@@ -85,15 +85,36 @@ def test_card_init_comments_every_field_and_builds_the_same_bytes(derived_builds
 def test_command_line_overrides_every_capture_field(tiny_model_dir, tmp_path, capsys):
     template = tmp_path / "t.jinja"
     template.write_text("x")
-    argv = ["card", "init", "--model", str(tiny_model_dir), "--aux-layer-ids", "1", "5", "--max-length", "64", "--dtype", "bfloat16",
-            "--chat-template", str(template), "--final-state", "post_norm", "--trust-remote-code"]
+    argv = [
+        "card",
+        "init",
+        "--model",
+        str(tiny_model_dir),
+        "--aux-layer-ids",
+        "1",
+        "5",
+        "--max-length",
+        "64",
+        "--dtype",
+        "bfloat16",
+        "--chat-template",
+        str(template),
+        "--final-state",
+        "post_norm",
+        "--trust-remote-code",
+    ]
     assert main(argv) == 0
     import yaml
 
     card = yaml.safe_load(capsys.readouterr().out)
     # preset/taps: the layer-preset keys (issue #38), printed null because --aux-layer-ids names the layers
     assert card["layers"] == {"convention": "hf_hidden_states_index", "preset": None, "taps": None, "aux": [1, 5], "final": "post_norm"}
-    assert (card["max_length"], card["dtype"], card["model"]["chat_template"], card["model"]["trust_remote_code"]) == (64, "bfloat16", str(template), True)
+    assert (card["max_length"], card["dtype"], card["model"]["chat_template"], card["model"]["trust_remote_code"]) == (
+        64,
+        "bfloat16",
+        str(template),
+        True,
+    )
 
 
 def test_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
@@ -183,10 +204,16 @@ def test_processor_that_does_not_load_is_named_in_one_line(kimi_dir, tmp_path):
     check_processor_files(_snapshot_copy(kimi_dir, tmp_path / "kimi-intact"), trust_remote_code=True)
     cases = {
         "syntax": ("class KimiLikeProcessor(ProcessorMixin):", "class KimiLikeProcessor(ProcessorMixin)\n", "does not load: SyntaxError"),
-        "missing-package": ("from transformers import ProcessorMixin", "import moonshot_media_utils_not_installed\nfrom transformers import ProcessorMixin",
-                            "moonshot_media_utils_not_installed"),
-        "init-raises": ("        self.media_processor = image_processor", "        raise RuntimeError('broken on purpose')\n        self.media_processor = image_processor",
-                        "AutoProcessor.from_pretrained"),
+        "missing-package": (
+            "from transformers import ProcessorMixin",
+            "import moonshot_media_utils_not_installed\nfrom transformers import ProcessorMixin",
+            "moonshot_media_utils_not_installed",
+        ),
+        "init-raises": (
+            "        self.media_processor = image_processor",
+            "        raise RuntimeError('broken on purpose')\n        self.media_processor = image_processor",
+            "AutoProcessor.from_pretrained",
+        ),
         "no-media-processor": ("        self.media_processor = image_processor", "        pass", "has no 'media_processor.media_proc_cfg'"),
     }
     for name, (old, new, expected) in cases.items():
@@ -203,13 +230,15 @@ def test_processor_that_does_not_load_is_named_in_one_line(kimi_dir, tmp_path):
 def test_sources_load_a_tokenizer_by_path_through_the_one_loader(kimi_dir):
     """``iter_samples(source, PATH)``: remote code runs only when the card allows it; otherwise one line naming the flag."""
     from hs_dataset.sources import SampleRules, load_samples
+
     rows = [{"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]}]
     samples, report = load_samples(rows, str(kimi_dir), SampleRules(max_length=256), trust_remote_code=True)
     assert report.samples_out == 1 and samples[0].loss_mask.any()
     from hs_dataset.model.tokenizer import load_tokenizer
 
     assert samples[0].input_ids.tolist() == load_tokenizer(kimi_dir, trust_remote_code=True).apply_chat_template(
-        rows[0]["messages"], tokenize=True, return_dict=False)
+        rows[0]["messages"], tokenize=True, return_dict=False
+    )
     with pytest.raises(RemoteCodeError) as info:
         load_samples(rows, str(kimi_dir), SampleRules(max_length=256))
     message = str(info.value)

@@ -136,7 +136,9 @@ def test_config_against_its_weights_before_the_sglang_probe(tmp_path, tiny_model
 
     monkeypatch.setattr(client, "check_server", server_checks_pass)
     monkeypatch.setattr(client.SGLangBackend, "_capture_one", probe_request)
-    backend = client.SGLangBackend(SGLangBackendSection(name="sglang"), CaptureTarget(str(directory), (2, 3, 4)), servers="http://127.0.0.1:9")
+    backend = client.SGLangBackend(
+        SGLangBackendSection(name="sglang"), CaptureTarget(str(directory), (2, 3, 4)), servers="http://127.0.0.1:9"
+    )
     try:
         message = refusal(backend.validate)
     finally:
@@ -208,7 +210,7 @@ try:
 except HsDatasetError as exc:
     RESULT = {{"error": str(exc)}}
 """
-    result, elapsed = run_child(code, timeout=120)
+    result, _elapsed = run_child(code, timeout=120)
     assert "vocab_size 16777216" in result["error"], result
     assert result["growth_mb"] < 300, f"MEMORY: +{result['growth_mb']:.0f} MB for vocab_size 16777216 (bound 300 MB)"
 

@@ -50,7 +50,8 @@ def regen_card(tiny_model: str):
     from hs_dataset.config import load_card
 
     return load_card("tiny-deepseek-sglang").with_overrides(
-        regenerate={"enabled": True, "max_new_tokens": NEW_TOKENS, "thinking": "off", "concurrency": 4}, model={"path": tiny_model},
+        regenerate={"enabled": True, "max_new_tokens": NEW_TOKENS, "thinking": "off", "concurrency": 4},
+        model={"path": tiny_model},
     )
 
 
@@ -72,8 +73,8 @@ def chats(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("point", ["regenerate.after_turn:6", "regenerate.mid_chunk:2", "regenerate.after_chunk:2"])
 def test_kill_during_regeneration_then_resume(point, tmp_path, chats, capture_server, tiny_model, python_env):
     import hs_dataset
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.verify import verify_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     out = tmp_path / "ds"
     argv = [sys.executable, "-c", CHILD, str(out), str(chats), tiny_model, capture_server.url]
@@ -102,8 +103,10 @@ def test_kill_during_regeneration_then_resume(point, tmp_path, chats, capture_se
     for name in leftovers:
         (Path(capture_server.staging_dir) / name).unlink(missing_ok=True)
     regen = report.regeneration
-    print(f"\n{point}: {len(stored)} conversations stored before the kill; the resumed build read {regen['from_store']} back, "
-          f"regenerated {regen['regenerated']} ({regen['generated_tokens']} tokens)")
+    print(
+        f"\n{point}: {len(stored)} conversations stored before the kill; the resumed build read {regen['from_store']} back, "
+        f"regenerated {regen['regenerated']} ({regen['generated_tokens']} tokens)"
+    )
     assert regen["from_store"] == len(stored) and regen["regenerated"] == len(turns) - len(stored), regen
     assert regen["failed"] == 0 and not report.capture_failures, report.summary()
     assert (out / "regenerated.jsonl").read_bytes().startswith(kept), "a stored line changed"

@@ -149,7 +149,9 @@ def test_stored_conversations_are_never_sent_again(tmp_path, tokenizer, rules):
     store = RegeneratedStore(tmp_path)
     first = list(ConversationPump(StandIn(tokenizer, 3), rules, store, slots=3).run([sample(f"c{k}", ["a", "b"]) for k in range(5)]))
     generator = StandIn(tokenizer, 3)
-    again = list(ConversationPump(generator, rules, RegeneratedStore(tmp_path), slots=3).run([sample(f"c{k}", ["a", "b"]) for k in range(7)]))
+    again = list(
+        ConversationPump(generator, rules, RegeneratedStore(tmp_path), slots=3).run([sample(f"c{k}", ["a", "b"]) for k in range(7)])
+    )
     assert sorted(s.sample_id for s, _, fresh in again if not fresh) == [f"c{k}" for k in range(5)]
     assert sorted(s.sample_id for s, _, fresh in again if fresh) == ["c5", "c6"]
     assert len([e for e in generator.log if e[1] == "ask"]) == 4  # two turns each of c5 and c6, nothing else

@@ -25,16 +25,29 @@ AUX = [2, 3, 4]
 NEW_TOKENS = 6
 CONVERSATIONS = [
     {"id": "one-turn", "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]},
-    {"id": "two-turns", "messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "And again?"}, {"role": "assistant", "content": "Hello again."},
-    ]},
+    {
+        "id": "two-turns",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "And again?"},
+            {"role": "assistant", "content": "Hello again."},
+        ],
+    },
     {"id": "sharegpt", "conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]},
     {"id": "pair", "prompt": "Say yes.", "response": "Yes."},
-    {"id": "three-turns", "messages": [
-        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
-        {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}, {"role": "assistant", "content": "f"},
-    ]},
+    {
+        "id": "three-turns",
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": "d"},
+            {"role": "user", "content": "e"},
+            {"role": "assistant", "content": "f"},
+        ],
+    },
 ]
 
 
@@ -95,7 +108,7 @@ def test_turns_equal_plain_model_generate(regenerated, hf_backend):
             prompt = torch.tensor([rec["input_ids"][: turn["prompt_tokens"]]])
             with torch.inference_mode():
                 plain = hf_backend.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **hf_generate_kwargs(params, 0))
-            new = plain[0, prompt.shape[1]:].tolist()
+            new = plain[0, prompt.shape[1] :].tolist()
             stops = [k for k, t in enumerate(new) if t in params.stop_token_ids]
             assert turn["token_ids"] == (new[: stops[0] + 1] if stops else new)
             checked += 1
@@ -104,8 +117,9 @@ def test_turns_equal_plain_model_generate(regenerated, hf_backend):
 
 def test_loss_mask_is_exactly_the_generated_ids(regenerated, tiny_model_dir):
     """Re-tokenize the stored conversation: its prompts are the sample's prefixes, and the mask selects the returned ids."""
-    import hs_dataset
     from transformers import AutoTokenizer
+
+    import hs_dataset
 
     out, _ = regenerated
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
@@ -121,7 +135,7 @@ def test_loss_mask_is_exactly_the_generated_ids(regenerated, tiny_model_dir):
         assert list(prompt) == ids[: rec["turns"][0]["prompt_tokens"]]  # the first prompt, re-tokenized
         for turn in rec["turns"]:
             start, n = turn["prompt_tokens"], len(turn["token_ids"])
-            assert ids[start:start + n] == turn["token_ids"] and all(mask[start:start + n]) and not mask[start - 1]
+            assert ids[start : start + n] == turn["token_ids"] and all(mask[start : start + n]) and not mask[start - 1]
         # the whole sample is the template's rendering of the stored (decoded) conversation, up to its last answer
         text = tok.apply_chat_template(rec["messages"], thinking=False, tokenize=False)
         last = rec["turns"][-1]
@@ -130,8 +144,9 @@ def test_loss_mask_is_exactly_the_generated_ids(regenerated, tiny_model_dir):
 
 
 def test_states_equal_an_independent_forward(regenerated, tiny_model_dir):
-    import hs_dataset
     from transformers import AutoModelForCausalLM
+
+    import hs_dataset
 
     out, _ = regenerated
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, local_files_only=True).eval()
@@ -141,7 +156,7 @@ def test_states_equal_an_independent_forward(regenerated, tiny_model_dir):
         row = data[i]
         aux, pre = aux_and_prenorm(model, row["input_ids"], AUX)
         for got, want in ((row["aux_hidden_states"], aux), (row["final_hidden_state"], pre)):
-            worst = max(worst, float(((got - want).abs().max() / want.abs().max())))
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
     print(f"regenerated states vs transformers: max relative error {worst:.2e}")
     assert worst < 1e-6
 
@@ -196,7 +211,9 @@ def test_push_publishes_the_regenerated_conversations(regenerated):
 def test_drop_policy_counts_and_drops(tmp_path, tiny_card, hf_backend, chats):
     from hs_dataset.pipeline.build import build_dataset
 
-    report = build_dataset(regen_card(tiny_card, policy="drop", max_new_tokens=2), tmp_path / "d", source=str(chats), backend=hf_backend, num_samples=2)
+    report = build_dataset(
+        regen_card(tiny_card, policy="drop", max_new_tokens=2), tmp_path / "d", source=str(chats), backend=hf_backend, num_samples=2
+    )
     regen = report.regeneration
     assert regen["hit_max_new_tokens"] == 2 and regen["dropped"] == 2 and report.samples_written == 0
     assert "regenerated" in report.summary() and "dropped 2" in report.summary()
@@ -231,13 +248,21 @@ def test_verify_reports_a_tampered_regenerated_file(tmp_path, regenerated, damag
     data = path.read_bytes()
     if damage == "flipped byte":
         at = data.index(b'"sample_id"') + 2
-        path.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
+        path.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :])
         expect = "sha256"
     elif damage == "truncated line":
         path.write_bytes(data[:-20])
         expect = "sha256"
     elif damage == "extra record":
-        extra = {"sample_id": "planted", "turns": [], "messages": [], "input_ids": [1, 2], "loss_spans": [[1, 2]], "supervised_turns": [], "dropped": None}
+        extra = {
+            "sample_id": "planted",
+            "turns": [],
+            "messages": [],
+            "input_ids": [1, 2],
+            "loss_spans": [[1, 2]],
+            "supervised_turns": [],
+            "dropped": None,
+        }
         path.write_bytes(data + json.dumps({"records": [extra]}).encode() + b"\n")
         expect = "sha256"
     elif damage == "missing file":
@@ -258,7 +283,15 @@ def test_verify_reports_a_kept_conversation_missing_from_the_shards(tmp_path, re
     from hs_dataset.formats.manifest import Manifest
 
     path = tampered_copy(regenerated[0], tmp_path / "ds")
-    extra = {"sample_id": "never-captured", "turns": [], "messages": [], "input_ids": [1, 2], "loss_spans": [[1, 2]], "supervised_turns": [], "dropped": None}
+    extra = {
+        "sample_id": "never-captured",
+        "turns": [],
+        "messages": [],
+        "input_ids": [1, 2],
+        "loss_spans": [[1, 2]],
+        "supervised_turns": [],
+        "dropped": None,
+    }
     with open(path, "ab") as f:
         f.write(json.dumps({"records": [extra]}).encode() + b"\n")
     manifest = Manifest.load(path.parent)
@@ -314,7 +347,9 @@ def test_merge_refuses_parts_regenerated_differently(tmp_path, rank_parts, chang
     manifest = Manifest.load(other)
     entry = manifest.metadata.regeneration
     if change == "model_fingerprint":
-        manifest.metadata = replace(manifest.metadata, regeneration=replace(entry, generator={**entry.generator, "model_fingerprint": "f" * 64}))
+        manifest.metadata = replace(
+            manifest.metadata, regeneration=replace(entry, generator={**entry.generator, "model_fingerprint": "f" * 64})
+        )
     elif change == "no regeneration":
         manifest.metadata = manifest.metadata.without("regeneration")
     else:

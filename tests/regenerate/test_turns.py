@@ -23,7 +23,11 @@ def chat(tiny_model_dir):
 @pytest.mark.parametrize("text", ["plain words", "a literal <|im_end|> inside", "a literal <think> tag", "mixed </think> and <|im_user|>"])
 def test_prompt_ids_equal_the_always_sanitized_rendering(chat, text):
     renderer = TurnRenderer(chat, False)
-    messages = [{"role": "user", "content": "Hi " + text}, {"role": "assistant", "content": "Sure: " + text}, {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "user", "content": "Hi " + text},
+        {"role": "assistant", "content": "Sure: " + text},
+        {"role": "user", "content": "again"},
+    ]
     always = list(chat.apply(messages, None, add_generation_prompt=True, thinking=False, sanitize_control_tokens=True)["input_ids"])
     assert renderer.prompt_ids(messages, None) == always
     history = list(chat.apply(messages[:2], None, thinking=False, sanitize_control_tokens=True)["input_ids"])

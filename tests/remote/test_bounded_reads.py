@@ -20,12 +20,10 @@ import hs_dataset
 from hs_dataset.cli.main import main as cli_main
 from hs_dataset.errors import HsDatasetError, RemoteError, UsageError
 from hs_dataset.formats.writer import ShardWriter
-from hs_dataset.remote.cache import disk_usage
-
-from tests.fixtures.hostile_store import HostileStore, SilentServer
-from tests.fixtures.samples import make_metadata, make_sample
 from tests.fixtures.assertions import one_line
 from tests.fixtures.child_memory import run_child
+from tests.fixtures.hostile_store import HostileStore, SilentServer
+from tests.fixtures.samples import make_metadata, make_sample
 
 GROWTH_MB = 300  # what one hostile store may add to a reader's resident memory
 SHARD = "shard-000001.safetensors"
@@ -142,8 +140,9 @@ def test_a_manifest_trickling_a_byte_a_second_fails_at_the_deadline(objects, tmp
 def test_a_shard_trickling_a_byte_a_second_fails_at_its_deadline(objects, tmp_path):
     size = len(objects[SHARD])
     with HostileStore(objects, {SHARD: "trickle"}) as store:
-        data = hs_dataset.open_dataset(store.url, cache_dir=tmp_path / "cache", prefetch_shards=0, request_timeout_s=2,
-                                       min_bytes_per_s=size)  # the deadline: 2 s + the shard at its size per second = 3 s
+        data = hs_dataset.open_dataset(
+            store.url, cache_dir=tmp_path / "cache", prefetch_shards=0, request_timeout_s=2, min_bytes_per_s=size
+        )  # the deadline: 2 s + the shard at its size per second = 3 s
         start = time.monotonic()
         with pytest.raises(RemoteError) as err:
             data[data.manifest.shards[0].samples]  # the first sample of shard 1
@@ -175,9 +174,15 @@ def fresh_s3fs():
 
 def test_verify_of_an_s3_endpoint_that_never_answers_ends_at_the_deadline(fresh_s3fs, tmp_path, monkeypatch, capsys):
     with SilentServer() as silent:
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": silent.endpoint,
-                           "HS_DATASET_REQUEST_TIMEOUT_S": "2", "HS_DATASET_CACHE_DIR": str(tmp_path / "cache")}.items():
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ENDPOINT_URL": silent.endpoint,
+            "HS_DATASET_REQUEST_TIMEOUT_S": "2",
+            "HS_DATASET_CACHE_DIR": str(tmp_path / "cache"),
+        }.items():
             monkeypatch.setenv(key, value)
         start = time.monotonic()
         assert cli_main(["verify", "s3://bucket/ds"]) == 2
@@ -199,18 +204,20 @@ def test_following_no_url_is_refused_at_once():
 # ---------------------------------------------------------------- arguments are checked before the first sample
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"poll_s": -1}, "poll_s: Input should be greater than 0"),
-    ({"idle_timeout_s": "x"}, "idle_timeout_s: Input should be a valid number"),
-    ({"cache_dir": "s3://bucket/cache"}, "cache_dir is a s3:// URL"),
-    ({"prefetch_shards": -2}, "prefetch_shards"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"poll_s": -1}, "poll_s: Input should be greater than 0"),
+        ({"idle_timeout_s": "x"}, "idle_timeout_s: Input should be a valid number"),
+        ({"cache_dir": "s3://bucket/cache"}, "cache_dir is a s3:// URL"),
+        ({"prefetch_shards": -2}, "prefetch_shards"),
+    ],
+)
 def test_follow_checks_its_arguments_before_the_first_sample(kwargs, match, objects, tmp_path):
     from hs_dataset.remote.follow import follow_dataset
 
-    with HostileStore(objects) as store:
-        with pytest.raises(UsageError) as err:
-            follow_dataset(store.url, **{"cache_dir": tmp_path / "cache", **kwargs})  # not iterated: refused at the call
+    with HostileStore(objects) as store, pytest.raises(UsageError) as err:
+        follow_dataset(store.url, **{"cache_dir": tmp_path / "cache", **kwargs})  # not iterated: refused at the call
     assert match in one_line(err.value)
 
 

@@ -17,7 +17,6 @@ from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.cache import INDEX_NAME, ShardCache, disk_usage
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 
@@ -53,8 +52,14 @@ def test_eviction_keeps_the_bound_and_spares_pinned_shards(remote, tmp_path):
         assert disk_usage(cache.directory) <= cache.max_bytes
         assert first.exists()  # pinned: the others were evicted instead
     other = subprocess.run(  # another process holding a pin counts the same (flock)
-        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_SH); print('held')",
-         str(first)], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_SH); print('held')",
+            str(first),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert other.stdout.strip() == "held"
     second = cache.fetch(loc, manifest.shards[4])

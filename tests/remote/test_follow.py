@@ -12,7 +12,6 @@ from hs_dataset.remote.cache import disk_usage
 from hs_dataset.remote.follow import follow_dataset
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 

@@ -23,13 +23,11 @@ import uuid
 
 import pytest
 
+from hs_dataset.cli.main import main as cli_main
 from hs_dataset.formats.hashing import new_hasher
 from hs_dataset.formats.manifest import Manifest
-from hs_dataset.sources import bundled_conversations_path
-
-from hs_dataset.cli.main import main as cli_main
 from hs_dataset.remote.merge import merge_remote
-
+from hs_dataset.sources import bundled_conversations_path
 from tests.fixtures.forkserver_client import ForkServer
 from tests.fixtures.paths import REPO
 from tests.fixtures.samples import child_env
@@ -55,9 +53,26 @@ def expected_ids(rank: int) -> set[str]:
 
 def build_argv(url: str, stage, rank: int) -> list[str]:
     return [
-        "build", "--config", "tiny-deepseek-hf", "--out", url, "--stage-dir", str(stage), "--num-samples", str(SAMPLES),
-        "--rank", str(rank), "--world-size", str(WORLD), "--shard-bytes", str(SHARD_BYTES), "--batch-size", "2",
-        "--device", "cpu", "--no-progress",
+        "build",
+        "--config",
+        "tiny-deepseek-hf",
+        "--out",
+        url,
+        "--stage-dir",
+        str(stage),
+        "--num-samples",
+        str(SAMPLES),
+        "--rank",
+        str(rank),
+        "--world-size",
+        str(WORLD),
+        "--shard-bytes",
+        str(SHARD_BYTES),
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--no-progress",
     ]
 
 
@@ -186,7 +201,11 @@ def test_a_trainer_in_another_process_reads_the_bucket_within_the_cache_bound(pa
     bound = 3 * max(record.bytes for record in merged.shards) + 3 * 4096 + 65536  # 2 open + 1 prefetched, block rounding
     cache = tmp_path / "trainer-cache"
     done = subprocess.run(
-        [sys.executable, "-c", READER, parts, str(cache), str(bound)], env=child_env(), capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", READER, parts, str(cache), str(bound)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -24,7 +24,6 @@ from hs_dataset.remote.cache import disk_usage
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
 from hs_dataset.training import Eagle3Dataset
-
 from tests.fixtures.samples import make_metadata, make_sample
 
 H, K = 32, 3
@@ -74,7 +73,7 @@ def test_remote_reads_the_local_bytes_within_the_cache_bound(uploaded, tmp_path)
 
 
 def test_next_shards_are_prefetched(uploaded, tmp_path):
-    url, local = uploaded
+    url, _local = uploaded
     remote = hs_dataset.open_dataset(url, cache_dir=tmp_path / "cache", max_cache_bytes=1 << 30, prefetch_shards=3)
     remote[0]
     deadline = time.monotonic() + 20

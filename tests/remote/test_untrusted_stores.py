@@ -30,7 +30,6 @@ from hs_dataset.formats.manifest import MANIFEST_NAME
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import CLAIM_NAME, publish_dataset
-
 from tests.fixtures.assertions import one_line
 from tests.fixtures.samples import make_metadata, make_sample
 
@@ -211,7 +210,7 @@ def test_files_put_into_a_cache_are_never_evicted(published, home, tmp_path):
 
 
 def test_a_planted_file_under_a_cache_name_is_not_served(published, home, tmp_path):
-    url, _local, store = published
+    url, _local, _store = published
     cache = tmp_path / "cache"
     data = hs_dataset.open_dataset(url, cache_dir=cache, prefetch_shards=0)
     record = data.manifest.shards[0]
@@ -273,8 +272,9 @@ def test_the_stream_cache_refuses_a_built_dataset_of_the_same_card(home):
 
     victim = write_dataset(home / "built", 6)
     before = tree(home)
-    cache = StreamCache(victim, 1 << 20, make_metadata(), final_norm_weight=torch.ones(16), storage="native",
-                        dtype=torch.bfloat16, card_name="unit-test")
+    cache = StreamCache(
+        victim, 1 << 20, make_metadata(), final_norm_weight=torch.ones(16), storage="native", dtype=torch.bfloat16, card_name="unit-test"
+    )
     with pytest.raises(ForeignDatasetError) as err:
         cache.open()
     assert "not a stream cache" in one_line(err.value)
@@ -285,8 +285,20 @@ def test_the_stream_cache_refuses_a_built_dataset_of_the_same_card(home):
 
 
 def build_argv(out: str, stage: Path) -> list[str]:
-    return ["build", "--config", "tiny-deepseek-hf", "--out", out, "--stage-dir", str(stage), "--num-samples", "2",
-            "--device", "cpu", "--no-progress"]
+    return [
+        "build",
+        "--config",
+        "tiny-deepseek-hf",
+        "--out",
+        out,
+        "--stage-dir",
+        str(stage),
+        "--num-samples",
+        "2",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
 
 
 def test_build_out_file_url_refuses_a_directory_of_user_files(home, tmp_path, capsys):
@@ -383,9 +395,8 @@ def test_a_stage_of_another_dataset_is_refused_before_any_capture(published, tmp
     stage = write_dataset(tmp_path / "stage", 2, first=40)
     before = tree(store)
     options = RemoteOptions(cache_dir=tmp_path / "cache", stage_dir=stage)
-    with pytest.raises(ForeignDatasetError) as err:
-        with staged_upload(url, options):
-            raise AssertionError("LOST: the build body ran against another dataset's prefix")
+    with pytest.raises(ForeignDatasetError) as err, staged_upload(url, options):
+        raise AssertionError("LOST: the build body ran against another dataset's prefix")
     assert "already holds another dataset" in one_line(err.value)
     assert tree(store) == before, "LOST: the prefix of another dataset was changed"
 
@@ -410,7 +421,6 @@ def test_follow_yields_a_prefix_rebuilt_under_the_same_shard_names(tmp_path):
             publish_dataset(second, open_location(url))
     assert seen[:4] == [f"s{i:02d}" for i in range(4)]
     assert seen[4:] == [f"s{i:02d}" for i in range(30, 34)], f"SILENT: the rebuilt prefix's samples were not yielded: {seen}"
-
 
 
 def test_a_planted_download_under_a_live_pid_is_not_waited_on_for_ever(tmp_path):

@@ -18,18 +18,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hs_dataset.errors import ServerValidationError
 from hs_dataset.capture.serve import layer_ids as L
-from hs_dataset.server_patch.contract.sglang_version import parse_version
-from hs_dataset.server_patch.contract.status import is_status_name
+from hs_dataset.errors import ServerValidationError
 from hs_dataset.server_patch import compat
 from hs_dataset.server_patch.batch import BatchView
+from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
-from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.contract.dump import refused_name
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 from hs_dataset.server_patch.contract.rid import content_key, make_rid, validate_rid
-from hs_dataset.server_patch.budget import StagingBudget
+from hs_dataset.server_patch.contract.sglang_version import parse_version
+from hs_dataset.server_patch.contract.status import is_status_name
+from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.mechanisms import check_server_args
 from hs_dataset.server_patch.staging import StagingDir
 from tests.fixtures.capture_core import IDS, H, K, fake_batch, make_core, states
@@ -84,7 +84,19 @@ def test_layer_ids_under_the_always_plus_one_rule():
 
 @pytest.mark.parametrize(
     "rid",
-    ["hs-../../x-1-3", "hs-abc-1-3/../../y", "../hs-abc-1-3", "hs-ABC-1-3", "hs-abc-1-0", "hs-abc-1-3\n", "hs--1-3", "hs-abc-1", "", None, 7],
+    [
+        "hs-../../x-1-3",
+        "hs-abc-1-3/../../y",
+        "../hs-abc-1-3",
+        "hs-ABC-1-3",
+        "hs-abc-1-0",
+        "hs-abc-1-3\n",
+        "hs--1-3",
+        "hs-abc-1",
+        "",
+        None,
+        7,
+    ],
 )
 def test_rid_validation_rejects_unsafe_ids(rid):
     with pytest.raises(ValueError):
@@ -365,13 +377,17 @@ def test_a_chunked_prompt_finished_in_a_mixed_pass_is_assembled(tmp_path):
     rid = "hs-r1-7-10"
     aux, final = states(10, seed=7)
     ids = torch.arange(600, 610)
-    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [4], prefix=[0], rids=[rid], ids=ids[:4])), aux=aux[:4], final_prenorm=final[:4])
+    core.process(
+        BatchView.from_forward_batch(fake_batch("EXTEND", [4], prefix=[0], rids=[rid], ids=ids[:4])), aux=aux[:4], final_prenorm=final[:4]
+    )
     core.flush()
     assert files(core) == []
     # chunk 2 (6 rows), then two foreign decode tails
     a2 = torch.cat([aux[4:], torch.zeros(2, K * H)])
     f2 = torch.cat([final[4:], torch.zeros(2, H)])
-    b2 = fake_batch("MIXED", [6, 1, 1], prefix=[4, 30, 12], rids=[rid, "other-a", "other-b"], ids=torch.cat([ids[4:], torch.tensor([1, 2])]))
+    b2 = fake_batch(
+        "MIXED", [6, 1, 1], prefix=[4, 30, 12], rids=[rid, "other-a", "other-b"], ids=torch.cat([ids[4:], torch.tensor([1, 2])])
+    )
     core.process(BatchView.from_forward_batch(b2), aux=a2, final_prenorm=f2)
     core.flush()
     assert files(core) == [rid + ".safetensors"]
@@ -541,6 +557,7 @@ def test_the_dump_writers_are_named_for_the_os(tmp_path):
     """top -H and /proc tell the capture threads from SGLang's (bench_transport reads their CPU by name)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("thread names are set on Linux only")
+
     def thread_names() -> list[str]:
         names = []
         for tid in os.listdir("/proc/self/task"):
@@ -650,7 +667,7 @@ def test_no_aux_layer_dumps_the_final_state_alone_and_the_client_takes_it(monkey
     model(None, (fb.input_ids, None, fb, None), post)  # a server without --enable-return-aux-hidden-states returns one tensor
     core = hooks._RUNTIME.core
     core.flush()
-    meta, t = read(core, "hs-r1-1-4")
+    _meta, t = read(core, "hs-r1-1-4")
     assert t["aux_hidden_states"].shape == (4, 0, H) and torch.equal(t["final_hidden_state"], final)
     sample = TokenizedSample("s", fb.input_ids, torch.ones(4, dtype=torch.bool))
     path = os.path.join(core.config.staging_dir, "hs-r1-1-4.safetensors")
@@ -727,7 +744,9 @@ def test_hook_configs_must_agree_and_unsafe_setups_are_refused(monkeypatch, tmp_
     hooks.model_hook(config)
     with pytest.raises(hooks.SetupError, match="different configs"):
         hooks.norm_hook({**config, "hf_aux_layer_ids": [2]})
-    args = SimpleNamespace(pp_size=2, attn_cp_size=1, enable_flashinfer_allreduce_fusion=True, moe_a2a_backend="deepep", enable_dp_attention=True)
+    args = SimpleNamespace(
+        pp_size=2, attn_cp_size=1, enable_flashinfer_allreduce_fusion=True, moe_a2a_backend="deepep", enable_dp_attention=True
+    )
     problems = check_server_args(args, "layer_hooks")
     assert len(problems) == 4
     assert len(check_server_args(args, "aux_return")) == 2
@@ -773,8 +792,8 @@ def test_server_side_modules_import_nothing_heavy():
 
 def test_client_reports_an_unreachable_server_clearly(tmp_path):
     from hs_dataset.capture.base import CaptureTarget
-    from hs_dataset.config import SGLangBackendSection
     from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.config import SGLangBackendSection
 
     section = SGLangBackendSection(name="sglang", request_timeout_s=5.0)
     be = SGLangBackend(section, CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS), servers=["http://127.0.0.1:9"])
@@ -820,7 +839,15 @@ def test_client_turns_bad_dumps_into_failures(tmp_path):
     expected = ExpectedDump(aux_layer_ids=tuple(IDS), dtype=torch.float32)
     ids = torch.tensor([3, 4, 5])
     sample = TokenizedSample("s", ids, torch.ones(3, dtype=torch.bool))
-    meta = {"format": "hs_dataset.dump", "version": "1", "rid": "hs-a-1-3", "hf_aux_layer_ids": "[2, 3, 4]", "final_state": "pre_norm", "sglang_version": "x", "dtype": "float32"}
+    meta = {
+        "format": "hs_dataset.dump",
+        "version": "1",
+        "rid": "hs-a-1-3",
+        "hf_aux_layer_ids": "[2, 3, 4]",
+        "final_state": "pre_norm",
+        "sglang_version": "x",
+        "dtype": "float32",
+    }
     good = {"input_ids": ids, "aux_hidden_states": torch.randn(3, K, H), "final_hidden_state": torch.randn(3, H)}
 
     def check(tensors, metadata=meta):
@@ -874,7 +901,9 @@ def test_cuda_snapshot_is_asynchronous_and_survives_buffer_reuse(tmp_path):
         with safe_open(str(tmp_path / "stage" / f"hs-cuda-2-{t}.safetensors"), "pt") as f:
             got_aux, got_final = f.get_tensor("aux_hidden_states"), f.get_tensor("final_hidden_state")
         assert torch.equal(got_aux, expected_aux.view(t, k, h)) and torch.equal(got_final, expected_final)
-        print(f"CUDA: forward thread {on_forward_thread * 1e3:.2f} ms vs synchronous .cpu() {synchronous * 1e3:.2f} ms for {(t * k * h + t * h) * 2 / 1e6:.0f} MB")
+        print(
+            f"CUDA: forward thread {on_forward_thread * 1e3:.2f} ms vs synchronous .cpu() {synchronous * 1e3:.2f} ms for {(t * k * h + t * h) * 2 / 1e6:.0f} MB"
+        )
         del sync_copy
     finally:
         core.close()
@@ -914,7 +943,11 @@ def test_cuda_pinned_pool_exhaustion_is_a_refusal(tmp_path):
     core = make_core(tmp_path, pinned_pool_bytes=1 << 20, max_wait_s=0.1)
     aux = torch.randn(4, K * H, device="cuda")
     final = torch.randn(4, H, device="cuda")
-    core.process(BatchView.from_forward_batch(fake_batch("EXTEND", [4], rids=["hs-cuda-1-4"], ids=torch.arange(4, device="cuda"))), aux=aux, final_prenorm=final)
+    core.process(
+        BatchView.from_forward_batch(fake_batch("EXTEND", [4], rids=["hs-cuda-1-4"], ids=torch.arange(4, device="cuda"))),
+        aux=aux,
+        final_prenorm=final,
+    )
     core.flush()
     assert files(core) == ["hs-cuda-1-4.refused.json"]
     assert "pinned" in (tmp_path / "stage" / "hs-cuda-1-4.refused.json").read_text()
@@ -933,7 +966,11 @@ def test_a_copier_handed_to_a_core_outlives_it_and_a_core_s_own_copier_is_closed
     first.close()
     assert closed == []
     second = CaptureCore(cfg, sglang_version="test", copier=shared)
-    second.process(BatchView.from_forward_batch(fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])), aux=torch.randn(3, K * H), final_prenorm=torch.randn(3, H))
+    second.process(
+        BatchView.from_forward_batch(fake_batch("EXTEND", [3], rids=["hs-r1-1-3"])),
+        aux=torch.randn(3, K * H),
+        final_prenorm=torch.randn(3, H),
+    )
     second.flush()
     assert "hs-r1-1-3.safetensors" in files(second)
     second.close()

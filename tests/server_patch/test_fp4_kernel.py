@@ -11,16 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hs_dataset.formats.encoding import bad_scales
-
-from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.codecs import fp4_kernel
-from hs_dataset.server_patch.states import QUANTIZERS
 from hs_dataset.codecs.fp4 import MXFP4_ENCODING, NF4_ENCODING, quantize_mxfp4, quantize_nf4
+from hs_dataset.codecs.registry import get_encoding
+from hs_dataset.formats.encoding import bad_scales
+from hs_dataset.server_patch.states import QUANTIZERS
 
 REFERENCE = {MXFP4_ENCODING: quantize_mxfp4, NF4_ENCODING: quantize_nf4}
 needs_kernel = pytest.mark.skipif(
-    not torch.cuda.is_available() or fp4_kernel.triton is None, reason="the fused kernel needs CUDA and Triton (CPU installs use the reference)"
+    not torch.cuda.is_available() or fp4_kernel.triton is None,
+    reason="the fused kernel needs CUDA and Triton (CPU installs use the reference)",
 )
 
 

@@ -39,23 +39,22 @@ import torch
 from safetensors.torch import save
 
 from hs_dataset.capture.base import CaptureFailure
+from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.batch import BatchView
 from hs_dataset.server_patch.config import CaptureConfig
-from hs_dataset.server_patch.core import CaptureCore
-from hs_dataset.server_patch.contract.status import is_status_name, status_name
 from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION, TMP_PREFIX
-from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
-from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
-
+from hs_dataset.server_patch.contract.status import is_status_name, status_name
+from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.staging import StagingDir
 from tests.fixtures.capture_core import IDS, H, K, fake_batch, make_core, states
-
 
 
 def listing(path) -> list[str]:
     """A staging dir's entries, sorted, without the hooks' status file (the core keeps one there)."""
     return sorted(n for n in os.listdir(path) if not is_status_name(n))
+
 
 def tree(root) -> dict[str, str]:
     """Every path under root (relative) -> kind; symlinks are not followed."""
@@ -229,8 +228,15 @@ def test_hostile_rids_write_nothing_anywhere(tmp_path, mode):
 
 # ---------------------------------------------------------------------------- planted symlinks
 def _dump_bytes(rid: str, ids: torch.Tensor, aux: torch.Tensor, final: torch.Tensor) -> bytes:
-    meta = {"format": DUMP_FORMAT, "version": DUMP_VERSION, "rid": rid, "hf_aux_layer_ids": json.dumps(IDS),
-            "final_state": "pre_norm", "sglang_version": "test", "dtype": "float32"}
+    meta = {
+        "format": DUMP_FORMAT,
+        "version": DUMP_VERSION,
+        "rid": rid,
+        "hf_aux_layer_ids": json.dumps(IDS),
+        "final_state": "pre_norm",
+        "sglang_version": "test",
+        "dtype": "float32",
+    }
     return save({"input_ids": ids, "aux_hidden_states": aux, "final_hidden_state": final}, metadata=meta)
 
 
@@ -254,9 +260,9 @@ def test_symlink_planted_at_the_dump_name_is_not_written_through_nor_read(tmp_pa
 
 def _client(tmp_path):
     from hs_dataset.capture.base import CaptureTarget
-    from hs_dataset.config import SGLangBackendSection
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.capture.sglang.endpoints import Endpoint
+    from hs_dataset.config import SGLangBackendSection
 
     section = SGLangBackendSection(name="sglang", dump_timeout_s=0.5)
     target = CaptureTarget(model_path=str(tmp_path), aux_layer_ids=IDS, dtype="float32")
@@ -363,8 +369,10 @@ def test_sustained_back_pressure_is_bounded_and_loses_nothing(tmp_path):
         refused = {r for r in rids if f"{r}.refused.json" in left}
         dumped = {r for r in rids if f"{r}.safetensors" in left or f"{r}.safetensors" in drained}
         header_slack = 1024 * peak["files"]  # the budget reserves tensor bytes; each file adds its JSON header (~0.5 KB)
-        print(f"{len(rids)} requests: {len(dumped)} dumps, {len(refused)} refused; longest pass {max(waits):.3f} s "
-              f"(max_wait_s {max_wait}); peak staging {peak['bytes']} bytes / budget {3 * per_dump}")
+        print(
+            f"{len(rids)} requests: {len(dumped)} dumps, {len(refused)} refused; longest pass {max(waits):.3f} s "
+            f"(max_wait_s {max_wait}); peak staging {peak['bytes']} bytes / budget {3 * per_dump}"
+        )
         assert dumped.isdisjoint(refused) and dumped | refused == set(rids), "a request vanished without a dump or a marker"
         assert refused and dumped, "the test did not fill the staging budget"
         assert all("staging full" in json.loads((tmp_path / "stage" / f"{r}.refused.json").read_text())["reason"] for r in refused)
@@ -471,7 +479,6 @@ def test_disk_full_in_the_manifest_write_keeps_the_old_manifest_and_resumes(tmp_
     from hs_dataset.formats import ShardWriter
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.verify import verify_dataset
-
     from tests.fixtures.samples import make_metadata, make_sample
 
     with ShardWriter(tmp_path, make_metadata(), shard_bytes=2_000) as writer:

@@ -20,15 +20,14 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from hs_dataset.formats.encoding import decode_state, encode_state
-
-from hs_dataset.codecs.registry import ENCODINGS
 from hs_dataset.codecs import fp8, safetensors_header
+from hs_dataset.codecs.registry import ENCODINGS
+from hs_dataset.formats.encoding import decode_state, encode_state
 from hs_dataset.server_patch import staging as staging_mod
 from hs_dataset.server_patch.batch import BatchView
 from hs_dataset.server_patch.config import CaptureConfig
-from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.copier import host_bytes
+from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.staging import StagingDir
 
 IDS = [2, 3, 4]
@@ -72,7 +71,11 @@ def _same_file(ours: bytes, reference: bytes) -> None:
 @pytest.mark.parametrize(
     "tensors",
     [
-        {"input_ids": torch.arange(5), "aux_hidden_states": torch.randn(5, K, H).bfloat16(), "final_hidden_state": torch.randn(5, H).bfloat16()},
+        {
+            "input_ids": torch.arange(5),
+            "aux_hidden_states": torch.randn(5, K, H).bfloat16(),
+            "final_hidden_state": torch.randn(5, H).bfloat16(),
+        },
         {"input_ids": torch.arange(7), "aux_hidden_states": torch.randn(7, K, H), "final_hidden_state": torch.randn(7, H)},
         {
             "input_ids": torch.arange(3),
@@ -107,7 +110,9 @@ def _previous_serialization(meta: dict, tensors: dict[str, torch.Tensor]) -> byt
     return save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
 
 
-@pytest.mark.parametrize("dtype, storage", [(torch.bfloat16, "native"), (torch.float32, "native"), (torch.bfloat16, "fp8")], ids=["bf16", "f32", "fp8"])
+@pytest.mark.parametrize(
+    "dtype, storage", [(torch.bfloat16, "native"), (torch.float32, "native"), (torch.bfloat16, "fp8")], ids=["bf16", "f32", "fp8"]
+)
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 def test_writev_dump_is_byte_identical_to_the_previous_serialization(tmp_path, dtype, storage, chunked):
     core = _core(tmp_path, storage=storage)
@@ -256,16 +261,19 @@ def test_host_bytes_keeps_its_tensor_alive():
 def test_storage_config_is_checked():
     with pytest.raises(ValueError, match="storage"):
         CaptureConfig(staging_dir="/tmp/x", hf_aux_layer_ids=(1,), storage="int4")
-    assert CaptureConfig.from_sources({"staging_dir": "/tmp/x", "hf_aux_layer_ids": [1]}, environ={"HS_CAPTURE_STORAGE": "fp8"}).state_encoding == "fp8_e4m3_per_token"
+    assert (
+        CaptureConfig.from_sources({"staging_dir": "/tmp/x", "hf_aux_layer_ids": [1]}, environ={"HS_CAPTURE_STORAGE": "fp8"}).state_encoding
+        == "fp8_e4m3_per_token"
+    )
 
 
 @pytest.mark.parametrize("storage, encoding", [("mxfp4", "mxfp4_e2m1_g32"), ("nf4", "nf4_g32")])
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 def test_4bit_dumps_hold_the_datasets_own_encoding_and_the_client_stores_them_as_they_are(tmp_path, storage, encoding, chunked):
     """The server quantizes 4-bit storages itself (a quarter of the copy); the bytes are the host encoder's."""
+    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
     from hs_dataset.formats import ShardWriter, open_dataset
     from hs_dataset.sample import CapturedSample, TokenizedSample
-    from hs_dataset.capture.sglang.dumps import ExpectedDump, check_dump
 
     h = 64  # 4-bit groups are 32 values
     core = _core(tmp_path, storage=storage)

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hs_dataset.errors import SourceError
 from hs_dataset.sources import KIMI_K25_RULE, bundled_conversations_path, resolve_mask_rule
@@ -70,8 +69,13 @@ def forced(chat: ChatTokenizer, conv: Conversation, template_kwargs: dict | None
     def run():
         try:
             out = chat.tokenizer.apply_chat_template(
-                conv.messages, tools=conv.tools, add_generation_prompt=False, tokenize=True, return_dict=True,
-                sanitize_control_tokens=True, **(template_kwargs or {}),
+                conv.messages,
+                tools=conv.tools,
+                add_generation_prompt=False,
+                tokenize=True,
+                return_dict=True,
+                sanitize_control_tokens=True,
+                **(template_kwargs or {}),
             )
         except ValueError as exc:  # "Can't sanitize ...": ChatTokenizer reports it as a malformed row
             raise MalformedRowError(str(exc)) from exc
@@ -140,9 +144,32 @@ def test_template_kwargs_are_scanned(tok):
 
 
 FRAGMENTS = [
-    "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>", "<|im_user|>", "<think>", "</think>", EOS,
-    "<｜begin▁of▁sentence｜>", "<｜User｜>", "<|im_", "end|>", "im_end", "<｜", "｜>", "▁", START, END,
-    "<", "|", ">", "\n", " ", "hello", "world", "assistant", "é", "数",
+    "<|im_end|>",
+    "<|im_assistant|>assistant<|im_middle|>",
+    "<|im_user|>",
+    "<think>",
+    "</think>",
+    EOS,
+    "<｜begin▁of▁sentence｜>",
+    "<｜User｜>",
+    "<|im_",
+    "end|>",
+    "im_end",
+    "<｜",
+    "｜>",
+    "▁",
+    START,
+    END,
+    "<",
+    "|",
+    ">",
+    "\n",
+    " ",
+    "hello",
+    "world",
+    "assistant",
+    "é",
+    "数",
 ]
 TEXT = st.lists(st.sampled_from(FRAGMENTS), max_size=8).map("".join)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from hs_dataset.demo.tiny_tokenizer import KIMI_CHAT_TOKENS, TINY_VOCAB_LIMIT, write_tiny_tokenizer
 from hs_dataset.errors import SourceError
 from hs_dataset.sources import (
     MarkerSpanRule,
@@ -26,7 +26,6 @@ from hs_dataset.sources import (
     iter_samples,
     load_samples,
 )
-from hs_dataset.demo.tiny_tokenizer import KIMI_CHAT_TOKENS, TINY_VOCAB_LIMIT, write_tiny_tokenizer
 
 # ---------------------------------------------------------------- fixtures and helpers
 
@@ -215,7 +214,12 @@ GENERATION_TEMPLATE = (
 
 
 def test_generation_marker_templates_use_transformers_mask(tok):
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "two"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "one"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "two"},
+    ]
     [sample], _ = load_samples([{"messages": msgs}], tok, SampleRules(max_length=512, chat_template=GENERATION_TEMPLATE))
     assert sample.meta["mask_rule"] == "generation"
     assert span_texts(tok, sample) == ["one<|im_end|>", "two<|im_end|>"]
@@ -311,7 +315,14 @@ def test_malformed_rows_are_reported_with_index(tok, tmp_path):
         "{not json",
         "",  # blank lines are not rows
         json.dumps([1, 2]),
-        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}),
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},
+                ]
+            }
+        ),
         json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]}),
         json.dumps({"messages": "hello"}),
         json.dumps({"text": "no messages"}),

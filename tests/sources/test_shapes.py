@@ -15,19 +15,42 @@ from tests.fixtures.hub_standin import HubStandIn
 pytestmark = pytest.mark.filterwarnings("ignore:Use .content=<...>. to upload raw bytes:DeprecationWarning")
 
 SHAPES = {
-    "openai": [{"id": "o1", "messages": [
-        {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [
-            {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
-        {"role": "tool", "content": "rain", "tool_call_id": "c0"},
-        {"role": "assistant", "content": "Rain in Oslo."},
-    ]}],
-    "ultrachat": [{"id": "u1", "prompt": "hi", "prompt_id": "p1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}],
-    "sharegpt": [{"id": "s1", "conversations": [
-        {"from": "system", "value": "be kind"}, {"from": "human", "value": "weather?"},
-        {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
-        {"from": "observation", "value": "rain"}, {"from": "gpt", "value": "Rain in Oslo."},
-    ]}],
+    "openai": [
+        {
+            "id": "o1",
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "reasoning_content": "call it",
+                    "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+                },
+                {"role": "tool", "content": "rain", "tool_call_id": "c0"},
+                {"role": "assistant", "content": "Rain in Oslo."},
+            ],
+        }
+    ],
+    "ultrachat": [
+        {
+            "id": "u1",
+            "prompt": "hi",
+            "prompt_id": "p1",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        }
+    ],
+    "sharegpt": [
+        {
+            "id": "s1",
+            "conversations": [
+                {"from": "system", "value": "be kind"},
+                {"from": "human", "value": "weather?"},
+                {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'},
+                {"from": "observation", "value": "rain"},
+                {"from": "gpt", "value": "Rain in Oslo."},
+            ],
+        }
+    ],
     "prompt_response": [{"id": "p1", "prompt": "Say yes.", "response": "Yes."}],
 }
 EXPECTED_TURNS = {"openai": 2, "ultrachat": 1, "sharegpt": 2, "prompt_response": 1}
@@ -109,9 +132,11 @@ def test_columns_map_other_names(tmp_path, tok):
 def test_split_of_a_saved_datasetdict(tmp_path, tok):
     import datasets
 
-    dd = datasets.DatasetDict({"train_sft": datasets.Dataset.from_list(SHAPES["prompt_response"]), "test_sft": datasets.Dataset.from_list(SHAPES["ultrachat"])})
+    dd = datasets.DatasetDict(
+        {"train_sft": datasets.Dataset.from_list(SHAPES["prompt_response"]), "test_sft": datasets.Dataset.from_list(SHAPES["ultrachat"])}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
-    samples, report = read(tmp_path / "dd", tok, hub={"split": "test_sft"})
+    samples, _report = read(tmp_path / "dd", tok, hub={"split": "test_sft"})
     assert [s.sample_id for s in samples] == ["u1"]
     from hs_dataset.errors import SourceError
 
@@ -135,13 +160,19 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", local_only)
     hub = HubStandIn(tmp_path / "hub-server")
     for name, value in {
-        "ENDPOINT": hub.url, "HUGGINGFACE_CO_URL_TEMPLATE": hub.url + "/{repo_id}/resolve/{revision}/{filename}",
-        "HF_HUB_OFFLINE": False, "HF_HUB_DISABLE_XET": True, "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
+        "ENDPOINT": hub.url,
+        "HUGGINGFACE_CO_URL_TEMPLATE": hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+        "HF_HUB_OFFLINE": False,
+        "HF_HUB_DISABLE_XET": True,
+        "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
     }.items():
         monkeypatch.setattr(constants, name, value)
     for name, value in {
-        "HF_ENDPOINT": hub.url, "HUB_DATASETS_URL": hub.url + "/datasets/{repo_id}/resolve/{revision}/{path}",
-        "HF_HUB_OFFLINE": False, "HF_DATASETS_OFFLINE": False, "USE_PARQUET_EXPORT": False,
+        "HF_ENDPOINT": hub.url,
+        "HUB_DATASETS_URL": hub.url + "/datasets/{repo_id}/resolve/{revision}/{path}",
+        "HF_HUB_OFFLINE": False,
+        "HF_DATASETS_OFFLINE": False,
+        "USE_PARQUET_EXPORT": False,
         "HF_DATASETS_CACHE": tmp_path / "ds-cache",
     }.items():
         monkeypatch.setattr(datasets.config, name, value)

@@ -27,20 +27,30 @@ CHILD_GROWTH_MB = 300  # the issue's bound on what one hostile input may add to 
 
 AMPLIFIERS = {  # each builds gigabytes from a few kilobytes, inside the one-operation bound; the words of the refusal
     "16M characters of output": ("{% for i in range(16000) %}{{ 'x' * 1000 }}{% endfor %}", "an output of over 262144"),
-    "~ doubling": ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
-                   "a joined value (~)"),
+    "~ doubling": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "a joined value (~)",
+    ),
     "join of a repeated string": ("{% set l = ['x' * 1000000] * 1000 %}{{ l | join }}", "join filter"),
     "str.join of a repeated string": ("{% set l = ['x' * 1000000] * 1000 %}{{ ''.join(l) }}", "join()"),
     "replace chain (method)": ("{% set s = 'x' * 1000000 %}{{ s.replace('x', 'xxxxxxxxxx').replace('x', 'xxxxxxxxxx') }}", "replace()"),
-    "replace chain (filter)": ("{% set s = 'x' * 100000 %}{{ s | replace('x', 'xxxxxxxxxx') | replace('x', 'xxxxxxxxxx') | replace('x', 'xxxxxxxxxx') }}",
-                               "replace filter"),
+    "replace chain (filter)": (
+        "{% set s = 'x' * 100000 %}{{ s | replace('x', 'xxxxxxxxxx') | replace('x', 'xxxxxxxxxx') | replace('x', 'xxxxxxxxxx') }}",
+        "replace filter",
+    ),
     "tojson of a repeated string": ("{% set l = ['x' * 1000000] * 1000 %}{{ l | tojson }}", "tojson filter"),
     "a list written out": ("{% set l = ['x' * 1000000] * 1000 %}{{ l }}", "an output of over"),
     "a list formatted with %": ("{% set l = ['x' * 1000000] * 1000 %}{{ '%s' % (l,) }}", "a formatted string"),
     "indent of a million lines": ("{% set s = 'x\n' * 8000000 %}{{ s | indent(100) }}", "indent filter"),
     "lipsum": ("{{ lipsum(100000) }}", "generate_lorem_ipsum()"),
-    "slices kept in variables": ("{% set a = 'x' * 16000000 %}{% set b = a[1:] %}{% set c = a[2:] %}{% set d = a[3:] %}", "MiB of strings and lists in all"),
-    "lists kept in variables": ("{% set a = [0] * 16000000 %}{% set b = [1] * 16000000 %}{% set c = [2] * 16000000 %}", "MiB of strings and lists in all"),
+    "slices kept in variables": (
+        "{% set a = 'x' * 16000000 %}{% set b = a[1:] %}{% set c = a[2:] %}{% set d = a[3:] %}",
+        "MiB of strings and lists in all",
+    ),
+    "lists kept in variables": (
+        "{% set a = [0] * 16000000 %}{% set b = [1] * 16000000 %}{% set c = [2] * 16000000 %}",
+        "MiB of strings and lists in all",
+    ),
 }
 
 
@@ -82,9 +92,11 @@ for bomb in {bombs!r}:
     found.append(report.oversized.get(0, ""))
 RESULT = {{"oversized": found}}
 """
-    result, elapsed = run_child(code, timeout=180)
+    result, _elapsed = run_child(code, timeout=180)
     assert all(result["oversized"]), f"SILENT: {result['oversized']}"
-    assert result["growth_mb"] < CHILD_GROWTH_MB, f"MEMORY: +{result['growth_mb']:.0f} MB for the amplifying templates (bound {CHILD_GROWTH_MB} MB)"
+    assert result["growth_mb"] < CHILD_GROWTH_MB, (
+        f"MEMORY: +{result['growth_mb']:.0f} MB for the amplifying templates (bound {CHILD_GROWTH_MB} MB)"
+    )
 
 
 def test_output_bound_follows_max_length_and_ordinary_rows_pass(tok):
@@ -172,9 +184,15 @@ def test_build_goes_on_when_some_rows_render(tmp_path, tiny_card, hf_backend):
     from hs_dataset.pipeline.build import build_dataset
 
     refuse = "{% if messages[0].content.startswith('BAD') %}{{ raise_exception('no') }}{% endif %}"
-    rows = [{"id": f"bad{i}", "messages": [{"role": "user", "content": f"BAD {i}"}, {"role": "assistant", "content": "x"}]} for i in range(3)]
-    rows += [{"id": f"good{i}", "messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yes"}]} for i in range(3)]
-    rows += [{"id": f"late{i}", "messages": [{"role": "user", "content": f"BAD {i}"}, {"role": "assistant", "content": "x"}]} for i in range(9)]
+    rows = [
+        {"id": f"bad{i}", "messages": [{"role": "user", "content": f"BAD {i}"}, {"role": "assistant", "content": "x"}]} for i in range(3)
+    ]
+    rows += [
+        {"id": f"good{i}", "messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yes"}]} for i in range(3)
+    ]
+    rows += [
+        {"id": f"late{i}", "messages": [{"role": "user", "content": f"BAD {i}"}, {"role": "assistant", "content": "x"}]} for i in range(9)
+    ]
     source = tmp_path / "rows.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     template = tmp_path / "refusing.jinja"
@@ -186,13 +204,20 @@ def test_build_goes_on_when_some_rows_render(tmp_path, tiny_card, hf_backend):
 
 # ---------------------------------------------------------------------------- every limit has an upper bound
 
+
 def test_every_limit_has_an_upper_bound():
     from annotated_types import Le, Lt
 
     for name, info in LimitsSection.model_fields.items():
         assert any(isinstance(m, (Le, Lt)) for m in info.metadata), f"limits.{name} has no upper bound"
-    for name, value in {"row_turns": 10**7, "row_chars": 1 << 40, "row_depth": 10**4, "template_chars": 1 << 40,
-                        "template_seconds": 1e9, "template_failures": 10**9}.items():
+    for name, value in {
+        "row_turns": 10**7,
+        "row_chars": 1 << 40,
+        "row_depth": 10**4,
+        "template_chars": 1 << 40,
+        "template_seconds": 1e9,
+        "template_failures": 10**9,
+    }.items():
         with pytest.raises(Exception) as caught:
             LimitsSection(**{name: value})
         assert name in str(caught.value), caught.value

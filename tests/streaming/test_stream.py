@@ -29,7 +29,6 @@ from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.sample import CapturedSample, TokenizedSample
-
 from tests.fixtures.fake_capture import FakeCaptureBackend
 from tests.fixtures.paths import REPO
 from tests.fixtures.samples import make_metadata, make_sample
@@ -102,10 +101,9 @@ class _RecapturingBackend(FakeCaptureBackend):
 
     def capture_batch(self, samples):
         out = super().capture_batch(samples)
-        again = sum(1 for sid in self.captured_ids[:-len(out) or None] if sid in {s.sample_id for s in samples})
+        again = sum(1 for sid in self.captured_ids[: -len(out) or None] if sid in {s.sample_id for s in samples})
         return [
-            CapturedSample(r.sample_id, r.input_ids, r.loss_mask, r.aux_hidden_states + again, r.final_hidden_state + again)
-            for r in out
+            CapturedSample(r.sample_id, r.input_ids, r.loss_mask, r.aux_hidden_states + again, r.final_hidden_state + again) for r in out
         ]
 
 
@@ -233,7 +231,11 @@ def test_killed_stream_resumes_without_capturing_what_is_cached(card, capture_se
     staged_before = set(staged_files(capture_server.staging_dir))
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, capture_server.url, str(cache), str(SMALL), str(N)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env, cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env,
+        cwd=str(REPO),
     )
     yielded = []
     try:

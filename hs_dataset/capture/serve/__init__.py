@@ -4,4 +4,4 @@ from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.plan import ServerPlan, plan_server
 from hs_dataset.capture.serve.process import ServerProcess, launch
 
-__all__ = ["ServeError", "ServerPlan", "ServerProcess", "plan_server", "launch"]
+__all__ = ["ServeError", "ServerPlan", "ServerProcess", "launch", "plan_server"]

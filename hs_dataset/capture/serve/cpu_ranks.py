@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-__all__ = ["OMP_BIND_ENV", "parallel_sizes", "cpu_rank_count", "split_cores", "format_bind", "usable_cores"]
+__all__ = ["OMP_BIND_ENV", "cpu_rank_count", "format_bind", "parallel_sizes", "split_cores", "usable_cores"]
 
 OMP_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 

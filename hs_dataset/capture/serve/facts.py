@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hs_dataset.server_patch.contract.legacy_header import carries_patch
 
-__all__ = ["SGLangFacts", "read_facts", "eagle3_shift_rule"]
+__all__ = ["SGLangFacts", "eagle3_shift_rule", "read_facts"]
 
 # model family -> the SGLang model file whose set_eagle3_layers_to_capture decides its ids
 _EAGLE3_FILES = {"deepseek": "models/deepseek_v2.py", "llama": "models/llama.py"}
@@ -48,7 +48,11 @@ class SGLangFacts:
     eagle3_shift: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        flags = [name for name in ("forward_hooks", "aux_return", "prefill_graph_flag", "forward_batch_rids", "source_patched") if getattr(self, name)]
+        flags = [
+            name
+            for name in ("forward_hooks", "aux_return", "prefill_graph_flag", "forward_batch_rids", "source_patched")
+            if getattr(self, name)
+        ]
         shifts = ", ".join(f"{family} {rule}" for family, rule in sorted(self.eagle3_shift.items()))
         return f"read from the installed source: {', '.join(flags) or 'none of the capture features'}; EAGLE-3 ids: {shifts or 'unknown'}"
 
@@ -93,11 +97,16 @@ def eagle3_shift_rule(source: str) -> str:
         return "unknown"
     body = funcs[0]
     first_is_one = any(
-        isinstance(n, ast.Compare) and isinstance(n.left, ast.Subscript) and ast.unparse(n.left).endswith("[0]")
+        isinstance(n, ast.Compare)
+        and isinstance(n.left, ast.Subscript)
+        and ast.unparse(n.left).endswith("[0]")
         and any(isinstance(c, ast.Constant) and c.value == 1 for c in n.comparators)
         for n in ast.walk(body)
     )
-    plus_one = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.right, ast.Constant) and n.right.value == 1 for n in ast.walk(body))
+    plus_one = any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.right, ast.Constant) and n.right.value == 1
+        for n in ast.walk(body)
+    )
     if first_is_one and plus_one:
         return "first_is_one"
     return "always" if plus_one else "unknown"

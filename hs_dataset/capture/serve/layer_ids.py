@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 
 from hs_dataset.errors import HsDatasetError
 
-__all__ = ["SHIFT_RULES", "LayerIdError", "model_family", "validate_hf_ids", "sglang_eagle3_ids", "captured_hf_ids", "layer_hook_targets"]
+__all__ = ["SHIFT_RULES", "LayerIdError", "captured_hf_ids", "layer_hook_targets", "model_family", "sglang_eagle3_ids", "validate_hf_ids"]
 
 # ---------------------------------------------------------------- layer ids: HF hidden_states <-> SGLang
 # Translate our aux layer ids (HF ``hidden_states`` indexes) into what SGLang needs.
@@ -67,7 +68,7 @@ def validate_hf_ids(hf_ids: Iterable[int], num_hidden_layers: int) -> list[int]:
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int):
             raise LayerIdError(f"aux layer ids must be integers, got {ids!r}")
-    if any(b <= a for a, b in zip(ids, ids[1:])):
+    if any(b <= a for a, b in itertools.pairwise(ids)):
         raise LayerIdError(f"aux layer ids must be strictly ascending, got {ids}")
     if ids[0] < 0:
         raise LayerIdError(f"aux layer ids must be >= 0, got {ids}")
@@ -112,8 +113,7 @@ def sglang_eagle3_ids(hf_ids: Sequence[int], architectures: Sequence[str] | str,
         return list(ids)  # passed as given (a first id of 2 is kept; passing 1, ... would also give 2, ...)
     if ids[0] == 0:
         raise LayerIdError(
-            f"HF aux id 0 (the embedding output) cannot be captured on {family}: the installed SGLang adds 1 to every "
-            "EAGLE3 layer id"
+            f"HF aux id 0 (the embedding output) cannot be captured on {family}: the installed SGLang adds 1 to every EAGLE3 layer id"
         )
     return [i - 1 for i in ids]
 

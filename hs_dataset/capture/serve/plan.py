@@ -40,27 +40,28 @@ import json
 import os
 import shlex
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from hs_dataset.config import Card, SGLangServerSection, card_from_dict
 from hs_dataset.capture.serve import cpu_ranks, mechanisms, probe
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.facts import SGLangFacts, read_facts
+from hs_dataset.capture.serve.layer_ids import LayerIdError, model_family, sglang_eagle3_ids, validate_hf_ids
 from hs_dataset.capture.serve.mechanisms import Launch, MechanismPlan
 from hs_dataset.capture.serve.sizing import refuse_samples_that_cannot_fit
 from hs_dataset.capture.sglang.support import UnsupportedVersionError, verification
+from hs_dataset.codecs.registry import ENCODED_STORAGES
+from hs_dataset.config import Card, SGLangServerSection, card_from_dict
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.server_patch.contract.mechanism import Mechanism
-from hs_dataset.capture.serve.layer_ids import LayerIdError, model_family, sglang_eagle3_ids, validate_hf_ids
-from hs_dataset.codecs.registry import ENCODED_STORAGES
 
 __all__ = [
     "ServerPlan",
-    "plan_server",
     "default_server_python",
     "default_staging_dir",
+    "plan_server",
     "resolve_server_model_path",
 ]
 
@@ -80,6 +81,7 @@ _STAGING_KEYS = (
     ("orphan_ttl_s", "orphan_ttl_s"),
     ("rid_prefix", "rid_prefix"),
 )
+
 
 def default_server_python() -> str:
     return os.environ.get("HS_SGLANG_PYTHON") or str(REPO_ROOT / ".sglang-venv" / "bin" / "python")
@@ -209,8 +211,9 @@ class _Target:
     hidden_size: int | None  # from config.json; None where the card names the layers by hand
 
 
-def _target(card: Card, *, host: str | None, port: int | None, python: str | None, model_path: str | None,
-            extra_args: Sequence[str] = ()) -> _Target:
+def _target(
+    card: Card, *, host: str | None, port: int | None, python: str | None, model_path: str | None, extra_args: Sequence[str] = ()
+) -> _Target:
     sg, model = card.sglang, card.model
     host = host or sg.host
     port = int(port or sg.port)
@@ -363,17 +366,26 @@ def _hook_specs(device: str, target: _Target, capture: _Capture, hook_config: di
     if device == "cpu" and model_family(target.architectures) == "deepseek":
         specs.append({"name": "hs_cpu_mla", "target_modules": [module_path], "hook_factory": CPU_MLA_FACTORY, "config": {}})
     specs.append(
-        {"name": "hs_capture_final", "target_modules": [f"{module_path}.norm"], "hook_factory": f"{HOOKS_MODULE}:norm_hook", "config": hook_config}
+        {
+            "name": "hs_capture_final",
+            "target_modules": [f"{module_path}.norm"],
+            "hook_factory": f"{HOOKS_MODULE}:norm_hook",
+            "config": hook_config,
+        }
     )
     specs += capture.plan.layer_specs(capture.launch, hook_config, HOOKS_MODULE)
-    specs.append({"name": "hs_capture", "target_modules": [module_path], "hook_factory": f"{HOOKS_MODULE}:model_hook", "config": hook_config})
+    specs.append(
+        {"name": "hs_capture", "target_modules": [module_path], "hook_factory": f"{HOOKS_MODULE}:model_hook", "config": hook_config}
+    )
     return specs
 
 
 # --------------------------------------------------------------------------- the command line and the environment
 
 
-def _server_argv(card: Card, target: _Target, capture: _Capture, specs: list[dict], extra_args: Sequence[str], notes: list[str]) -> list[str]:
+def _server_argv(
+    card: Card, target: _Target, capture: _Capture, specs: list[dict], extra_args: Sequence[str], notes: list[str]
+) -> list[str]:
     sg = card.sglang
     argv = ["-m", "sglang.launch_server", "--model-path", target.model_path, "--host", target.host, "--port", str(target.port)]
     argv += ["--dtype", card.dtype, "--skip-tokenizer-init"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from hs_dataset.capture.serve.errors import ServeError
 
-__all__ = ["probe_server_env", "installed_source", "check_processor_in_server"]
+__all__ = ["check_processor_in_server", "installed_source", "probe_server_env"]
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u, json, os\n"
@@ -88,8 +88,13 @@ def check_processor_in_server(python: str, env: dict[str, str], model_path: str,
     if text_config(config) is config:
         return
     try:
-        res = subprocess.run([python, "-c", _PROCESSOR_CHECK, model_path, "1" if trust_remote_code else "0"],
-                             capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+        res = subprocess.run(
+            [python, "-c", _PROCESSOR_CHECK, model_path, "1" if trust_remote_code else "0"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env},
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ServeError(f"cannot run the processor check in the server Python {python}: {exc}") from None
     lines = res.stdout.strip().splitlines()

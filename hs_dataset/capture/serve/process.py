@@ -57,7 +57,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 continue
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,7 @@ from hs_dataset.codecs.registry import get_encoding, state_encoding_for
 from hs_dataset.config import Card
 from hs_dataset.dtypes import state_dtype
 
-__all__ = ["largest_sample_bytes", "refuse_samples_that_cannot_fit", "DEFAULT_PINNED_POOL_BYTES", "DEFAULT_STAGING_BYTES"]
+__all__ = ["DEFAULT_PINNED_POOL_BYTES", "DEFAULT_STAGING_BYTES", "largest_sample_bytes", "refuse_samples_that_cannot_fit"]
 
 # hs_dataset.server_patch.config.CaptureConfig's defaults (a unit test holds the two together)
 DEFAULT_PINNED_POOL_BYTES = 2 << 30

@@ -5,4 +5,4 @@ from __future__ import annotations
 from hs_dataset.capture.sglang.backend import SGLangBackend
 from hs_dataset.capture.sglang.endpoints import Endpoint
 
-__all__ = ["SGLangBackend", "Endpoint"]
+__all__ = ["Endpoint", "SGLangBackend"]

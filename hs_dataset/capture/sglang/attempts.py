@@ -26,7 +26,16 @@ from hs_dataset.capture.sglang.dumps import DumpLost, Refusal
 from hs_dataset.capture.sglang.http import HTTPStatusError
 from hs_dataset.server_patch.contract.dump import RETRYABLE_REFUSALS
 
-__all__ = ["Action", "Verdict", "Attempts", "retry_pause", "http_status_verdict", "connection_verdict", "lost_dump_verdict", "refusal_verdict"]
+__all__ = [
+    "Action",
+    "Attempts",
+    "Verdict",
+    "connection_verdict",
+    "http_status_verdict",
+    "lost_dump_verdict",
+    "refusal_verdict",
+    "retry_pause",
+]
 
 MAX_PAUSE_S = 30.0
 

@@ -23,20 +23,13 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
-from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
-from hs_dataset.dtypes import state_dtype
-from hs_dataset.errors import ServerValidationError
-from hs_dataset.model.model_config import read_model_config, text_config
-from hs_dataset.model.weights import check_weights
-from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
-from hs_dataset.regenerate.generator import Generator
-from hs_dataset.sample import TokenizedSample
 from hs_dataset.capture.sglang.attempts import (
     Action,
     Attempts,
@@ -55,6 +48,14 @@ from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
 from hs_dataset.capture.sglang.support import verification
 from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
+from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
+from hs_dataset.dtypes import state_dtype
+from hs_dataset.errors import ServerValidationError
+from hs_dataset.model.model_config import read_model_config, text_config
+from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
+from hs_dataset.model.weights import check_weights
+from hs_dataset.regenerate.generator import Generator
+from hs_dataset.sample import TokenizedSample
 from hs_dataset.server_patch.contract.rid import content_key, make_rid
 
 __all__ = ["SGLangBackend"]
@@ -120,7 +121,7 @@ class SGLangBackend(CaptureBackend):
     @classmethod
     def from_card(
         cls, card: Card, *, model_path: str | None = None, servers: Sequence[str] | None = None, batch_size: int | None = None
-    ) -> "SGLangBackend":
+    ) -> SGLangBackend:
         """Build from a card (see docs/CARDS.md); the URL defaults to ``sglang.host``/``sglang.port``.
 
         ``batch_size`` (the pipeline's ``--batch-size``) overrides ``backend.concurrency``:
@@ -380,10 +381,16 @@ class SGLangBackend(CaptureBackend):
         sized = in_flight([e.server_info for e in self.endpoints], regenerate.max_new_tokens, regenerate.concurrency)
         info = self.info()
         return SGLangGenerator(
-            [e.url for e in self.endpoints], concurrency=sized.requests, in_flight_source=sized.source,
-            model_fingerprint=info.model_fingerprint, vocab_size=info.vocab_size,
-            request_timeout_s=regenerate.generation_timeout_s(section.request_timeout_s), retries=section.retries,
-            backoff_s=section.backoff_s, cooldown_s=section.endpoint_cooldown_s, max_response_bytes=section.max_response_bytes,
+            [e.url for e in self.endpoints],
+            concurrency=sized.requests,
+            in_flight_source=sized.source,
+            model_fingerprint=info.model_fingerprint,
+            vocab_size=info.vocab_size,
+            request_timeout_s=regenerate.generation_timeout_s(section.request_timeout_s),
+            retries=section.retries,
+            backoff_s=section.backoff_s,
+            cooldown_s=section.endpoint_cooldown_s,
+            max_response_bytes=section.max_response_bytes,
         )
 
     def capture_burst(self, batch_size: int) -> tuple[int, int] | None:

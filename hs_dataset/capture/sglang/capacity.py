@@ -33,10 +33,20 @@ when set. When no server reports either, the card's value is used, else
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["CLIP_NEW_TOKENS", "DEFAULT_IN_FLIGHT", "DEFAULT_PREFILL_TOKENS", "MAX_IN_FLIGHT", "InFlight", "in_flight", "prefill_tokens", "server_slots"]
+__all__ = [
+    "CLIP_NEW_TOKENS",
+    "DEFAULT_IN_FLIGHT",
+    "DEFAULT_PREFILL_TOKENS",
+    "MAX_IN_FLIGHT",
+    "InFlight",
+    "in_flight",
+    "prefill_tokens",
+    "server_slots",
+]
 
 DEFAULT_IN_FLIGHT = 16  # when no server reports its limits and the card sets none
 MAX_IN_FLIGHT = 1024  # one socket each: stays under a common open-files limit with room for the rest
@@ -74,7 +84,9 @@ def _running(info: dict[str, Any]) -> int | None:
 def _kv_tokens(info: dict[str, Any]) -> int | None:
     """Tokens the server's KV cache holds: per data-parallel rank, summed; else the handshake's figure."""
     ranks = _ranks(info)
-    per_rank = [_int((s.get("memory_usage") or {}).get("token_capacity")) if isinstance(s.get("memory_usage"), dict) else None for s in ranks]
+    per_rank = [
+        _int((s.get("memory_usage") or {}).get("token_capacity")) if isinstance(s.get("memory_usage"), dict) else None for s in ranks
+    ]
     if per_rank and all(per_rank):
         return sum(per_rank)  # type: ignore[arg-type]
     return _int(info.get("max_total_num_tokens"))
@@ -106,7 +118,11 @@ def in_flight(infos: Sequence[dict[str, Any]], max_new_tokens: int, cap: int | N
         return InFlight(requests, f"regenerate.concurrency {cap}" if cap else f"the default {DEFAULT_IN_FLIGHT} ({words})")
     total = sum(slots if slots is not None else DEFAULT_IN_FLIGHT for slots, _ in found)
     requests = min(total, MAX_IN_FLIGHT, cap or MAX_IN_FLIGHT)
-    limit = " and regenerate.concurrency" if cap and cap < min(total, MAX_IN_FLIGHT) else (f" and the cap {MAX_IN_FLIGHT}" if total > MAX_IN_FLIGHT else "")
+    limit = (
+        " and regenerate.concurrency"
+        if cap and cap < min(total, MAX_IN_FLIGHT)
+        else (f" and the cap {MAX_IN_FLIGHT}" if total > MAX_IN_FLIGHT else "")
+    )
     return InFlight(requests, f"the servers' {total} ({words}){limit}")
 
 

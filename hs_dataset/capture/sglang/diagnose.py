@@ -18,7 +18,7 @@ from typing import Any
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.server_patch.contract.status import read_statuses
 
-__all__ = ["CaptureStopped", "HookReport", "read_report", "diagnose", "GRACE_S"]
+__all__ = ["GRACE_S", "CaptureStopped", "HookReport", "diagnose", "read_report"]
 
 GRACE_S = 3.0  # after the server answered, how long a dump may be late before the hooks' reports are consulted
 NO_REPORT_S = 10.0  # ... and how long without any status file before "the hooks are not running" is concluded
@@ -61,15 +61,22 @@ def read_report(staging_dir: str) -> HookReport:
         dumps += status.get("recent_dumps") or []
     first = statuses[0] if statuses else {}
     return HookReport(
-        writers=len(statuses), counts=counts, recent_foreign=tuple(foreign), recent_dumps=tuple(dumps),
-        facts=dict(first.get("facts") or {}), rid_prefix=first.get("rid_prefix") or "hs-",
+        writers=len(statuses),
+        counts=counts,
+        recent_foreign=tuple(foreign),
+        recent_dumps=tuple(dumps),
+        facts=dict(first.get("facts") or {}),
+        rid_prefix=first.get("rid_prefix") or "hs-",
         last_error=next((s["last_error"][:500] for s in statuses if s.get("last_error")), None),
         last_unusable=next((s["last_unusable"][:500] for s in statuses if s.get("last_unusable")), None),
-        counted_at=min((float(s.get("counted_at") or 0.0) for s in statuses), default=0.0), skipped=tuple(skipped[:8]),
+        counted_at=min((float(s.get("counted_at") or 0.0) for s in statuses), default=0.0),
+        skipped=tuple(skipped[:8]),
     )
 
 
-def diagnose(url: str, staging_dir: str, key: str, rid: str, before: HookReport, after: HookReport, *, answered_at: float, late_s: float) -> str | None:
+def diagnose(
+    url: str, staging_dir: str, key: str, rid: str, before: HookReport, after: HookReport, *, answered_at: float, late_s: float
+) -> str | None:
     """The cause of a missing dump for request ``rid`` (file stem ``key``), or ``None`` while it may still come.
 
     ``answered_at``: wall-clock time the server answered the request; the hooks counted its

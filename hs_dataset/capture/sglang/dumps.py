@@ -12,27 +12,27 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
-from hs_dataset.errors import CaptureError
 from hs_dataset.capture.sglang.diagnose import CaptureStopped
-from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.codecs.registry import ENCODINGS, Encoding
 from hs_dataset.codecs.safetensors_layout import DTYPE_SIZES, TensorSpec, read_header
+from hs_dataset.errors import CaptureError
+from hs_dataset.formats.encoding import SAFETENSORS_DTYPES, all_finite
 from hs_dataset.host_buffers import HostBufferPool
 from hs_dataset.model.model_config import FIELD_RANGES
 from hs_dataset.sample import CapturedSample, TokenizedSample
 from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, REFUSED_SUFFIX
-from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_out
 from hs_dataset.server_patch.contract.spares import hand_back_dump
 from hs_dataset.server_patch.contract.staged_file import StagedFileError, open_staged, read_staged
 
-__all__ = ["ExpectedDump", "Refusal", "DumpLost", "await_dump", "check_dump", "delete_staged", "prune_mappings"]
+__all__ = ["DumpLost", "ExpectedDump", "Refusal", "await_dump", "check_dump", "delete_staged", "prune_mappings"]
 
 _READ_BUFFERS = HostBufferPool()  # one per process: every backend's dump reads reuse it
 _DUMP_MAPS = FileMaps(writable=False)  # one per process: the dump files going round the spare pool, each mapped once
@@ -62,8 +62,14 @@ class DumpLost(CaptureError):
 
 
 async def await_dump(
-    staging_dir: str, key: str, sample: TokenizedSample, expected: ExpectedDump, timeout_s: float,
-    *, explain: Callable[[], str | None] | None = None, grace_s: float = 3.0,
+    staging_dir: str,
+    key: str,
+    sample: TokenizedSample,
+    expected: ExpectedDump,
+    timeout_s: float,
+    *,
+    explain: Callable[[], str | None] | None = None,
+    grace_s: float = 3.0,
 ) -> CaptureResult | Refusal:
     """Poll ``staging_dir`` for the dump (or refusal) of request ``key``; read and check it off the event loop.
 
@@ -107,7 +113,9 @@ def _take_refusal(path: str) -> Refusal:
     """Read a refusal marker (a small regular file, never waited on) and delete it."""
     try:
         marker = json.loads(read_staged(path, MAX_REFUSAL_BYTES))
-        reason = str(marker.get("reason", "no reason given"))[:1000] if isinstance(marker, dict) else "a refusal marker that is not an object"
+        reason = (
+            str(marker.get("reason", "no reason given"))[:1000] if isinstance(marker, dict) else "a refusal marker that is not an object"
+        )
     except (OSError, ValueError, RecursionError) as exc:
         reason = f"unreadable refusal marker ({exc})"
     _unlink_if_present(path)
@@ -200,7 +208,9 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
     """Read the dump of request ``key`` and check it holds ``sample``'s states as ``expected``; never a partial sample."""
     sid = sample.sample_id
     try:
-        meta, tensors = _read_dump(path, lambda specs, meta: _metadata_problem(meta, key, expected) or _header_problem(specs, meta, key, sample, expected))
+        meta, tensors = _read_dump(
+            path, lambda specs, meta: _metadata_problem(meta, key, expected) or _header_problem(specs, meta, key, sample, expected)
+        )
     except _Refused as exc:
         return CaptureFailure(sid, str(exc))
     except StagedFileError as exc:
@@ -250,7 +260,9 @@ def _metadata_problem(meta: dict[str, str], key: str, expected: ExpectedDump) ->
     return None
 
 
-def _header_problem(specs: dict[str, TensorSpec], meta: dict[str, str], key: str, sample: TokenizedSample, expected: ExpectedDump) -> str | None:
+def _header_problem(
+    specs: dict[str, TensorSpec], meta: dict[str, str], key: str, sample: TokenizedSample, expected: ExpectedDump
+) -> str | None:
     """The tensors a dump's header declares are those of this request, before any data is read.
 
     Names, ranks and the token and layer counts come from the request; the width from the
@@ -284,7 +296,9 @@ def _header_problem(specs: dict[str, TensorSpec], meta: dict[str, str], key: str
     return None
 
 
-def _shape_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, sample: TokenizedSample, expected: ExpectedDump) -> str | None:
+def _shape_problem(
+    meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, sample: TokenizedSample, expected: ExpectedDump
+) -> str | None:
     """The tensors are there, the token ids are the ones sent, the states are [T, K, H] and [T, H] (4-bit: H/2 bytes)."""
     ids = tensors.get("input_ids")
     aux = tensors.get("aux_hidden_states")
@@ -320,7 +334,9 @@ def _encoding_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], ke
     return None
 
 
-def _scaled_problem(encoding: Encoding, meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
+def _scaled_problem(
+    encoding: Encoding, meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump
+) -> str | None:
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
     aux_scale, final_scale = tensors.get("aux_hidden_states" + SCALE_SUFFIX), tensors.get("final_hidden_state" + SCALE_SUFFIX)
     data = encoding.storage_torch_dtype
@@ -329,9 +345,13 @@ def _scaled_problem(encoding: Encoding, meta: dict[str, str], tensors: dict[str,
     t, k, h = aux.shape[0], aux.shape[1], aux.shape[2] * encoding.pack
     want_aux, want_final, dtype = encoding.scale_shape((t, k, h)), encoding.scale_shape((t, h)), encoding.scale_torch_dtype
     if aux_scale.dtype != dtype or aux_scale.shape != want_aux or final_scale.dtype != dtype or final_scale.shape != want_final:
-        return (f"dump {key}: {encoding.name} scales {aux_scale.dtype} {tuple(aux_scale.shape)}/{tuple(final_scale.shape)}, "
-                f"expected {dtype} {list(want_aux)} and {list(want_final)}")
+        return (
+            f"dump {key}: {encoding.name} scales {aux_scale.dtype} {tuple(aux_scale.shape)}/{tuple(final_scale.shape)}, "
+            f"expected {dtype} {list(want_aux)} and {list(want_final)}"
+        )
     if expected.dtype is not None and meta.get("dtype") != str(expected.dtype).replace("torch.", ""):
-        return (f"dump {key}: states of a {meta.get('dtype')} model, this config wants {expected.dtype}: restart the server "
-                "with the card's dtype (--dtype), or give the card the server's")
+        return (
+            f"dump {key}: states of a {meta.get('dtype')} model, this config wants {expected.dtype}: restart the server "
+            "with the card's dtype (--dtype), or give the card the server's"
+        )
     return None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 __all__ = ["Endpoint", "EndpointPicker"]
 

@@ -14,14 +14,22 @@ import asyncio
 import concurrent.futures
 import itertools
 import secrets
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, StreamingGenerator, finish_of
 from hs_dataset.capture.sglang.attempts import Action, Attempts, connection_verdict, http_status_verdict, retry_pause
 from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
 from hs_dataset.capture.sglang.http import (
-    DEFAULT_MAX_RESPONSE_BYTES, BadResponseError, HTTPStatusError, LoopThread, connection_errors, get_json, new_session, post_json,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    BadResponseError,
+    HTTPStatusError,
+    LoopThread,
+    connection_errors,
+    get_json,
+    new_session,
+    post_json,
 )
+from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, StreamingGenerator, finish_of
 
 __all__ = ["GEN_RID_PREFIX", "SGLangGenerator", "parse_output"]
 
@@ -41,9 +49,18 @@ class SGLangGenerator(StreamingGenerator):
     """
 
     def __init__(
-        self, urls: Sequence[str], *, concurrency: int = 16, request_timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 0.5,
-        cooldown_s: float = 5.0, model_fingerprint: str = "", vocab_size: int | None = None,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, in_flight_source: str = "",
+        self,
+        urls: Sequence[str],
+        *,
+        concurrency: int = 16,
+        request_timeout_s: float = 600.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        cooldown_s: float = 5.0,
+        model_fingerprint: str = "",
+        vocab_size: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        in_flight_source: str = "",
     ) -> None:
         self.endpoints = [Endpoint(url=u.rstrip("/")) for u in urls]
         if not self.endpoints:
@@ -69,12 +86,17 @@ class SGLangGenerator(StreamingGenerator):
         info = self._server_info or self._run(self._get_json(self.urls[0] + "/server_info"))
         self._server_info = info if isinstance(info, dict) else {}
         return {
-            "engine": "sglang", "version": self._server_info.get("version"), "servers": list(self.urls),
-            "served_model": self._server_info.get("model_path"), "model_fingerprint": self.model_fingerprint,
-            "dtype": self._server_info.get("dtype"), "concurrency": self.in_flight, "concurrency_from": self.in_flight_source,
+            "engine": "sglang",
+            "version": self._server_info.get("version"),
+            "servers": list(self.urls),
+            "served_model": self._server_info.get("model_path"),
+            "model_fingerprint": self.model_fingerprint,
+            "dtype": self._server_info.get("dtype"),
+            "concurrency": self.in_flight,
+            "concurrency_from": self.in_flight_source,
         }
 
-    def submit(self, prompt: list[int], params: GenerationParams) -> "concurrent.futures.Future[GenerationResult]":
+    def submit(self, prompt: list[int], params: GenerationParams) -> concurrent.futures.Future[GenerationResult]:
         if self._loop is None:
             self._loop = LoopThread()
         return self._loop.submit(self._generate_one(list(prompt), params))
@@ -97,7 +119,9 @@ class SGLangGenerator(StreamingGenerator):
     def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
         """The ``/generate`` request for one prompt (also what a plain reference request sends)."""
         sampling: dict[str, Any] = {
-            "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "max_new_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
             "stop_token_ids": list(params.stop_token_ids),
         }
         if params.temperature > 0:
@@ -195,8 +219,14 @@ def parse_output(out: Any, params: GenerationParams, vocab_size: int | None = No
     meta = out.get("meta_info") or {}
     reason = (meta.get("finish_reason") if isinstance(meta, dict) else None) or {}
     matched = reason.get("matched") if isinstance(reason, dict) else None
-    if isinstance(reason, dict) and reason.get("type") == "stop" and isinstance(matched, int) and not isinstance(matched, bool) \
-            and _bad_ids([matched], vocab_size) is None and (not ids or ids[-1] != matched):
+    if (
+        isinstance(reason, dict)
+        and reason.get("type") == "stop"
+        and isinstance(matched, int)
+        and not isinstance(matched, bool)
+        and _bad_ids([matched], vocab_size) is None
+        and (not ids or ids[-1] != matched)
+    ):
         ids.append(matched)  # the server trimmed the stop token it matched: the model did write it
     if isinstance(reason, dict) and reason.get("type") == "abort":
         return GenerationResult(ids, "failed", str(reason.get("message", "aborted by the server")))

@@ -16,8 +16,18 @@ from typing import Any
 from hs_dataset.errors import CaptureError
 
 __all__ = [
-    "LoopThread", "new_session", "HTTPStatusError", "BadResponseError", "DEFAULT_MAX_RESPONSE_BYTES", "connection_errors", "read_body",
-    "parse_json", "get_status", "get_json", "post_json", "post_generate",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "BadResponseError",
+    "HTTPStatusError",
+    "LoopThread",
+    "connection_errors",
+    "get_json",
+    "get_status",
+    "new_session",
+    "parse_json",
+    "post_generate",
+    "post_json",
+    "read_body",
 ]
 
 
@@ -145,7 +155,9 @@ async def post_json(session: Any, url: str, body: dict[str, Any], timeout_s: flo
         return await _json_answer(resp, url, max_bytes)
 
 
-async def post_generate(session: Any, server: str, body: dict[str, Any], timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> dict:
+async def post_generate(
+    session: Any, server: str, body: dict[str, Any], timeout_s: float, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> dict:
     """POST ``body`` to the server's ``/generate``; its JSON object, or :class:`HTTPStatusError` / :class:`BadResponseError`."""
     out = await post_json(session, server + "/generate", body, timeout_s, max_bytes)
     if not isinstance(out, dict):

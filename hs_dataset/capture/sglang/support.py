@@ -24,19 +24,27 @@ __all__ = ["VERIFIED", "UnsupportedVersionError", "verification"]
 # (release, mechanism, device) -> what ran it: a real server, its states vs an independent forward
 VERIFIED: dict[tuple[str, Mechanism, str], str] = {
     ("0.5.23", Mechanism.AUX_RETURN, "cpu"): "tests/capture/sglang/test_server.py, test_parallel_server.py (tp 2, DP attention), "
-                                     "test_kimi_server.py (float32, CPU)",
+    "test_kimi_server.py (float32, CPU)",
     ("0.5.19", Mechanism.LAYER_HOOKS, "cpu"): "tests/capture/sglang/test_versions.py (float32, CPU)",
     ("0.5.14", Mechanism.LAYER_HOOKS, "cpu"): "tests/capture/sglang/test_versions.py (float32, CPU)",
     ("0.5.5", Mechanism.LEGACY, "cpu"): "tests/server_patch/legacy/test_patched_server.py (the source patch, float32, CPU)",
     ("0.5.14", Mechanism.LAYER_HOOKS, "cuda"): "scripts/gpu/check_server.py on an H200, 2026-12-01 (bf16, decode CUDA graphs on; "
-                                      "benchmarks/results/check_server_gpu.txt)",
-    ("0.5.16", Mechanism.LAYER_HOOKS, "cuda"): "scripts/gpu/run_release_check.sh 0.5.16 on an H200, 2026-12-01 (bf16, decode CUDA graphs on, "
-                                      "tp 1; benchmarks/results/check_server_gpu_0.5.16.txt), and benchmarks/bench_flagship_gpu.py "
-                                      "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt); the Kimi-K2.5-class "
-                                      "snapshot on 2026-12-02 (benchmarks/results/check_server_gpu_kimi_0.5.16.txt)",
-    ("0.5.17", Mechanism.LAYER_HOOKS, "cuda"): "scripts/gpu/run_release_check.sh 0.5.17 on an H200, 2026-12-02 (bf16, decode CUDA graphs on, "
-                                      "tp 1; the Kimi-shaped DeepseekV3 and the Kimi-K2.5-class snapshot: "
-                                      "benchmarks/results/check_server_gpu_0.5.17.txt, check_server_gpu_kimi_0.5.17.txt)",
+    "benchmarks/results/check_server_gpu.txt)",
+    (
+        "0.5.16",
+        Mechanism.LAYER_HOOKS,
+        "cuda",
+    ): "scripts/gpu/run_release_check.sh 0.5.16 on an H200, 2026-12-01 (bf16, decode CUDA graphs on, "
+    "tp 1; benchmarks/results/check_server_gpu_0.5.16.txt), and benchmarks/bench_flagship_gpu.py "
+    "at Kimi-K2.5's shape (nf4; benchmarks/results/bench_flagship_gpu.txt); the Kimi-K2.5-class "
+    "snapshot on 2026-12-02 (benchmarks/results/check_server_gpu_kimi_0.5.16.txt)",
+    (
+        "0.5.17",
+        Mechanism.LAYER_HOOKS,
+        "cuda",
+    ): "scripts/gpu/run_release_check.sh 0.5.17 on an H200, 2026-12-02 (bf16, decode CUDA graphs on, "
+    "tp 1; the Kimi-shaped DeepseekV3 and the Kimi-K2.5-class snapshot: "
+    "benchmarks/results/check_server_gpu_0.5.17.txt, check_server_gpu_kimi_0.5.17.txt)",
 }
 
 

@@ -11,30 +11,33 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.capture.base import CaptureFailure, CaptureResult
+from hs_dataset.capture.sglang.diagnose import read_report
+from hs_dataset.capture.sglang.endpoints import Endpoint
+from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, connection_errors, get_json, get_status
+from hs_dataset.codecs.fp4 import GROUP_SIZE
 from hs_dataset.config import SGLangBackendSection
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import CapturedSample, TokenizedSample
-from hs_dataset.capture.sglang.endpoints import Endpoint
-from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, connection_errors, get_json, get_status
-from hs_dataset.capture.sglang.diagnose import read_report
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.server_patch.contract.mechanism import DEFAULT_MECHANISM, Mechanism
-from hs_dataset.codecs.fp4 import GROUP_SIZE
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir
 from hs_dataset.server_patch.contract.status import read_statuses
 
-__all__ = ["check_server", "server_mechanism", "probe_sample", "check_probe"]
+__all__ = ["check_probe", "check_server", "probe_sample", "server_mechanism"]
 
 _SERVE_FIX = "start it with `hs-dataset serve --config <card>`"
 
 
-async def check_server(ep: Endpoint, session: Any, section: SGLangBackendSection, *, model_path: str, aux_layer_ids: list[int], run_id: str) -> None:
+async def check_server(
+    ep: Endpoint, session: Any, section: SGLangBackendSection, *, model_path: str, aux_layer_ids: list[int], run_id: str
+) -> None:
     """Every check but the probe, in order; fills in ``ep``'s server info, version and staging dir."""
     await check_health(ep.url, session)
     info = await read_server_info(ep.url, session, section.max_response_bytes)
@@ -56,15 +59,23 @@ async def check_health(url: str, session: Any) -> None:
     try:
         status = await get_status(session, url + "/health", 10)
     except connection_errors() as exc:
-        raise ServerValidationError(f"SGLang server {url} is unreachable ({type(exc).__name__}: {exc}); {_SERVE_FIX}, or fix the server URL") from None
+        raise ServerValidationError(
+            f"SGLang server {url} is unreachable ({type(exc).__name__}: {exc}); {_SERVE_FIX}, or fix the server URL"
+        ) from None
     if status != 200:
-        raise ServerValidationError(f"SGLang server {url} is not healthy (/health answered {status}); wait for it to finish starting or check its log")
+        raise ServerValidationError(
+            f"SGLang server {url} is not healthy (/health answered {status}); wait for it to finish starting or check its log"
+        )
 
 
 # /server_info fields the checks read, and the JSON types they must have when present
 _INFO_TYPES: dict[str, tuple[type, ...]] = {
-    "version": (str,), "model_path": (str,), "forward_hooks": (list, str), "disable_radix_cache": (bool,),
-    "enable_return_aux_hidden_states": (bool,), "speculative_algorithm": (str,),
+    "version": (str,),
+    "model_path": (str,),
+    "forward_hooks": (list, str),
+    "disable_radix_cache": (bool,),
+    "enable_return_aux_hidden_states": (bool,),
+    "speculative_algorithm": (str,),
 }
 
 
@@ -159,7 +170,9 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
         except (json.JSONDecodeError, RecursionError):
             specs = None
     if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
-        raise ServerValidationError(f"SGLang server {url}: /server_info forward_hooks is not a list of hook specs; restart it with `hs-dataset serve`")
+        raise ServerValidationError(
+            f"SGLang server {url}: /server_info forward_hooks is not a list of hook specs; restart it with `hs-dataset serve`"
+        )
     ours = [s for s in specs if str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":model_hook")]
     if not ours and not specs and staging_dir:
         legacy = legacy_hook_config(staging_dir)
@@ -168,17 +181,24 @@ def capture_hook_config(url: str, info: dict, staging_dir: str | None = None) ->
     if not ours:
         patched = ""
         if not specs:  # maybe the source patch (SGLang <= 0.5.5), which reports only through its staging dir
-            patched = (f", and no status of the source patch's hook in {staging_dir}" if staging_dir else
-                       "; for an SGLang patched with `hs-dataset patch`, set backend.staging_dir to its HS_CAPTURE_STAGING_DIR")
+            patched = (
+                f", and no status of the source patch's hook in {staging_dir}"
+                if staging_dir
+                else "; for an SGLang patched with `hs-dataset patch`, set backend.staging_dir to its HS_CAPTURE_STAGING_DIR"
+            )
         raise ServerValidationError(
             f"capture is not enabled on SGLang server {url}: it runs without hs_dataset's forward hooks "
             f"(--forward-hooks with {HOOKS_MODULE}:model_hook){patched}; restart it with `hs-dataset serve --config <card>`"
         )
     if not any(str(s.get("hook_factory", "")).startswith(HOOKS_MODULE + ":norm_hook") for s in specs):
-        raise ServerValidationError(f"SGLang server {url} has no hs_dataset final-norm hook, so no pre-norm final state; restart it with `hs-dataset serve`")
+        raise ServerValidationError(
+            f"SGLang server {url} has no hs_dataset final-norm hook, so no pre-norm final state; restart it with `hs-dataset serve`"
+        )
     config = ours[0].get("config") or {}
     if not isinstance(config, dict):
-        raise ServerValidationError(f"SGLang server {url}: its hs_dataset hook's config is a {type(config).__name__}, not an object; restart it with `hs-dataset serve`")
+        raise ServerValidationError(
+            f"SGLang server {url}: its hs_dataset hook's config is a {type(config).__name__}, not an object; restart it with `hs-dataset serve`"
+        )
     return dict(config)
 
 
@@ -194,7 +214,9 @@ def legacy_hook_config(staging_dir: str) -> dict | None:
 def check_layer_ids(url: str, config: dict, aux_layer_ids: list[int]) -> None:
     server_ids = config.get("hf_aux_layer_ids") or []
     if not isinstance(server_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in server_ids):
-        raise ServerValidationError(f"SGLang server {url}: its hooks report aux layer ids {server_ids!r:.80}, not a list of integers; restart it with this card")
+        raise ServerValidationError(
+            f"SGLang server {url}: its hooks report aux layer ids {server_ids!r:.80}, not a list of integers; restart it with this card"
+        )
     if server_ids != aux_layer_ids:
         raise ServerValidationError(
             f"SGLang server {url} captures HF hidden_states {server_ids}, this config wants {aux_layer_ids}: "
@@ -309,7 +331,6 @@ def check_probe(url: str, result: CaptureResult, hidden_size: int | None, dtype:
     produced = result.aux_hidden_states.dtype
     if dtype is not None and produced != dtype:
         raise ServerValidationError(
-            f"SGLang server {url} produces {produced} states, this config wants {dtype}: "
-            "restart the server with the card's dtype (--dtype)"
+            f"SGLang server {url} produces {produced} states, this config wants {dtype}: restart the server with the card's dtype (--dtype)"
         )
     return h, produced

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["EXPORT_HELP", "EXPORT_DESCRIPTION", "IMPORT_HELP", "IMPORT_DESCRIPTION", "add_export_arguments", "add_import_arguments", "export", "import_"]
+__all__ = [
+    "EXPORT_DESCRIPTION",
+    "EXPORT_HELP",
+    "IMPORT_DESCRIPTION",
+    "IMPORT_HELP",
+    "add_export_arguments",
+    "add_import_arguments",
+    "export",
+    "import_",
+]
 
 EXPORT_HELP = "SpecForge 0.2.0: rows_{g}-{g+2000}/data_{idx}.ckpt with a post-norm hidden_state"
 EXPORT_DESCRIPTION = (

@@ -28,8 +28,6 @@ from typing import Any
 import torch
 
 from hs_dataset.errors import FormatError
-from hs_dataset.interop.settings import ExportSettings
-from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
@@ -39,8 +37,10 @@ from hs_dataset.interop.common import (
     select_aux_layers,
 )
 from hs_dataset.interop.exporting import ExportPlan, TrainerExporter, run_export
+from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 
-__all__ = ["export_specforge", "SpecForgeExporter", "ckpt_path", "DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE"]
+__all__ = ["DEFAULT_GROUP_SIZE", "SPECFORGE_NUM_AUX", "SPECFORGE_TRAIN_DTYPE", "SpecForgeExporter", "ckpt_path", "export_specforge"]
 
 DEFAULT_GROUP_SIZE = SpecForgeExportSettings.group_size
 SPECFORGE_NUM_AUX = 3  # specforge.algorithms.model_providers.resolve_eagle_capture_layers: exactly three
@@ -69,7 +69,9 @@ def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
         return None, None
     if kind != "pre_norm":
         raise ExportMismatchError(f"{ds.root}: unknown final_state {kind!r}; SpecForge needs a post-norm final state")
-    norm_kind = (md.final_norm.kind if md.final_norm is not None else None) or "rmsnorm"  # unrecorded: the RMSNorm every supported model has
+    norm_kind = (
+        md.final_norm.kind if md.final_norm is not None else None
+    ) or "rmsnorm"  # unrecorded: the RMSNorm every supported model has
     if norm_kind != "rmsnorm":
         raise ExportMismatchError(
             f"{ds.root}: the final norm is {norm_kind!r}; only an RMSNorm can be applied to derive SpecForge's post-norm state"
@@ -88,7 +90,9 @@ def _final_norm(ds: Any) -> tuple[torch.Tensor | None, float | None]:
     return weight, float(eps)
 
 
-def _valid_ckpt(path: Path, *, sample_id: str, input_ids: torch.Tensor, aux_shape: tuple[int, ...], hidden: int, dtype: torch.dtype) -> bool:
+def _valid_ckpt(
+    path: Path, *, sample_id: str, input_ids: torch.Tensor, aux_shape: tuple[int, ...], hidden: int, dtype: torch.dtype
+) -> bool:
     try:
         raw = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except Exception:  # a truncated or foreign file: rewrite it
@@ -180,14 +184,20 @@ class SpecForgeExporter(TrainerExporter):
     def is_complete(self, path: Path, sample: dict[str, Any]) -> bool:
         ids = sample["input_ids"]
         aux_shape = (1, int(ids.shape[0]), len(self.layer_ids) * self.hidden)
-        return _valid_ckpt(path, sample_id=sample["sample_id"], input_ids=ids, aux_shape=aux_shape, hidden=self.hidden, dtype=self.out_dtype)
+        return _valid_ckpt(
+            path, sample_id=sample["sample_id"], input_ids=ids, aux_shape=aux_shape, hidden=self.hidden, dtype=self.out_dtype
+        )
 
     def encode(self, sample: dict[str, Any]) -> list[memoryview | bytes]:
         ids = sample["input_ids"].clone()
         t, k, out_dtype = int(ids.shape[0]), len(self.layer_ids), self.out_dtype
         aux = sample["aux_hidden_states"][:, self.positions].to(out_dtype).reshape(t, k * self.hidden).unsqueeze(0).clone()
         final = sample["final_hidden_state"]
-        post = final.to(out_dtype).clone() if self.weight is None or self.eps is None else derive_post_norm(final, self.weight, self.eps, out_dtype)
+        post = (
+            final.to(out_dtype).clone()
+            if self.weight is None or self.eps is None
+            else derive_post_norm(final, self.weight, self.eps, out_dtype)
+        )
         # Every tensor is a fresh, compact copy: torch.save writes a view's WHOLE storage (here: the mapped shard).
         obj = {
             "input_ids": ids,

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.interop.bounded_gzip import CompressedInputError, gunzip_to_temp
-from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
@@ -31,6 +31,7 @@ from hs_dataset.interop.importing import (
     resolve_settings,
     run_import,
 )
+from hs_dataset.interop.settings import ImportSettings
 
 __all__ = ["import_specforge"]
 
@@ -73,9 +74,7 @@ def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: 
 
 def _specforge_files(src: Path) -> list[tuple[int | None, Path]]:
     files = [
-        p
-        for p in src.rglob("*")
-        if p.is_file() and (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not is_temp_name(p.name)
+        p for p in src.rglob("*") if p.is_file() and (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not is_temp_name(p.name)
     ]
     for p in files:  # a link among the files could lead the import outside the source
         resolve_member(src, p.relative_to(src).as_posix(), what="SpecForge file", where=str(src))
@@ -127,9 +126,7 @@ def _sample_of(raw: dict[str, Any], path: Path, hidden_hint: list[int]) -> tuple
         raise ImportDataError(f"{path}: hidden_state has shape {tuple(raw['hidden_state'].shape)}, expected [1, {t}, H]")
     hidden = int(final.shape[1])
     if aux.dim() != 2 or int(aux.shape[0]) != t or aux.shape[1] % hidden or aux.shape[1] == 0:
-        raise ImportDataError(
-            f"{path}: aux_hidden_state has shape {tuple(raw['aux_hidden_state'].shape)}, expected [1, {t}, K*{hidden}]"
-        )
+        raise ImportDataError(f"{path}: aux_hidden_state has shape {tuple(raw['aux_hidden_state'].shape)}, expected [1, {t}, K*{hidden}]")
     if aux.dtype != final.dtype:
         raise ImportDataError(f"{path}: aux_hidden_state is {aux.dtype} but hidden_state is {final.dtype}")
     if hidden_hint and hidden_hint[0] != hidden:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -36,8 +37,8 @@ __all__ = [
     "TESTED_VERSIONS",
     "HsDatasetTransfer",
     "check_interface",
-    "trainer_entry",
     "register",
+    "trainer_entry",
     "write_rows",
 ]
 
@@ -78,7 +79,9 @@ def check_interface() -> None:
     if missing or extra:
         problems.append(f"HiddenStatesBackend hooks differ (missing {sorted(missing)}, new {sorted(extra)})")
     if set(getattr(HiddenStatesTransfer, "__abstractmethods__", ())) != _TRANSFER_HOOKS:
-        problems.append(f"HiddenStatesTransfer abstract methods are {sorted(HiddenStatesTransfer.__abstractmethods__)}, expected {sorted(_TRANSFER_HOOKS)}")
+        problems.append(
+            f"HiddenStatesTransfer abstract methods are {sorted(HiddenStatesTransfer.__abstractmethods__)}, expected {sorted(_TRANSFER_HOOKS)}"
+        )
     if list(inspect.signature(HiddenStatesTransfer.get_cached).parameters) != ["self", "file_idx"]:
         problems.append("HiddenStatesTransfer.get_cached(self, file_idx) changed")
     if problems:
@@ -207,10 +210,15 @@ def _backend_class() -> type:
     def build_kv_transfer_config(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"the {BACKEND_NAME} backend reads captured data; it cannot configure a vLLM server")
 
-    hooks = {name: staticmethod(fn) for name, fn in (
-        ("add_train_args", add_train_args), ("add_launch_args", add_launch_args),
-        ("from_train_args", from_train_args), ("build_kv_transfer_config", build_kv_transfer_config),
-    )}
+    hooks = {
+        name: staticmethod(fn)
+        for name, fn in (
+            ("add_train_args", add_train_args),
+            ("add_launch_args", add_launch_args),
+            ("from_train_args", from_train_args),
+            ("build_kv_transfer_config", build_kv_transfer_config),
+        )
+    }
     return type("HsDatasetBackend", (HiddenStatesBackend,), {"__module__": __name__, **hooks})
 
 

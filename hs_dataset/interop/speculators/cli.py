@@ -13,10 +13,10 @@ import argparse
 from typing import Any
 
 __all__ = [
-    "EXPORT_HELP",
     "EXPORT_DESCRIPTION",
-    "IMPORT_HELP",
+    "EXPORT_HELP",
     "IMPORT_DESCRIPTION",
+    "IMPORT_HELP",
     "TRAIN_HELP",
     "add_export_arguments",
     "add_import_arguments",
@@ -70,7 +70,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "vocab mappings there. Default: a temporary directory, removed afterwards",
     )
     parser.add_argument(
-        "trainer_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+        "trainer_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- ARGS",
         help="after DATASET (and --): speculators train arguments; --speculator-type, --target-layer-ids and "
         "--verifier-name-or-path default to the dataset's layer preset, aux layers and model. Our options go before DATASET",
     )

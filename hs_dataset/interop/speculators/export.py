@@ -30,39 +30,40 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from hs_dataset.errors import FormatError, IntegrityError
 from hs_dataset.formats.encoding import tensor_bytes
-from hs_dataset.interop.settings import ExportSettings
-from hs_dataset.interop.speculators.launch import dataset_facts, dataset_flags
-from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
 from hs_dataset.interop.common import (
     ExportMismatchError,
     ExportReport,
     check_layer_convention,
-    num_hidden_layers,
     note_source_storage,
+    num_hidden_layers,
     select_aux_layers,
     temp_path,
     trainer_default_aux_layer_ids,
     write_file_atomic,
 )
 from hs_dataset.interop.exporting import ExportPlan, TrainerExporter, run_export
+from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.interop.speculators.launch import dataset_facts, dataset_flags
+from hs_dataset.interop.speculators.settings import SpeculatorsExportSettings
 
 __all__ = [
-    "export_speculators",
-    "SpeculatorsExporter",
     "HIDDEN_STATES_DIR",
-    "hs_file_name",
+    "SpeculatorsExporter",
     "check_final_state",
+    "export_speculators",
+    "hs_file_name",
     "token_frequencies",
-    "write_token_freq",
     "write_arrow_index",
+    "write_token_freq",
 ]
 
 HIDDEN_STATES_DIR = "hidden_states"
@@ -105,12 +106,17 @@ def write_token_freq(dest: Path, freq: dict[int, int]) -> None:
 
 
 def _encode_hs_file(hidden_states: torch.Tensor, token_ids: torch.Tensor, sample_id: str, dataset_id: str) -> list[memoryview | bytes]:
-    from hs_dataset.formats.encoding import safetensors_dtype
     from hs_dataset.codecs.safetensors_header import dump_header
+    from hs_dataset.formats.encoding import safetensors_dtype
 
     entries = [
         ("token_ids", "I64", tuple(token_ids.shape), token_ids.numel() * 8),
-        ("hidden_states", safetensors_dtype(hidden_states.dtype), tuple(hidden_states.shape), hidden_states.numel() * hidden_states.element_size()),
+        (
+            "hidden_states",
+            safetensors_dtype(hidden_states.dtype),
+            tuple(hidden_states.shape),
+            hidden_states.numel() * hidden_states.element_size(),
+        ),
     ]
     header, order = dump_header(entries, {_META_SAMPLE_ID: sample_id, _META_SOURCE: dataset_id})
     data = {"token_ids": tensor_bytes(token_ids), "hidden_states": tensor_bytes(hidden_states)}
@@ -203,11 +209,13 @@ def _copy_final_norm(ds: Any, dest: Path) -> dict[str, Any] | None:
         raise  # a corrupted or linked-out norm file is an error, not "no norm recorded"
     except (FormatError, KeyError, ValueError, TypeError):
         return None
-    from hs_dataset.formats.encoding import safetensors_dtype
     from hs_dataset.codecs.safetensors_header import dump_header
+    from hs_dataset.formats.encoding import safetensors_dtype
 
     weight = weight.detach().to("cpu").contiguous()
-    header, _ = dump_header([(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {})
+    header, _ = dump_header(
+        [(NORM_WEIGHT_KEY, safetensors_dtype(weight.dtype), tuple(weight.shape), weight.numel() * weight.element_size())], {}
+    )
     write_file_atomic(dest / NORM_WEIGHT_FILE, [header, tensor_bytes(weight)])
     return {"kind": "rmsnorm", "eps": eps, "weight_file": NORM_WEIGHT_FILE, "weight_key": NORM_WEIGHT_KEY}
 
@@ -277,7 +285,9 @@ class SpeculatorsExporter(TrainerExporter):
             "pass to speculators train": " ".join(self.flags) + f" --data-path {self.dest}",
         }
         if not layer_ids:
-            report.notes.append("the final state only (hidden_states [T, 1, H]): only speculators' MTP trains on it (--speculator-type mtp)")
+            report.notes.append(
+                "the final state only (hidden_states [T, 1, H]): only speculators' MTP trains on it (--speculator-type mtp)"
+            )
         elif layer_ids != self.defaults:
             report.notes.append(
                 f"aux layers {layer_ids} differ from speculators' default {self.defaults} for L={self.num_layers}: "

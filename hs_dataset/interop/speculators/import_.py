@@ -9,13 +9,13 @@ row's ``input_ids``. The shared rules are :mod:`hs_dataset.interop.importing`'s.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from hs_dataset.formats.paths import resolve_member
-from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
@@ -25,6 +25,7 @@ from hs_dataset.interop.importing import (
     resolve_settings,
     run_import,
 )
+from hs_dataset.interop.settings import ImportSettings
 
 __all__ = ["import_speculators"]
 
@@ -96,6 +97,8 @@ def _load_sample(src: Path, row: dict[str, Any], idx: int, path: Path) -> tuple[
         )
     if not torch.equal(token_ids.reshape(-1).to(torch.int64), input_ids):
         bad = int((token_ids.reshape(-1).to(torch.int64) != input_ids).nonzero()[0])
-        raise ImportDataError(f"{path}: token_ids differ from Arrow row {idx}'s input_ids (first at token {bad}); the states belong to another prompt")
+        raise ImportDataError(
+            f"{path}: token_ids differ from Arrow row {idx}'s input_ids (first at token {bad}); the states belong to another prompt"
+        )
     mask = check_mask(row["loss_mask"], t, f"{src} row {idx}")
     return input_ids, mask, hs[:, :-1], hs[:, -1]

@@ -13,20 +13,21 @@ and a machine without the accelerator its trainer places the model on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hs_dataset.errors import UsageError
 
 __all__ = [
-    "TrainerUnavailableError",
     "DatasetFacts",
+    "TrainerUnavailableError",
     "dataset_facts",
     "dataset_flags",
     "flag_values",
-    "trainer_argv",
     "preflight",
+    "trainer_argv",
 ]
 
 _OURS = ("--data-path", "--hidden-states-backend", "--hs-dataset-path")
@@ -153,10 +154,10 @@ def _verifier_dir(path: str) -> Path:
 
 def _check_mtp_verifier(directory: Path) -> None:
     """speculators 0.9.0's MTP fine-tunes a verifier's own ``mtp.*`` head, on the model types it has MTP layers for."""
-    from hs_dataset.model.model_config import load_text_config
-
     from speculators.models.mtp.model_definitions import mtp_model_classes
     from speculators.utils.loading import list_checkpoint_keys
+
+    from hs_dataset.model.model_config import load_text_config
 
     model_type = load_text_config(directory).get("model_type")
     supported = sorted(mtp_model_classes)
@@ -174,7 +175,6 @@ def _check_mtp_verifier(directory: Path) -> None:
 def _check_accelerator() -> None:
     """speculators 0.9.0's trainer moves the draft to its local rank (``model.to(local_rank)``, ``train/trainer.py``): a GPU index."""
     import torch
-
     from speculators.train import trainer
 
     try:

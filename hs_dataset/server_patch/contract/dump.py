@@ -16,9 +16,19 @@ from __future__ import annotations
 from hs_dataset.server_patch.contract.rid import validate_rid
 
 __all__ = [
-    "DUMP_FORMAT", "DUMP_VERSION", "DUMP_SUFFIX", "REFUSED_SUFFIX", "TMP_PREFIX", "REFUSED_STAGING_FULL",
-    "REFUSED_NO_HOST_BUFFER", "REFUSED_WRITE_FAILED", "RETRYABLE_REFUSALS", "REQUIRED_METADATA", "dump_name", "refused_name",
+    "DUMP_FORMAT",
+    "DUMP_SUFFIX",
+    "DUMP_VERSION",
     "HOOKS_MODULE",
+    "REFUSED_NO_HOST_BUFFER",
+    "REFUSED_STAGING_FULL",
+    "REFUSED_SUFFIX",
+    "REFUSED_WRITE_FAILED",
+    "REQUIRED_METADATA",
+    "RETRYABLE_REFUSALS",
+    "TMP_PREFIX",
+    "dump_name",
+    "refused_name",
 ]
 
 # The module whose ``--forward-hooks`` factories write dumps: ``serve`` names it in the specs it writes, the client

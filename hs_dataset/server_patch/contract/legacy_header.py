@@ -7,7 +7,7 @@ the line from here. Stdlib only.
 
 from __future__ import annotations
 
-__all__ = ["PATCH_VERSION", "BEGIN", "carries_patch"]
+__all__ = ["BEGIN", "PATCH_VERSION", "carries_patch"]
 
 # v2: the hook moved from hs_dataset.sglang.legacy.hook to hs_dataset.server_patch.legacy.hook.
 PATCH_VERSION = 2

@@ -36,13 +36,13 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from hs_dataset.libc import libc_function
 
-__all__ = ["FileMaps", "PRUNE_INTERVAL_S", "copy_into", "copy_out"]
+__all__ = ["PRUNE_INTERVAL_S", "FileMaps", "copy_into", "copy_out"]
 
 PRUNE_INTERVAL_S = 0.05  # how stale an unlinked file's mapping may get before it is noticed
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, TypeVar
+from typing import TypeVar
 
 __all__ = ["AUTO", "CARD_CHOICES", "DEFAULT_MECHANISM", "CapturePath", "Mechanism", "one_per_mechanism"]
 
@@ -59,7 +60,7 @@ class Mechanism(_Named):
         return _TRAITS[self].server_flag
 
     @classmethod
-    def parse(cls, value: object, where: str) -> "Mechanism":
+    def parse(cls, value: object, where: str) -> Mechanism:
         """``value`` as a mechanism; a :class:`ValueError` naming ``where`` and the accepted values otherwise."""
         try:
             return cls(value)
@@ -77,11 +78,11 @@ class _Traits:
 
 
 _TRAITS: dict[Mechanism, _Traits] = {  # one row per member (a unit test holds them together)
-    Mechanism.AUX_RETURN: _Traits("SGLang returns the aux states itself: `--enable-return-aux-hidden-states`, 0.5.23+",
-                                  server_flag="enable_return_aux_hidden_states"),
+    Mechanism.AUX_RETURN: _Traits(
+        "SGLang returns the aux states itself: `--enable-return-aux-hidden-states`, 0.5.23+", server_flag="enable_return_aux_hidden_states"
+    ),
     Mechanism.LAYER_HOOKS: _Traits("forward hooks on the decoder layers, SGLang 0.5.9 - 0.5.19"),
-    Mechanism.LEGACY: _Traits("the source patch of an SGLang without forward hooks, `hs-dataset patch apply`",
-                              uses_forward_hooks=False),
+    Mechanism.LEGACY: _Traits("the source patch of an SGLang without forward hooks, `hs-dataset patch apply`", uses_forward_hooks=False),
 }
 
 AUTO = "auto"  # a card's request for the first mechanism the installed SGLang provides
@@ -101,7 +102,7 @@ def one_per_mechanism(package: str, package_path: Iterable[str], base: type[_T])
     found: dict[Mechanism, _T] = {}
     for cls in base.__subclasses__():
         obj = cls()
-        mechanism = Mechanism(getattr(obj, "mechanism"))
+        mechanism = Mechanism(obj.mechanism)
         if mechanism in found:
             raise TypeError(f"{package}: two objects for mechanism {mechanism}: {type(found[mechanism]).__name__} and {cls.__name__}")
         found[mechanism] = obj

@@ -9,6 +9,7 @@ from hs_dataset.errors import HsDatasetError
 
 __all__ = ["StagingError", "check_private_dir", "ensure_private_dir"]
 
+
 class StagingError(HsDatasetError, RuntimeError):
     """The staging directory is unsafe or unusable."""
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["RID_RE", "validate_rid", "make_rid", "rid_num_tokens", "CONTENT_KEY_PREFIX", "content_key"]
+__all__ = ["CONTENT_KEY_PREFIX", "RID_RE", "content_key", "make_rid", "rid_num_tokens", "validate_rid"]
 
 RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<tokens>[1-9][0-9]{0,8})\Z")
 _RUN_RE = re.compile(r"\A[a-z0-9]{1,32}\Z")

@@ -6,6 +6,7 @@ import re
 
 __all__ = ["parse_version"]
 
+
 def parse_version(version: str) -> tuple[int, int, int]:
     """``"0.5.23"`` / ``"0.5.23.post1"`` / ``"0.5.5rc2"`` -> ``(0, 5, 23)``."""
     m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))

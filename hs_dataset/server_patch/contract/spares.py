@@ -20,7 +20,7 @@ import uuid
 
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir
 
-__all__ = ["SPARE_DIR", "SPARE_MAX_FILES", "SPARE_MAX_BYTES", "hand_back_dump", "spare_name", "spare_size"]
+__all__ = ["SPARE_DIR", "SPARE_MAX_BYTES", "SPARE_MAX_FILES", "hand_back_dump", "spare_name", "spare_size"]
 
 SPARE_DIR = ".spares"  # inside the staging dir; made by the first client that hands a dump back
 SPARE_MAX_FILES = 32  # spare dumps a client leaves for the server to write over (per staging dir)

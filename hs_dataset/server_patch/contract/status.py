@@ -26,9 +26,20 @@ from typing import Any
 from hs_dataset.server_patch.contract.staged_file import read_staged
 
 __all__ = [
-    "STATUS_FORMAT", "STATUS_VERSION", "STATUS_PREFIX", "STATUS_SUFFIX", "MAX_STATUS_BYTES", "RECENT_IDS",
-    "STATUS_INTERVAL_S", "STATUS_HEARTBEAT_S", "STATUS_FIELDS", "status_name", "is_status_name", "write_status", "read_statuses",
+    "MAX_STATUS_BYTES",
+    "RECENT_IDS",
+    "STATUS_FIELDS",
+    "STATUS_FORMAT",
+    "STATUS_HEARTBEAT_S",
+    "STATUS_INTERVAL_S",
+    "STATUS_PREFIX",
+    "STATUS_SUFFIX",
+    "STATUS_VERSION",
+    "is_status_name",
+    "read_statuses",
+    "status_name",
     "status_problem",
+    "write_status",
 ]
 
 STATUS_FORMAT = "hs_dataset.status"
@@ -55,8 +66,11 @@ def is_status_name(name: str) -> bool:
 
 def write_status(staging_dir: str, writer: str, payload: dict[str, Any]) -> None:
     """Replace the writer's status file atomically (a reader sees the old or the new one, never half)."""
-    body = json.dumps({"format": STATUS_FORMAT, "version": STATUS_VERSION, "writer": writer, "updated": time.time(), **payload},
-                      separators=(",", ":"), default=str).encode()
+    body = json.dumps(
+        {"format": STATUS_FORMAT, "version": STATUS_VERSION, "writer": writer, "updated": time.time(), **payload},
+        separators=(",", ":"),
+        default=str,
+    ).encode()
     final = os.path.join(staging_dir, status_name(writer))
     tmp = os.path.join(staging_dir, f".tmp-status-{uuid.uuid4().hex}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -71,10 +85,23 @@ def write_status(staging_dir: str, writer: str, payload: dict[str, Any]) -> None
 # anything else is not ours, and is skipped with the reason). Unknown fields are left alone (newer writers).
 _NUMBER, _TEXT, _TEXT_OR_NULL = (int, float), (str,), (str, type(None))
 STATUS_FIELDS: dict[str, tuple[type, ...]] = {
-    "writer": _TEXT, "updated": _NUMBER, "counted_at": _NUMBER, "started": _NUMBER, "pid": (int,),
-    "counts": (dict,), "facts": (dict,), "recent_foreign": (list,), "recent_dumps": (list,), "recent_refused": (list,),
-    "rid_prefix": _TEXT, "mechanism": _TEXT, "sglang_version": _TEXT, "last_error": _TEXT_OR_NULL,
-    "last_unusable": _TEXT_OR_NULL, "hf_aux_layer_ids": (list,), "content_keys": (bool,),
+    "writer": _TEXT,
+    "updated": _NUMBER,
+    "counted_at": _NUMBER,
+    "started": _NUMBER,
+    "pid": (int,),
+    "counts": (dict,),
+    "facts": (dict,),
+    "recent_foreign": (list,),
+    "recent_dumps": (list,),
+    "recent_refused": (list,),
+    "rid_prefix": _TEXT,
+    "mechanism": _TEXT,
+    "sglang_version": _TEXT,
+    "last_error": _TEXT_OR_NULL,
+    "last_unusable": _TEXT_OR_NULL,
+    "hf_aux_layer_ids": (list,),
+    "content_keys": (bool,),
 }
 _MAX_LIST = 64  # ids a list may hold (a writer keeps RECENT_IDS)
 

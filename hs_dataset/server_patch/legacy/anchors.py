@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 from hs_dataset.errors import HsDatasetError
 
-__all__ = ["UnrecognisedSource", "Anchors", "recognise", "find_anchors", "split_lines"]
+__all__ = ["Anchors", "UnrecognisedSource", "find_anchors", "recognise", "split_lines"]
 
 
 class UnrecognisedSource(HsDatasetError):
@@ -52,12 +52,7 @@ def _one(nodes: list, what: str) -> ast.AST:
 
 
 def _is_self_attr(node: ast.AST, attr: str) -> bool:
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == attr
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    )
+    return isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name) and node.value.id == "self"
 
 
 def _is_layer_item(node: ast.AST, loop_var: str) -> bool:
@@ -83,10 +78,7 @@ def _layer_calls(loop: ast.For) -> list[ast.Assign]:
     layer_names = {
         a.targets[0].id
         for a in ast.walk(loop)
-        if isinstance(a, ast.Assign)
-        and len(a.targets) == 1
-        and isinstance(a.targets[0], ast.Name)
-        and _is_layer_item(a.value, var)
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and _is_layer_item(a.value, var)
     }
     found = []
     for node in ast.walk(loop):
@@ -117,7 +109,7 @@ def _child_blocks(stmt: ast.stmt) -> Iterator[list]:
         yield case.body
 
 
-def _innermost_stmt(block: list, targets: list) -> Optional[ast.stmt]:
+def _innermost_stmt(block: list, targets: list) -> ast.stmt | None:
     """The deepest statement that contains every target, searching down from `block`."""
     for stmt in block:
         if all(_contains(stmt, t) for t in targets):
@@ -195,10 +187,7 @@ def _layer_loop(fwd: ast.FunctionDef) -> tuple[ast.For, ast.Assign]:
 
 def _final_norm(fwd: ast.FunctionDef, loop: ast.For) -> tuple[list[ast.Call], ast.stmt]:
     """The ``self.norm(...)`` calls after the loop (one of them ``(hidden_states, residual)``) and the statement holding them."""
-    norms = [
-        n for n in ast.walk(fwd)
-        if isinstance(n, ast.Call) and _is_self_attr(n.func, "norm") and n.lineno > loop.end_lineno
-    ]
+    norms = [n for n in ast.walk(fwd) if isinstance(n, ast.Call) and _is_self_attr(n.func, "norm") and n.lineno > loop.end_lineno]
     if not norms:
         raise UnrecognisedSource("final norm call `self.norm(hidden_states, ...)` after the layer loop not found")
     if not any(_names(c.args)[:2] == ["hidden_states", "residual"] for c in norms):

@@ -33,9 +33,9 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.server_patch.contract.legacy_header import BEGIN, PATCH_VERSION
 from hs_dataset.server_patch.legacy.anchors import Anchors, UnrecognisedSource, recognise, split_lines
 from hs_dataset.server_patch.legacy.inserted import (
     ANY_MARK,
@@ -47,20 +47,19 @@ from hs_dataset.server_patch.legacy.inserted import (
     STMT_CAPTURE,
     STMT_EMIT,
 )
-from hs_dataset.server_patch.contract.legacy_header import BEGIN, PATCH_VERSION
 
 __all__ = [
     "KNOWN_ORIGINALS",
     "LegacyPatchError",
     "PatchState",
     "PatchStatus",
+    "apply",
+    "backup_path",
     "check",
     "check_text",
     "patch_text",
-    "apply",
-    "revert",
-    "backup_path",
     "read_source",
+    "revert",
 ]
 
 # sha256 of deepseek_v2.py as shipped in the wheels the patch was tested on
@@ -98,8 +97,8 @@ class PatchStatus:
     path: str
     state: PatchState
     reason: str
-    original_sha256: Optional[str] = None
-    known_version: Optional[str] = None  # SGLang release the original matches, if any
+    original_sha256: str | None = None
+    known_version: str | None = None  # SGLang release the original matches, if any
     anchors: dict[str, int] = field(default_factory=dict)  # anchor -> line in the original
 
     @property
@@ -167,7 +166,7 @@ def patch_text(text: str) -> str:
 def _strip(text: str) -> tuple[str, str, int]:
     """Remove our marked lines: (original text, recorded sha256, patch version)."""
     kept: list[str] = []
-    header: Optional[re.Match] = None
+    header: re.Match | None = None
     inside = False
     for line in split_lines(text):
         bare = line.rstrip("\r\n")
@@ -203,33 +202,57 @@ def check_text(text: str, path: str = "<text>") -> PatchStatus:
         except UnrecognisedSource as exc:
             return PatchStatus(path, PatchState.UNRECOGNISED, f"{exc}. {_HOOKS_ADVICE}", sha)
         return PatchStatus(
-            path, PatchState.UNPATCHED, _tested_note(sha, "not patched; anchors recognised"),
-            sha, KNOWN_ORIGINALS.get(sha), anchors.report,
+            path,
+            PatchState.UNPATCHED,
+            _tested_note(sha, "not patched; anchors recognised"),
+            sha,
+            KNOWN_ORIGINALS.get(sha),
+            anchors.report,
         )
     try:
         original, recorded, version = _strip(text)
     except UnrecognisedSource as exc:
-        return PatchStatus(path, PatchState.UNRECOGNISED, f"damaged hs_dataset patch: {exc}; restore the file "
-                           "from its backup or reinstall sglang")
+        return PatchStatus(
+            path, PatchState.UNRECOGNISED, f"damaged hs_dataset patch: {exc}; restore the file from its backup or reinstall sglang"
+        )
     if version < PATCH_VERSION and _sha256(original.encode("utf-8")) == recorded:
         # An older patch of ours, intact: it imports a hook module this hs_dataset no longer has. Revert takes it out.
-        return PatchStatus(path, PatchState.MODIFIED, f"patched by an older hs_dataset (patch v{version}, whose hook "
-                           f"module has moved; this is v{PATCH_VERSION}): run `hs-dataset patch revert`, then patch again",
-                           recorded, KNOWN_ORIGINALS.get(recorded))
+        return PatchStatus(
+            path,
+            PatchState.MODIFIED,
+            f"patched by an older hs_dataset (patch v{version}, whose hook "
+            f"module has moved; this is v{PATCH_VERSION}): run `hs-dataset patch revert`, then patch again",
+            recorded,
+            KNOWN_ORIGINALS.get(recorded),
+        )
     if version != PATCH_VERSION:
-        return PatchStatus(path, PatchState.UNRECOGNISED, f"patched by hs_dataset patch v{version}, this is "
-                           f"v{PATCH_VERSION}: revert it with the hs_dataset version that applied it", recorded)
+        return PatchStatus(
+            path,
+            PatchState.UNRECOGNISED,
+            f"patched by hs_dataset patch v{version}, this is v{PATCH_VERSION}: revert it with the hs_dataset version that applied it",
+            recorded,
+        )
     known = KNOWN_ORIGINALS.get(recorded)
     if _sha256(original.encode("utf-8")) != recorded:
-        return PatchStatus(path, PatchState.MODIFIED, "the file was modified after patching (removing the patch "
-                           "does not give back the original)", recorded, known)
+        return PatchStatus(
+            path,
+            PatchState.MODIFIED,
+            "the file was modified after patching (removing the patch does not give back the original)",
+            recorded,
+            known,
+        )
     try:
         expected = patch_text(original)
     except LegacyPatchError as exc:
         return PatchStatus(path, PatchState.MODIFIED, f"the patched original is not recognised: {exc}", recorded, known)
     if expected != text:
-        return PatchStatus(path, PatchState.MODIFIED, "the inserted patch lines were edited after patching; "
-                           "revert restores the original exactly", recorded, known)
+        return PatchStatus(
+            path,
+            PatchState.MODIFIED,
+            "the inserted patch lines were edited after patching; revert restores the original exactly",
+            recorded,
+            known,
+        )
     report = recognise(original).report
     return PatchStatus(path, PatchState.PATCHED, _tested_note(recorded, "patched"), recorded, known, report)
 
@@ -338,8 +361,11 @@ def revert(path: str | os.PathLike, force: bool = False) -> PatchStatus:
     if _sha256(original.encode("utf-8")) != sha:
         has_backup = backup.exists() and _sha256(backup.read_bytes()) == sha
         if not (force and has_backup):
-            where = f"the original is in {backup} (sha256 verified)" if has_backup else (
-                f"no valid backup at {backup}: reinstall sglang to get the original back")
+            where = (
+                f"the original is in {backup} (sha256 verified)"
+                if has_backup
+                else (f"no valid backup at {backup}: reinstall sglang to get the original back")
+            )
             raise LegacyPatchError(
                 f"refusing to revert {path}: it was modified after patching, so removing the patch "
                 f"would not give back the original (sha256 {sha[:16]}...); {where}"

@@ -28,7 +28,7 @@ from hs_dataset.server_patch.contract.mechanism import Mechanism
 from hs_dataset.server_patch.core import CaptureCore
 from hs_dataset.server_patch.mechanisms import check_server_args
 
-__all__ = ["wants", "on_forward"]
+__all__ = ["on_forward", "wants"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -45,9 +45,7 @@ def _core() -> CaptureCore | None:
                 raise RuntimeError("hs_dataset capture cannot produce complete hidden states here: " + "; ".join(problems))
             tp, dp, _ = compat.attention_ranks()
             _STATE["core"] = (
-                CaptureCore(config, sglang_version=compat.sglang_version(), extra_metadata={"attn_dp_rank": str(dp)})
-                if tp == 0
-                else None
+                CaptureCore(config, sglang_version=compat.sglang_version(), extra_metadata={"attn_dp_rank": str(dp)}) if tp == 0 else None
             )
             logger.info("hs_dataset legacy capture: rank tp=%d dp=%d %s", tp, dp, "writes" if tp == 0 else "does not write")
         return _STATE["core"]
@@ -66,8 +64,7 @@ def on_forward(forward_batch, aux_states, prenorm_final, layer_ids) -> None:
         return
     if list(layer_ids) != list(core.config.hf_aux_layer_ids):
         raise RuntimeError(
-            f"hs_dataset: the patch captured layers {list(layer_ids)} but HS_CAPTURE_LAYER_IDS says "
-            f"{list(core.config.hf_aux_layer_ids)}"
+            f"hs_dataset: the patch captured layers {list(layer_ids)} but HS_CAPTURE_LAYER_IDS says {list(core.config.hf_aux_layer_ids)}"
         )
     batch = BatchView.from_forward_batch(forward_batch)
     core.process(batch, aux=list(aux_states), final_prenorm=prenorm_final)

@@ -13,7 +13,7 @@ import re
 
 from hs_dataset.server_patch.contract.legacy_header import PATCH_VERSION
 
-__all__ = ["MARKER", "END", "ANY_MARK", "BEGIN_RE", "HELPER", "STMT_BEGIN", "STMT_CAPTURE", "STMT_EMIT"]
+__all__ = ["ANY_MARK", "BEGIN_RE", "END", "HELPER", "MARKER", "STMT_BEGIN", "STMT_CAPTURE", "STMT_EMIT"]
 
 MARKER = f"# hs_dataset-patch v{PATCH_VERSION}"
 END = f"# <<< hs_dataset-patch v{PATCH_VERSION}"
@@ -95,8 +95,5 @@ def _hs_dataset_emit(forward_batch, layer_ids, captured, hidden_states, residual
 # residual that the fused add-RMSNorm of layer 0 updates in place, so it must be
 # cloned; for i > 0 the sum is already a new tensor.
 STMT_BEGIN = "_hs_ids, _hs_aux = _hs_dataset_begin(forward_batch), {}"
-STMT_CAPTURE = (
-    "if {i} in _hs_ids: _hs_aux[{i}] = "
-    "hidden_states.clone() if residual is None else hidden_states + residual"
-)
+STMT_CAPTURE = "if {i} in _hs_ids: _hs_aux[{i}] = hidden_states.clone() if residual is None else hidden_states + residual"
 STMT_EMIT = "if _hs_ids: _hs_dataset_emit(forward_batch, _hs_ids, _hs_aux, hidden_states, residual)"

@@ -9,7 +9,6 @@ import importlib.util
 import re
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 from hs_dataset.server_patch.legacy.edit import LegacyPatchError
 
@@ -23,7 +22,7 @@ _FIND_SGLANG = (
 )
 
 
-def locate_deepseek_v2(sglang_root: Optional[str] = None, python: Optional[str] = None) -> Path:
+def locate_deepseek_v2(sglang_root: str | None = None, python: str | None = None) -> Path:
     """deepseek_v2.py of an sglang install, found without importing sglang.
 
     `sglang_root` is the sglang package directory or a directory holding it
@@ -39,10 +38,7 @@ def locate_deepseek_v2(sglang_root: Optional[str] = None, python: Optional[str] 
     else:
         spec = importlib.util.find_spec("sglang")
         if spec is None or not spec.submodule_search_locations:
-            raise LegacyPatchError(
-                "sglang is not installed in this Python; pass --file PATH, --sglang-root DIR "
-                "or --python SERVER_PYTHON"
-            )
+            raise LegacyPatchError("sglang is not installed in this Python; pass --file PATH, --sglang-root DIR or --python SERVER_PYTHON")
         roots = [Path(p) for p in spec.submodule_search_locations]
     for root in roots:
         candidate = root / "srt" / "models" / "deepseek_v2.py"
@@ -51,7 +47,7 @@ def locate_deepseek_v2(sglang_root: Optional[str] = None, python: Optional[str] 
     raise LegacyPatchError(f"no srt/models/deepseek_v2.py under {', '.join(map(str, roots))}")
 
 
-def sglang_version(deepseek_v2: Path) -> Optional[str]:
+def sglang_version(deepseek_v2: Path) -> str | None:
     """Installed sglang version, read as text (dist-info, else version.py / _version.py)."""
     package = deepseek_v2.parent.parent.parent
     for metadata in sorted(package.parent.glob("sglang-*.dist-info/METADATA")):

@@ -17,36 +17,39 @@ import argparse
 import difflib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 if __name__ == "__main__" and not __package__:  # run by path: its package, from the checkout this file is in
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from hs_dataset.server_patch.legacy import edit  # noqa: E402  (after the path set-up above)
-from hs_dataset.server_patch.legacy.anchors import split_lines  # noqa: E402
-from hs_dataset.server_patch.legacy.edit import LegacyPatchError, PatchState, PatchStatus  # noqa: E402
-from hs_dataset.server_patch.legacy.locate import locate_deepseek_v2, sglang_version  # noqa: E402
+from hs_dataset.server_patch.legacy import edit
+from hs_dataset.server_patch.legacy.anchors import split_lines
+from hs_dataset.server_patch.legacy.edit import LegacyPatchError, PatchState, PatchStatus
+from hs_dataset.server_patch.legacy.locate import locate_deepseek_v2, sglang_version
 
-__all__ = ["add_arguments", "run", "main"]
+__all__ = ["add_arguments", "main", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `hs-dataset patch` (also used when this file runs as a script)."""
-    parser.add_argument("action", choices=["check", "apply", "revert"],
-                        help="check: report state (exit 0 patched, 1 unpatched, 2 other); "
-                             "apply: patch (idempotent); revert: restore the original")
+    parser.add_argument(
+        "action",
+        choices=["check", "apply", "revert"],
+        help="check: report state (exit 0 patched, 1 unpatched, 2 other); apply: patch (idempotent); revert: restore the original",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--file", help="path of sglang/srt/models/deepseek_v2.py")
     where.add_argument("--sglang-root", help="sglang package directory (or the site-packages holding it)")
     where.add_argument("--python", help="the SGLang server's Python; its sglang is located")
     parser.add_argument("--dry-run", action="store_true", help="apply: print the diff, write nothing")
-    parser.add_argument("--force", action="store_true",
-                        help="revert: restore the verified backup even if the file was edited after patching")
+    parser.add_argument(
+        "--force", action="store_true", help="revert: restore the verified backup even if the file was edited after patching"
+    )
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
-def _print_status(status: PatchStatus, args: argparse.Namespace, version: Optional[str]) -> None:
+def _print_status(status: PatchStatus, args: argparse.Namespace, version: str | None) -> None:
     if args.json:
         print(json.dumps(dict(status.to_dict(), sglang_version=version), indent=2))
         return
@@ -66,15 +69,14 @@ def run(args: argparse.Namespace) -> int:
         return {PatchState.PATCHED: 0, PatchState.UNPATCHED: 1}.get(status.state, 2)
     if args.action == "apply" and args.dry_run:
         text = edit.read_source(path)
-        sys.stdout.writelines(difflib.unified_diff(
-            split_lines(text), split_lines(edit.patch_text(text)), str(path), f"{path} (patched)"))
+        sys.stdout.writelines(difflib.unified_diff(split_lines(text), split_lines(edit.patch_text(text)), str(path), f"{path} (patched)"))
         return 0
     status = edit.apply(path) if args.action == "apply" else edit.revert(path, force=args.force)
     _print_status(status, args, version)
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Script entry point, for servers without hs_dataset installed (its messages name it ``legacy_patch.py``)."""
     parser = argparse.ArgumentParser(
         prog="legacy_patch.py", description="Check / apply / revert the hs_dataset capture patch (SGLang <= 0.5.5)."

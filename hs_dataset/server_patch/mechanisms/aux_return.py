@@ -7,7 +7,8 @@ boundaries, whatever the parallel layout; the norm hook adds the pre-norm final 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

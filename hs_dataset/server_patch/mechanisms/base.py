@@ -5,15 +5,15 @@ Runs inside SGLang scheduler processes: stdlib, torch, the contract.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 
 from hs_dataset.server_patch.contract.mechanism import CapturePath, Mechanism
 
 __all__ = ["PassCapture", "ServerMechanism", "common_problems", "scattering_problems"]
-
 
 
 @dataclass

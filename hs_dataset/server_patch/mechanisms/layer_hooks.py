@@ -8,7 +8,8 @@ layer hook loads, and token-scattering set-ups (DP attention, a2a MoE) are refus
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hs_dataset.server_patch import compat
 from hs_dataset.server_patch.contract.layer_outputs import layer_hooks_problem

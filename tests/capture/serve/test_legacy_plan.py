@@ -10,11 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hs_dataset.errors import ServerValidationError
-from hs_dataset.capture.serve import plan as serve
-from hs_dataset.capture.serve import probe
+from hs_dataset.capture.serve import plan as serve, probe
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.mechanisms.legacy import LEGACY_ENV
+from hs_dataset.errors import ServerValidationError
 from hs_dataset.server_patch.contract.legacy_header import BEGIN, carries_patch
 from tests.fixtures.fake_sglang import ALWAYS, OLD_LAYER, fake_sglang
 
@@ -30,8 +29,12 @@ def card():
 
 @pytest.fixture
 def patched_env(monkeypatch, tmp_path):
-    info = {"sglang": "0.5.5", "hs_dataset": True, "sgl_kernel": None,
-            "sglang_dir": fake_sglang(tmp_path / "env", PATCHED_SOURCE, args=(), rids=False, eagle3=ALWAYS)}
+    info = {
+        "sglang": "0.5.5",
+        "hs_dataset": True,
+        "sgl_kernel": None,
+        "sglang_dir": fake_sglang(tmp_path / "env", PATCHED_SOURCE, args=(), rids=False, eagle3=ALWAYS),
+    }
     monkeypatch.setattr(probe, "probe_server_env", lambda python: dict(info))
     return info
 
@@ -95,7 +98,12 @@ def test_the_client_reads_a_patched_server_s_config_from_its_hook_status(tmp_pat
         capture_hook_config("http://s", info, None)
     write_status(str(staging), "dp0", {"mechanism": "legacy", "hf_aux_layer_ids": [2, 3, 4], "rid_prefix": "hs-", "content_keys": True})
     config = capture_hook_config("http://s", info, str(staging))
-    assert config == {"mechanism": "legacy", "hf_aux_layer_ids": [2, 3, 4], "rid_prefix": "hs-", "content_keys": True,
-                      "staging_dir": str(staging)}
+    assert config == {
+        "mechanism": "legacy",
+        "hf_aux_layer_ids": [2, 3, 4],
+        "rid_prefix": "hs-",
+        "content_keys": True,
+        "staging_dir": str(staging),
+    }
     with pytest.raises(ServerValidationError, match="without hs_dataset's forward hooks"):  # hooks of someone else: not ours
         capture_hook_config("http://s", {"forward_hooks": [{"hook_factory": "other:factory"}]}, str(staging))

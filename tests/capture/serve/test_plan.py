@@ -6,12 +6,9 @@ import json
 
 import pytest
 
-from hs_dataset.capture.serve import plan as serve
-from hs_dataset.capture.serve import probe
+from hs_dataset.capture.serve import plan as serve, probe
 from hs_dataset.capture.serve.errors import ServeError
-
-
-from tests.fixtures.fake_sglang import ALWAYS, fake_sglang  # noqa: E402
+from tests.fixtures.fake_sglang import ALWAYS, fake_sglang
 
 
 @pytest.fixture
@@ -24,13 +21,22 @@ def fake_env(monkeypatch, tmp_path):
 def _kimi_dir(tmp_path):
     d = tmp_path / "kimi"
     d.mkdir()
-    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "architectures": ["DeepseekV3ForCausalLM"]}}
+    cfg = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "architectures": ["DeepseekV3ForCausalLM"]},
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
 
-@pytest.mark.parametrize("bad, field", [({"num_hidden_layers": 10**9}, "num_hidden_layers"), ({"hidden_size": -64}, "hidden_size"),
-                                        ({"num_hidden_layers": "six"}, "num_hidden_layers")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+        ({"hidden_size": -64}, "hidden_size"),
+        ({"num_hidden_layers": "six"}, "num_hidden_layers"),
+    ],
+)
 def test_serve_reads_the_model_config_with_the_same_bounds_as_build(fake_env, tmp_path, bad, field):
     from hs_dataset.config import load_card
     from hs_dataset.errors import ModelConfigError
@@ -87,7 +93,11 @@ def test_tiny_cpu_plan_and_what_older_sources_provide(fake_env, monkeypatch, tmp
     plan = serve.plan_server(card, staging_dir=str(tmp_path / "st"))
     specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
     assert plan.mechanism == "layer_hooks" and "--enable-return-aux-hidden-states" not in plan.argv
-    assert {s["target_modules"][0] for s in specs if s["name"].startswith("hs_capture_aux")} == {"model.layers.1", "model.layers.2", "model.layers.3"}
+    assert {s["target_modules"][0] for s in specs if s["name"].startswith("hs_capture_aux")} == {
+        "model.layers.1",
+        "model.layers.2",
+        "model.layers.3",
+    }
     assert "--disable-prefill-cuda-graph" not in plan.argv
     assert "unverified" in plan.support_status  # 0.5.23 with layer_hooks on CPU: no test ran it
     fake_env.update(sglang="0.5.5", sglang_dir=fake_sglang(tmp_path / "no-hooks", args=(), rids=False, eagle3=ALWAYS))
@@ -226,7 +236,9 @@ def test_fewer_usable_cores_than_ranks_is_refused(fake_env, monkeypatch, tmp_pat
     monkeypatch.delenv(cpu_ranks.OMP_BIND_ENV, raising=False)
     monkeypatch.setattr(cpu_ranks, "usable_cores", lambda: [0, 1])
     card = _tiny_card(tp=2, args=["--pp-size", "2"])
-    with pytest.raises(ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"):
+    with pytest.raises(
+        ServeError, match=r"tiny-deepseek-sglang.*runs 4 ranks.*only 2 core\(s\).*sglang.tp.*sglang.env.SGLANG_CPU_OMP_THREADS_BIND"
+    ):
         serve.plan_server(card, staging_dir=str(tmp_path / "st"))
 
 
@@ -255,8 +267,12 @@ def test_the_flagship_card_takes_the_route_a_gpu_run_took(fake_env, tmp_path):
     plan = serve.plan_server(load_card("kimi-k25-sglang"), model_path=str(_kimi_dir(tmp_path)), staging_dir=str(tmp_path / "st"))
     specs = json.loads(plan.argv[plan.argv.index("--forward-hooks") + 1])
     assert plan.mechanism == "layer_hooks" and "--enable-return-aux-hidden-states" not in plan.argv
-    assert {t for s in specs for t in s["target_modules"]} >= {"language_model.model.layers.1", "language_model.model.layers.29",
-                                                               "language_model.model.layers.57", "language_model.model.norm"}
+    assert {t for s in specs for t in s["target_modules"]} >= {
+        "language_model.model.layers.1",
+        "language_model.model.layers.29",
+        "language_model.model.layers.57",
+        "language_model.model.norm",
+    }
 
 
 def test_a_longest_sample_the_pools_cannot_hold_is_refused_before_starting(fake_env, tmp_path):
@@ -269,7 +285,9 @@ def test_a_longest_sample_the_pools_cannot_hold_is_refused_before_starting(fake_
     plan = serve.plan_server(card, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base)
     assert plan.hook_config["hf_aux_layer_ids"] == [2, 30, 58]
     wider = card.with_overrides(layers={"aux": [2, 16, 30, 44, 58]})
-    with pytest.raises(ServeError, match=r"max_length 32768 .* 2\.62 GiB .* raise sglang\.staging\.pinned_pool_bytes to at least 2818572288"):
+    with pytest.raises(
+        ServeError, match=r"max_length 32768 .* 2\.62 GiB .* raise sglang\.staging\.pinned_pool_bytes to at least 2818572288"
+    ):
         serve.plan_server(wider, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base)
     nf4 = wider.with_overrides(shards={"storage": "nf4"})  # a quarter of the bytes: fits again
     assert serve.plan_server(nf4, model_path=kimi, staging_dir=str(tmp_path / "st"), sglang_overrides=base).mechanism

@@ -10,8 +10,7 @@ request. ``sample.bursts`` holds finished samples back until they fill a batch
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from hs_dataset.capture.sglang.capacity import DEFAULT_PREFILL_TOKENS, prefill_tokens
 from hs_dataset.sample import TokenizedSample, bursts

@@ -15,11 +15,19 @@ URL, RID = "http://127.0.0.1:9", "hs-run1-7-12"
 
 
 def _status(stage, *, passes: int, foreign=(), dumps=(), errors: int = 0, counted_at: float | None = None, writer: str = "dp0", **facts):
-    write_status(str(stage), writer, {
-        "counted_at": time.time() if counted_at is None else counted_at, "rid_prefix": "hs-", "facts": facts,
-        "counts": {"extend_passes": passes, "hook_errors": errors}, "recent_foreign": list(foreign), "recent_dumps": list(dumps),
-        "last_error": "ValueError: boom" if errors else None,
-    })
+    write_status(
+        str(stage),
+        writer,
+        {
+            "counted_at": time.time() if counted_at is None else counted_at,
+            "rid_prefix": "hs-",
+            "facts": facts,
+            "counts": {"extend_passes": passes, "hook_errors": errors},
+            "recent_foreign": list(foreign),
+            "recent_dumps": list(dumps),
+            "last_error": "ValueError: boom" if errors else None,
+        },
+    )
 
 
 def _why(stage, before, *, answered_at: float, late_s: float = 5.0, key: str = RID):
@@ -75,8 +83,15 @@ def test_unusable_passes_are_named_even_without_our_rid(tmp_path):
     write_status(str(tmp_path), "dp0", {"counted_at": time.time(), "counts": {"extend_passes": 1, "unusable_passes": 0}})
     before = read_report(str(tmp_path))
     answered = time.time()
-    write_status(str(tmp_path), "dp0", {"counted_at": answered + 0.1, "counts": {"extend_passes": 2, "unusable_passes": 1},
-                                        "last_unusable": "the final-norm hook did not fire in this pass (prefill CUDA graph replay)"})
+    write_status(
+        str(tmp_path),
+        "dp0",
+        {
+            "counted_at": answered + 0.1,
+            "counts": {"extend_passes": 2, "unusable_passes": 1},
+            "last_unusable": "the final-norm hook did not fire in this pass (prefill CUDA graph replay)",
+        },
+    )
     why = _why(tmp_path, before, answered_at=answered)
     assert "unusable" in why and "prefill CUDA graph replay" in why
 

@@ -28,13 +28,17 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.fixtures.interop import require_interop
 
 pytestmark = pytest.mark.sglang
 
-from tests.fixtures.sglang_server import SERVER_PYTHON, rel  # noqa: E402,F401
 from tests.fixtures.ports import free_port as _free_port  # noqa: E402
-from tests.fixtures.sglang_server import require_sglang_env as _require_env  # noqa: E402
+from tests.fixtures.sglang_server import (  # noqa: E402
+    SERVER_PYTHON,
+    rel,
+    require_sglang_env as _require_env,
+)
 
 SAMPLES, EPOCHS, K, MAX_NEW, PROMPTS = 64, 8, 3, 32, 6
 
@@ -60,11 +64,11 @@ def hf_data(lib, ci_verifier, tmp_path_factory) -> Path:
 
 
 def test_sglang_data_of_the_verifier_equals_the_hf_backend(lib, ci_verifier, hf_data, tmp_path):
+    from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.config import load_card
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.pipeline.build import build_dataset
-    from hs_dataset.capture.serve import launch, plan_server
     from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
     _require_env()
@@ -73,8 +77,11 @@ def test_sglang_data_of_the_verifier_equals_the_hf_backend(lib, ci_verifier, hf_
     # Same source rows and regeneration settings as the HF build; mechanism auto (aux_return). A Llama
     # model on SGLang 0.5.23 returns its aux states as a list (AuxHiddenStateList), DeepseekV3 as one tensor.
     card = load_card("tiny-deepseek-sglang").with_overrides(
-        name="tiny-verifier-tasks-sglang", model={"path": str(ci_verifier)}, layers={"aux": VERIFIER_AUX_LAYERS},
-        source={"path": str(source)}, regenerate=hf_card.regenerate,
+        name="tiny-verifier-tasks-sglang",
+        model={"path": str(ci_verifier)},
+        layers={"aux": VERIFIER_AUX_LAYERS},
+        source={"path": str(source)},
+        regenerate=hf_card.regenerate,
     )
     plan = plan_server(card, port=_free_port(), staging_dir=str(tmp_path / "stage"), python=str(SERVER_PYTHON))
     t0 = time.monotonic()
@@ -117,9 +124,11 @@ def test_sglang_eagle3_runs_a_drafter_trained_on_our_data(lib, ci_verifier, hf_d
         print(f"\n[EAGLE-3 server] healthy after {time.monotonic() - t0:.1f} s")
         got = lib.sglang_evaluate(server, verifier, prompts, MAX_NEW)
     accepted_ours = sum(ours.rounds) - len(ours.rounds)
-    print(f"our loop: tau {ours.tau:.2f} ({accepted_ours} drafts accepted in {len(ours.rounds)} rounds); "
-          f"SGLang EAGLE3: spec_accept_length {got.accept_length:.2f}, tau {got.tau:.2f} ({got.correct_drafts} accepted in {got.verify_ct} verify passes); "
-          f"greedy-exact ours {ours.exact}, SGLang {got.exact}")
+    print(
+        f"our loop: tau {ours.tau:.2f} ({accepted_ours} drafts accepted in {len(ours.rounds)} rounds); "
+        f"SGLang EAGLE3: spec_accept_length {got.accept_length:.2f}, tau {got.tau:.2f} ({got.correct_drafts} accepted in {got.verify_ct} verify passes); "
+        f"greedy-exact ours {ours.exact}, SGLang {got.exact}"
+    )
     assert got.exact and ours.exact, "speculative output differs from plain greedy"
     assert got.correct_drafts > 0 and got.tau > 1.1
     assert (got.correct_drafts, got.verify_ct) == (accepted_ours, len(ours.rounds))

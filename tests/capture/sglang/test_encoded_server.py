@@ -10,15 +10,14 @@ independent transformers forward gives, and a card of another dtype is still ref
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hs_dataset.capture.base import CapturedSample
 from hs_dataset.codecs.fp4 import NF4_ENCODING
 from hs_dataset.codecs.registry import get_encoding
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.formats.encoding import decode_state
-from tests.fixtures.sglang_server import hf_reference, rel, require_sglang_env, start_server
 from tests.fixtures.sglang_client import backend, make_samples
+from tests.fixtures.sglang_server import hf_reference, rel, require_sglang_env, start_server
 
 pytestmark = pytest.mark.sglang
 
@@ -53,7 +52,10 @@ def test_server_encoded_states_of_a_float32_model_decode_to_the_encoded_referenc
         assert isinstance(result, CapturedSample), result
         assert result.aux_scale is not None and result.aux_hidden_states.dtype == encoding.storage_torch_dtype
         ref_aux, ref_final = hf_reference(hf_model, sample.input_ids)
-        for got, scale, ref in ((result.aux_hidden_states, result.aux_scale, ref_aux), (result.final_hidden_state, result.final_scale, ref_final)):
+        for got, scale, ref in (
+            (result.aux_hidden_states, result.aux_scale, ref_aux),
+            (result.final_hidden_state, result.final_scale, ref_final),
+        ):
             server = decode_state(got, scale, encoding).float()
             local = decode_state(*encoding.quantize(ref), encoding).float()
             own_error = rel(local, ref)  # what nf4 costs these states, encoded here

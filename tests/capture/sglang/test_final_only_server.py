@@ -18,9 +18,9 @@ pytestmark = pytest.mark.sglang
 
 
 def test_a_final_only_card_captures_and_stores_the_final_state_alone(card, tiny_model, hs_tmp, hf_model, tmp_path):
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.formats.verify import verify_dataset
+    from hs_dataset.pipeline.build import build_dataset
 
     require_sglang_env()
     final_only = card.with_overrides(layers={"aux": None, "preset": "mtp"})
@@ -28,10 +28,25 @@ def test_a_final_only_card_captures_and_stores_the_final_state_alone(card, tiny_
     try:
         assert server.plan.hf_aux_layer_ids == [] and "--enable-return-aux-hidden-states" not in server.plan.argv
         rows = tmp_path / "rows.jsonl"
-        rows.write_text("".join(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"count to {i + 3}"},
-                                            {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 4))}]}) + "\n" for i in range(6)))
+        rows.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "id": f"r{i}",
+                        "messages": [
+                            {"role": "user", "content": f"count to {i + 3}"},
+                            {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 4))},
+                        ],
+                    }
+                )
+                + "\n"
+                for i in range(6)
+            )
+        )
         out = tmp_path / "ds"
-        report = build_dataset(final_only.with_overrides(backend={"name": "sglang", "urls": [server.url]}), out, source=str(rows), progress=False)
+        report = build_dataset(
+            final_only.with_overrides(backend={"name": "sglang", "urls": [server.url]}), out, source=str(rows), progress=False
+        )
     finally:
         server.stop(timeout=5)
     assert report.samples_written == 6

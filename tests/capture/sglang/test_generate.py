@@ -22,12 +22,21 @@ from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.regenerate.generator import GenerationParams
 
 CPU_0_5_23 = {  # the CPU test server of tests/fixtures/sglang_server.py, as it answers /server_info
-    "version": "0.5.23", "max_running_requests": None, "max_total_num_tokens": 4096,
-    "internal_states": [{"effective_max_running_requests_per_dp": 2048, "max_running_requests": None, "memory_usage": {"token_capacity": 4096}}],
+    "version": "0.5.23",
+    "max_running_requests": None,
+    "max_total_num_tokens": 4096,
+    "internal_states": [
+        {"effective_max_running_requests_per_dp": 2048, "max_running_requests": None, "memory_usage": {"token_capacity": 4096}}
+    ],
 }
-OLD_0_5_5 = {"version": "0.5.5", "max_total_num_tokens": 300_000, "internal_states": [{"max_running_requests": None, "memory_usage": {"token_capacity": 300_000}}]}
+OLD_0_5_5 = {
+    "version": "0.5.5",
+    "max_total_num_tokens": 300_000,
+    "internal_states": [{"max_running_requests": None, "memory_usage": {"token_capacity": 300_000}}],
+}
 DP2_0_5_14 = {
-    "version": "0.5.14", "max_total_num_tokens": 500_000,
+    "version": "0.5.14",
+    "max_total_num_tokens": 500_000,
     "internal_states": [{"effective_max_running_requests_per_dp": 96, "memory_usage": {"token_capacity": 500_000}}] * 2,
 }
 

@@ -43,9 +43,11 @@ from hs_dataset.formats.reader import open_dataset
 pytestmark = pytest.mark.sglang
 pytest.importorskip("tiktoken")
 
-from tests.fixtures.sglang_server import SERVER_PYTHON  # noqa: E402
 from tests.fixtures.ports import free_port as _free_port  # noqa: E402
-from tests.fixtures.sglang_server import require_sglang_env as _require_env  # noqa: E402
+from tests.fixtures.sglang_server import (
+    SERVER_PYTHON,
+    require_sglang_env as _require_env,
+)
 
 LIMIT = 1e-6
 HF_SAMPLES = 12  # the HF backend on all 42 samples is tests/model/test_card_from_model.py's job; here it is the twin of the SGLang build
@@ -82,8 +84,23 @@ def kimi_server(snapshot, root):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = root / "server.log"
-    argv = [sys.executable, "-m", "hs_dataset.cli.main", "serve", "--model", str(snapshot), "--trust-remote-code",
-            "--port", str(port), "--staging-dir", str(root / "stage"), "--python", str(SERVER_PYTHON), "--log", str(log)]
+    argv = [
+        sys.executable,
+        "-m",
+        "hs_dataset.cli.main",
+        "serve",
+        "--model",
+        str(snapshot),
+        "--trust-remote-code",
+        "--port",
+        str(port),
+        "--staging-dir",
+        str(root / "stage"),
+        "--python",
+        str(SERVER_PYTHON),
+        "--log",
+        str(log),
+    ]
     out = open(root / "serve.out", "wb")
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -113,7 +130,9 @@ def builds(snapshot, kimi_server, root):
     t0 = time.monotonic()
     assert main(["build", *common, "--server", kimi_server["url"], "--out", str(root / "sglang")]) == 0
     t1 = time.monotonic()
-    assert main(["build", *common, "--num-samples", str(HF_SAMPLES), "--out", str(root / "hf")]) == 0  # all 42: tests/model/test_card_from_model.py
+    assert (
+        main(["build", *common, "--num-samples", str(HF_SAMPLES), "--out", str(root / "hf")]) == 0
+    )  # all 42: tests/model/test_card_from_model.py
     print(f"[kimi] builds: SGLang {t1 - t0:.1f} s, HF {time.monotonic() - t1:.1f} s")
     return {"sglang": open_dataset(root / "sglang"), "hf": open_dataset(root / "hf")}
 
@@ -164,7 +183,7 @@ def test_both_backends_match_transformers_and_record_the_same_final_state(builds
     (w_sg, eps_sg), (w_hf, eps_hf) = sg.final_norm(), hf.final_norm()
     assert torch.equal(w_sg, w_hf) and torch.equal(w_sg.float(), norm)
     assert eps_sg == eps_hf == pytest.approx(eps)
-    assert {k: v for k, v in meta_sg["final_norm"].items()} == {k: v for k, v in meta_hf["final_norm"].items()}
+    assert dict(meta_sg["final_norm"].items()) == dict(meta_hf["final_norm"].items())
     worst = {b: {"aux": 0.0, "final": 0.0} for b in ("sglang", "hf")}
     by_id = {hf[i]["sample_id"]: hf[i] for i in range(len(hf))}
     for i in range(len(sg)):
@@ -217,7 +236,9 @@ def test_serve_check_refuses_processor_code_that_does_not_load(snapshot, tmp_pat
     assert main(argv) == 0  # intact: the plan is printed
     assert "KimiK25ForConditionalGeneration" in capsys.readouterr().out
     code = (copy / "processing_kimi.py").read_text()
-    (copy / "processing_kimi.py").write_text(code.replace("class KimiLikeProcessor(ProcessorMixin):", "class KimiLikeProcessor(ProcessorMixin)\n"))
+    (copy / "processing_kimi.py").write_text(
+        code.replace("class KimiLikeProcessor(ProcessorMixin):", "class KimiLikeProcessor(ProcessorMixin)\n")
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "processing_kimi.py" in err[0] and "does not load" in err[0], err

@@ -31,11 +31,10 @@ from safetensors import safe_open
 
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.sample import CapturedSample
-from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, remove_dumps
-from tests.fixtures.sglang_server import require_sglang_env as _require_env
-from tests.fixtures.sglang_client import backend, make_samples, post, staged
-from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.paths import SHIMS
+from tests.fixtures.ports import free_port as _free_port
+from tests.fixtures.sglang_client import backend, make_samples, post, staged
+from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, remove_dumps, require_sglang_env as _require_env
 
 pytestmark = pytest.mark.sglang
 
@@ -128,8 +127,10 @@ def test_concurrent_capture_matches_hf_forward(parallel_server, hf_model):
         a, f = _worst(hf_model, s.input_ids, r.aux_hidden_states, r.final_hidden_state)
         assert a <= LIMIT and f <= LIMIT, (s.sample_id, s.num_tokens, a, f)
         worst_aux, worst_final = max(worst_aux, a), max(worst_final, f)
-    print(f"[{name}] {len(samples)} samples ({min(LENGTHS)}-{max(LENGTHS)} tokens) in {took:.2f} s; "
-          f"worst relative error vs HF: aux {worst_aux:.2g}, pre-norm final {worst_final:.2g}")
+    print(
+        f"[{name}] {len(samples)} samples ({min(LENGTHS)}-{max(LENGTHS)} tokens) in {took:.2f} s; "
+        f"worst relative error vs HF: aux {worst_aux:.2g}, pre-norm final {worst_final:.2g}"
+    )
     time.sleep(1.0)  # a second rank writing the same request would show up here
     assert staged(server) == []
     assert "hook failed" not in _log(server)
@@ -185,6 +186,8 @@ def test_layer_hooks_under_tp_are_refused_before_start(tmp_path):
 
     _require_env()
     with pytest.raises(ServeError, match=r"tp 2.*OwedOutput.*un-reduced partial sum.*'aux_return'") as err:
-        plan_server(_card("tp2"), python=str(SERVER_PYTHON), staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"})
+        plan_server(
+            _card("tp2"), python=str(SERVER_PYTHON), staging_dir=str(tmp_path / "st"), sglang_overrides={"mechanism": "layer_hooks"}
+        )
     assert "CUDA graph" not in str(err.value)
     print(f"layer_hooks under tp 2 refused: {err.value}")

@@ -35,6 +35,7 @@ from hs_dataset.sample import CapturedSample, TokenizedSample
 pytestmark = pytest.mark.sglang
 
 from tests.fixtures.ports import free_port as _free_port
+from tests.fixtures.sglang_client import backend, make_samples, post, staged
 from tests.fixtures.sglang_server import (  # noqa: F401  (helpers shared with other real-server tests)
     AUX,
     CHUNK,
@@ -46,8 +47,6 @@ from tests.fixtures.sglang_server import (  # noqa: F401  (helpers shared with o
     staged_files,
     start_server as _start,
 )
-from tests.fixtures.sglang_client import backend, make_samples, post, staged
-
 
 # ---------------------------------------------------------------------------- the main path
 
@@ -225,7 +224,14 @@ def test_serve_check_prints_the_plan(capture_server):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids 2 3 4", "--disable-radix-cache", "--forward-hooks", "hs_dataset.server_patch.hooks:norm_hook", "--dtype float32"):
+    for flag in (
+        "--enable-return-aux-hidden-states",
+        "--return-aux-hidden-state-layer-ids 2 3 4",
+        "--disable-radix-cache",
+        "--forward-hooks",
+        "hs_dataset.server_patch.hooks:norm_hook",
+        "--dtype float32",
+    ):
         assert flag in out.stdout, flag
     assert "mechanism: aux_return" in out.stdout
 
@@ -296,10 +302,15 @@ def test_radix_cache_partial_prompts_are_refused_or_recomputed(card, hs_tmp, hf_
 
 REGEN_CHATS = [
     {"id": "g1", "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]},
-    {"id": "g2", "messages": [
-        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "Again?"}, {"role": "assistant", "content": "Hello again."},
-    ]},
+    {
+        "id": "g2",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Again?"},
+            {"role": "assistant", "content": "Hello again."},
+        ],
+    },
     {"id": "g3", "conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]},
 ]
 
@@ -307,10 +318,10 @@ REGEN_CHATS = [
 def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, capture_server, hf_model, tmp_path):
     """--regenerate on SGLang: turns equal plain /generate requests, no dump is staged for them, states equal transformers."""
     import hs_dataset
-    from hs_dataset.regenerate.generator import GenerationParams
     from hs_dataset.capture.sglang.generate import SGLangGenerator, parse_output
     from hs_dataset.formats.regenerated import RegeneratedStore
     from hs_dataset.pipeline.build import build_dataset
+    from hs_dataset.regenerate.generator import GenerationParams
 
     src = tmp_path / "chats.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in REGEN_CHATS))
@@ -319,7 +330,10 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
     try:
         report = build_dataset(regen_card, tmp_path / "ds", source=str(src), backend=be)
         # finished conversations went to capture in groups of one prefill batch: the server's own chunk size
-        assert be.capture_burst(regen_card.backend.batch_size) == (CHUNK, max(regen_card.backend.batch_size, regen_card.backend.concurrency))
+        assert be.capture_burst(regen_card.backend.batch_size) == (
+            CHUNK,
+            max(regen_card.backend.batch_size, regen_card.backend.concurrency),
+        )
     finally:
         be.close()
     assert report.samples_written == 3 and report.regeneration["turns"] == 4 and report.regeneration["failed"] == 0
@@ -338,7 +352,9 @@ def test_regeneration_through_the_server_matches_plain_generate_and_hf(card, cap
                 assert parse_output(out, params).token_ids == turn["token_ids"], sid
             row = rows[sid]
             assert row["input_ids"].tolist() == rec["input_ids"]
-            assert [t for t, m in zip(rec["input_ids"], row["loss_mask"].tolist()) if m] == [t for tr in rec["turns"] for t in tr["token_ids"]]
+            assert [t for t, m in zip(rec["input_ids"], row["loss_mask"].tolist()) if m] == [
+                t for tr in rec["turns"] for t in tr["token_ids"]
+            ]
             aux, final = hf_reference(hf_model, row["input_ids"])
             worst = max(worst, rel(row["aux_hidden_states"], aux), rel(row["final_hidden_state"], final))
     finally:

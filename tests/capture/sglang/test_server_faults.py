@@ -35,16 +35,14 @@ from hs_dataset import open_dataset
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.pipeline.build import build_dataset
-
-from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, staged_files
-from tests.fixtures.sglang_server import require_sglang_env as _require_env
 from tests.fixtures.ports import free_port as _free_port
+from tests.fixtures.sglang_server import AUX, SERVER_PYTHON, hf_reference, rel, require_sglang_env as _require_env, staged_files
 
 pytestmark = pytest.mark.sglang
 
 TOL = 1e-6  # relative error vs an independent float32 HF forward
 ORPHAN_TTL_S = 12.0  # the restarted server sweeps staging files older than this (default 1 h)
-CLIENT = dict(concurrency=4, request_timeout_s=5.0, dump_timeout_s=10.0, retries=6, backoff_s=0.5, endpoint_cooldown_s=0.5)
+CLIENT = {"concurrency": 4, "request_timeout_s": 5.0, "dump_timeout_s": 10.0, "retries": 6, "backoff_s": 0.5, "endpoint_cooldown_s": 0.5}
 
 
 # `card` and `tiny_model` are the session fixtures of tests/sglang_server_util.py (via conftest.py)
@@ -69,7 +67,11 @@ def source_samples(card, tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model, local_files_only=True)
     cfg = json.loads((Path(tiny_model) / "config.json").read_text())
-    samples = list(iter_samples(bundled_conversations_path(), tok, SampleRules(max_length=card.max_length, overflow=card.overflow, vocab_size=cfg["vocab_size"])))
+    samples = list(
+        iter_samples(
+            bundled_conversations_path(), tok, SampleRules(max_length=card.max_length, overflow=card.overflow, vocab_size=cfg["vocab_size"])
+        )
+    )
     return samples
 
 
@@ -143,9 +145,19 @@ def _dump_bytes(rid: str, ids: torch.Tensor, hidden: int = 64) -> bytes:
     from safetensors.torch import save
 
     t = ids.shape[0]
-    meta = {"format": "hs_dataset.dump", "version": "1", "rid": rid, "hf_aux_layer_ids": json.dumps(AUX),
-            "final_state": "pre_norm", "sglang_version": "0.5.23", "dtype": "float32"}
-    return save({"input_ids": ids, "aux_hidden_states": torch.zeros(t, len(AUX), hidden), "final_hidden_state": torch.zeros(t, hidden)}, metadata=meta)
+    meta = {
+        "format": "hs_dataset.dump",
+        "version": "1",
+        "rid": rid,
+        "hf_aux_layer_ids": json.dumps(AUX),
+        "final_state": "pre_norm",
+        "sglang_version": "0.5.23",
+        "dtype": "float32",
+    }
+    return save(
+        {"input_ids": ids, "aux_hidden_states": torch.zeros(t, len(AUX), hidden), "final_hidden_state": torch.zeros(t, hidden)},
+        metadata=meta,
+    )
 
 
 def _check_against_source_and_hf(out: Path, source_samples, hf_model) -> float:
@@ -196,8 +208,10 @@ def test_server_frozen_killed_and_restarted_mid_build(card, box, source_samples,
     assert "error" not in run1, f"the first run raised instead of reporting: {run1.get('error')!r}"
     rep1 = run1["value"]
     stats1 = dict(be1.stats)
-    print(f"run 1: {stored_at_fault} stored at the fault, restart took {restart_s:.0f} s; written {rep1.samples_written}, "
-          f"failed {len(rep1.capture_failures)}; client stats {stats1}; staging at death {at_death}")
+    print(
+        f"run 1: {stored_at_fault} stored at the fault, restart took {restart_s:.0f} s; written {rep1.samples_written}, "
+        f"failed {len(rep1.capture_failures)}; client stats {stats1}; staging at death {at_death}"
+    )
     assert rep1.samples_written + len(rep1.capture_failures) == first_n  # every sample stored or reported
     assert stats1["retries"] >= 1 and stats1["endpoint_errors"] >= 1, stats1
     assert verify_dataset(out).ok

@@ -66,8 +66,15 @@ def unblock_fifo(path: Path) -> None:
 
 # ---------------------------------------------------------------------------- status files
 
-STATUS_OK = {"counted_at": 1.0, "rid_prefix": "hs-", "facts": {"forward_batch_rids": True}, "counts": {"extend_passes": 1},
-             "recent_foreign": [], "recent_dumps": [], "last_error": None}
+STATUS_OK = {
+    "counted_at": 1.0,
+    "rid_prefix": "hs-",
+    "facts": {"forward_batch_rids": True},
+    "counts": {"extend_passes": 1},
+    "recent_foreign": [],
+    "recent_dumps": [],
+    "last_error": None,
+}
 STATUS_CASES = {  # field -> a value of the wrong type, and the words the skip reason must hold
     "counted_at soon": ("counted_at", "soon", "field counted_at is a str"),
     "counted_at list": ("counted_at", [1, 2], "field counted_at is a list"),
@@ -137,6 +144,7 @@ def test_status_that_is_not_a_small_regular_file_is_skipped_at_once(tmp_path, ki
 
 # ---------------------------------------------------------------------------- dumps and refusal markers
 
+
 def the_sample(tokens: int = 7) -> TokenizedSample:
     ids = torch.arange(10, 10 + tokens)
     return TokenizedSample("s0", ids, torch.ones(tokens, dtype=torch.bool))
@@ -147,8 +155,15 @@ PROBE = ExpectedDump(aux_layer_ids=(2, 3, 4), dtype=None, hidden_size=None)  # t
 
 
 def dump_meta(key: str = RID) -> dict:
-    return {"format": DUMP_FORMAT, "version": DUMP_VERSION, "rid": key, "final_state": "pre_norm",
-            "hf_aux_layer_ids": json.dumps([2, 3, 4]), "sglang_version": "0.5.23", "dtype": "bfloat16"}
+    return {
+        "format": DUMP_FORMAT,
+        "version": DUMP_VERSION,
+        "rid": key,
+        "final_state": "pre_norm",
+        "hf_aux_layer_ids": json.dumps([2, 3, 4]),
+        "sglang_version": "0.5.23",
+        "dtype": "bfloat16",
+    }
 
 
 def write_dump(path: Path, shapes: dict[str, tuple[str, list[int]]], *, sparse: bool = True, meta: dict | None = None) -> int:
@@ -177,7 +192,9 @@ def run_await(stage: Path, expected: ExpectedDump = EXPECTED, timeout_s: float =
 def test_what_sits_at_an_awaited_dump_name_is_refused_at_once(tmp_path, kind):
     path = tmp_path / (RID + DUMP_SUFFIX)
     outside = tmp_path.parent / f"{tmp_path.name}-outside.safetensors"
-    size = write_dump(outside, {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, H]), "final_hidden_state": ("BF16", [7, H])})
+    size = write_dump(
+        outside, {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, H]), "final_hidden_state": ("BF16", [7, H])}
+    )
     before = outside.read_bytes()
     if kind == "fifo":
         os.mkfifo(path)
@@ -219,14 +236,27 @@ def test_what_sits_at_a_refusal_name_is_a_refusal_at_once(tmp_path, kind):
 
 
 HUGE = {  # headers that pass the parser (the data section is there, as a hole) but declare more than the request holds
-    "aux 2 GiB wide": ({"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, 51_130_564]), "final_hidden_state": ("BF16", [7, 51_130_564])},
-                       "hidden size 51130564"),
-    "final 2 GiB wide": ({"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, 64]), "final_hidden_state": ("BF16", [7, 153_391_690])},
-                         "final_hidden_state shape"),
-    "2 GiB extra tensor": ({"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, 64]), "final_hidden_state": ("BF16", [7, 64]),
-                            "padding": ("U8", [1 << 31])}, "no use for: padding"),
-    "2 GiB of tokens": ({"input_ids": ("I64", [1 << 28]), "aux_hidden_states": ("BF16", [7, 3, 64]), "final_hidden_state": ("BF16", [7, 64])},
-                        "token ids differ"),
+    "aux 2 GiB wide": (
+        {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, 51_130_564]), "final_hidden_state": ("BF16", [7, 51_130_564])},
+        "hidden size 51130564",
+    ),
+    "final 2 GiB wide": (
+        {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, 64]), "final_hidden_state": ("BF16", [7, 153_391_690])},
+        "final_hidden_state shape",
+    ),
+    "2 GiB extra tensor": (
+        {
+            "input_ids": ("I64", [7]),
+            "aux_hidden_states": ("BF16", [7, 3, 64]),
+            "final_hidden_state": ("BF16", [7, 64]),
+            "padding": ("U8", [1 << 31]),
+        },
+        "no use for: padding",
+    ),
+    "2 GiB of tokens": (
+        {"input_ids": ("I64", [1 << 28]), "aux_hidden_states": ("BF16", [7, 3, 64]), "final_hidden_state": ("BF16", [7, 64])},
+        "token ids differ",
+    ),
 }
 
 
@@ -256,7 +286,7 @@ BASE = _rss('VmRSS:')
 result = check_dump({str(path)!r}, {RID!r}, sample, ExpectedDump((2, 3, 4), None, None))
 RESULT = {{"reason": getattr(result, "reason", "")}}
 """
-    result, elapsed = run_child(code)
+    result, _elapsed = run_child(code)
     assert "hidden size 51130564, over the largest" in result["reason"], result
     assert result["growth_mb"] < 300, f"MEMORY: +{result['growth_mb']:.0f} MB for a 2 GiB sparse dump (bound 300 MB)"
 
@@ -264,7 +294,9 @@ RESULT = {{"reason": getattr(result, "reason", "")}}
 def test_dump_header_over_its_bound_is_refused_unread(tmp_path):
     path = tmp_path / (RID + DUMP_SUFFIX)
     meta = {**dump_meta(), "pad": "x" * (2 << 20)}
-    write_dump(path, {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, H]), "final_hidden_state": ("BF16", [7, H])}, meta=meta)
+    write_dump(
+        path, {"input_ids": ("I64", [7]), "aux_hidden_states": ("BF16", [7, 3, H]), "final_hidden_state": ("BF16", [7, H])}, meta=meta
+    )
     result = check_dump(str(path), RID, the_sample(), EXPECTED)
     assert isinstance(result, CaptureFailure) and "bound" in result.reason, f"SILENT: {result!r}"
 

@@ -17,10 +17,10 @@ import time
 import pytest
 import torch
 
-from hs_dataset.capture.base import CaptureFailure, CapturedSample
+from hs_dataset.capture.base import CapturedSample, CaptureFailure
 from hs_dataset.errors import ServerValidationError
-from tests.fixtures.sglang_server import hf_reference, rel, start_server
 from tests.fixtures.sglang_client import backend, make_samples, post
+from tests.fixtures.sglang_server import hf_reference, rel, start_server
 
 pytestmark = pytest.mark.sglang
 
@@ -34,7 +34,12 @@ PREFIX = "hs-v"  # the hooks of these servers own only request ids hs-v...; this
 def release_server(request, card, tiny_model, hs_tmp):
     version = request.param
     server = start_server(
-        card, hs_tmp, f"v{version}", version=version, chunked_prefill_size=64, staging={"rid_prefix": PREFIX},
+        card,
+        hs_tmp,
+        f"v{version}",
+        version=version,
+        chunked_prefill_size=64,
+        staging={"rid_prefix": PREFIX},
         extra_args=["--enable-mixed-chunk"],
     )
     yield version, server

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.fixtures.interop import require_interop
 
-from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
 from hs_dataset.interop import export_specforge
+from hs_dataset.interop.specforge.settings import SpecForgeExportSettings
+from tests.fixtures.interop import require_interop
 
 MAX_LEN = 48  # tokens per sample fed to the step: the full vocab (129,536) makes logits the cost
 TTT_LENGTH = 2
@@ -39,24 +39,36 @@ def _first_batch(dest: Path):
 
     refs = build_offline_reader(str(dest), run_id="hs-dataset-test", ttt_length=TTT_LENGTH, max_len=MAX_LEN).read()
     loader = FeatureDataLoader(
-        LocalFeatureStore(), refs=refs[:2], batch_size=2, collate_fn=build_offline_collator(),
-        per_sample_transform=build_offline_normalizer(MAX_LEN), drop_last=False, gc_interval_s=None,
+        LocalFeatureStore(),
+        refs=refs[:2],
+        batch_size=2,
+        collate_fn=build_offline_collator(),
+        per_sample_transform=build_offline_normalizer(MAX_LEN),
+        drop_last=False,
+        gc_interval_s=None,
     )
     return next(iter(loader))
 
 
 def _strategy(model_dir: Path, hidden: int, vocab: int):
     """SpecForge's EAGLE-3 training parts as its assembler builds them (model_providers.build_eagle3_*), dtype bfloat16."""
-    from transformers import LlamaConfig
-
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
     from specforge.algorithms.eagle3.providers import build_step
     from specforge.modeling.draft import LlamaForCausalLMEagle3
     from specforge.modeling.target.target_head import TargetHead
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
-        hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=4, head_dim=hidden // 4,
-        num_hidden_layers=1, vocab_size=vocab, draft_vocab_size=vocab, max_position_embeddings=4096, rms_norm_eps=1e-6,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=hidden // 4,
+        num_hidden_layers=1,
+        vocab_size=vocab,
+        draft_vocab_size=vocab,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
         target_hidden_size=hidden,
     )
     torch.manual_seed(0)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.fixtures.interop import require_interop
 
 from hs_dataset.interop import export_speculators
+from tests.fixtures.interop import require_interop
 
 STEPS_ARGS = ["--epochs", "2", "--total-seq-len", "512", "--seed", "0", "--log-freq", "1"]
 
@@ -29,9 +29,24 @@ def trainer():
 
 def _args(model_dir: Path, save: Path) -> list[str]:
     return [
-        "--verifier-name-or-path", str(model_dir), "--speculator-type", "eagle3", "--num-layers", "1",
-        "--hidden-states-dtype", "float32", "--num-workers", "0", "--draft-vocab-size", "1024", "--no-resume-from-checkpoint",
-        "--save-path", str(save), "--on-missing", "raise", *STEPS_ARGS,
+        "--verifier-name-or-path",
+        str(model_dir),
+        "--speculator-type",
+        "eagle3",
+        "--num-layers",
+        "1",
+        "--hidden-states-dtype",
+        "float32",
+        "--num-workers",
+        "0",
+        "--draft-vocab-size",
+        "1024",
+        "--no-resume-from-checkpoint",
+        "--save-path",
+        str(save),
+        "--on-missing",
+        "raise",
+        *STEPS_ARGS,
     ]
 
 
@@ -47,13 +62,34 @@ def test_backend_route_trains_like_the_export(trainer, tiny_default_dataset: Pat
     export = tmp_path / "export"
     export_speculators(tiny_default_dataset, export)
     with trainer.cpu_trainer(), trainer.step_losses() as via_export:
-        trainer_entry()([*_args(tiny_model_dir, tmp_path / "ckpt-export"), "--data-path", str(export), "--target-layer-ids", "2", "3", "4", *trainer.CPU_FLAGS])
+        trainer_entry()(
+            [
+                *_args(tiny_model_dir, tmp_path / "ckpt-export"),
+                "--data-path",
+                str(export),
+                "--target-layer-ids",
+                "2",
+                "3",
+                "4",
+                *trainer.CPU_FLAGS,
+            ]
+        )
 
     before = _files(tiny_default_dataset)
     rows = tmp_path / "rows"
     with trainer.cpu_trainer(), trainer.step_losses() as via_backend:
-        rc = main(["train", "speculators", "--rows-dir", str(rows), str(tiny_default_dataset), "--",
-                   *_args(tiny_model_dir, tmp_path / "ckpt-backend"), *trainer.CPU_FLAGS])
+        rc = main(
+            [
+                "train",
+                "speculators",
+                "--rows-dir",
+                str(rows),
+                str(tiny_default_dataset),
+                "--",
+                *_args(tiny_model_dir, tmp_path / "ckpt-backend"),
+                *trainer.CPU_FLAGS,
+            ]
+        )
     assert rc == 0
     assert len(via_export) >= 24 and len(via_backend) == len(via_export)
     worst = max(abs(a - b) for a, b in zip(via_export, via_backend))

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from tests.fixtures.families import PRESET_OF, family_card
 from tests.fixtures.interop import require_interop
 
@@ -29,8 +30,23 @@ STEPS = 16
 def _flags(*, seed: int = 0, ratio: float = 0.95, dtype: str = "float32", lr: str = "3e-3") -> list[str]:
     """What every run here shares: CPU-sized loaders, one seed, the eager loss (the fused one needs Triton), a log line per step."""
     return [
-        "--hidden-states-dtype", dtype, "--num-workers", "0", "--no-resume-from-checkpoint", "--on-missing", "raise", "--seed", str(seed),
-        "--log-freq", "1", "--train-data-ratio", str(ratio), "--lr", lr, "--loss-implementation", "eager",
+        "--hidden-states-dtype",
+        dtype,
+        "--num-workers",
+        "0",
+        "--no-resume-from-checkpoint",
+        "--on-missing",
+        "raise",
+        "--seed",
+        str(seed),
+        "--log-freq",
+        "1",
+        "--train-data-ratio",
+        str(ratio),
+        "--lr",
+        lr,
+        "--loss-implementation",
+        "eager",
     ]
 
 
@@ -90,10 +106,14 @@ def test_every_family_trains_from_the_export_and_from_the_backend(trainer, kind,
     flags = json.loads((export / "hs_dataset_export.json").read_text())["layers"]["train_flags"]
     steps = ["--max-steps", str(STEPS)]
     with trainer.cpu_trainer(), trainer.step_losses() as via_export:
-        trainer_entry()([*_with_type(flags, kind), "--data-path", str(export), "--save-path", str(tmp_path / "export"), *SHORT, *steps, *_draft(kind)])
+        trainer_entry()(
+            [*_with_type(flags, kind), "--data-path", str(export), "--save-path", str(tmp_path / "export"), *SHORT, *steps, *_draft(kind)]
+        )
     own_type = [] if kind == preset else ["--speculator-type", kind]  # no layer ids, no verifier: the manifest's
     with trainer.cpu_trainer(), trainer.step_losses() as via_backend:
-        rc = main(["train", "speculators", str(data), "--", *own_type, "--save-path", str(tmp_path / "backend"), *SHORT, *steps, *_draft(kind)])
+        rc = main(
+            ["train", "speculators", str(data), "--", *own_type, "--save-path", str(tmp_path / "backend"), *SHORT, *steps, *_draft(kind)]
+        )
     assert rc == 0
     first, last = sum(via_backend[:4]) / 4, sum(via_backend[-4:]) / 4
     print(f"\n{kind} on the {preset} preset {manifest.aux_layer_ids}: loss {first:.3f} -> {last:.3f} over {len(via_backend)} steps")
@@ -116,9 +136,28 @@ def test_the_layer_ids_reach_the_drafter_from_the_manifest(trainer, preset_datas
 
     data = preset_dataset("dflash2")
     manifest = open_dataset(data).manifest
-    assert manifest.metadata.to_json()["layer_preset"] == {"name": "dflash2", "taps": 5, "ids_from": "preset"} and len(manifest.aux_layer_ids) == 5
+    assert (
+        manifest.metadata.to_json()["layer_preset"] == {"name": "dflash2", "taps": 5, "ids_from": "preset"}
+        and len(manifest.aux_layer_ids) == 5
+    )
     with trainer.cpu_trainer():
-        assert main(["train", "speculators", str(data), "--", "--save-path", str(tmp_path / "ckpt"), *SHORT, "--max-steps", "1", *_draft("dflash2")]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "speculators",
+                    str(data),
+                    "--",
+                    "--save-path",
+                    str(tmp_path / "ckpt"),
+                    *SHORT,
+                    "--max-steps",
+                    "1",
+                    *_draft("dflash2"),
+                ]
+            )
+            == 0
+        )
     saved = json.loads((tmp_path / "ckpt" / "0" / "config.json").read_text())
     assert saved["speculators_model_type"] == "dflash2" and saved["aux_hidden_state_layer_ids"] == manifest.aux_layer_ids
 
@@ -136,7 +175,9 @@ def test_an_mtp_dataset_stores_only_the_final_state(preset_dataset):
     assert sizes["mtp"] < sizes["eagle3"] / 3.5  # 1 state per token against 4 (float32, hidden 64)
 
 
-def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(trainer, qwen3_verifier, family_rows, preset_dataset, preset_export, tmp_path):
+def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(
+    trainer, qwen3_verifier, family_rows, preset_dataset, preset_export, tmp_path
+):
     """DFlash on our 5 taps vs on a copy captured one layer lower ([0..4] under the same ids), both then judged on our data.
 
     Trained, both reach about the same loss on their own data (a tiny model's layers
@@ -144,9 +185,9 @@ def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(trainer, q
     copy is worse: the data must hold the layers it says. Judged on 32 held-out samples
     over 4 validation passes, for two seeds (the margin varies with the seed).
     """
-    from hs_dataset.pipeline.build import build_dataset
     from hs_dataset.interop import export_speculators
     from hs_dataset.interop.speculators.backend import trainer_entry
+    from hs_dataset.pipeline.build import build_dataset
 
     real = preset_export("dflash")
     ids = json.loads((real / "hs_dataset_export.json").read_text())["layers"]["target_layer_ids"]
@@ -154,23 +195,63 @@ def test_a_drafter_trained_on_taps_one_layer_off_is_worse_on_our_data(trainer, q
     shifted = tmp_path / "shifted"
     build_dataset(family_card(qwen3_verifier, family_rows, aux=[i - 1 for i in ids]), shifted, progress=False)
     export_speculators(shifted, tmp_path / "shifted-export")
-    layers = ["--verifier-name-or-path", str(qwen3_verifier), "--speculator-type", "dflash", "--target-layer-ids", *map(str, ids),
-              "--total-seq-len", "512", "--max-anchors", "32", "--draft-attn-impl", "sdpa"]
+    layers = [
+        "--verifier-name-or-path",
+        str(qwen3_verifier),
+        "--speculator-type",
+        "dflash",
+        "--target-layer-ids",
+        *map(str, ids),
+        "--total-seq-len",
+        "512",
+        "--max-anchors",
+        "32",
+        "--draft-attn-impl",
+        "sdpa",
+    ]
     for seed in JUDGE_SEEDS:
         judged, own = {}, {}
         for name, export in (("ours", real), ("one layer off", tmp_path / "shifted-export")):
             save = tmp_path / f"seed{seed}-{name.replace(' ', '-')}"
             with trainer.cpu_trainer(), trainer.val_losses() as val:  # two epochs of about 20 steps, validated on its own data
-                trainer_entry()([*layers, *_flags(seed=seed, ratio=0.8), "--data-path", str(export), "--save-path", str(save), "--epochs", "2",
-                                 "--num-layers", "1"])
+                trainer_entry()(
+                    [
+                        *layers,
+                        *_flags(seed=seed, ratio=0.8),
+                        "--data-path",
+                        str(export),
+                        "--save-path",
+                        str(save),
+                        "--epochs",
+                        "2",
+                        "--num-layers",
+                        "1",
+                    ]
+                )
             own[name] = val[-1]
             # a no-op step per epoch (lr 1e-12), then the validation pass on our data; the checkpoint is bfloat16, so are the states
             with trainer.cpu_trainer(), trainer.val_losses() as val:
-                trainer_entry()([*layers, *_flags(seed=seed, ratio=0.8, dtype="bfloat16", lr="1e-12"), "--data-path", str(real),
-                                 "--save-path", f"{save}-judged", "--from-pretrained", str(save / "1"), "--epochs", "4", "--max-steps", "1"])
+                trainer_entry()(
+                    [
+                        *layers,
+                        *_flags(seed=seed, ratio=0.8, dtype="bfloat16", lr="1e-12"),
+                        "--data-path",
+                        str(real),
+                        "--save-path",
+                        f"{save}-judged",
+                        "--from-pretrained",
+                        str(save / "1"),
+                        "--epochs",
+                        "4",
+                        "--max-steps",
+                        "1",
+                    ]
+                )
             judged[name] = sum(val) / len(val)
-        print(f"\nseed {seed}: DFlash validation loss on our data: trained on ours {judged['ours']:.4f}, "
-              f"on the copy one layer off {judged['one layer off']:.4f} (each on its own data: {own['ours']:.4f}, {own['one layer off']:.4f})")
+        print(
+            f"\nseed {seed}: DFlash validation loss on our data: trained on ours {judged['ours']:.4f}, "
+            f"on the copy one layer off {judged['one layer off']:.4f} (each on its own data: {own['ours']:.4f}, {own['one layer off']:.4f})"
+        )
         assert judged["ours"] < judged["one layer off"]
 
 

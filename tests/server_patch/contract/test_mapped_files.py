@@ -18,13 +18,12 @@ import time
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hs_dataset.capture.sglang import dumps as client
 from hs_dataset.capture.sglang.dumps import _read_dump
-from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into, copy_out
 from hs_dataset.codecs.safetensors_header import dump_header
+from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into, copy_out
 from hs_dataset.server_patch.contract.spares import hand_back_dump
 from hs_dataset.server_patch.staging import StagingDir
 
@@ -56,7 +55,9 @@ def _dump(tokens: int, seed: int) -> tuple[list, dict[str, torch.Tensor]]:
         "aux_hidden_states": torch.randn(tokens, 2, 96, generator=g).to(torch.bfloat16),
         "final_hidden_state": torch.randn(tokens, 96, generator=g).to(torch.bfloat16),
     }
-    entries = [(n, {torch.int64: "I64", torch.bfloat16: "BF16"}[t.dtype], tuple(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()]
+    entries = [
+        (n, {torch.int64: "I64", torch.bfloat16: "BF16"}[t.dtype], tuple(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()
+    ]
     header, order = dump_header(entries, {"rid": f"r{seed}"})
     return [header] + [memoryview(tensors[n].view(torch.uint8).reshape(-1).numpy()) for n in order], tensors
 
@@ -251,7 +252,7 @@ def test_concurrent_writers_and_readers_through_kept_mappings_never_mix_two_dump
     import queue
     import threading
 
-    ready: "queue.Queue[tuple[str, dict] | None]" = queue.Queue()
+    ready: queue.Queue[tuple[str, dict] | None] = queue.Queue()
     errors: list[str] = []
 
     def write(w: int) -> None:

@@ -28,9 +28,20 @@ PATCHED = SGLangFacts("0.5.5", source_patched=True)
 
 
 def _launch(**changes) -> Launch:
-    values = dict(source_path="card.yaml", version="0.5.19", device="cpu", architectures=("DeepseekV3ForCausalLM",),
-                  module_path="model", num_layers=8, hf_ids=(2, 3, 4), tp=1, args=(), radix_cache=False,
-                  chunked_prefill_size=None, sglang_dir=None)
+    values = {
+        "source_path": "card.yaml",
+        "version": "0.5.19",
+        "device": "cpu",
+        "architectures": ("DeepseekV3ForCausalLM",),
+        "module_path": "model",
+        "num_layers": 8,
+        "hf_ids": (2, 3, 4),
+        "tp": 1,
+        "args": (),
+        "radix_cache": False,
+        "chunked_prefill_size": None,
+        "sglang_dir": None,
+    }
     return Launch(**{**values, **changes})
 
 
@@ -39,7 +50,7 @@ def _launch(**changes) -> Launch:
 
 def test_the_card_accepts_auto_and_exactly_the_mechanisms_of_the_enum():
     assert get_args(SGLangServerSection.model_fields["mechanism"].annotation) == CARD_CHOICES
-    assert CARD_CHOICES == (AUTO, *(m.value for m in Mechanism))
+    assert (AUTO, *(m.value for m in Mechanism)) == CARD_CHOICES
     assert SGLangServerSection(mechanism="legacy").mechanism == "legacy"  # a card may ask for it: choose() says where it exists
     with pytest.raises(ValueError):
         SGLangServerSection(mechanism="hooks")
@@ -94,7 +105,14 @@ def test_aux_return_asks_sglang_for_the_aux_states_only_when_there_are_some():
     plan = launch_side.plan_for(Mechanism.AUX_RETURN)
     assert plan.wants_sglang_ids and plan.layer_specs(_launch(), {}, "m") == []
     assert plan.server_args(_launch(), [3, 4, 5]) == [
-        "--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", "--return-aux-hidden-state-layer-ids", "3", "4", "5"]
+        "--enable-return-aux-hidden-states",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--return-aux-hidden-state-layer-ids",
+        "3",
+        "4",
+        "5",
+    ]
     assert plan.server_args(_launch(hf_ids=()), None) == [] and plan.server_env({"staging_dir": "/x"}, _launch(), []) == {}
 
 
@@ -115,13 +133,24 @@ def test_legacy_configures_the_patched_forward_by_environment_and_refuses_partia
 
     plan = launch_side.plan_for(Mechanism.LEGACY)
     assert not Mechanism.LEGACY.uses_forward_hooks and plan.final_state_source == "(the patched forward)"
-    assert plan.server_args(_launch(), None) == ["--chunked-prefill-size", "-1"] and plan.server_args(_launch(chunked_prefill_size=-1), None) == []
+    assert (
+        plan.server_args(_launch(), None) == ["--chunked-prefill-size", "-1"]
+        and plan.server_args(_launch(chunked_prefill_size=-1), None) == []
+    )
     notes: list[str] = []
     env = plan.server_env({"staging_dir": "/x", "hf_aux_layer_ids": [2, 3], "max_staging_files": 7}, _launch(device="cuda"), notes)
-    assert env == {"HS_CAPTURE_CONTENT_KEYS": "1", "HS_CAPTURE_STAGING_DIR": "/x", "HS_CAPTURE_LAYER_IDS": "2,3", "HS_CAPTURE_MAX_FILES": "7"}
+    assert env == {
+        "HS_CAPTURE_CONTENT_KEYS": "1",
+        "HS_CAPTURE_STAGING_DIR": "/x",
+        "HS_CAPTURE_LAYER_IDS": "2,3",
+        "HS_CAPTURE_MAX_FILES": "7",
+    }
     assert len(notes) == 1 and {var for _key, var in LEGACY_ENV} >= set(env) - {"HS_CAPTURE_CONTENT_KEYS"}
-    for bad, field in ((dict(hf_ids=()), "layers"), (dict(radix_cache=True), "sglang.radix_cache"),
-                       (dict(chunked_prefill_size=64), "sglang.chunked_prefill_size")):
+    for bad, field in (
+        ({"hf_ids": ()}, "layers"),
+        ({"radix_cache": True}, "sglang.radix_cache"),
+        ({"chunked_prefill_size": 64}, "sglang.chunked_prefill_size"),
+    ):
         with pytest.raises(ServeError, match=f"card.yaml: {field}"):
             plan.refuse(_launch(**bad))
 

@@ -26,10 +26,10 @@ import shutil
 
 import pytest
 
-from hs_dataset.capture.base import CaptureFailure, CapturedSample
+from hs_dataset.capture.base import CapturedSample, CaptureFailure
 from tests.fixtures.paths import REPO, SERVER_PYTHON, SHIMS
-from tests.fixtures.sglang_server import hf_reference, rel, server_python, start_server
 from tests.fixtures.sglang_client import backend, make_samples
+from tests.fixtures.sglang_server import hf_reference, rel, server_python, start_server
 
 pytestmark = pytest.mark.sglang
 
@@ -106,6 +106,8 @@ def test_the_patched_release_captures_what_transformers_computes(card, legacy_se
         worst["final_rel"] = max(worst["final_rel"], rel(r.final_hidden_state, ref_final))
         worst["aux_abs"] = max(worst["aux_abs"], float((r.aux_hidden_states.double() - ref_aux.double()).abs().max()))
         worst["final_abs"] = max(worst["final_abs"], float((r.final_hidden_state.double() - ref_final.double()).abs().max()))
-    print(f"SGLang {RELEASE} legacy patch vs transformers ({len(samples)} prompts, up to {batched} per prefill): "
-          + ", ".join(f"worst {k} {v:.2e}" for k, v in worst.items()))
+    print(
+        f"SGLang {RELEASE} legacy patch vs transformers ({len(samples)} prompts, up to {batched} per prefill): "
+        + ", ".join(f"worst {k} {v:.2e}" for k, v in worst.items())
+    )
     assert worst["aux_rel"] < 1e-6 and worst["final_rel"] < 1e-6, worst

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_dataset.server_patch.legacy import edit as lp
 from hs_dataset.server_patch.contract.legacy_header import PATCH_VERSION
+from hs_dataset.server_patch.legacy import edit as lp
 from hs_dataset.server_patch.legacy.edit import LegacyPatchError, PatchState
+from tests.fixtures.paths import REPO
 
-from tests.fixtures.paths import REPO  # noqa: E402
 CACHE = Path(os.environ.get("HS_DATASET_CACHE", "~/.cache/hs_dataset")).expanduser() / "sglang-wheels"
 PATCHABLE = ["0.4.10.post2", "0.5.5", "0.5.5.post3", "0.5.8.post1"]
 HOOK_MODULE = "hs_dataset.server_patch.legacy.hook"
@@ -72,8 +72,13 @@ def _calls(node: ast.AST, name: str) -> bool:
 
 
 def _is_norm_call(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "norm"
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "norm"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    )
 
 
 def assert_placement(patched: str) -> None:
@@ -84,17 +89,27 @@ def assert_placement(patched: str) -> None:
     loop = fwd.body[begin[0] + 1]
     assert isinstance(loop, ast.For), "begin statement directly precedes the decoder-layer loop"
 
-    captures = [(b, i) for b in _blocks(fwd) for i, s in enumerate(b)
-                if isinstance(s, ast.If) and isinstance(s.test, ast.Compare)
-                and isinstance(s.test.comparators[0], ast.Name) and s.test.comparators[0].id == "_hs_ids"]
+    captures = [
+        (b, i)
+        for b in _blocks(fwd)
+        for i, s in enumerate(b)
+        if isinstance(s, ast.If)
+        and isinstance(s.test, ast.Compare)
+        and isinstance(s.test.comparators[0], ast.Name)
+        and s.test.comparators[0].id == "_hs_ids"
+    ]
     assert len(captures) == 1
     block, i = captures[0]
     assert any(s is block[i] for s in ast.walk(loop)), "capture statement is inside the layer loop"
     nxt = block[i + 1]
     assert isinstance(nxt, ast.Assign) and [e.id for e in nxt.targets[0].elts] == ["hidden_states", "residual"]
 
-    emits = [(b, i) for b in _blocks(fwd) for i, s in enumerate(b)
-             if isinstance(s, ast.If) and isinstance(s.body[0], ast.Expr) and _calls(s.body[0], "_hs_dataset_emit")]
+    emits = [
+        (b, i)
+        for b in _blocks(fwd)
+        for i, s in enumerate(b)
+        if isinstance(s, ast.If) and isinstance(s.body[0], ast.Expr) and _calls(s.body[0], "_hs_dataset_emit")
+    ]
     assert len(emits) == 1
     block, i = emits[0]
     assert block[i].lineno > loop.end_lineno, "pre-norm capture comes after the loop"
@@ -177,19 +192,28 @@ def _mutate(text: str, old: str, new: str) -> str:
     "mutation, reason",
     [
         # the decoder-layer loop removed
-        (lambda t: _mutate(t, "for i in range(normal_start_layer, normal_end_layer):", "if True:"),
-         "decoder-layer loop"),
+        (lambda t: _mutate(t, "for i in range(normal_start_layer, normal_end_layer):", "if True:"), "decoder-layer loop"),
         # a second DeepseekV2Model: ambiguous
         (lambda t: t + "\n\nclass DeepseekV2Model:\n    pass\n", "ambiguous"),
         # final norm gone
-        (lambda t: _mutate(t, "hidden_states, _ = self.norm(hidden_states, residual)",
-                           "hidden_states, _ = self.final_norm(hidden_states, residual)"), "final norm"),
+        (
+            lambda t: _mutate(
+                t, "hidden_states, _ = self.norm(hidden_states, residual)", "hidden_states, _ = self.final_norm(hidden_states, residual)"
+            ),
+            "final norm",
+        ),
         # the layer call no longer returns the residual (0.5.9+ style)
-        (lambda t: _mutate(t, "                hidden_states, residual = layer(",
-                           "                hidden_states, topk = layer("), "decoder-layer loop"),
+        (
+            lambda t: _mutate(t, "                hidden_states, residual = layer(", "                hidden_states, topk = layer("),
+            "decoder-layer loop",
+        ),
         # the layer call shares its line with another statement
-        (lambda t: _mutate(t, "                hidden_states, residual = layer(",
-                           "                pass; hidden_states, residual = layer("), "does not start its line"),
+        (
+            lambda t: _mutate(
+                t, "                hidden_states, residual = layer(", "                pass; hidden_states, residual = layer("
+            ),
+            "does not start its line",
+        ),
         # a name the patch would insert is already taken
         (lambda t: t + "\n_hs_aux = None\n", "already used"),
     ],
@@ -228,8 +252,7 @@ def test_modified_after_patching_is_detected_on_revert(tmp_path):
     original = real_source("0.5.5").read_bytes()
     path.write_bytes(original)
     status = lp.apply(path)
-    edited = path.read_text("utf-8").replace("class DeepseekV2Model(nn.Module):",
-                                             "class DeepseekV2Model(nn.Module):  # local edit")
+    edited = path.read_text("utf-8").replace("class DeepseekV2Model(nn.Module):", "class DeepseekV2Model(nn.Module):  # local edit")
     path.write_text(edited, "utf-8")
     assert lp.check(path).state is PatchState.MODIFIED
     with pytest.raises(LegacyPatchError, match="modified after patching") as err:
@@ -508,16 +531,16 @@ def test_legacy_patch_runs_on_the_bare_standard_library(tmp_path):
     path = tmp_path / "deepseek_v2.py"
     path.write_text(TOY)
     script = REPO / "hs_dataset" / "server_patch" / "legacy" / "patch.py"
-    proc = subprocess.run([sys.executable, "-I", "-S", str(script), "apply", "--file", str(path)],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(script), "apply", "--file", str(path)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "patched" in proc.stdout and "_hs_dataset_begin" in path.read_text()
 
 
 def test_cli_module_import_is_light():
     """Building the `hs-dataset` parser must not pull anything in beyond the package itself."""
-    code = ("import sys, hs_dataset; before = set(sys.modules); import hs_dataset.cli.patch; "
-            "print(sorted(set(sys.modules) - before))")
+    code = "import sys, hs_dataset; before = set(sys.modules); import hs_dataset.cli.patch; print(sorted(set(sys.modules) - before))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     new = eval(out)  # a printed list of module names
     heavy = {m for m in new if m.split(".")[0] in {"torch", "transformers", "datasets", "safetensors", "numpy", "sglang"}}
@@ -533,8 +556,9 @@ def test_fetch_script_is_idempotent_offline(tmp_path):
         whl.writestr("sglang/srt/models/deepseek_v2.py", "extracted\n")
     env = dict(os.environ, HS_DATASET_CACHE=str(tmp_path), PYTHON=sys.executable)
     for _ in range(2):
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "fetch_sglang_sources.sh"), "9.9.9", "9.9.8"],
-                              capture_output=True, text=True, env=env)
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "fetch_sglang_sources.sh"), "9.9.9", "9.9.8"], capture_output=True, text=True, env=env
+        )
         assert proc.returncode == 0, proc.stderr
     assert (cache / "9.9.9" / "deepseek_v2.py").read_text() == "kept\n"
     assert (cache / "9.9.8" / "deepseek_v2.py").read_text() == "extracted\n"

@@ -34,9 +34,17 @@ def _patch(module) -> None:
             from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
             if stamps_children:  # the multi-step draft-decode container
-                make = lambda: ("torch_native", _TorchNativeMultiStepDraftBackend(self.draft_model_runner, self.topk, self.speculative_num_steps))
+
+                def make():
+                    return (
+                        "torch_native",
+                        _TorchNativeMultiStepDraftBackend(self.draft_model_runner, self.topk, self.speculative_num_steps),
+                    )
             else:
-                make = lambda: ("torch_native", TorchNativeAttnBackend(self.draft_model_runner))
+
+                def make():
+                    return ("torch_native", TorchNativeAttnBackend(self.draft_model_runner))
+
             backend_map = {**backend_map, "torch_native": make}
         return original(self, backend_name, backend_map, error_template, stamps_children)
 

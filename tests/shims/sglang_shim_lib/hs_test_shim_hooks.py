@@ -13,7 +13,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["patch_on_import", "run_next_sitecustomize"]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 from hs_dataset.capture.serve.facts import SGLangFacts
 from hs_dataset.capture.serve.mechanisms.base import Launch, MechanismPlan

@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 from hs_dataset.capture.serve.facts import SGLangFacts
 from hs_dataset.server_patch.contract.mechanism import CapturePath, Mechanism

@@ -6,7 +6,8 @@ its output is a partial sum under tensor parallelism (read from its source, befo
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from hs_dataset.capture.serve import cpu_ranks, probe
 from hs_dataset.capture.serve.errors import ServeError

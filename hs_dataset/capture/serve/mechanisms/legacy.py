@@ -8,7 +8,8 @@ is refused; so is a final-state-only card (the patch always returns aux layers).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.facts import SGLangFacts
@@ -49,7 +50,9 @@ class LegacyPlan(MechanismPlan):
             )
         why = f"SGLang {launch.version} captures through the source patch, whose batches carry no request ids"
         if launch.radix_cache:
-            raise ServeError(f"{launch.source_path}: sglang.radix_cache: {why}, so a prefix-cache hit cannot be told apart; set it to false")
+            raise ServeError(
+                f"{launch.source_path}: sglang.radix_cache: {why}, so a prefix-cache hit cannot be told apart; set it to false"
+            )
         if launch.chunked_prefill_size is not None and launch.chunked_prefill_size > 0:
             raise ServeError(
                 f"{launch.source_path}: sglang.chunked_prefill_size: {why}, so the chunks of one prompt cannot be joined; "
@@ -69,6 +72,8 @@ class LegacyPlan(MechanismPlan):
                 env[var] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         notes.append("legacy source patch: configured by HS_CAPTURE_* variables; dumps keyed by content; chunked prefill off")
         if launch.device == "cpu":
-            notes.append("legacy on CPU: no forward hooks to register the torch_native MLA handler; "
-                         "the server's PYTHONPATH must do it (tests/shims/sglang_legacy_shim)")
+            notes.append(
+                "legacy on CPU: no forward hooks to register the torch_native MLA handler; "
+                "the server's PYTHONPATH must do it (tests/shims/sglang_legacy_shim)"
+            )
         return env

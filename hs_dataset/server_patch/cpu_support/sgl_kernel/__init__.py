@@ -15,7 +15,6 @@ Never install this next to a real ``sgl_kernel``: it is only on the path of the
 
 from __future__ import annotations
 
-
 __version__ = "0.0.0+hs-dataset-cpu-stand-in"
 HS_DATASET_STAND_IN = True
 
@@ -39,8 +38,7 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 def _not_available(name: str):
     def stub(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel.{name} is not provided by hs_dataset's CPU stand-in "
-            "(only plain prefill/decode is supported on a CPU server)"
+            f"sgl_kernel.{name} is not provided by hs_dataset's CPU stand-in (only plain prefill/decode is supported on a CPU server)"
         )
 
     stub.__name__ = name
@@ -61,4 +59,4 @@ for _name in (
     globals()[_name] = _not_available(_name)
 del _name
 
-__all__ = ["assign_req_to_token_pool_cpu", "HS_DATASET_STAND_IN"]
+__all__ = ["HS_DATASET_STAND_IN", "assign_req_to_token_pool_cpu"]

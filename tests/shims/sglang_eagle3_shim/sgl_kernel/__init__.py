@@ -16,7 +16,6 @@ import ctypes
 import importlib.util
 from pathlib import Path
 
-
 _STAND_IN = Path(__file__).resolve().parents[4] / "hs_dataset" / "server_patch" / "cpu_support" / "sgl_kernel" / "__init__.py"
 _spec = importlib.util.spec_from_file_location("_hs_sgl_kernel_stand_in", _STAND_IN)
 _base = importlib.util.module_from_spec(_spec)
@@ -64,8 +63,20 @@ def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, e
             pos += n
 
 
-def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrieve_index,
-                                    retrieve_next_token, retrieve_next_sibling, topk, depth, draft_token_num, tree_mask_mode):
+def build_tree_kernel_efficient_cpu(
+    parent_list,
+    selected_index,
+    verified_seq_len,
+    tree_mask,
+    positions,
+    retrieve_index,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    topk,
+    depth,
+    draft_token_num,
+    tree_mask_mode,
+):
     """``sgl_build_tree_kernel_efficient_triton`` (spec_tree.py), one batch row at a time; modes FULL_MASK and QLEN_ONLY."""
     mode = int(tree_mask_mode)
     if mode not in (0, 1):
@@ -122,10 +133,11 @@ def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_le
                 positions[b * n + x] = position + seq_len
 
 
-def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-                           retrive_next_sibling, target_predict):
+def verify_tree_greedy_cpu(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict
+):
     """``verify_tree_greedy_kernel_triton`` (spec_tree.py)."""
-    batch, n = candidates.shape
+    batch, _n = candidates.shape
     spec = accept_index.shape[1]
     flat_target, flat_pred = target_predict.reshape(-1), predicts.view(-1)
     for b in range(batch):

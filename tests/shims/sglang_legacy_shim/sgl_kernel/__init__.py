@@ -38,7 +38,7 @@ class _Missing:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> "_Missing":
+    def __getattr__(self, attr: str) -> _Missing:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _Missing(f"{self._name}.{attr}")
