@@ -34,7 +34,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._aliases = 0
         self._depth = 0
 
-    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]  # PyYAML's signature
+    def compose_node(self, parent, index):  # PyYAML's signature
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_CARD_ALIASES:

@@ -118,7 +118,7 @@ class TrainerExporter(ABC):
 
 
 def run_export(
-    exporter_class: type[TrainerExporter], src: str | os.PathLike, dest: str | os.PathLike, settings: ExportSettings
+    exporter_class: type[TrainerExporter], src: str | os.PathLike[str], dest: str | os.PathLike[str], settings: ExportSettings
 ) -> ExportReport:
     """Export dataset ``src`` to ``dest`` with ``exporter_class``; an interrupted export of the same source resumes."""
     from hs_dataset.formats.reader import open_dataset

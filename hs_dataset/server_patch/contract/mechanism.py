@@ -14,11 +14,19 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 __all__ = ["AUTO", "CARD_CHOICES", "DEFAULT_MECHANISM", "CapturePath", "Mechanism", "one_per_mechanism"]
 
-_T = TypeVar("_T")
+
+
+class _OneMechanism(Protocol):
+    """What :func:`one_per_mechanism` reads of each object: the mechanism it stands for."""
+
+    mechanism: ClassVar[Mechanism]
+
+
+_T = TypeVar("_T", bound=_OneMechanism)
 
 
 class _Named(str, Enum):

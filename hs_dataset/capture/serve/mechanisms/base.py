@@ -62,6 +62,6 @@ class MechanismPlan:
         """Environment variables it needs (and the notes saying why)."""
         return {}
 
-    def layer_specs(self, launch: Launch, hook_config: Mapping[str, Any], hooks_module: str) -> list[dict]:
+    def layer_specs(self, launch: Launch, hook_config: Mapping[str, Any], hooks_module: str) -> list[dict[str, Any]]:
         """``--forward-hooks`` specs it adds between the final-norm hook and the model hook."""
         return []

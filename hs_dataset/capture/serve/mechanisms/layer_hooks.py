@@ -43,7 +43,7 @@ class LayerHooksPlan(MechanismPlan):
             notes.append(f"{self.mechanism} on a non-DeepseekV2/V3 model: hook outputs are (hidden, residual) pairs as read from source")
         return notes
 
-    def layer_specs(self, launch: Launch, hook_config: Mapping[str, Any], hooks_module: str) -> list[dict]:
+    def layer_specs(self, launch: Launch, hook_config: Mapping[str, Any], hooks_module: str) -> list[dict[str, Any]]:
         """One ``layer_hook`` per aux layer, on the module whose output is that HF hidden state."""
         return [
             {
