@@ -80,7 +80,10 @@ class _Capture:
             return
         self.stats[how] += 1
         record = {
-            "mode": mode, "how": how, "rids": rids, "lens": lens,
+            "mode": mode,
+            "how": how,
+            "rids": rids,
+            "lens": lens,
             "positions": batch.positions[:rows].to("cpu", torch.int64),
             "states": self.buf[:rows].to("cpu"),
             "stats": dict(self.stats),
