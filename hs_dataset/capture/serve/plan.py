@@ -83,6 +83,15 @@ _STAGING_KEYS = (
 )
 
 
+MIXED_CHUNK_FLAG = "--enable-mixed-chunk"
+# Why serve warns: mixed batches (a prefill riding inside a decode batch) run without the decode CUDA graphs.
+MIXED_CHUNK_WARNING = (
+    "--enable-mixed-chunk: mixed batches decode without CUDA graphs; with it, plain generation on the lent H100 "
+    "(SGLang 0.5.16, a Kimi-wide model, decode graphs on, 2026-12-06) fell from 7,561 to about 2,240 tok/s, 3.4x slower, "
+    "and a regenerating build to 0.50-0.52 of that: leave it off for regeneration (docs/GPU.md)"
+)
+
+
 def default_server_python() -> str:
     return os.environ.get("HS_SGLANG_PYTHON") or str(REPO_ROOT / ".sglang-venv" / "bin" / "python")
 
@@ -408,6 +417,8 @@ def _server_argv(
     if specs:
         argv += ["--forward-hooks", json.dumps(specs, separators=(",", ":"))]
     argv += [str(a) for a in extra_args]
+    if MIXED_CHUNK_FLAG in argv:
+        notes.append(MIXED_CHUNK_WARNING)
     return argv
 
 

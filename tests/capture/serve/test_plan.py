@@ -145,6 +145,20 @@ def test_a_final_state_only_card_plans_no_aux_flag_and_no_layer_hook(fake_env, t
     assert any("final state only" in note for note in plan.notes)
 
 
+def test_mixed_chunked_prefill_is_planned_with_the_measured_warning(fake_env, tmp_path):
+    """A regeneration server with --enable-mixed-chunk loses its decode graphs: serve says so, citing the measurement."""
+    from hs_dataset.config import load_card
+
+    card = load_card("tiny-deepseek-sglang")
+    plain = serve.plan_server(card, staging_dir=str(tmp_path / "a"))
+    assert not any("--enable-mixed-chunk" in note for note in plain.notes)
+    mixed = serve.plan_server(card, staging_dir=str(tmp_path / "b"), extra_args=["--enable-mixed-chunk"])
+    assert "--enable-mixed-chunk" in mixed.argv, "the flag is the user's to pass: planned as asked"
+    warned = [note for note in mixed.notes if note.startswith("--enable-mixed-chunk")]
+    assert warned and "3.4x slower" in warned[0] and "docs/GPU.md" in warned[0]
+    assert "note: --enable-mixed-chunk" in mixed.describe()
+
+
 def test_serve_check_cli(fake_env, capsys):
     from hs_dataset.cli.main import main
 
