@@ -10,6 +10,7 @@ into the unpacked editable wheel for ``pip install -e .`` (where build_lib is di
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from setuptools import Command, setup
 from setuptools.command.build import build
@@ -24,7 +25,7 @@ class build_pth(Command):
     """Write the startup .pth next to the package."""
 
     description = "write the hs_dataset startup .pth"
-    user_options: list = []
+    user_options: ClassVar[list[tuple[str, str | None, str]]] = []
 
     def initialize_options(self) -> None:
         self.build_lib: str | None = None

@@ -510,11 +510,13 @@ class Client:
         while True:
             try:
                 kind, payload = self.replies.get(timeout=1.0)
-            except queue.Empty:
+            except queue.Empty as exc:
                 if not self.proc.is_alive():
-                    raise RuntimeError(f"the client process died (exit code {self.proc.exitcode}) while the server waited for {what}")
+                    raise RuntimeError(
+                        f"the client process died (exit code {self.proc.exitcode}) while the server waited for {what}"
+                    ) from exc
                 if _now() > deadline:
-                    raise TimeoutError(f"no {what} from the client process within {timeout:.0f} s")
+                    raise TimeoutError(f"no {what} from the client process within {timeout:.0f} s") from exc
                 continue
             if kind == "error":
                 raise RuntimeError(f"the client process failed:\n{payload}")

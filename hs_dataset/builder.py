@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import datasets
 import numpy as np
@@ -196,7 +196,9 @@ class HsDataset(datasets.ArrowBasedBuilder):
     """``datasets.load_dataset("hs_dataset", config="kimi-k25-sglang")``."""
 
     BUILDER_CONFIG_CLASS = HsDatasetConfig
-    BUILDER_CONFIGS = [HsDatasetConfig(name=name, card=load_card(name), version=datasets.Version("1.0.0")) for name in list_cards()]
+    BUILDER_CONFIGS: ClassVar[list[HsDatasetConfig]] = [
+        HsDatasetConfig(name=name, card=load_card(name), version=datasets.Version("1.0.0")) for name in list_cards()
+    ]
     DEFAULT_CONFIG_NAME = "tiny-deepseek-hf"
 
     def __init__(self, *args: Any, config: str | None = None, cache_dir: str | None = None, **kwargs: Any) -> None:

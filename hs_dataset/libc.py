@@ -66,9 +66,7 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     """
     if _sync_file_range is None:
         return False
-    if _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) != 0:
-        return False
-    return True
+    return bool(_sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0)
 
 
 def name_os_thread(name: str) -> None:

@@ -60,7 +60,7 @@ def test_a_card_resolves_its_preset_for_the_model_and_explicit_aux_wins():
     with pytest.raises(CardError, match="layers.preset dflash: 7 taps do not fit a 6-layer model"):
         _card(preset="dflash", taps=7).aux_layers_for(6)
     with pytest.raises(CardError, match="depend on the model's layer count"):
-        _card(preset="eagle3").aux_layer_ids
+        _ = _card(preset="eagle3").aux_layer_ids
 
 
 def test_the_capture_target_and_the_manifest_record_take_the_preset(tiny_model_dir):

@@ -13,7 +13,7 @@ import abc
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -115,7 +115,7 @@ class CaptureFailure:
     reason: str
 
 
-CaptureResult = Union[CapturedSample, CaptureFailure]
+CaptureResult = CapturedSample | CaptureFailure
 
 
 class CaptureBackend(abc.ABC):
@@ -166,7 +166,7 @@ class CaptureBackend(abc.ABC):
         if batch:
             yield from self.capture_batch(batch)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional hook: backends holding nothing need no close)
         """Release resources (servers, sessions, GPU memory)."""
 
     def __enter__(self) -> CaptureBackend:

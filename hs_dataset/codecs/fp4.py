@@ -179,10 +179,8 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     finite = torch.isfinite(amax)
     j = torch.where(finite, _mx_exponents(torch.where(finite, amax, 0.0)), 0)  # a non-finite group: scale 1, marked below
     factor = torch.ldexp(torch.ones_like(j, dtype=torch.float32), -j).unsqueeze(-1)
-    if x.dtype == torch.bfloat16:  # bfloat16 times a power of two in range: exact, and half the bytes of float32
-        scaled = groups * factor.to(torch.bfloat16)
-    else:
-        scaled = (groups.float() * factor).to(torch.bfloat16)
+    # bfloat16 times a power of two in range: exact, and half the bytes of float32
+    scaled = groups * factor.to(torch.bfloat16) if x.dtype == torch.bfloat16 else (groups.float() * factor).to(torch.bfloat16)
     exponents = torch.where(finite, j + MX_EXPONENT_BIAS, MX_NONFINITE_BYTE).to(torch.uint8)
     return _pack(_codes(MXFP4_ENCODING, scaled).reshape(x.shape)), exponents.contiguous()
 

@@ -84,13 +84,12 @@ class RegeneratedStore:
         if not self.path.exists():
             return
         with open(self.path, "rb") as f:
-            offset, number = 0, 0
-            for line in iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""):
+            offset = 0
+            for number, line in enumerate(iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""), start=1):
                 if not line.endswith(b"\n"):
                     if f.read(1):
-                        raise damaged(str(self.path), f"line {number + 1}", f"is longer than {MAX_CHUNK_BYTES} bytes")
+                        raise damaged(str(self.path), f"line {number}", f"is longer than {MAX_CHUNK_BYTES} bytes")
                     break  # a kill mid-append leaves at most one partial last line
-                number += 1
                 for record in _chunk_records(line, str(self.path), number):
                     self._lines[record["sample_id"]] = offset
                 offset += len(line)

@@ -92,13 +92,13 @@ class TrainerExporter(ABC):
     def plan(self) -> ExportPlan:
         """Check the data against the trainer's conventions (refusals name the mismatch) and decide the layers."""
 
-    def describe(self, report: ExportReport) -> None:
+    def describe(self, report: ExportReport) -> None:  # noqa: B027  (optional hook: a no-op unless the exporter overrides it)
         """Fill the report's layers and notes (nothing is written yet)."""
 
-    def begin(self) -> None:
+    def begin(self) -> None:  # noqa: B027  (optional hook: a no-op unless the exporter overrides it)
         """Make the layout's directories (the record is written, stale temp files are gone)."""
 
-    def observe(self, sample: dict[str, Any]) -> None:
+    def observe(self, sample: dict[str, Any]) -> None:  # noqa: B027  (optional hook: a no-op unless the exporter overrides it)
         """See every sample, written or kept (e.g. to build an index over all of them)."""
 
     @abstractmethod
@@ -113,7 +113,7 @@ class TrainerExporter(ABC):
     def encode(self, sample: dict[str, Any]) -> Sequence[memoryview | bytes]:
         """The bytes of the sample's file."""
 
-    def finish(self, record: dict[str, Any]) -> None:
+    def finish(self, record: dict[str, Any]) -> None:  # noqa: B027  (optional hook: a no-op unless the exporter overrides it)
         """Write the side files (index, vocabulary counts, norm) after every sample file; may add to ``record``."""
 
 

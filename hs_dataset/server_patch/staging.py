@@ -34,14 +34,13 @@ import stat
 import threading
 import time
 from collections.abc import Sequence
-from typing import Union
 
 from hs_dataset.server_patch.contract.dump import DUMP_SUFFIX, REFUSED_SUFFIX, TMP_PREFIX
 from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir, ensure_private_dir
 from hs_dataset.server_patch.contract.spares import SPARE_DIR, spare_size
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 _IOV_MAX = 512  # under every platform's IOV_MAX (Linux: 1024)
 _SPARE_MIN_BYTES = 1 << 16  # refusal markers and tiny dumps are cheaper to create than a spare is to find
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 from hs_dataset.errors import SourceError
 from hs_dataset.sources.report import MalformedRowError
@@ -103,7 +103,7 @@ def _contains(ids: list[int], pattern: tuple[int, ...], start: int, stop: int) -
     return any(tuple(ids[j : j + n]) == pattern for j in range(start, stop - n + 1))
 
 
-MaskRule = Union[Literal["auto", "kimi", "generation"], MarkerSpanRule]
+MaskRule = Literal["auto", "kimi", "generation"] | MarkerSpanRule
 
 
 def has_generation_markers(template: str | None) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from hs_dataset.errors import SourceError
 from hs_dataset.sources.hub import HF_PREFIX, load_hub_rows
@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_MAX_LINE_BYTES", "BadRow", "RowSource", "Source", "open_sour
 
 DEFAULT_MAX_LINE_BYTES = 16 << 20  # iter_samples passes its own (docs/SOURCES.md, "Size limits")
 
-Source = Union[str, PathLike, Iterable[Mapping[str, Any]]]  # a datasets.Dataset is an Iterable of rows
+Source = str | PathLike | Iterable[Mapping[str, Any]]  # a datasets.Dataset is an Iterable of rows
 
 
 @dataclass(frozen=True)

@@ -188,9 +188,8 @@ def test_states_the_server_encoded_are_stored_as_they_are(tmp_path, name, quanti
     for key in ("aux_hidden_states", "final_hidden_state"):
         assert torch.equal(a[0][key], b[0][key])
     bad = CapturedSample("s1", plain.input_ids, plain.loss_mask, aux, final, aux_scale=aux_scale[..., :1], final_scale=final_scale)
-    with ShardWriter(tmp_path / "c", make_metadata(k=k, h=h), storage=name) as writer:
-        with pytest.raises(SampleError, match="scales of shape"):
-            writer.add(bad)
+    with ShardWriter(tmp_path / "c", make_metadata(k=k, h=h), storage=name) as writer, pytest.raises(SampleError, match="scales of shape"):
+        writer.add(bad)
 
 
 @pytest.mark.parametrize("name, quantize", [(MXFP4_ENCODING, quantize_mxfp4), (NF4_ENCODING, quantize_nf4)])
@@ -211,9 +210,11 @@ def test_a_group_holding_inf_or_nan_is_refused_not_stored_clipped(tmp_path, name
     final, final_scale = quantize(plain.final_hidden_state)
     sent = CapturedSample("s0", plain.input_ids, plain.loss_mask, codes, final, aux_scale=scales, final_scale=final_scale)
     # refused under the refuse policy; the default quarantines it (tests/formats/test_nonfinite_server_states.py)
-    with ShardWriter(tmp_path, make_metadata(k=k, h=h), storage=name, nonfinite="refuse") as writer:
-        with pytest.raises(SampleError, match="scale"):
-            writer.add(sent)
+    with (
+        ShardWriter(tmp_path, make_metadata(k=k, h=h), storage=name, nonfinite="refuse") as writer,
+        pytest.raises(SampleError, match="scale"),
+    ):
+        writer.add(sent)
 
 
 def test_hidden_size_not_a_multiple_of_the_group_is_refused(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from hs_dataset.config import Card, CardError, card_from_dict, list_cards, load_card
 from hs_dataset.dtypes import STATE_DTYPES
@@ -73,7 +74,7 @@ def test_shipped_cards_read_as_typed_values():
     }
     tiny = load_card("tiny-deepseek-hf")
     assert tiny.backend.name == "hf" and tiny.backend.batch_size == 4 and tiny.sglang.port == 30000
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         tiny.max_length = 3  # frozen
 
 

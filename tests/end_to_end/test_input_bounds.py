@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from hs_dataset.config import LimitsSection, SGLangBackendSection, load_card
 from hs_dataset.errors import HsDatasetError, ModelConfigError, ServerValidationError, SourceError
@@ -573,7 +574,7 @@ def test_hostile_generate_answer_is_a_failed_turn(server, name):
 def test_max_response_bytes_is_a_card_field():
     section = SGLangBackendSection(name="sglang")
     assert section.max_response_bytes == 16 * 1024 * 1024
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="greater than or equal to 4096"):
         SGLangBackendSection(name="sglang", max_response_bytes=10)
 
 

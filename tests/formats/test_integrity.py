@@ -294,9 +294,11 @@ def test_nonfinite_states_are_quarantined_with_a_report(tmp_path):
 def test_nonfinite_states_can_be_refused(tmp_path):
     bad = make_sample("nan-sample", 6)
     bad.aux_hidden_states[0, 1, 0] = float("nan")
-    with ShardWriter(tmp_path, make_metadata(), nonfinite="refuse") as writer:
-        with pytest.raises(NonFiniteStateError, match="nan-sample.*aux_hidden_states.*token 0"):
-            writer.add(bad)
+    with (
+        ShardWriter(tmp_path, make_metadata(), nonfinite="refuse") as writer,
+        pytest.raises(NonFiniteStateError, match="nan-sample.*aux_hidden_states.*token 0"),
+    ):
+        writer.add(bad)
 
 
 def test_duplicate_id_in_one_run_is_refused(tmp_path):

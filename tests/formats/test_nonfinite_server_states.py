@@ -96,7 +96,9 @@ def test_refuse_policy_still_refuses_a_nan_scale(tmp_path):
     from hs_dataset.formats.writer import ShardWriter
 
     sample = server_encoded(make_sample("s0", 5, k=K, h=H), poison=True)
-    with ShardWriter(tmp_path, make_metadata(k=K, h=H), storage="nf4", nonfinite="refuse") as writer:
-        with pytest.raises(NonFiniteStateError) as caught:
-            writer.add(sample)
+    with (
+        ShardWriter(tmp_path, make_metadata(k=K, h=H), storage="nf4", nonfinite="refuse") as writer,
+        pytest.raises(NonFiniteStateError) as caught,
+    ):
+        writer.add(sample)
     assert "s0" in one_line(caught.value) and "scale" in str(caught.value)

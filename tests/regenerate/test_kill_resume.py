@@ -57,9 +57,10 @@ def regen_card(tiny_model: str):
 
 CHILD = (
     "import sys; from hs_dataset.config import load_card; from hs_dataset.pipeline.build import build_dataset\n"
-    "card = load_card('tiny-deepseek-sglang').with_overrides(regenerate={'enabled': True, 'max_new_tokens': %d, 'thinking': 'off', "
+    "card = load_card('tiny-deepseek-sglang').with_overrides(regenerate={'enabled': True, "
+    f"'max_new_tokens': {NEW_TOKENS}, 'thinking': 'off', "
     "'concurrency': 4}, model={'path': sys.argv[3]})\n"
-    "build_dataset(card, sys.argv[1], source=sys.argv[2], servers=[sys.argv[4]])\n" % NEW_TOKENS
+    "build_dataset(card, sys.argv[1], source=sys.argv[2], servers=[sys.argv[4]])\n"
 )
 
 

@@ -168,9 +168,10 @@ def test_kill_during_regeneration_then_resume_equals_uninterrupted(tmp_path, reg
     out = tmp_path / "killed"
     script = (
         "import sys; from hs_dataset.config import load_card; from hs_dataset.pipeline.build import build_dataset\n"
-        "card = load_card('tiny-deepseek-hf').with_overrides(regenerate={'enabled': True, 'max_new_tokens': %d, "
+        "card = load_card('tiny-deepseek-hf').with_overrides(regenerate={'enabled': True, "
+        f"'max_new_tokens': {NEW_TOKENS}, "
         "'thinking': 'off', 'concurrency': 2}, backend={'batch_size': 2}, model={'path': sys.argv[3]})\n"
-        "build_dataset(card, sys.argv[1], source=sys.argv[2], device='cpu')\n" % NEW_TOKENS
+        "build_dataset(card, sys.argv[1], source=sys.argv[2], device='cpu')\n"
     )
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
 

@@ -50,5 +50,5 @@ def content_key(input_ids: Sequence[int]) -> str:
     """
     tolist = getattr(input_ids, "tolist", None)  # a tensor, without importing torch here
     values = [int(i) for i in (tolist() if tolist is not None else input_ids)]
-    data = struct.pack("<%dq" % len(values), *values)
+    data = struct.pack(f"<{len(values)}q", *values)
     return CONTENT_KEY_PREFIX + hashlib.sha256(data).hexdigest()[:40]

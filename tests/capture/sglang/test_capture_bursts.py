@@ -41,7 +41,7 @@ def test_a_group_never_outgrows_what_capture_keeps_in_flight():
             produced.append(i)
             yield sample(i, 1)
 
-    for s in bursts(finished(), 10_000, 4):
+    for _group in bursts(finished(), 10_000, 4):
         groups.append(len(produced))
     assert groups == [4] * 4 + [8] * 4 + [10] * 2
 

@@ -39,15 +39,14 @@ import torch
 
 from hs_dataset.cli.main import main
 from hs_dataset.formats.reader import open_dataset
-
-pytestmark = pytest.mark.sglang
-pytest.importorskip("tiktoken")
-
-from tests.fixtures.ports import free_port as _free_port  # noqa: E402
+from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.sglang_server import (
     SERVER_PYTHON,
     require_sglang_env as _require_env,
 )
+
+pytestmark = pytest.mark.sglang
+pytest.importorskip("tiktoken")
 
 LIMIT = 1e-6
 HF_SAMPLES = 12  # the HF backend on all 42 samples is tests/model/test_card_from_model.py's job; here it is the twin of the SGLang build

@@ -96,7 +96,7 @@ def _log(server) -> str:
 
 
 def test_each_rank_has_its_own_cores_and_the_right_ranks_write(parallel_server):
-    name, _card_, server = parallel_server
+    name, _card, server = parallel_server
     bind = server.plan.env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")
     assert len(bind) == 2 and not set(bind[0].split(",")) & set(bind[1].split(",")), bind
     log = _log(server)
@@ -157,7 +157,7 @@ def _wait_for(server, names: set[str], timeout: float = 60.0) -> list[str]:
 
 def test_one_dump_per_request_from_uneven_batches(parallel_server, hf_model):
     """Six prompts of 1-300 tokens in one call: exactly six dumps, each exact; under DP both groups wrote."""
-    name, _card_, server = parallel_server
+    name, _card, server = parallel_server
     g = torch.Generator().manual_seed(23)
     ids = [torch.randint(10, 129000, (t,), generator=g).tolist() for t in (300, 1, 130, 7, 65, 2)]
     rids = [f"hs-par{i}-{i}-{len(x)}" for i, x in enumerate(ids)]

@@ -31,9 +31,6 @@ from safetensors import safe_open
 from hs_dataset.capture.base import CaptureFailure
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import CapturedSample, TokenizedSample
-
-pytestmark = pytest.mark.sglang
-
 from tests.fixtures.ports import free_port as _free_port
 from tests.fixtures.sglang_client import backend, make_samples, post, staged
 from tests.fixtures.sglang_server import (  # noqa: F401  (helpers shared with other real-server tests)

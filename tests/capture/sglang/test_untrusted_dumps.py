@@ -267,7 +267,7 @@ def test_sparse_dump_declaring_gigabytes_is_refused_from_its_header(tmp_path, na
     size = write_dump(path, shapes)
     assert size > 1 << 31
     for expected in (EXPECTED, PROBE):
-        result, elapsed = in_thread(lambda: check_dump(str(path), RID, the_sample(), expected))
+        result, elapsed = in_thread(lambda expected=expected: check_dump(str(path), RID, the_sample(), expected))
         assert isinstance(result, CaptureFailure) and "\n" not in result.reason, f"SILENT: {result!r}"
         assert words in result.reason, result.reason
         assert elapsed < 2, f"HANG: {elapsed:.1f} s to refuse a header"

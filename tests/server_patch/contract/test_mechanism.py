@@ -69,7 +69,7 @@ def test_every_mechanism_has_one_launch_object_and_one_server_object():
 
 def test_a_mechanism_reads_as_its_value_in_messages_logs_and_json():
     assert str(Mechanism.LEGACY) == f"{Mechanism.LEGACY}" == "legacy" and json.dumps(Mechanism.LEGACY) == '"legacy"'
-    assert Mechanism.AUX_RETURN == "aux_return" and "%s" % Mechanism.LAYER_HOOKS == "layer_hooks"
+    assert Mechanism.AUX_RETURN == "aux_return" and "%s" % Mechanism.LAYER_HOOKS == "layer_hooks"  # noqa: UP031  (%-format on purpose: logging formats messages that way)
 
 
 def test_the_capture_config_holds_the_enum_and_its_json_the_value():

@@ -94,7 +94,7 @@ def build_tree_kernel_efficient_cpu(
         base = b * n
         srow, prow = sel[b].tolist(), pl[b].tolist()
 
-        def find(token_idx):
+        def find(token_idx, srow=srow):
             for pp in range(n - 1):
                 if srow[pp] == token_idx:
                     return pp
@@ -144,7 +144,7 @@ def verify_tree_greedy_cpu(
         last = int(retrive_index[b, 0])
         accept_index[b, 0] = last
         accepted, cur = 0, 0
-        for j in range(1, spec):
+        for _step in range(1, spec):
             cur = int(retrive_next_token[b, cur])
             target = int(flat_target[last])
             matched = False
