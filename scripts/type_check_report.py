@@ -15,9 +15,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from collections import Counter
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = REPO / "pyproject.toml"
@@ -67,8 +68,9 @@ def _value(v: object) -> str:
 def errors(strict: bool) -> Counter[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
         f.write(ini(strict))
-    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", f.name, "--no-incremental"], cwd=REPO,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", f.name, "--no-incremental"], cwd=REPO, capture_output=True, text=True
+    ).stdout
     Path(f.name).unlink()
     return Counter(module_of(m.group(1)) for line in out.splitlines() if (m := _ERROR.match(line)))
 

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             _add_refused(_trainer_parser(sub, parser, name, f"no train launcher: hs-dataset export {name}, then its own trainer"))
 
 
-def _trainer_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], parent: argparse.ArgumentParser, name: str, help: str) -> argparse.ArgumentParser:
+def _trainer_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], parent: argparse.ArgumentParser, name: str, help: str
+) -> argparse.ArgumentParser:
     """One trainer's sub-parser, in the command's help style and with its examples."""
     target: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=help, formatter_class=parent.formatter_class, epilog=parent.epilog

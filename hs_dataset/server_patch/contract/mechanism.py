@@ -19,7 +19,6 @@ from typing import ClassVar, Protocol, TypeVar
 __all__ = ["AUTO", "CARD_CHOICES", "DEFAULT_MECHANISM", "CapturePath", "Mechanism", "one_per_mechanism"]
 
 
-
 class _OneMechanism(Protocol):
     """What :func:`one_per_mechanism` reads of each object: the mechanism it stands for."""
 
