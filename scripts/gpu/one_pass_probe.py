@@ -220,6 +220,8 @@ def main() -> int:
     proc = start_server(args, dumps)
     try:
         url = f"http://127.0.0.1:{args.port}"
+        info = json.loads(urllib.request.urlopen(url + "/server_info", timeout=30).read())
+        served = f"SGLang {info.get('version', '?')} (its /server_info)"
         runs = generate(url, args.requests, vocab, seed=0)
         reference(url, runs)
         time.sleep(1)
@@ -236,7 +238,7 @@ def main() -> int:
         f"answer lengths {sorted({len(r['answer']) for r in runs})}",
     )
     where = f"CPU server, SGLang {args.cpu}" if args.cpu else "GPU server"
-    lines.insert(0, f"{where}; {time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}")
+    lines.insert(0, f"{where}, {served}; {time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}")
     text = "\n".join(lines + ["PASS" if ok else "FAIL"])
     print(text)
     (args.out / "one_pass_probe.txt").write_text(text + "\n")
