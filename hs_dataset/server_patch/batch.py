@@ -18,13 +18,15 @@ import torch
 from hs_dataset.server_patch.contract.rid import RID_RE
 from hs_dataset.server_patch.contract.status import RECENT_IDS
 
-__all__ = ["PREFILL_MODES", "BatchSplit", "BatchView", "RequestSlice", "split_requests"]
+__all__ = ["DECODE_MODE", "PREFILL_MODES", "BatchSplit", "BatchView", "RequestSlice", "split_decode", "split_requests"]
 
 # ForwardMode names of the extend-shaped passes that carry prompt rows. MIXED (mixed chunked
 # prefill, --enable-mixed-chunk) is new prefill rows followed by 1-row decode tails of running
 # requests, all covered by extend_seq_lens/extend_prefix_lens/rids; SGLang 0.5.14-0.5.17 hand it
 # to the model as MIXED rather than rewriting it to EXTEND.
 PREFILL_MODES = frozenset({"EXTEND", "MIXED"})
+# A decode step: one row per running request, in the order of ``rids``, at ``positions`` (one-pass capture only).
+DECODE_MODE = "DECODE"
 
 
 @dataclass
@@ -36,6 +38,7 @@ class BatchView:
     extend_prefix_lens: list[int] | None = None
     rids: list[str] | None = None
     input_ids: torch.Tensor | None = None  # [total tokens] on the model's device
+    positions: torch.Tensor | None = None  # [total tokens]: each row's position in its request's sequence
 
     @classmethod
     def from_forward_batch(cls, fb: Any, input_ids: torch.Tensor | None = None) -> BatchView:
@@ -47,12 +50,14 @@ class BatchView:
         ids = getattr(fb, "input_ids", None)
         if ids is None:
             ids = input_ids
+        positions = getattr(fb, "positions", None)
         return cls(
             mode=name,
             extend_seq_lens=[int(x) for x in seq] if seq is not None else None,
             extend_prefix_lens=[int(x) for x in prefix] if prefix is not None else None,
             rids=list(rids) if rids is not None else None,
             input_ids=ids,
+            positions=positions if isinstance(positions, torch.Tensor) else None,
         )
 
 
@@ -102,4 +107,20 @@ def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> Bat
             split.ours.append(RequestSlice("", offset, length, pre))  # keyed by content once its rows are taken
         offset += length
     split.rows = offset
+    return split
+
+
+def split_decode(batch: BatchView, rid_prefix: str) -> BatchSplit:
+    """Split a decode step into one row per request, in the order of ``rids`` (a batch without rids has none of ours)."""
+    rids = batch.rids or []
+    split = BatchSplit(ours=[], requests=len(rids), rows=len(rids))
+    for i, key in enumerate(rids):
+        if not isinstance(key, str) or not key.startswith(rid_prefix):
+            split.foreign += 1
+            if len(split.foreign_rids) < RECENT_IDS:
+                split.foreign_rids.append(str(key)[:120])
+        elif RID_RE.match(key) is None:
+            split.invalid_rids.append(key)
+        else:
+            split.ours.append(RequestSlice(key, i, 1, -1))  # prefix unknown here: the row's position says where it is
     return split

@@ -35,7 +35,10 @@ class CaptureConfig:
     [HS_CAPTURE_MAX_WAIT_S], ``writer_threads`` [HS_CAPTURE_WRITERS], ``pinned_pool_bytes``
     [HS_CAPTURE_PINNED_BYTES], ``orphan_ttl_s`` [HS_CAPTURE_ORPHAN_TTL_S], ``assembly_ttl_s``
     [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS], ``storage``
-    [HS_CAPTURE_STORAGE: ``native``, ``fp8``, ``mxfp4`` or ``nf4``, quantized on the device]; plus
+    [HS_CAPTURE_STORAGE: ``native``, ``fp8``, ``mxfp4`` or ``nf4``, quantized on the device],
+    ``one_pass_piece_rows`` [HS_CAPTURE_PIECE_ROWS: rows of a one-pass request written per piece],
+    ``one_pass_held_bytes`` [HS_CAPTURE_HELD_BYTES: one-pass rows held in host memory, all requests
+    together, before all are written out]; plus
     ``mechanism``, ``module_path``, ``sglang_aux_layer_ids``, ``architectures``,
     ``num_hidden_layers`` (written by ``hs-dataset serve``).
     """
@@ -60,6 +63,11 @@ class CaptureConfig:
     sweep_interval_s: float = 15.0
     content_keys: bool = True
     storage: str = "native"
+    # One-pass rows wait in plain host memory until a piece is written: at most piece_rows per request, and
+    # held_bytes in all (then every request's rows go out). 256 rows of Kimi-K2.5's 3 aux layers and final
+    # state in bf16 are 14.7 MB; 2 GiB holds 128 running requests' pieces about 140 rows deep.
+    one_pass_piece_rows: int = 256
+    one_pass_held_bytes: int = 2 * _GiB
 
     STORAGES = STORAGE_VALUES
 
@@ -74,7 +82,7 @@ class CaptureConfig:
         if not self.rid_prefix.startswith("hs-") or not all(c.isalnum() or c == "-" for c in self.rid_prefix):
             raise ValueError(f"capture config: rid_prefix must start with 'hs-' and hold only [a-z0-9-], got {self.rid_prefix!r}")
         object.__setattr__(self, "mechanism", Mechanism.parse(self.mechanism, "capture config"))
-        for name in ("max_staging_bytes", "max_staging_files", "writer_threads"):
+        for name in ("max_staging_bytes", "max_staging_files", "writer_threads", "one_pass_piece_rows", "one_pass_held_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"capture config: {name} must be >= 1")
         if self.max_wait_s < 0:
@@ -116,6 +124,8 @@ class CaptureConfig:
             "content_keys": pick("content_keys", "CONTENT_KEYS", _boolean),
             "sweep_interval_s": pick("sweep_interval_s", "SWEEP_INTERVAL_S", float),
             "storage": pick("storage", "STORAGE", str),
+            "one_pass_piece_rows": pick("one_pass_piece_rows", "PIECE_ROWS", int),
+            "one_pass_held_bytes": pick("one_pass_held_bytes", "HELD_BYTES", int),
         }
         for key in ("mechanism", "module_path", "num_hidden_layers"):
             if config.get(key) is not None:

@@ -47,13 +47,14 @@ from typing import NamedTuple
 import torch
 
 from hs_dataset.libc import name_os_thread
-from hs_dataset.server_patch.batch import PREFILL_MODES, BatchSplit, BatchView, RequestSlice, split_requests
+from hs_dataset.server_patch.batch import DECODE_MODE, PREFILL_MODES, BatchSplit, BatchView, RequestSlice, split_decode, split_requests
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
-from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
+from hs_dataset.server_patch.contract.rid import RID_RE, content_key, is_one_pass, rid_num_tokens
 from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
+from hs_dataset.server_patch.one_pass import PieceCollector
 from hs_dataset.server_patch.reporter import StatusReporter
 from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.states import UnusableStates, normalize_states, pass_states
@@ -134,6 +135,7 @@ class CaptureCore:
         self.stats = {
             "passes_seen": 0,
             "extend_passes": 0,
+            "decode_passes": 0,
             "requests_seen": 0,
             "foreign_skipped": 0,
             "decode_tails": 0,  # rows of our rids past their prompt (mixed passes' decode tails): skipped, not refused
@@ -177,6 +179,18 @@ class CaptureCore:
             refuse=self._refuse,
             written=self.reporter.recent_dumps.append,
         )
+        # None: decode steps reach the hooks, so one-pass requests are kept; else why they are refused (the glue sets it)
+        self.one_pass_refusal: str | None = None
+        self.collector = PieceCollector(
+            budget=self.budget,
+            writer=self.writer,
+            stats=self.stats,
+            refuse=self._refuse,
+            piece_rows=config.one_pass_piece_rows,
+            max_held_bytes=config.one_pass_held_bytes,
+            max_wait_s=config.max_wait_s,
+            start_thread=start_threads,
+        )
         self._lock = threading.Lock()
         self._assemblies: dict[str, _Assembly] = {}
         self._sweeper: threading.Thread | None = None
@@ -210,18 +224,31 @@ class CaptureCore:
         this pass (e.g. the final-norm hook did not fire); our requests are refused with it.
         """
         self.stats["passes_seen"] += 1
-        if batch.mode not in PREFILL_MODES:
+        decode = batch.mode == DECODE_MODE
+        if batch.mode not in PREFILL_MODES and not decode:
             return
-        self.stats["extend_passes"] += 1
-        if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
-            self.stats["unusable_passes"] += 1
-            self.reporter.unusable(missing_reason)
-        if batch.extend_seq_lens is None:
-            return
-        split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)
-        self._count(split)
-        ours = self._prompt_rows(split.ours)
-        if not ours:
+        if decode:
+            self.stats["decode_passes"] += 1
+            split = split_decode(batch, self.config.rid_prefix)
+        else:
+            self.stats["extend_passes"] += 1
+            if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
+                self.stats["unusable_passes"] += 1
+                self.reporter.unusable(missing_reason)
+            if batch.extend_seq_lens is None:
+                return
+            split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)
+        if not decode:  # a decode step's requests were counted at their prefill
+            self._count(split)
+        generating = [r for r in split.ours if r.key and is_one_pass(r.key)]
+        if decode:
+            self.collector.decode_step(r.key for r in generating)
+            ours: list[tuple[RequestSlice, int]] = []
+        else:
+            self.collector.extended(r.key for r in generating)
+            ours = self._prompt_rows([r for r in split.ours if not (r.key and is_one_pass(r.key))])
+        generating = self._generating_rows(generating)
+        if not ours and not generating:
             return
 
         cpu_start = time.thread_time_ns()  # what the hook costs the forward thread, reported per dump
@@ -233,12 +260,16 @@ class CaptureCore:
             for request, _ in ours:
                 if request.key:
                     self._refuse(request.key, str(exc))
+            for request in generating:
+                self.collector.refuse(request.key, str(exc))
             return
         if self.verified is None:
             self._verify_first(aux3)
 
         states, owned = pass_states(aux3, final, split.rows, self.config.state_encoding, aux_owned=aux_owned)
         pass_ = _PassInfo(split.requests, str(aux3.dtype).replace("torch.", ""), owned, time.monotonic() + self.config.max_wait_s)
+        if generating:
+            self._keep_generated_rows(batch, generating, states, pass_)
         rows_ours = sum(request.length for request, _ in ours)
         pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
         for (key, off, length, pre), total in ours:
@@ -248,6 +279,65 @@ class CaptureCore:
             tensors = {"input_ids": batch.input_ids[rows], **{name: t[rows] for name, t in states.items()}}
             share = pass_cpu * length // max(rows_ours, 1)
             self._handle_request(_RequestRows(key, total, pre, length, tensors, share, time.thread_time_ns()), pass_)
+
+    # ------------------------------------------------------------------ one-pass requests (generations)
+
+    def _generating_rows(self, slices: list[RequestSlice]) -> list[RequestSlice]:
+        """The one-pass requests of a pass whose rows are kept: none where decode steps escape capture (refused once each)."""
+        kept = []
+        for request in slices:
+            if self.one_pass_refusal is not None:
+                self.collector.refuse(request.key, self.one_pass_refusal)
+            elif not self.collector.refused(request.key):
+                kept.append(request)
+        return kept
+
+    def _keep_generated_rows(
+        self, batch: BatchView, slices: list[RequestSlice], states: Mapping[str, torch.Tensor], pass_: _PassInfo
+    ) -> None:
+        """Copy the pass's rows of one-pass requests to the host as one block, with each row's id and position.
+
+        Why one block per pass: a decode step holds one row per request, and one copy of
+        them all costs the forward thread one snapshot instead of one per request; the
+        collector's thread files the rows by request.
+        """
+        index = [row for request in slices for row in range(request.offset, request.offset + request.length)]
+        device = next(iter(states.values())).device
+        contiguous = index == list(range(index[0], index[0] + len(index)))
+        rows = slice(index[0], index[0] + len(index)) if contiguous else torch.tensor(index, device=device)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t[rows] if contiguous else t.index_select(0, rows)
+
+        if batch.positions is not None:
+            positions = take(batch.positions)
+        elif batch.mode != DECODE_MODE:  # an extend pass: each request's rows follow its cached prefix
+            positions = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
+        else:
+            positions = None
+        if positions is None or batch.input_ids is None:
+            for request in slices:
+                self.collector.refuse(request.key, "the pass carries no token ids or positions: its rows cannot be placed")
+            return
+        tensors = {
+            "input_ids": take(batch.input_ids).to(torch.int64),
+            "positions": positions.to(torch.int64),
+            **{k: take(t) for k, t in states.items()},
+        }
+        owned = tuple(tensors) if not contiguous else pass_.owned  # gathered rows are new tensors; a slice is the pass's own
+        left = max(0.0, pass_.deadline - time.monotonic())
+        piece = self.copier.snapshot(tensors, left, owned=owned)
+        self.stats["pinned_peak_bytes"] = max(self.stats["pinned_peak_bytes"], self.copier.peak_bytes)
+        if piece is None:
+            for request in slices:
+                self.collector.refuse(request.key, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
+            return
+        row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
+        owners, start = [], 0
+        for request in slices:
+            owners.append((request.key, start, request.length))
+            start += request.length
+        self.collector.take(piece, owners, row_bytes, pass_.state_dtype)
 
     def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
         """Our requests' prompt rows, each with its prompt's token count; decode tails dropped and counted.
@@ -449,12 +539,13 @@ class CaptureCore:
         self.staging.sweep(self.config.orphan_ttl_s, spare_max_age_s=self.config.sweep_interval_s)
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every queued dump is written (tests, shutdown)."""
-        return self.writer.flush(timeout)
+        """Wait until every queued dump, and every one-pass row held, is written (tests, shutdown)."""
+        return self.collector.flush(timeout) and self.writer.flush(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         if self._closed:
             return
+        self.collector.close(timeout)
         self.flush(timeout)
         self._closed = True
         self._stop.set()

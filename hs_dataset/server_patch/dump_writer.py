@@ -47,6 +47,7 @@ class DumpJob:
     reserved: int  # staging bytes reserved for it (one file)
     meta: dict  # per-dump metadata: batch size, chunks, forward-thread CPU
     state_dtype: str = ""
+    name: str = ""  # the file's name when not ``{rid}.safetensors`` (a one-pass piece)
 
 
 class DumpWriter:
@@ -147,7 +148,7 @@ class DumpWriter:
         ]
         header, order = dump_header(entries, self._metadata(job, str(aux0.dtype).replace("torch.", ""), encoding))
         buffers = [header] + [host_bytes(t.contiguous()) for name in order for t in columns[name]]  # views keep their tensors alive
-        written = self.staging.write_atomic(job.rid + DUMP_SUFFIX, buffers)
+        written = self.staging.write_atomic(job.name or job.rid + DUMP_SUFFIX, buffers)
         if written:
             size = len(header) + sum(e[3] for e in entries)
             self.budget.committed(job.reserved, 1)
@@ -188,9 +189,11 @@ def _columns(
         return [p[name] if dtype is None or p[name].dtype == dtype else p[name].to(dtype) for p in parts]
 
     names = {"input_ids": "input_ids", "aux_hidden_states": "aux", "final_hidden_state": "final"}
+    if "positions" in parts[0]:  # a one-pass piece: each row's position in its request
+        names = {"input_ids": "input_ids", "positions": "positions", **{k: v for k, v in names.items() if k != "input_ids"}}
     if encoded:
         names.update({"aux_hidden_states" + SCALE_SUFFIX: "aux_scale", "final_hidden_state" + SCALE_SUFFIX: "final_scale"})
-    dtypes = {"input_ids": torch.int64, "final_hidden_state": None if encoded else aux0.dtype}
+    dtypes = {"input_ids": torch.int64, "positions": torch.int64, "final_hidden_state": None if encoded else aux0.dtype}
     columns = {stored: column(piece, dtypes.get(stored)) for stored, piece in names.items()}
     shapes = {stored: (tokens, *parts[0][piece].shape[1:]) for stored, piece in names.items()}
     return columns, shapes

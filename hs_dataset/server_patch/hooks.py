@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from hs_dataset.server_patch import compat
-from hs_dataset.server_patch.batch import PREFILL_MODES, BatchView
+from hs_dataset.server_patch.batch import DECODE_MODE, PREFILL_MODES, BatchView
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.contract.mechanism import Mechanism
 from hs_dataset.server_patch.core import CaptureCore
@@ -184,7 +184,7 @@ class _Runtime:
         if fb is None:
             return
         mode = getattr(fb.forward_mode, "name", None)
-        if mode not in PREFILL_MODES or not self.writes():
+        if (mode not in PREFILL_MODES and mode != DECODE_MODE) or not self.writes():
             return
         ids = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         batch = BatchView.from_forward_batch(fb, input_ids=ids)

@@ -8,6 +8,11 @@
   builds, so the server writes the tensor bytes straight from host memory behind it.
 * ``{staging}/{rid}.refused.json``: ``{"rid": ..., "reason": ...}`` -- the server saw the
   request but will not store it (partial prompt, staging full, wrong set-up...).
+* ``{staging}/{rid}.{k}.safetensors`` (one-pass rids only, :func:`piece_name`): piece ``k`` of the rows
+  the server computed for a one-pass generation request, in the tensors above plus ``positions``
+  int64 ``[n]`` (each row's position in the request's sequence); rows of one piece need not be
+  contiguous, and pieces may overlap (a retracted request is prefilled again). ``__metadata__``
+  adds ``capture_path`` (``one_pass``) and ``piece``.
 * Names starting with ``.`` are in-progress temporary files; readers ignore them.
 """
 
@@ -20,6 +25,7 @@ __all__ = [
     "DUMP_SUFFIX",
     "DUMP_VERSION",
     "HOOKS_MODULE",
+    "ONE_PASS_PATH",
     "REFUSED_NO_HOST_BUFFER",
     "REFUSED_STAGING_FULL",
     "REFUSED_SUFFIX",
@@ -28,6 +34,8 @@ __all__ = [
     "RETRYABLE_REFUSALS",
     "TMP_PREFIX",
     "dump_name",
+    "piece_name",
+    "piece_number",
     "refused_name",
 ]
 
@@ -50,6 +58,24 @@ REQUIRED_METADATA = ("format", "version", "rid", "hf_aux_layer_ids", "final_stat
 
 def dump_name(rid: str) -> str:
     return validate_rid(rid) + DUMP_SUFFIX
+
+
+ONE_PASS_PATH = "one_pass"  # a piece's capture_path
+PIECE_DIGITS = 6
+
+
+def piece_name(rid: str, k: int) -> str:
+    """File name of piece ``k`` (0-based) of one-pass request ``rid``."""
+    return f"{validate_rid(rid)}.{int(k):0{PIECE_DIGITS}d}{DUMP_SUFFIX}"
+
+
+def piece_number(rid: str, name: str) -> int | None:
+    """``k`` when ``name`` is a piece file of ``rid`` (:func:`piece_name`), else None."""
+    head = rid + "."
+    if not name.startswith(head) or not name.endswith(DUMP_SUFFIX):
+        return None
+    digits = name[len(head) : -len(DUMP_SUFFIX)]
+    return int(digits) if len(digits) == PIECE_DIGITS and digits.isdigit() else None
 
 
 def refused_name(rid: str) -> str:

@@ -2,6 +2,10 @@
 
 ``<run>`` is 1-32 of ``[a-z0-9]``, ``<seq>`` a request counter, ``<T>`` the prompt's
 token count (the server needs it to know when a chunked prefill is complete).
+A *one-pass* request (a generation whose prompt and decode-step states are captured while
+the server generates, issue 45) is ``hs-<run>-<seq>-g<T>``: the ``g`` tells the server to keep
+every row it computes for it (prefill rows after a prefix-cache hit, then one row per decode
+step) as pieces, ``{rid}.{k}.safetensors``, rather than one dump of a whole prompt.
 :func:`validate_rid` is the one gate before a rid is used in a file name. Servers that
 cannot tell request ids apart key dumps by content instead (:func:`content_key`).
 """
@@ -13,9 +17,20 @@ import re
 import struct
 from collections.abc import Sequence
 
-__all__ = ["CONTENT_KEY_PREFIX", "RID_RE", "content_key", "make_rid", "rid_num_tokens", "validate_rid"]
+__all__ = [
+    "CONTENT_KEY_PREFIX",
+    "ONE_PASS_MARK",
+    "RID_RE",
+    "content_key",
+    "is_one_pass",
+    "make_one_pass_rid",
+    "make_rid",
+    "rid_num_tokens",
+    "validate_rid",
+]
 
-RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<tokens>[1-9][0-9]{0,8})\Z")
+ONE_PASS_MARK = "g"  # before <T>: a one-pass generation request
+RID_RE = re.compile(r"\Ahs-(?P<run>[a-z0-9]{1,32})-(?P<seq>[0-9]{1,12})-(?P<kind>g?)(?P<tokens>[1-9][0-9]{0,8})\Z")
 _RUN_RE = re.compile(r"\A[a-z0-9]{1,32}\Z")
 
 
@@ -30,6 +45,19 @@ def make_rid(run: str, seq: int, num_tokens: int) -> str:
     if not _RUN_RE.match(run):
         raise ValueError(f"run id must be 1-32 characters of [a-z0-9], got {run!r}")
     return validate_rid(f"hs-{run}-{int(seq)}-{int(num_tokens)}")
+
+
+def make_one_pass_rid(run: str, seq: int, prompt_tokens: int) -> str:
+    """The id of a one-pass generation request whose prompt has ``prompt_tokens`` tokens."""
+    if not _RUN_RE.match(run):
+        raise ValueError(f"run id must be 1-32 characters of [a-z0-9], got {run!r}")
+    return validate_rid(f"hs-{run}-{int(seq)}-{ONE_PASS_MARK}{int(prompt_tokens)}")
+
+
+def is_one_pass(rid: str) -> bool:
+    """Whether a valid rid names a one-pass generation request (its states are kept as pieces)."""
+    m = RID_RE.match(rid)
+    return m is not None and m.group("kind") == ONE_PASS_MARK
 
 
 def rid_num_tokens(rid: str) -> int:
