@@ -9,7 +9,7 @@ samples until the shard is written.
 * ``fresh`` (the baseline, how it was done before): every dump is a new tmpfs file
   (pages allocated and zeroed, freed again by the client's delete), read into new
   memory with ``torch.empty`` + ``readinto`` (a page fault per 4 KiB);
-* ``pool`` (the product path): the client's ``_read_dump`` copies the dump into a
+* ``pool`` (the product path): the client's ``read_dump`` copies the dump into a
   buffer of its ``HostBufferPool`` (memory already touched, back in the pool when the
   sample dies) through the mapping it keeps of that file, and ``spares.hand_back_dump``
   returns the file, which the next write claims and writes over through the server's
@@ -66,7 +66,7 @@ def read_fresh(path: str) -> torch.Tensor:
 
 def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tuple[float, float]:
     """(server write s, client read + hand back or delete s) of one dump."""
-    from hs_dataset.capture.sglang.dumps import _read_dump
+    from hs_dataset.capture.sglang.dumps import read_dump
     from hs_dataset.server_patch.contract.spares import hand_back_dump
 
     if len(held) >= keep:
@@ -76,7 +76,7 @@ def one_dump(stage, buffers, name: str, pool: bool, held: list, keep: int) -> tu
     t1 = time.perf_counter()
     path = os.path.join(stage.path, name)
     if pool:
-        held.append(_read_dump(path))
+        held.append(read_dump(path))
         hand_back_dump(path)
     else:
         held.append(read_fresh(path))

@@ -259,14 +259,14 @@ class TimedBackend:
         self.backend = backend
         self.last_http = 0.0
         self.last_meta: dict = {}
-        read_dump = client_module._read_dump
+        read_dump = client_module.read_dump
 
         def keep_metadata(path):
             meta, tensors = read_dump(path)
             self.last_meta = meta
             return meta, tensors
 
-        client_module._read_dump = keep_metadata  # the dump's capture_cpu_ns: the hook's own CPU, as the server counted it
+        client_module.read_dump = keep_metadata  # the dump's capture_cpu_ns: the hook's own CPU, as the server counted it
         orig = backend._post_generate
 
         async def timed(ep, rid, ids):

@@ -54,6 +54,9 @@ class CapturedSample:
     # they are instead of decoding and quantizing twice.
     aux_scale: torch.Tensor | None = None  # float32 [T, K]
     final_scale: torch.Tensor | None = None  # float32 [T]
+    # How the states were captured, where a build can do it two ways (a regenerated conversation: "one_pass"
+    # while generated, or "prefill" afterwards); recorded per sample in the shard header and counted per shard.
+    capture_path: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -27,7 +27,7 @@ def test_memory_is_reused_only_after_every_view_is_gone():
     pool = HostBufferPool()
     first = pool.lease(2 * MIB)
     ptr = first.data_ptr()
-    aux = first[1024:].view(torch.bfloat16)  # what _read_dump hands out: views of slices
+    aux = first[1024:].view(torch.bfloat16)  # what read_dump hands out: views of slices
     del first
     gc.collect()
     other = pool.lease(2 * MIB)
@@ -119,7 +119,7 @@ def test_the_servers_pool_waits_for_a_release_then_gives_up_at_its_timeout():
 
 
 def _leased_sample(pool: HostBufferPool, sid: str, t: int = 64, k: int = 3, h: int = 4096, seed: int = 0):
-    """A sample whose states are views of one lease, as _read_dump hands them out; and a copy of its states."""
+    """A sample whose states are views of one lease, as read_dump hands them out; and a copy of its states."""
     from hs_dataset.sample import CapturedSample
 
     raw = pool.lease(t * (k + 1) * h * 2)

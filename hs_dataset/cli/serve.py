@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", default=None, help="Python of the server environment (default: .sglang-venv)")
     parser.add_argument("--log", default=None, help="write the server's output to this file instead of the terminal")
     parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="a server for `build --regenerate`: prefix cache on, so generated turns are captured in one pass (card regenerate.enabled)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="print what would run (version, flags, hooks) and exit; a multimodal wrapper's processor is loaded and checked first",
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         if value:  # before the server starts: a URL would become a local directory named 's3:'
             check_local_path(value, what=what)
     card = card_from_args(args, default_backend="sglang")
+    if args.regenerate:
+        card = card.with_overrides(regenerate={"enabled": True})
     plan = plan_server(
         card,
         port=args.port,

@@ -236,6 +236,14 @@ class RegenerateSection(Section):
         "servers report they run at once (max running requests, KV cache / `max_new_tokens`), at most this. HF: conversations "
         "per batch. Default null: the servers' figure (HF: 16).",
     )
+    capture: Literal["auto", "one_pass", "prefill"] = Field(
+        "auto",
+        description="SGLang: how regenerated conversations are captured. `one_pass`: their states are kept while the server "
+        "generates them (prompt rows from the prefill generation runs anyway, one row per decode step), so no token is "
+        "prefilled again; refused where a server cannot. `prefill`: each finished conversation is sent back as a second "
+        "prefill. Default `auto`: one pass where every server reports it can, else prefill with one line saying why. "
+        "Either way the stored sample is the last turn's prompt and answer, token for token what the server saw.",
+    )
     request_timeout_s: float | None = Field(
         None,
         gt=0,
@@ -337,10 +345,11 @@ class SGLangBackendSection(Section):
         False,
         description="Accept a server whose prefix cache is on (prompts that hit it are refused by the server and reported as failures). Default false.",
     )
-    force_full_prefill: bool = Field(
-        False,
+    force_full_prefill: bool | None = Field(
+        None,
         description="Send `return_logprob` with `logprob_start_len=0` so SGLang recomputes every prompt token even with the "
-        "prefix cache on (costs logits for every prompt token). Default false.",
+        "prefix cache on (costs logits for every prompt token). Default null: on for servers whose prefix cache is on "
+        "(a regeneration server keeps it on), off elsewhere.",
     )
     staging_dir: str | None = Field(
         None,
@@ -461,7 +470,20 @@ class SGLangServerSection(Section):
         + ", ".join(f"`{m}` ({m.summary})" for m in Mechanism)
         + "; one the installed SGLang lacks is refused, naming the one it has. Default `auto`.",
     )
-    radix_cache: bool = Field(False, description="Keep SGLang's prefix cache on. Default false (`--disable-radix-cache`).")
+    radix_cache: bool | None = Field(
+        None,
+        description="Keep SGLang's prefix cache on. Default null: on for a regeneration server (`regenerate.enabled`, "
+        "`serve --regenerate`) unless `regenerate.capture` is `prefill`, as a server for generation alone runs (later turns "
+        "prefill only what the cache lacks; one-pass capture keeps what each pass computes); off elsewhere "
+        "(`--disable-radix-cache`: every capture prompt computed whole).",
+    )
+
+    def keeps_radix_cache(self, regenerate: RegenerateSection) -> bool:
+        """Whether the server keeps its prefix cache (see ``radix_cache``)."""
+        if self.radix_cache is not None:
+            return self.radix_cache
+        return regenerate.enabled and regenerate.capture != "prefill"
+
     chunked_prefill_size: int | None = Field(
         None,
         gt=0,

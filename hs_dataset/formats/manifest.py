@@ -67,6 +67,15 @@ def identity_fingerprint(metadata: DatasetMetadata | Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _captured_by(raw: Any, field_name: str, where: str) -> dict[str, int] | None:
+    """An optional ``{capture path: samples}`` map (shards of a one-pass build)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and len(k) <= 32 for k in raw):
+        raise FormatError(f"{where}: {field_name} must map capture paths to sample counts; restore the manifest")
+    return {k: _count(v) for k, v in raw.items()}
+
+
 @dataclass
 class ShardRecord:
     """One published shard: name relative to the dataset root, counts, size and hash(es).
@@ -83,6 +92,7 @@ class ShardRecord:
     sha256: str | None = None
     dataset_id: str | None = None  # set in merged datasets: the part this shard was written for
     blake3: str | None = None
+    captured_by: dict[str, int] | None = None  # samples per capture path, where a build captured two ways (one_pass, prefill)
 
     def __post_init__(self) -> None:
         if self.sha256 is None and self.blake3 is None:
@@ -105,7 +115,7 @@ class ShardRecord:
 
     def to_json(self) -> dict[str, Any]:
         raw = asdict(self)
-        for optional in ("sha256", "dataset_id", "blake3"):
+        for optional in ("sha256", "dataset_id", "blake3", "captured_by"):
             if raw[optional] is None:
                 del raw[optional]
         return raw
@@ -135,6 +145,7 @@ class ShardRecord:
                 hashes.get("sha256"),
                 None if dataset_id is None else check_plain_name(dataset_id, what=f"{field_name}.dataset_id", where=where),
                 hashes.get("blake3"),
+                _captured_by(raw.get("captured_by"), f"{field_name}.captured_by", where),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: malformed {field_name} {str(raw)[:200]} ({exc}); restore the manifest") from None

@@ -36,6 +36,7 @@ from hs_dataset.formats.metadata import FinalNorm
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
+    CAPTURE_PATHS_KEY,
     FINAL_KEY,
     INPUT_IDS_KEY,
     LOSS_MASK_KEY,
@@ -76,6 +77,7 @@ class ShardReader:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
         self._check_metadata(meta, (record.dataset_id if record else None) or manifest.dataset_id, where)
         self.sample_ids: list[str] = self._parse_ids(meta, where)
+        self.capture_paths: list[str] | None = self._parse_capture_paths(meta, len(self.sample_ids), where)
         self.specs = specs
         self._data_start = data_start
         self._tensors = {name: self._view(spec, manifest, where) for name, spec in specs.items()}
@@ -111,6 +113,19 @@ class ShardReader:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise FormatError(f"{where}: sample_ids must be a list of strings")
         return ids
+
+    @staticmethod
+    def _parse_capture_paths(meta: dict[str, str], n: int, where: str) -> list[str] | None:
+        """How each sample was captured (``one_pass``/``prefill``), where the build recorded it; None otherwise."""
+        if CAPTURE_PATHS_KEY not in meta:
+            return None
+        try:
+            paths = json.loads(meta[CAPTURE_PATHS_KEY])
+        except ValueError:
+            paths = None
+        if not isinstance(paths, list) or len(paths) != n or not all(isinstance(p, str) and len(p) <= 32 for p in paths):
+            raise FormatError(f"{where}: {CAPTURE_PATHS_KEY} must list one short string per sample id")
+        return paths
 
     def _view(self, spec: TensorSpec, manifest: Manifest, where: str) -> torch.Tensor:
         dtype = SAFETENSORS_DTYPES.get(spec.dtype)

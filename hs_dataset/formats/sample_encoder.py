@@ -111,6 +111,7 @@ class SampleEncoder:
             aux_scale,
             final_data,
             final_scale,
+            s.capture_path,
         )
 
 

@@ -28,10 +28,18 @@ from hs_dataset.formats.encoding import safetensors_dtype, tensor_bytes
 from hs_dataset.formats.hashing import SHARD_HASH, Hasher, new_hasher
 from hs_dataset.formats.manifest import ShardRecord
 from hs_dataset.formats.paths import open_regular
-from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, SHARD_FORMAT
+from hs_dataset.formats.shard_layout import (
+    AUX_KEY,
+    CAPTURE_PATHS_KEY,
+    FINAL_KEY,
+    INPUT_IDS_KEY,
+    LOSS_MASK_KEY,
+    OFFSETS_KEY,
+    SHARD_FORMAT,
+)
 from hs_dataset.libc import start_writeback
 
-__all__ = ["WRITEBACK_BYTES", "EarlyWriteback", "EncodedSample", "shard_sample_ids", "write_shard"]
+__all__ = ["WRITEBACK_BYTES", "EarlyWriteback", "EncodedSample", "capture_counts", "shard_sample_ids", "write_shard"]
 
 _HASH_CHUNK = 8 * 1024 * 1024
 WRITEBACK_BYTES = 32 * 1024 * 1024  # how much of a shard is written before its writeback is started (see EarlyWriteback)
@@ -48,6 +56,7 @@ class EncodedSample:
     aux_scale: torch.Tensor | None
     final: torch.Tensor
     final_scale: torch.Tensor | None
+    capture_path: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -144,6 +153,9 @@ def write_shard(final: Path, name: str, batch: list[EncodedSample], dataset_id: 
         "state_encoding": encoding,
         "sample_ids": json.dumps([s.sample_id for s in batch]),
     }
+    captured_by = capture_counts([s.capture_path for s in batch])
+    if captured_by:
+        metadata[CAPTURE_PATHS_KEY] = json.dumps([s.capture_path or "" for s in batch])
     views = _shard_prefix_and_views(batch, metadata)
     temp = temp_path_for(final)
     hasher = _Hasher()
@@ -173,7 +185,16 @@ def write_shard(final: Path, name: str, batch: list[EncodedSample], dataset_id: 
         raise
     os.close(fd)
     os.replace(temp, final)  # durable once the publisher fsyncs the directory, before the manifest lists it
-    return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, blake3=hasher.digest.hexdigest())
+    return ShardRecord(name, len(batch), sum(s.tokens for s in batch), size, blake3=hasher.digest.hexdigest(), captured_by=captured_by)
+
+
+def capture_counts(paths: list[str | None]) -> dict[str, int] | None:
+    """How many samples each capture path stored (None where no sample says: one way of capture only)."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        if path:
+            counts[path] = counts.get(path, 0) + 1
+    return counts or None
 
 
 def shard_sample_ids(path: Path) -> list[str]:

@@ -6,6 +6,7 @@ import re
 
 __all__ = [
     "AUX_KEY",
+    "CAPTURE_PATHS_KEY",
     "DEFAULT_SHARD_BYTES",
     "FINAL_KEY",
     "INPUT_IDS_KEY",
@@ -28,6 +29,8 @@ INPUT_IDS_KEY = "input_ids"
 LOSS_MASK_KEY = "loss_mask"
 AUX_KEY = "aux_hidden_states"
 FINAL_KEY = "final_hidden_state"
+# header metadata: a JSON list beside sample_ids, how each sample was captured ("one_pass", "prefill"; absent: one way only)
+CAPTURE_PATHS_KEY = "capture_paths"
 STATE_KEYS = (AUX_KEY, FINAL_KEY)
 NORM_WEIGHT_FILE = "final_norm.safetensors"
 NORM_WEIGHT_KEY = "weight"

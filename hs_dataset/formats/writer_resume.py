@@ -26,9 +26,10 @@ from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm, ModelRecord
 from hs_dataset.formats.paths import open_regular, resolve_member
-from hs_dataset.formats.shard_file import shard_sample_ids
+from hs_dataset.formats.shard_file import capture_counts, shard_sample_ids
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
+    CAPTURE_PATHS_KEY,
     FINAL_KEY,
     INPUT_IDS_KEY,
     LOSS_MASK_KEY,
@@ -197,7 +198,11 @@ def _adopt_orphan(root: Path, manifest: Manifest, name: str, report: WriterRepor
                 raise FormatError(f"{path}: belongs to another dataset")
             digest = file_digests(f, (SHARD_HASH,))[SHARD_HASH]
         ids = json.loads(meta["sample_ids"])
-        record = ShardRecord(name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, blake3=digest)
+        paths = json.loads(meta.get(CAPTURE_PATHS_KEY, "[]"))
+        captured_by = capture_counts([str(p) for p in paths]) if isinstance(paths, list) else None
+        record = ShardRecord(
+            name, len(ids), int(specs[INPUT_IDS_KEY].shape[0]), path.stat().st_size, blake3=digest, captured_by=captured_by
+        )
     except (FormatError, KeyError, ValueError, OSError):
         os.replace(path, root / f"{name}.rejected")
         report.rejected_shards.append(name)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hs_dataset.formats.regenerated_record import NOT_REGENERABLE, ConversationRecord, TurnOutcome
-from hs_dataset.regenerate.generator import GenerationParams, GenerationResult
+from hs_dataset.regenerate.generator import ONE_PASS_META, GenerationParams, GenerationResult, TracedGeneration
 from hs_dataset.regenerate.turns import TurnRenderer, assemble, regenerable_turns, splice
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.report import MalformedRowError
@@ -35,6 +35,7 @@ class Conversation:
     answers: list[TurnOutcome] = field(default_factory=list)
     stopped: str | None = None
     budget: RowBudget | None = None  # the conversation's template time, shared by all of its turns' renders
+    traced: list[TracedGeneration] = field(default_factory=list)  # generations whose states the server kept (one pass)
 
     @property
     def more(self) -> bool:
@@ -44,6 +45,12 @@ class Conversation:
     @property
     def generated_tokens(self) -> int:
         return sum(len(a.token_ids) for a in self.answers)
+
+    def finished_sample(self) -> TokenizedSample:
+        """The source sample, carrying the traces of its one-pass generations (``meta["one_pass"]``) for capture."""
+        if not self.traced:
+            return self.sample
+        return replace(self.sample, meta={**self.sample.meta, ONE_PASS_META: tuple(self.traced)})
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,8 @@ class TurnRules:
         if result.finish == "failed":
             conv.stopped = "failed"
             return
+        if result.trace is not None:
+            conv.traced.append(TracedGeneration(result.trace, tuple(prompt) + tuple(result.token_ids)))
         conv.prompts.append(prompt)
         conv.messages = conv.messages + [self.renderer.message(result.token_ids, stop)]
         flawed = "hit max_new_tokens" if result.finish == "length" else ("empty" if turn.empty else None)

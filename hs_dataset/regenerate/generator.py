@@ -22,7 +22,16 @@ import torch
 
 from hs_dataset.formats.regenerated_record import Finish
 
-__all__ = ["GenerationParams", "GenerationResult", "Generator", "HFGenerator", "StreamingGenerator"]
+__all__ = [
+    "ONE_PASS_META",
+    "GenerationParams",
+    "GenerationResult",
+    "Generator",
+    "HFGenerator",
+    "OnePassTrace",
+    "StreamingGenerator",
+    "TracedGeneration",
+]
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,42 @@ class GenerationParams:
 
 
 @dataclass(frozen=True)
+class OnePassTrace:
+    """Where a server kept the states of one generation while computing it (one-pass capture, issue 45).
+
+    ``rid``: the one-pass request id its pieces are filed under; ``url``: the server (its staging dir holds
+    them); ``cached_tokens``: prompt tokens the server took from its prefix cache, so computed by no pass of
+    this request (None: the server did not say).
+    """
+
+    rid: str
+    url: str
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class TracedGeneration:
+    """One generation of a conversation whose states the server kept: where, and the ids it computed them for
+    (the prompt, then the answer; the answer's last id is never fed back, so its state is not among them)."""
+
+    trace: OnePassTrace
+    ids: tuple[int, ...]
+
+
+ONE_PASS_META = "one_pass"  # TokenizedSample.meta key: the conversation's TracedGenerations, in turn order
+
+
+@dataclass(frozen=True)
 class GenerationResult:
-    """What the model wrote for one prompt: ids (the stop token included), and ``stop``/``length``/``failed``."""
+    """What the model wrote for one prompt: ids (the stop token included), and ``stop``/``length``/``failed``.
+
+    ``trace``: set by a generator that captured the generation's states as it ran (one pass).
+    """
 
     token_ids: list[int]
     finish: Finish
     error: str = ""
+    trace: OnePassTrace | None = None
 
 
 class Generator(abc.ABC):

@@ -172,7 +172,7 @@ class ConversationPump:
                 self.on_tokens(len(result.token_ids))
                 prompt = await loop.run_in_executor(self._render, self._advance, conv, prompt, result)
                 crash_point("regenerate.after_turn")
-            await self._finished.put((sample, self.rules.record(conv)))
+            await self._finished.put((conv.finished_sample(), self.rules.record(conv)))
 
     def _advance(self, conv: Conversation, prompt: list[int] | None, result: GenerationResult | None) -> list[int] | None:
         """The answer to ``prompt`` taken (when given), then the next turn's prompt (None: the conversation is done)."""

@@ -18,7 +18,7 @@ import threading
 import pytest
 import torch
 
-from hs_dataset.capture.sglang.dumps import _read_dump
+from hs_dataset.capture.sglang.dumps import read_dump
 from hs_dataset.server_patch.contract import dump, spares
 from hs_dataset.server_patch.contract.spares import SPARE_DIR, hand_back_dump
 from hs_dataset.server_patch.staging import StagingDir
@@ -260,7 +260,7 @@ def test_client_reads_a_dump_written_over_a_spare(stage):
     hand_back_dump(os.path.join(stage.path, "hs-r1-0-5.safetensors"))
     tensors = {"input_ids": torch.arange(5), "aux_hidden_states": torch.randn(5, 3, 4096)}
     assert stage.write_atomic("hs-r1-1-5.safetensors", save(tensors, metadata={"rid": "hs-r1-1-5"}))
-    meta, got = _read_dump(os.path.join(stage.path, "hs-r1-1-5.safetensors"))
+    meta, got = read_dump(os.path.join(stage.path, "hs-r1-1-5.safetensors"))
     assert meta == {"rid": "hs-r1-1-5"}
     assert set(got) == set(tensors) and all(torch.equal(got[k], v) for k, v in tensors.items())
 

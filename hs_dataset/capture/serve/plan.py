@@ -24,7 +24,7 @@ Card keys read (``sglang:`` section unless noted; all optional except where said
                       (``layer_hooks`` is refused where the installed decoder layer's ``forward`` does not return
                       the residual; an SGLang without forward hooks whose ``deepseek_v2.py`` carries the source
                       patch gets ``legacy``, configured by ``HS_CAPTURE_*`` variables)
-``radix_cache``       keep SGLang's prefix cache on (default false: ``--disable-radix-cache``)
+``radix_cache``       keep SGLang's prefix cache on (default: on for a regeneration server, else ``--disable-radix-cache``)
 ``chunked_prefill_size``  passed through when set (chunks are assembled into one dump)
 ``startup_timeout_s`` seconds to wait for ``/health`` (default 900)
 ``env``               extra environment variables for the server
@@ -325,7 +325,7 @@ def _launch(card: Card, target: _Target, info: dict, facts: SGLangFacts, hf_ids:
         hf_ids=tuple(hf_ids),
         tp=sg.tp,
         args=(*sg.args, *map(str, extra_args)),
-        radix_cache=sg.radix_cache,
+        radix_cache=sg.keeps_radix_cache(card.regenerate),
         chunked_prefill_size=sg.chunked_prefill_size,
         sglang_dir=info.get("sglang_dir"),
     )
@@ -405,10 +405,13 @@ def _server_argv(
     argv += capture.plan.server_args(capture.launch, capture.sglang_ids)
     if capture.facts.prefill_graph_flag:
         argv += ["--disable-prefill-cuda-graph"]  # a prefill replayed in a CUDA graph runs no hook (decode graphs stay on)
-    if not sg.radix_cache:
+    if not sg.keeps_radix_cache(card.regenerate):
         argv += ["--disable-radix-cache"]
     else:
-        notes.append("radix cache ON: prompts that hit the prefix cache are refused unless the client forces a full prefill")
+        notes.append(
+            "radix cache ON (a regeneration server): one-pass capture keeps what each pass computes; prefill captures "
+            "make the server recompute every prompt token (backend.force_full_prefill)"
+        )
     if sg.chunked_prefill_size is not None:
         argv += ["--chunked-prefill-size", str(sg.chunked_prefill_size)]
     argv += list(sg.args)

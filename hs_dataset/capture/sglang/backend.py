@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,10 +43,13 @@ from hs_dataset.capture.sglang.attempts import (
 )
 from hs_dataset.capture.sglang.capacity import in_flight, prefill_tokens
 from hs_dataset.capture.sglang.diagnose import GRACE_S, HookReport, diagnose, read_report
-from hs_dataset.capture.sglang.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings
+from hs_dataset.capture.sglang.dumps import DumpLost, ExpectedDump, Refusal, await_dump, delete_staged, prune_mappings, take_refusal
 from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
 from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
+from hs_dataset.capture.sglang.one_pass import Assembly, Source
+from hs_dataset.capture.sglang.one_pass_support import one_pass_blocker
+from hs_dataset.capture.sglang.pieces import PieceError
 from hs_dataset.capture.sglang.support import verification
 from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
 from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
@@ -54,9 +58,11 @@ from hs_dataset.errors import ServerValidationError
 from hs_dataset.model.model_config import read_model_config, text_config
 from hs_dataset.model.snapshot import model_fingerprint, read_final_norm
 from hs_dataset.model.weights import check_weights
-from hs_dataset.regenerate.generator import Generator
-from hs_dataset.sample import TokenizedSample
-from hs_dataset.server_patch.contract.rid import content_key, make_rid
+from hs_dataset.regenerate.generator import ONE_PASS_META, Generator, TracedGeneration
+from hs_dataset.sample import CapturedSample, TokenizedSample
+from hs_dataset.server_patch.contract.dump import DUMP_SUFFIX, REFUSED_SUFFIX
+from hs_dataset.server_patch.contract.rid import content_key, is_one_pass, make_one_pass_rid, make_rid
+from hs_dataset.server_patch.contract.spares import hand_back_dump
 
 __all__ = ["SGLangBackend"]
 
@@ -107,6 +113,9 @@ class SGLangBackend(CaptureBackend):
         self.probe = probe
         self.run_id = run_id or secrets.token_hex(6)
         self.stats = {"requests": 0, "retries": 0, "refused": 0, "timeouts": 0, "endpoint_errors": 0}
+        self.stats.update(one_pass_samples=0, one_pass_fallbacks=0, one_pass_repairs=0, one_pass_repair_tokens=0)
+        self.one_pass = False  # set by generator(): regenerated conversations are captured while generated
+        self.one_pass_fallback_reasons: dict[str, int] = {}
         self._seq = itertools.count(1)
         self._picker = EndpointPicker()
         self._validated = False
@@ -149,16 +158,26 @@ class SGLangBackend(CaptureBackend):
             self._session = new_session(self.concurrency, self.request_timeout_s)
         return self._session
 
-    async def _post_generate(self, ep: Endpoint, rid: str, ids: list[int]) -> dict:
-        """One capture request: greedy, ``max_new_tokens`` 0 or 1, every prompt token recomputed if the card says so."""
+    def _forces_prefill(self, ep: Endpoint) -> bool:
+        """Whether capture requests to ``ep`` make SGLang recompute every prompt token: as the card says, and by
+        default wherever the server keeps its prefix cache (a regeneration server does: one pass needs it)."""
+        if self.section.force_full_prefill is not None:
+            return self.section.force_full_prefill
+        return not self.section.allow_radix_cache and not ep.server_info.get("disable_radix_cache", True)
+
+    async def _post_generate(self, ep: Endpoint, rid: str, ids: list[int], recompute_from: int | None = None) -> dict:
+        """One capture request: greedy, ``max_new_tokens`` 0 or 1; positions from ``recompute_from`` on computed
+        whatever the prefix cache holds (default: all of them where :meth:`_forces_prefill`)."""
         body: dict[str, Any] = {
             "rid": rid,
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": self.section.max_new_tokens, "temperature": 0.0},
         }
-        if self.section.force_full_prefill:
+        if recompute_from is None and self._forces_prefill(ep):
+            recompute_from = 0
+        if recompute_from is not None:
             body["return_logprob"] = True
-            body["logprob_start_len"] = 0
+            body["logprob_start_len"] = int(recompute_from)
         return await post_generate(await self._get_session(), ep.url, body, self.request_timeout_s, self.section.max_response_bytes)
 
     # ------------------------------------------------------------------ validation
@@ -221,9 +240,20 @@ class SGLangBackend(CaptureBackend):
 
     async def _capture_one(self, sample: TokenizedSample, *, endpoints: Sequence[Endpoint] | None = None) -> CaptureResult:
         """Attempts on the servers until the sample is captured or its failure is final (see :mod:`.attempts`)."""
-        endpoints = list(endpoints or self.endpoints)
         if sample.input_ids.numel() == 0:
             return CaptureFailure(sample.sample_id, "empty prompt")
+        traced = sample.meta.get(ONE_PASS_META) if endpoints is None else None
+        if traced:
+            done = await self._capture_one_pass(sample, traced)
+            if done is not None:
+                return done
+        result = await self._capture_by_prefill(sample, endpoints)
+        if traced and isinstance(result, CapturedSample):
+            result.capture_path = "prefill"
+        return result
+
+    async def _capture_by_prefill(self, sample: TokenizedSample, endpoints: Sequence[Endpoint] | None) -> CaptureResult:
+        endpoints = list(endpoints or self.endpoints)
         ids = sample.input_ids.tolist()
         tries = Attempts(retries=self.section.retries, servers=len(endpoints))
         for attempt in range(tries.total):
@@ -279,6 +309,83 @@ class SGLangBackend(CaptureBackend):
         ep.served += 1
         return result
 
+    # ------------------------------------------------------------------ one pass (see capture/sglang/one_pass.py)
+
+    async def _capture_one_pass(self, sample: TokenizedSample, traced: Sequence[TracedGeneration]) -> CapturedSample | None:
+        """The sample's states from the rows its generations left, repaired where none came; None: capture it by prefill."""
+        by_url = {ep.url: ep for ep in self.endpoints}
+        if any(by_url.get(g.trace.url) is None or not by_url[g.trace.url].staging_dir for g in traced):
+            return self._one_pass_fallback(sample, "a generation ran on a server this backend does not capture on", [])
+        sources = [Source.of_generation(g, str(by_url[g.trace.url].staging_dir), sample.input_ids) for g in traced]
+        assembly = Assembly(sample, self._expected())
+        try:
+            problem = await self._gather(assembly, sources)
+            ep = by_url[traced[-1].trace.url]  # the last generation's server: its prefix cache holds the sample
+            for start, stop in [] if problem else assembly.missing():
+                problem = await self._repair(assembly, sources, ep, start, stop)
+                if problem:
+                    break
+        except (PieceError, ValueError) as exc:
+            problem = str(exc)
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, _clear, sources)
+        if problem or assembly.missing():
+            return self._one_pass_fallback(sample, problem or f"positions {assembly.missing()[:3]} never arrived", sources)
+        self.stats["one_pass_samples"] += 1
+        result = assembly.result()
+        result.capture_path = "one_pass"
+        return result
+
+    async def _gather(self, assembly: Assembly, sources: Sequence[Source]) -> str | None:
+        """Take the sources' pieces until every position they must deliver is filled, or the dump timeout passes.
+
+        Returns why one pass is given up (a refusal marker), else None (what is still missing is repaired).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.section.dump_timeout_s
+        delay = 0.002
+        while True:
+            for source in sources:
+                for path in source.new_pieces():
+                    await loop.run_in_executor(None, assembly.take, source, path)
+                if os.path.lexists(source.refusal_path()):
+                    return f"the server refused {source.rid}: {take_refusal(source.refusal_path()).reason}"
+            if assembly.covers(sources) or time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.05)
+
+    async def _repair(self, assembly: Assembly, sources: list[Source], ep: Endpoint, start: int, stop: int) -> str | None:
+        """Have ``ep`` compute positions ``[start, stop)`` of the sample under a one-pass id; None when they arrived."""
+        ids = assembly.sample.input_ids[:stop]
+        rid = make_one_pass_rid(self.run_id, next(self._seq), stop)
+        repair = Source.of_repair(rid, str(ep.staging_dir), assembly.sample.input_ids, start, stop)
+        sources.append(repair)
+        self.stats["one_pass_repairs"] += 1
+        try:
+            await self._post_generate(ep, rid, ids.tolist(), recompute_from=start)
+        except (HTTPStatusError, BadResponseError, *connection_errors()) as exc:
+            return f"the repair request for positions [{start}, {stop}) failed: {exc}"
+        before = assembly.rows_taken
+        problem = await self._gather(assembly, [repair])
+        self.stats["one_pass_repair_tokens"] += stop - start
+        if problem is None and not bool(assembly.filled[start:stop].all()):
+            return f"the repair of positions [{start}, {stop}) delivered {assembly.rows_taken - before} rows in {self.section.dump_timeout_s:.0f} s"
+        return problem
+
+    def _one_pass_fallback(self, sample: TokenizedSample, reason: str, sources: Sequence[Source]) -> None:
+        """Count (and log the first few of) a conversation whose one-pass states are given up: it is captured by prefill."""
+        self.stats["one_pass_fallbacks"] += 1
+        first = reason.split(":")[0][:120]
+        seen = self.one_pass_fallback_reasons.get(first, 0)
+        self.one_pass_fallback_reasons[first] = seen + 1
+        if seen < 3:
+            logger.warning("one-pass capture of %s given up, captured by prefill instead: %s", sample.sample_id, reason)
+        return None
+
+    def _expected(self) -> ExpectedDump:
+        return ExpectedDump(tuple(self.aux_layer_ids), self.dtype, self._hidden_size)
+
     def _count(self, ep: Endpoint, key: str, verdict: Verdict) -> None:
         """A failed attempt's traces: its stats counter, the server's cooldown, the dump that may still come."""
         if verdict.counter:
@@ -294,7 +401,7 @@ class SGLangBackend(CaptureBackend):
         delete_staged(ep.staging_dir, key)
 
     async def _await_dump(self, ep: Endpoint, key: str, sample: TokenizedSample, explain=None) -> CaptureResult | Refusal:
-        expected = ExpectedDump(tuple(self.aux_layer_ids), self.dtype, self._hidden_size)
+        expected = self._expected()
         return await await_dump(ep.staging_dir, key, sample, expected, self.section.dump_timeout_s, explain=explain, grace_s=GRACE_S)
 
     def _hook_report(self, ep: Endpoint, *, fresh: bool = False) -> HookReport:
@@ -380,6 +487,7 @@ class SGLangBackend(CaptureBackend):
         section = self.section
         sized = in_flight([e.server_info for e in self.endpoints], regenerate.max_new_tokens, regenerate.concurrency)
         info = self.info()
+        self.one_pass = self._choose_one_pass(regenerate.capture)
         return SGLangGenerator(
             [e.url for e in self.endpoints],
             concurrency=sized.requests,
@@ -391,7 +499,21 @@ class SGLangBackend(CaptureBackend):
             backoff_s=section.backoff_s,
             cooldown_s=section.endpoint_cooldown_s,
             max_response_bytes=section.max_response_bytes,
+            one_pass_run=self.run_id if self.one_pass else None,
         )
+
+    def _choose_one_pass(self, capture: str) -> bool:
+        """Whether regenerated conversations are captured while generated (``regenerate.capture``); says why not, once."""
+        if capture == "prefill":
+            return False
+        blockers = [b for ep in self.endpoints if (b := one_pass_blocker(ep)) is not None]
+        if not blockers:
+            logger.info("regeneration captures each conversation's states while generating it (one pass)")
+            return True
+        if capture == "one_pass":
+            raise ServerValidationError("regenerate.capture is one_pass, but " + "; ".join(blockers))
+        logger.warning("one-pass capture is off, every regenerated conversation is prefilled again for capture: %s", "; ".join(blockers))
+        return False
 
     def capture_burst(self, batch_size: int) -> tuple[int, int] | None:
         """One prefill batch of the servers (``capacity.prefill_tokens``), or as many samples as capture keeps in flight."""
@@ -431,6 +553,9 @@ class SGLangBackend(CaptureBackend):
         for ep, key in self._abandoned:
             delete_staged(ep.staging_dir, key)
         self._abandoned.clear()
+        if self.one_pass:
+            for ep in self.endpoints:  # pieces that came after their conversation was assembled, or of failed attempts
+                _clear_run(ep.staging_dir, self.run_id)
         prune_mappings()  # the mappings of dumps and spares deleted since: their memory goes back now
         if self._session is not None:
             try:
@@ -440,3 +565,26 @@ class SGLangBackend(CaptureBackend):
             self._session = None
         self._loop.stop()
         self._loop = None
+
+
+def _clear(sources: Sequence[Source]) -> None:
+    """Hand back the pieces (and drop the refusal markers) of a conversation's requests left after its assembly."""
+    for source in sources:
+        for path in source.new_pieces():
+            hand_back_dump(path)
+        delete_staged(source.staging_dir, source.rid)
+
+
+def _clear_run(staging_dir: str | None, run_id: str) -> None:
+    """Hand back every piece and refusal marker of this run's one-pass requests still in ``staging_dir``."""
+    if not staging_dir:
+        return
+    head = f"hs-{run_id}-"
+    try:
+        names = os.listdir(staging_dir)
+    except OSError:
+        return
+    for name in names:
+        stem = name.split(".", 1)[0]
+        if name.startswith(head) and is_one_pass(stem) and (name.endswith((DUMP_SUFFIX, REFUSED_SUFFIX))):
+            hand_back_dump(os.path.join(staging_dir, name))

@@ -32,13 +32,27 @@ from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_out
 from hs_dataset.server_patch.contract.spares import hand_back_dump
 from hs_dataset.server_patch.contract.staged_file import StagedFileError, open_staged, read_staged
 
-__all__ = ["DumpLost", "ExpectedDump", "Refusal", "await_dump", "check_dump", "delete_staged", "prune_mappings"]
+__all__ = [
+    "MAX_HIDDEN",
+    "DumpLost",
+    "ExpectedDump",
+    "HeaderRefused",
+    "Refusal",
+    "await_dump",
+    "check_dump",
+    "delete_staged",
+    "encoding_problem",
+    "prune_mappings",
+    "read_dump",
+    "scaled_encoding",
+    "take_refusal",
+]
 
 _READ_BUFFERS = HostBufferPool()  # one per process: every backend's dump reads reuse it
 _DUMP_MAPS = FileMaps(writable=False)  # one per process: the dump files going round the spare pool, each mapped once
 MAX_DUMP_HEADER_BYTES = 1 << 20  # a dump's header names five tensors and a few metadata keys: a few KiB
 MAX_REFUSAL_BYTES = 64 * 1024  # a refusal marker is one reason line
-_MAX_HIDDEN = FIELD_RANGES["hidden_size"][1]  # the widest state a dump may declare when the model's is not known yet
+MAX_HIDDEN = FIELD_RANGES["hidden_size"][1]  # the widest state a dump may declare when the model's is not known yet
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,7 @@ async def await_dump(
                 hand_back_dump(dump)  # read into our memory: the server may write the next dump over it
                 _unlink_if_present(refused)
         if os.path.lexists(refused):
-            return _take_refusal(refused)
+            return take_refusal(refused)
         now = time.monotonic()
         if explain is not None and now >= next_look:
             next_look = now + 0.5
@@ -109,7 +123,7 @@ async def await_dump(
         delay = min(delay * 1.5, 0.05)
 
 
-def _take_refusal(path: str) -> Refusal:
+def take_refusal(path: str) -> Refusal:
     """Read a refusal marker (a small regular file, never waited on) and delete it."""
     try:
         marker = json.loads(read_staged(path, MAX_REFUSAL_BYTES))
@@ -148,11 +162,11 @@ def prune_mappings() -> None:
 Admit = Callable[[dict[str, TensorSpec], dict[str, str]], "str | None"]
 
 
-class _Refused(Exception):
+class HeaderRefused(CaptureError):
     """The dump's header does not describe the request's states: nothing of its data was read."""
 
 
-def _read_dump(path: str, admit: Admit | None = None) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+def read_dump(path: str, admit: Admit | None = None) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """Read a dump as the untrusted file it is; returns (metadata, tensors).
 
     The file must be a regular one (:func:`open_staged`: no FIFO, no symlink); its header
@@ -172,7 +186,7 @@ def _read_dump(path: str, admit: Admit | None = None) -> tuple[dict[str, str], d
         specs, metadata, start = read_header(f, path, MAX_DUMP_HEADER_BYTES)
         problem = admit(specs, metadata) if admit is not None else None
         if problem:
-            raise _Refused(problem)
+            raise HeaderRefused(problem)
         data = _READ_BUFFERS.lease(st.st_size - start)
         view = memoryview(data.numpy())
         with _DUMP_MAPS.mapped(fd, st.st_size, kept_only=True, file_stat=st) as address:
@@ -208,20 +222,20 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
     """Read the dump of request ``key`` and check it holds ``sample``'s states as ``expected``; never a partial sample."""
     sid = sample.sample_id
     try:
-        meta, tensors = _read_dump(
+        meta, tensors = read_dump(
             path, lambda specs, meta: _metadata_problem(meta, key, expected) or _header_problem(specs, meta, key, sample, expected)
         )
-    except _Refused as exc:
+    except HeaderRefused as exc:
         return CaptureFailure(sid, str(exc))
     except StagedFileError as exc:
         return CaptureFailure(sid, f"unreadable dump {key}: {exc}")
     except Exception as exc:
         return CaptureFailure(sid, f"unreadable dump {key}: {type(exc).__name__}: {exc}")
-    problem = _shape_problem(meta, tensors, key, sample, expected) or _encoding_problem(meta, tensors, key, expected)
+    problem = _shape_problem(meta, tensors, key, sample, expected) or encoding_problem(meta, tensors, key, expected)
     if problem:
         return CaptureFailure(sid, problem)
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
-    encoded = _scaled_encoding(meta) is not None  # quantized on the server's GPU: handed to the writer as stored
+    encoded = scaled_encoding(meta) is not None  # quantized on the server's GPU: handed to the writer as stored
     # Checked here, on this loader thread while the bytes are in cache; all_finite remembers the
     # answer, so the writer's one adding thread does not scan them again (a NaN is still its to report).
     all_finite(aux) and all_finite(final)
@@ -236,7 +250,7 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
     )
 
 
-def _scaled_encoding(meta: dict[str, str]) -> Encoding | None:
+def scaled_encoding(meta: dict[str, str]) -> Encoding | None:
     """The scaled encoding (fp8, 4-bit) the server stored the dump's states in; None for native states or an unknown name."""
     encoding = ENCODINGS.get(meta.get(STATE_ENCODING_KEY, "native"))
     return encoding if encoding is not None and encoding.scaled else None
@@ -270,7 +284,7 @@ def _header_problem(
     a header can make the client read are bounded by what the request needs.
     """
     states = ("input_ids", "aux_hidden_states", "final_hidden_state")
-    scaled = _scaled_encoding(meta) is not None
+    scaled = scaled_encoding(meta) is not None
     allowed = {*states, *((name + SCALE_SUFFIX for name in states[1:]) if scaled else ())}
     extra = sorted(set(specs) - allowed)
     if extra:
@@ -285,11 +299,11 @@ def _header_problem(
         return f"dump {key}: aux_hidden_states shape {aux}, expected [{t}, {k}, H]"
     if final != (t, aux[2]):
         return f"dump {key}: final_hidden_state shape {final}, expected [{t}, {aux[2]}]"
-    hidden = aux[2] * (_scaled_encoding(meta).pack if scaled else 1)  # 4-bit codes: two values a byte
+    hidden = aux[2] * (scaled_encoding(meta).pack if scaled else 1)  # 4-bit codes: two values a byte
     if expected.hidden_size is not None and hidden != expected.hidden_size:
         return f"dump {key}: hidden size {hidden}, expected {expected.hidden_size}"
-    if hidden > _MAX_HIDDEN:
-        return f"dump {key}: hidden size {hidden}, over the largest a model config may have ({_MAX_HIDDEN})"
+    if hidden > MAX_HIDDEN:
+        return f"dump {key}: hidden size {hidden}, over the largest a model config may have ({MAX_HIDDEN})"
     for name in allowed - set(states):
         if name in specs and specs[name].nbytes > specs[name.removesuffix(SCALE_SUFFIX)].nbytes:
             return f"dump {key}: tensor {name} is larger than the states it scales"
@@ -314,18 +328,18 @@ def _shape_problem(
     h = aux.shape[2]
     if final.shape != (t, h):
         return f"dump {key}: final_hidden_state shape {tuple(final.shape)}, expected [{t}, {h}]"
-    encoding = _scaled_encoding(meta)
+    encoding = scaled_encoding(meta)
     hidden = h * (encoding.pack if encoding is not None else 1)  # 4-bit codes: two values a byte
     if expected.hidden_size is not None and hidden != expected.hidden_size:
         return f"dump {key}: hidden size {hidden}, expected {expected.hidden_size}"
     return None
 
 
-def _encoding_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
+def encoding_problem(meta: dict[str, str], tensors: dict[str, torch.Tensor], key: str, expected: ExpectedDump) -> str | None:
     """Native states of the expected dtype, or encoded states (fp8, 4-bit) with both scale tensors (of a model of that dtype)."""
     aux, final = tensors["aux_hidden_states"], tensors["final_hidden_state"]
     encoding = meta.get(STATE_ENCODING_KEY, "native")
-    if _scaled_encoding(meta) is not None:
+    if scaled_encoding(meta) is not None:
         return _scaled_problem(ENCODINGS[encoding], meta, tensors, key, expected)
     if encoding != "native":
         return f"dump {key}: unknown state encoding {encoding!r}: update hs_dataset on the client"

@@ -15,6 +15,7 @@ import concurrent.futures
 import itertools
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from hs_dataset.capture.sglang.attempts import Action, Attempts, connection_verdict, http_status_verdict, retry_pause
@@ -29,7 +30,8 @@ from hs_dataset.capture.sglang.http import (
     new_session,
     post_json,
 )
-from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, StreamingGenerator, finish_of
+from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, OnePassTrace, StreamingGenerator, finish_of
+from hs_dataset.server_patch.contract.rid import make_one_pass_rid
 
 __all__ = ["GEN_RID_PREFIX", "SGLangGenerator", "parse_output"]
 
@@ -61,7 +63,12 @@ class SGLangGenerator(StreamingGenerator):
         vocab_size: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         in_flight_source: str = "",
+        one_pass_run: str | None = None,
     ) -> None:
+        """``one_pass_run``: capture each generation's states as the server computes them, under one-pass
+        request ids of this run (``hs-<run>-<seq>-g<T>``); None: plain generation requests."""
+        self.one_pass_run = one_pass_run
+        self.abandoned: list[OnePassTrace] = []  # one-pass attempts that failed: their pieces are nobody's
         self.endpoints = [Endpoint(url=u.rstrip("/")) for u in urls]
         if not self.endpoints:
             raise ValueError("SGLangGenerator needs at least one server URL (backend.urls in the card, or --server URL)")
@@ -126,7 +133,9 @@ class SGLangGenerator(StreamingGenerator):
         }
         if params.temperature > 0:
             sampling["sampling_seed"] = params.seed
-        return {"rid": f"{GEN_RID_PREFIX}{self.run_id}-{next(self._seq)}", "input_ids": list(prompt), "sampling_params": sampling}
+        seq = next(self._seq)
+        rid = make_one_pass_rid(self.one_pass_run, seq, len(prompt)) if self.one_pass_run else f"{GEN_RID_PREFIX}{self.run_id}-{seq}"
+        return {"rid": rid, "input_ids": list(prompt), "sampling_params": sampling}
 
     async def _generate_one(self, prompt: list[int], params: GenerationParams) -> GenerationResult:
         """Attempts on the servers until one answers, or the attempts run out (a failed turn naming the last reason)."""
@@ -139,22 +148,35 @@ class SGLangGenerator(StreamingGenerator):
                 tries.last_reason = "every SGLang server is unreachable"
                 continue
             ep.inflight += 1
+            body = self.body(prompt, params)
             try:
-                out = await self._post(ep.url + "/generate", self.body(prompt, params))
+                out = await self._post(ep.url + "/generate", body)
             except HTTPStatusError as exc:
                 verdict = http_status_verdict(ep.url + "/generate", exc)
             except (BadResponseError, *connection_errors()) as exc:
                 verdict = connection_verdict(ep.url + "/generate", exc)
             else:
                 ep.failures = 0
-                return parse_output(out, params, self.vocab_size)
+                return self._traced(parse_output(out, params, self.vocab_size), out, body["rid"], ep.url)
             finally:
                 ep.inflight -= 1
+            if self.one_pass_run:
+                self.abandoned.append(OnePassTrace(body["rid"], ep.url))
             if verdict.action is Action.ELSEWHERE:
                 ep.mark_down(self.cooldown_s)
             if not tries.record(verdict, ep.url):
                 break
         return GenerationResult([], "failed", tries.last_reason)
+
+    def _traced(self, result: GenerationResult, out: Any, rid: str, url: str) -> GenerationResult:
+        """A one-pass generation's result with where its states are (a failed one's pieces are abandoned)."""
+        if not self.one_pass_run:
+            return result
+        trace = OnePassTrace(rid, url, _cached_tokens(out))
+        if result.finish == "failed":
+            self.abandoned.append(trace)
+            return result
+        return replace(result, trace=trace)
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Any) -> Any:
@@ -188,6 +210,13 @@ class SGLangGenerator(StreamingGenerator):
             self._session = None
         self._loop.stop()
         self._loop = None
+
+
+def _cached_tokens(out: Any) -> int | None:
+    """``meta_info.cached_tokens`` of an answer: prompt tokens served from the prefix cache (None: not said)."""
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    value = meta.get("cached_tokens") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _bad_ids(ids: Any, vocab_size: int | None) -> str | None:

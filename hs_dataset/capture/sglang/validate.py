@@ -266,8 +266,9 @@ def check_staging_dir(url: str, staging: str | None) -> str:
 
 
 def check_radix_cache(url: str, info: dict, section: SGLangBackendSection) -> None:
-    """A prefix cache computes only part of a prompt: refused unless the card accepts that or forces a full prefill."""
-    if not info.get("disable_radix_cache", False) and not (section.allow_radix_cache or section.force_full_prefill):
+    """A prefix cache computes only part of a prompt: refused where the card turned the forced full prefill off
+    (its default forces it on such servers) and does not accept the refusals either."""
+    if not info.get("disable_radix_cache", False) and section.force_full_prefill is False and not section.allow_radix_cache:
         raise ServerValidationError(
             f"SGLang server {url} has its radix (prefix) cache on: prompts sharing a prefix would only be partly "
             "computed and are refused. Restart it with --disable-radix-cache (hs-dataset serve does), or set "

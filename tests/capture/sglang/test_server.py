@@ -266,7 +266,7 @@ def test_radix_cache_partial_prompts_are_refused_or_recomputed(card, hs_tmp, hf_
     _require_env()
     server = _start(card, hs_tmp, "radix", radix_cache=True)
     try:
-        be = backend(card, server)
+        be = backend(card, server, force_full_prefill=False)
         try:
             with pytest.raises(ServerValidationError, match="radix"):
                 be.validate()

@@ -2,7 +2,7 @@
 
 The server writes a claimed spare through its kept writable mapping and the client reads
 every dump through its own read-only one (``server_patch.contract.mapped_files``). These tests
-drive the real ``StagingDir``, ``_read_dump`` and ``hand_back_dump`` on tmpfs and on the
+drive the real ``StagingDir``, ``read_dump`` and ``hand_back_dump`` on tmpfs and on the
 disk the tests run on: dumps of any sizes going round the pool read back exactly, a
 mapping is reused for its file and remapped when the file outgrows it, files deleted
 meanwhile are unmapped, the cap never unmaps a mapping in use, a write through a kept
@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hs_dataset.capture.sglang import dumps as client
-from hs_dataset.capture.sglang.dumps import _read_dump
+from hs_dataset.capture.sglang.dumps import read_dump
 from hs_dataset.codecs.safetensors_header import dump_header
 from hs_dataset.server_patch.contract.mapped_files import FileMaps, copy_into, copy_out
 from hs_dataset.server_patch.contract.spares import hand_back_dump
@@ -68,7 +68,7 @@ def _round(stage: StagingDir, name: str, tokens: int, seed: int) -> int:
     assert stage.write_atomic(name, buffers)
     path = os.path.join(stage.path, name)
     inode = os.stat(path).st_ino
-    meta, got = _read_dump(path)
+    meta, got = read_dump(path)
     assert meta["rid"] == f"r{seed}"
     for key, want in tensors.items():
         assert torch.equal(got[key], want), key
@@ -266,7 +266,7 @@ def test_concurrent_writers_and_readers_through_kept_mappings_never_mix_two_dump
         while (item := ready.get()) is not None:
             name, tensors = item
             path = os.path.join(stage.path, name)
-            _meta, got = _read_dump(path)
+            _meta, got = read_dump(path)
             if any(not torch.equal(got[k], v) for k, v in tensors.items()):
                 errors.append(name)
             del got

@@ -1,0 +1,170 @@
+"""One-pass capture on the client: a regenerated conversation's states, assembled by position from its generations.
+
+Each generation of a conversation ran under a one-pass request id, so the server kept every row it
+computed for it: the prompt's rows after any prefix-cache hit, then one row per decode step
+(``server_patch/one_pass.py``). The stored sample is the last generation's prompt and answer
+(``regenerate/turns.py``), so its positions are covered by
+
+* the generations whose token stream agrees with the sample up to that position: a state depends on
+  every token before it, so a generation's rows count only inside its common prefix with the sample
+  (an earlier turn that the template rendered differently counts up to where it differs);
+* what no generation computed: positions another conversation's request put into the prefix cache,
+  the answer's last token (sampled, never fed back, unless the overlap scheduler ran one more step),
+  rows lost with a refused piece. These are *repaired*: one request per missing range ``[a, b)``
+  sends ``ids[:b]`` with ``logprob_start_len = a`` (SGLang then recomputes every position from ``a``,
+  taking ``[0, a)`` from its cache) under a one-pass id, and its rows fill the range. Repaired tokens are
+  the only prefill capture adds to generation; they are counted.
+
+A position is filled once, by the first row that arrives for it. Every piece is checked before use
+(``pieces.py``); a bad piece, a refusal marker or a range still missing after its repair gives up on
+one pass for this conversation, and the caller captures it by prefill as before. Nothing partial is stored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from hs_dataset.capture.sglang.dumps import ExpectedDump
+from hs_dataset.capture.sglang.pieces import Piece, list_pieces, read_piece
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX
+from hs_dataset.regenerate.generator import TracedGeneration
+from hs_dataset.sample import CapturedSample, TokenizedSample
+from hs_dataset.server_patch.contract.dump import REFUSED_SUFFIX
+from hs_dataset.server_patch.contract.rid import rid_num_tokens
+from hs_dataset.server_patch.contract.spares import hand_back_dump
+
+__all__ = ["Assembly", "Source", "common_prefix", "missing_ranges"]
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0, 0]) if len(differ) else n
+
+
+def missing_ranges(filled: torch.Tensor) -> list[tuple[int, int]]:
+    """``[a, b)`` of every run of unfilled positions."""
+    out: list[tuple[int, int]] = []
+    for i in (~filled).nonzero().flatten().tolist():
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+@dataclass
+class Source:
+    """One request whose rows may fill the sample: its id, its server's staging dir, its ids, and what it must deliver.
+
+    ``usable``: its rows count below this position (its common prefix with the sample).
+    ``expected``: positions it computed for sure (after its prefix-cache hit, before its last, unfed token).
+    """
+
+    rid: str
+    staging_dir: str
+    ids: torch.Tensor
+    usable: int
+    expected: range
+    seen: set[str] = field(default_factory=set)  # piece files already taken
+
+    @classmethod
+    def of_generation(cls, gen: TracedGeneration, staging_dir: str, sample_ids: torch.Tensor) -> Source:
+        ids = torch.tensor(gen.ids, dtype=torch.int64)
+        usable = common_prefix(ids, sample_ids)
+        prompt = rid_num_tokens(gen.trace.rid)
+        cached = gen.trace.cached_tokens if gen.trace.cached_tokens is not None else prompt  # unknown: count on decode rows only
+        return cls(gen.trace.rid, staging_dir, ids, usable, range(min(cached, usable), min(len(ids) - 1, usable)))
+
+    @classmethod
+    def of_repair(cls, rid: str, staging_dir: str, sample_ids: torch.Tensor, start: int, stop: int) -> Source:
+        return cls(rid, staging_dir, sample_ids[:stop], stop, range(start, stop))
+
+    def refusal_path(self) -> str:
+        return os.path.join(self.staging_dir, self.rid + REFUSED_SUFFIX)
+
+    def new_pieces(self) -> list[str]:
+        return [p for p in list_pieces(self.staging_dir, self.rid) if p not in self.seen]
+
+
+class Assembly:
+    """The sample's states as rows arrive: a buffer per tensor, and which positions are filled."""
+
+    def __init__(self, sample: TokenizedSample, expected: ExpectedDump) -> None:
+        self.sample = sample
+        self.expected = expected
+        self.filled = torch.zeros(sample.num_tokens, dtype=torch.bool)
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.encoding: str | None = None
+        self.dtype: str | None = None
+        self.rows_taken = 0
+
+    def take(self, source: Source, path: str) -> None:
+        """Read piece ``path`` of ``source``, fill the positions it holds that are still empty, hand the file back.
+
+        Raises :class:`~hs_dataset.capture.sglang.pieces.PieceError` for a piece that is not its request's rows.
+        """
+        source.seen.add(path)
+        try:
+            piece = read_piece(path, source.rid, source.ids, self.expected)
+        finally:
+            hand_back_dump(path)  # read into our memory (or refused): the server may write over it
+        self._fill(piece, source.usable)
+
+    def _fill(self, piece: Piece, usable: int) -> None:
+        if self.encoding is None:
+            self.encoding, self.dtype = piece.encoding, piece.dtype
+            n = self.sample.num_tokens
+            self.tensors = {name: t.new_empty((n, *t.shape[1:])) for name, t in piece.tensors.items()}
+        elif (piece.encoding, piece.dtype) != (self.encoding, self.dtype) or set(piece.tensors) != set(self.tensors):
+            raise ValueError(f"pieces of one conversation disagree: {piece.encoding}/{piece.dtype} after {self.encoding}/{self.dtype}")
+        positions = piece.positions
+        keep = positions < min(usable, self.sample.num_tokens)
+        rows = keep.nonzero().flatten()
+        pos = positions[rows]
+        fresh = ~self.filled[pos]
+        # the first row that arrives for a position wins: of duplicates within this piece too
+        first = torch.zeros_like(fresh)
+        if len(pos):
+            order = torch.argsort(pos, stable=True)
+            sorted_pos = pos[order]
+            lead = torch.ones_like(sorted_pos, dtype=torch.bool)
+            lead[1:] = sorted_pos[1:] != sorted_pos[:-1]
+            first[order[lead]] = True
+        take = fresh & first
+        rows, pos = rows[take], pos[take]
+        for name, buf in self.tensors.items():
+            buf[pos] = piece.tensors[name][rows]
+        self.filled[pos] = True
+        self.rows_taken += len(pos)
+
+    def covers(self, sources: Iterable[Source]) -> bool:
+        """Whether every position the sources must deliver is filled."""
+        for s in sources:
+            r = s.expected
+            if len(r) and not bool(self.filled[r.start : min(r.stop, len(self.filled))].all()):
+                return False
+        return True
+
+    def missing(self) -> list[tuple[int, int]]:
+        return missing_ranges(self.filled)
+
+    def result(self) -> CapturedSample:
+        """The sample with its assembled states (only when every position is filled)."""
+        if not bool(self.filled.all()):
+            raise ValueError(f"{self.sample.sample_id}: positions {self.missing()[:4]} were never filled")
+        scaled = self.encoding not in (None, "native")
+        return CapturedSample(
+            sample_id=self.sample.sample_id,
+            input_ids=self.sample.input_ids,
+            loss_mask=self.sample.loss_mask,
+            aux_hidden_states=self.tensors["aux_hidden_states"],
+            final_hidden_state=self.tensors["final_hidden_state"],
+            aux_scale=self.tensors.get("aux_hidden_states" + SCALE_SUFFIX) if scaled else None,
+            final_scale=self.tensors.get("final_hidden_state" + SCALE_SUFFIX) if scaled else None,
+        )

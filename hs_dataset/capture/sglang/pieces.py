@@ -1,0 +1,124 @@
+"""One piece of a one-pass generation on the client: found, read as the untrusted file it is, and checked.
+
+The server writes the rows it computed for a one-pass request as pieces ``{rid}.{k}.safetensors``
+(``server_patch/contract/dump.py``): token ids, each row's position, and the states. A piece is
+checked against the generation it belongs to before any row is used: its header must declare
+at most what the generation can hold (rows, layers, width, encoding), every position must lie in
+the generation's sequence, and every row's token id must be the id at that position. A piece that
+fails any check is never used: the conversation is then captured by prefill (``one_pass.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hs_dataset.capture.sglang.dumps import MAX_HIDDEN, ExpectedDump, encoding_problem, read_dump, scaled_encoding
+from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
+from hs_dataset.codecs.safetensors_layout import TensorSpec
+from hs_dataset.errors import CaptureError
+from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION, ONE_PASS_PATH, piece_number
+
+__all__ = ["MAX_REPEATS", "Piece", "PieceError", "list_pieces", "read_piece"]
+
+STATES = ("aux_hidden_states", "final_hidden_state")
+# A request's rows may come more than once (a retracted request is prefilled again), but not without bound:
+# a piece declaring more rows than this many times the generation's length is refused before it is read.
+MAX_REPEATS = 4
+
+
+class PieceError(CaptureError):
+    """A piece that is not the rows of its generation; its text names the piece and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The checked rows of one piece: positions ``[n]``, the states' tensors by name, and how they are encoded."""
+
+    positions: torch.Tensor
+    tensors: dict[str, torch.Tensor]
+    encoding: str
+    dtype: str
+
+
+def list_pieces(staging_dir: str, rid: str) -> list[str]:
+    """Paths of the pieces of ``rid`` now in ``staging_dir`` (in-progress files start with ``.`` and are skipped)."""
+    try:
+        names = os.listdir(staging_dir)
+    except FileNotFoundError:
+        return []
+    found = [(k, name) for name in names if (k := piece_number(rid, name)) is not None]
+    return [os.path.join(staging_dir, name) for _, name in sorted(found)]
+
+
+def read_piece(path: str, rid: str, ids: torch.Tensor, expected: ExpectedDump) -> Piece:
+    """Read piece ``path`` of one-pass request ``rid`` whose sequence is ``ids``; raise :class:`PieceError`."""
+    name = os.path.basename(path)
+    try:
+        meta, tensors = read_dump(path, lambda specs, meta: _header_problem(specs, meta, name, rid, len(ids), expected))
+    except PieceError:
+        raise
+    except Exception as exc:  # HeaderRefused, StagedFileError, a torn or planted file
+        raise PieceError(f"one-pass piece {name}: {exc}") from None
+    problem = _rows_problem(tensors, ids, name) or encoding_problem(meta, tensors, name, expected)
+    if problem:
+        raise PieceError(problem)
+    states = {k: v for k, v in tensors.items() if k not in ("input_ids", "positions")}
+    return Piece(tensors["positions"], states, meta.get(STATE_ENCODING_KEY, "native"), str(meta.get("dtype")))
+
+
+def _header_problem(
+    specs: dict[str, TensorSpec], meta: dict[str, str], name: str, rid: str, length: int, expected: ExpectedDump
+) -> str | None:
+    """The header names this request and declares rows of its width, before a byte of data is read."""
+    if meta.get("format") != DUMP_FORMAT or meta.get("version") != DUMP_VERSION:
+        return f"one-pass piece {name} has format {meta.get('format')!r} v{meta.get('version')!r}: update hs_dataset on the server"
+    if meta.get("rid") != rid or meta.get("capture_path") != ONE_PASS_PATH:
+        return f"one-pass piece {name} names request {meta.get('rid')!r} ({meta.get('capture_path')!r}), not {rid}"
+    if meta.get("final_state") != "pre_norm":
+        return f"one-pass piece {name} holds a {meta.get('final_state')!r} final state, expected pre_norm"
+    try:
+        layers = json.loads(meta.get("hf_aux_layer_ids", "null"))
+    except ValueError:
+        layers = None
+    if layers != list(expected.aux_layer_ids):
+        return f"one-pass piece {name} holds HF layers {layers}, expected {list(expected.aux_layer_ids)}"
+    return _shapes_problem(specs, meta, name, length, expected)
+
+
+def _shapes_problem(specs: dict[str, TensorSpec], meta: dict[str, str], name: str, length: int, expected: ExpectedDump) -> str | None:
+    encoding = scaled_encoding(meta)
+    allowed = {"input_ids", "positions", *STATES, *((s + SCALE_SUFFIX for s in STATES) if encoding is not None else ())}
+    if set(specs) - allowed or not {"input_ids", "positions", *STATES} <= set(specs):
+        return f"one-pass piece {name} holds tensors {sorted(specs)[:8]}, expected {sorted(allowed)}"
+    n = specs["input_ids"].shape[0] if len(specs["input_ids"].shape) == 1 else -1
+    if not 0 < n <= MAX_REPEATS * length or specs["positions"].shape != (n,):
+        return f"one-pass piece {name}: {specs['input_ids'].shape} rows, expected 1 to {MAX_REPEATS * length}"
+    if specs["input_ids"].dtype != "I64" or specs["positions"].dtype != "I64":
+        return f"one-pass piece {name}: token ids and positions must be int64"
+    aux, final = specs["aux_hidden_states"].shape, specs["final_hidden_state"].shape
+    k = len(expected.aux_layer_ids)
+    if len(aux) != 3 or aux[:2] != (n, k) or final != (n, aux[2]):
+        return f"one-pass piece {name}: states {aux} and {final}, expected [{n}, {k}, H] and [{n}, H]"
+    hidden = aux[2] * (encoding.pack if encoding is not None else 1)
+    if (expected.hidden_size is not None and hidden != expected.hidden_size) or hidden > MAX_HIDDEN:
+        return f"one-pass piece {name}: hidden size {hidden}, expected {expected.hidden_size}"
+    for scale in (s + SCALE_SUFFIX for s in STATES):
+        if scale in specs and specs[scale].nbytes > specs[scale.removesuffix(SCALE_SUFFIX)].nbytes:
+            return f"one-pass piece {name}: tensor {scale} is larger than the states it scales"
+    return None
+
+
+def _rows_problem(tensors: dict[str, torch.Tensor], ids: torch.Tensor, name: str) -> str | None:
+    """Every row's position lies in the generation's sequence and its token id is the one there."""
+    positions, row_ids = tensors["positions"], tensors["input_ids"]
+    if int(positions.min()) < 0 or int(positions.max()) >= len(ids):
+        return f"one-pass piece {name}: positions {int(positions.min())}..{int(positions.max())} outside the request's {len(ids)} tokens"
+    wrong = (ids[positions] != row_ids).nonzero()
+    if len(wrong):
+        at = int(positions[wrong[0, 0]])
+        return f"one-pass piece {name}: the row at position {at} holds token {int(row_ids[wrong[0, 0]])}, the request has {int(ids[at])}"
+    return None
