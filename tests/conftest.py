@@ -40,6 +40,7 @@ TESTS = Path(__file__).resolve().parent
 INTEGRATION_MODULES = frozenset(
     {
         "capture/sglang/test_eagle3_server.py",
+        "capture/sglang/test_one_pass.py",
         "capture/sglang/test_encoded_server.py",
         "capture/sglang/test_final_only_server.py",
         "capture/sglang/test_kimi_server.py",

@@ -47,7 +47,7 @@ from hs_dataset.capture.sglang.dumps import DumpLost, ExpectedDump, Refusal, awa
 from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
 from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
-from hs_dataset.capture.sglang.one_pass import Assembly, Source
+from hs_dataset.capture.sglang.one_pass import Assembly, SharedPrefixes, Source
 from hs_dataset.capture.sglang.one_pass_support import one_pass_blocker
 from hs_dataset.capture.sglang.pieces import PieceError
 from hs_dataset.capture.sglang.support import verification
@@ -113,7 +113,8 @@ class SGLangBackend(CaptureBackend):
         self.probe = probe
         self.run_id = run_id or secrets.token_hex(6)
         self.stats = {"requests": 0, "retries": 0, "refused": 0, "timeouts": 0, "endpoint_errors": 0}
-        self.stats.update(one_pass_samples=0, one_pass_fallbacks=0, one_pass_repairs=0, one_pass_repair_tokens=0)
+        self.stats.update(one_pass_samples=0, one_pass_fallbacks=0, one_pass_repairs=0, one_pass_repair_tokens=0, one_pass_shared_tokens=0)
+        self._shared_prefixes = SharedPrefixes()
         self.one_pass = False  # set by generator(): regenerated conversations are captured while generated
         self.one_pass_fallback_reasons: dict[str, int] = {}
         self._seq = itertools.count(1)
@@ -322,6 +323,9 @@ class SGLangBackend(CaptureBackend):
             problem = await self._gather(assembly, sources)
             ep = by_url[traced[-1].trace.url]  # the last generation's server: its prefix cache holds the sample
             for start, stop in [] if problem else assembly.missing():
+                if self._shared_prefixes.fill(assembly, start, stop):
+                    self.stats["one_pass_shared_tokens"] += stop - start
+                    continue
                 problem = await self._repair(assembly, sources, ep, start, stop)
                 if problem:
                     break
@@ -332,6 +336,7 @@ class SGLangBackend(CaptureBackend):
         if problem or assembly.missing():
             return self._one_pass_fallback(sample, problem or f"positions {assembly.missing()[:3]} never arrived", sources)
         self.stats["one_pass_samples"] += 1
+        self._shared_prefixes.remember(assembly)
         result = assembly.result()
         result.capture_path = "one_pass"
         return result

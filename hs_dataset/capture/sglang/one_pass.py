@@ -8,9 +8,11 @@ computed for it: the prompt's rows after any prefix-cache hit, then one row per 
 * the generations whose token stream agrees with the sample up to that position: a state depends on
   every token before it, so a generation's rows count only inside its common prefix with the sample
   (an earlier turn that the template rendered differently counts up to where it differs);
-* what no generation computed: positions another conversation's request put into the prefix cache,
-  the answer's last token (sampled, never fed back, unless the overlap scheduler ran one more step),
-  rows lost with a refused piece. These are *repaired*: one request per missing range ``[a, b)``
+* what no generation computed: positions another conversation's request put into the prefix cache
+  (a shared system prompt), the answer's last token (sampled, never fed back, unless the overlap
+  scheduler ran one more step), rows lost with a refused piece. A range that a recently assembled
+  sample holds with the same tokens before it is copied from there (:class:`SharedPrefixes`: a state
+  depends only on the tokens up to it, which is also why the server may share that prefix's KV). The rest is *repaired*: one request per missing range ``[a, b)``
   sends ``ids[:b]`` with ``logprob_start_len = a`` (SGLang then recomputes every position from ``a``,
   taking ``[0, a)`` from its cache) under a one-pass id, and its rows fill the range. Repaired tokens are
   the only prefill capture adds to generation; they are counted.
@@ -23,6 +25,7 @@ one pass for this conversation, and the caller captures it by prefill as before.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -37,7 +40,7 @@ from hs_dataset.server_patch.contract.dump import REFUSED_SUFFIX
 from hs_dataset.server_patch.contract.rid import rid_num_tokens
 from hs_dataset.server_patch.contract.spares import hand_back_dump
 
-__all__ = ["Assembly", "Source", "common_prefix", "missing_ranges"]
+__all__ = ["Assembly", "SharedPrefixes", "Source", "common_prefix", "missing_ranges"]
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -118,9 +121,7 @@ class Assembly:
 
     def _fill(self, piece: Piece, usable: int) -> None:
         if self.encoding is None:
-            self.encoding, self.dtype = piece.encoding, piece.dtype
-            n = self.sample.num_tokens
-            self.tensors = {name: t.new_empty((n, *t.shape[1:])) for name, t in piece.tensors.items()}
+            self.adopt_layout(piece.tensors, piece.encoding, piece.dtype)
         elif (piece.encoding, piece.dtype) != (self.encoding, self.dtype) or set(piece.tensors) != set(self.tensors):
             raise ValueError(f"pieces of one conversation disagree: {piece.encoding}/{piece.dtype} after {self.encoding}/{self.dtype}")
         positions = piece.positions
@@ -142,6 +143,12 @@ class Assembly:
             buf[pos] = piece.tensors[name][rows]
         self.filled[pos] = True
         self.rows_taken += len(pos)
+
+    def adopt_layout(self, rows: dict[str, torch.Tensor], encoding: str | None, dtype: str | None) -> None:
+        """Allocate the sample's buffers like ``rows`` (the first rows that arrive decide the encoding)."""
+        self.encoding, self.dtype = encoding, dtype
+        n = self.sample.num_tokens
+        self.tensors = {name: t.new_empty((n, *t.shape[1:])) for name, t in rows.items()}
 
     def covers(self, sources: Iterable[Source]) -> bool:
         """Whether every position the sources must deliver is filled."""
@@ -168,3 +175,43 @@ class Assembly:
             aux_scale=self.tensors.get("aux_hidden_states" + SCALE_SUFFIX) if scaled else None,
             final_scale=self.tensors.get("final_hidden_state" + SCALE_SUFFIX) if scaled else None,
         )
+
+
+class SharedPrefixes:
+    """The leading rows of the last few assembled samples, for ranges a shared prefix-cache hit left empty.
+
+    Bounded: ``entries`` samples, each at most ``tokens`` leading rows (at Kimi-K2.5 width, 3 aux layers and
+    the final state in bf16, 8 x 256 rows are 117 MB). Used from the capture loop's thread only.
+    """
+
+    def __init__(self, entries: int = 8, tokens: int = 256) -> None:
+        self.entries, self.tokens = int(entries), int(tokens)
+        self._held: OrderedDict[int, tuple[torch.Tensor, dict[str, torch.Tensor], str | None, str | None]] = OrderedDict()
+        self._next = 0
+
+    def remember(self, assembly: Assembly) -> None:
+        """Keep the leading rows of a complete assembly (copies: the sample's own tensors go to the writer)."""
+        if self.entries < 1 or not bool(assembly.filled.all()):
+            return
+        n = min(self.tokens, assembly.sample.num_tokens)
+        rows = {name: t[:n].clone() for name, t in assembly.tensors.items()}
+        self._held[self._next] = (assembly.sample.input_ids[:n].clone(), rows, assembly.encoding, assembly.dtype)
+        self._next += 1
+        while len(self._held) > self.entries:
+            self._held.popitem(last=False)
+
+    def fill(self, assembly: Assembly, start: int, stop: int) -> bool:
+        """Fill ``[start, stop)`` of ``assembly`` from a held sample with the same first ``stop`` tokens; whether one did."""
+        for key, (ids, rows, encoding, dtype) in reversed(self._held.items()):
+            if len(ids) < stop or common_prefix(ids[:stop], assembly.sample.input_ids[:stop]) < stop:
+                continue
+            if assembly.encoding is not None and (encoding, dtype) != (assembly.encoding, assembly.dtype):
+                continue
+            if assembly.encoding is None:
+                assembly.adopt_layout(rows, encoding, dtype)
+            for name, buf in assembly.tensors.items():
+                buf[start:stop] = rows[name][start:stop]
+            assembly.filled[start:stop] = True
+            self._held.move_to_end(key)
+            return True
+        return False

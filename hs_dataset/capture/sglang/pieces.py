@@ -28,6 +28,10 @@ STATES = ("aux_hidden_states", "final_hidden_state")
 # A request's rows may come more than once (a retracted request is prefilled again), but not without bound:
 # a piece declaring more rows than this many times the generation's length is refused before it is read.
 MAX_REPEATS = 4
+# Rows past the answer: a scheduler that sees a request finish a step or two late (SGLang's overlap scheduler)
+# decodes it once or twice more, feeding tokens the answer does not hold. Such rows are dropped, not trusted;
+# one further away than this is no late step but a wrong piece.
+MAX_STEPS_PAST = 4
 
 
 class PieceError(CaptureError):
@@ -113,12 +117,14 @@ def _shapes_problem(specs: dict[str, TensorSpec], meta: dict[str, str], name: st
 
 
 def _rows_problem(tensors: dict[str, torch.Tensor], ids: torch.Tensor, name: str) -> str | None:
-    """Every row's position lies in the generation's sequence and its token id is the one there."""
+    """Every row's position lies in the generation's sequence (or a late step or two past it, see
+    :data:`MAX_STEPS_PAST`) and, inside it, its token id is the one there."""
     positions, row_ids = tensors["positions"], tensors["input_ids"]
-    if int(positions.min()) < 0 or int(positions.max()) >= len(ids):
+    if int(positions.min()) < 0 or int(positions.max()) >= len(ids) + MAX_STEPS_PAST:
         return f"one-pass piece {name}: positions {int(positions.min())}..{int(positions.max())} outside the request's {len(ids)} tokens"
-    wrong = (ids[positions] != row_ids).nonzero()
+    inside = positions < len(ids)
+    wrong = (ids[positions[inside]] != row_ids[inside]).nonzero()
     if len(wrong):
-        at = int(positions[wrong[0, 0]])
-        return f"one-pass piece {name}: the row at position {at} holds token {int(row_ids[wrong[0, 0]])}, the request has {int(ids[at])}"
+        at = int(positions[inside][wrong[0, 0]])
+        return f"one-pass piece {name}: the row at position {at} holds token {int(row_ids[inside][wrong[0, 0]])}, the request has {int(ids[at])}"
     return None
