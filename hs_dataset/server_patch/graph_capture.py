@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from hs_dataset.server_patch import compat, decode_route, hooks
-from hs_dataset.server_patch.decode_route import ROUTE
 
 __all__ = ["HOOK_FACTORY_PREFIX", "install", "is_ours", "run_scheduler_process"]
 
@@ -48,23 +47,23 @@ def is_ours(spec: Any) -> bool:
 
 def install() -> decode_route.Route:
     """Wrap the graph capture and the decode replay of the installed SGLang (once per process); the route's state."""
-    if ROUTE.installed or ROUTE.reason is not None:
-        return ROUTE
+    if decode_route.ROUTE.installed or decode_route.ROUTE.reason is not None:
+        return decode_route.ROUTE
     route = compat.graph_route()
     if isinstance(route, str):
-        ROUTE.reason = f"the decode-graph route is not installed: {route}"
-        logger.warning("hs_dataset capture: %s", ROUTE.reason)
-        return ROUTE
+        decode_route.ROUTE.reason = f"the decode-graph route is not installed: {route}"
+        logger.warning("hs_dataset capture: %s", decode_route.ROUTE.reason)
+        return decode_route.ROUTE
     route.model_runner.init_cuda_graphs = _wrap_init(route.model_runner.init_cuda_graphs, route)
     setattr(route.graph_runner, route.replay_method, _wrap_replay(getattr(route.graph_runner, route.replay_method)))
-    ROUTE.installed = True
+    decode_route.ROUTE.installed = True
     logger.info(
         "hs_dataset capture: decode-graph route installed (%s.init_cuda_graphs, %s.%s)",
         route.model_runner.__name__,
         route.graph_runner.__name__,
         route.replay_method,
     )
-    return ROUTE
+    return decode_route.ROUTE
 
 
 def _wrap_init(original, route: compat.GraphRoute):
@@ -73,21 +72,21 @@ def _wrap_init(original, route: compat.GraphRoute):
         lists = _early_specs(runner)
         if isinstance(lists, str):
             if lists:
-                ROUTE.reason = lists
+                decode_route.ROUTE.reason = lists
                 logger.warning("hs_dataset capture: hooks left to SGLang's registration after graph capture: %s", lists)
             return original(runner, *args, **kwargs)
         ours = [spec for spec in lists[0] if is_ours(spec)]
-        ROUTE.early = True
+        decode_route.ROUTE.early = True
         try:
             with _hidden(lists):
                 route.register_hooks(runner.model, ours)
                 result = original(runner, *args, **kwargs)
         finally:
-            ROUTE.early = False
-        ROUTE.captured = isinstance(getattr(runner, "decode_cuda_graph_runner", None), route.graph_runner)
+            decode_route.ROUTE.early = False
+        decode_route.ROUTE.captured = isinstance(getattr(runner, "decode_cuda_graph_runner", None), route.graph_runner)
         rt = hooks.route_runtime()
         if rt is not None:
-            rt.graphs_captured(ROUTE.captured)
+            rt.graphs_captured(decode_route.ROUTE.captured)
         return result
 
     return init_cuda_graphs
