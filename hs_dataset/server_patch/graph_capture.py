@@ -75,6 +75,9 @@ def _wrap_init(original, route: compat.GraphRoute):
                 decode_route.ROUTE.reason = lists
                 logger.warning("hs_dataset capture: hooks left to SGLang's registration after graph capture: %s", lists)
             return original(runner, *args, **kwargs)
+        if decode_route.ROUTE.captured is not None:  # graphs captured again (a recapture): the hooks are on already
+            with _hidden(lists):
+                return original(runner, *args, **kwargs)
         ours = [spec for spec in lists[0] if is_ours(spec)]
         decode_route.ROUTE.early = True
         try:

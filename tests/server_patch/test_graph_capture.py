@@ -314,6 +314,8 @@ def test_the_hooks_go_on_before_capture_once_and_the_spec_lists_come_back(monkey
     assert graph.captures == len(CAPTURE_BS) and graph.rows == max(CAPTURE_BS) and graph.problem is None
     assert graph.aux.shape == (max(CAPTURE_BS), len(IDS), H)
     assert server.runtime.facts["decode_capture"] == "graph" and server.core.one_pass_refusal is None
+    server.runner.init_cuda_graphs()  # captured again: ours stay one each and keep recording (the stranger is SGLang's)
+    assert hook_counts(server.model) == {"norm": 3, "stack": 1, "layer1": 1} and graph.captures == 2 * len(CAPTURE_BS)
     server.core.reporter.write()
     (status,) = read_statuses(server.config["staging_dir"])
     assert status["facts"]["decode_capture"] == "graph"
