@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ROUTE", "Route", "reset"]
+__all__ = ["ROUTE", "Route"]
 
 
 @dataclass
@@ -23,8 +23,3 @@ class Route:
 
 
 ROUTE = Route()
-
-
-def reset() -> None:
-    """Forget the route (tests; a server installs once)."""
-    ROUTE.installed, ROUTE.reason, ROUTE.early, ROUTE.captured = False, None, False, None
