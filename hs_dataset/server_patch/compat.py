@@ -11,7 +11,10 @@ probe lives here, so the hooks and the mechanisms read one answer:
   ``runtime_context`` (0.5.23), ``dp_attention`` or plain tensor parallelism; the first reader
   that answers is kept;
 * :func:`forward_batch_rids` -- whether the loaded ``ForwardBatch`` carries request ids (cached);
-* :func:`prefill_cuda_graph` -- the prefill CUDA-graph state as the server args spell it;
+* :func:`prefill_cuda_graph`, :func:`decode_cuda_graph` -- the CUDA-graph state of each phase as the server args spell it;
+* :func:`graph_route` -- where decode graphs are captured and replayed, for one-pass capture inside them;
+* :func:`forward_hook_lists` -- the lists of hook specs SGLang registers after graph capture;
+* :func:`server_entry` -- SGLang's own HTTP server launch, for a launcher that hands it a scheduler entry;
 * :func:`tp_size` and :func:`loaded_source`.
 
 Stdlib only (SGLang is imported lazily, inside the server).
@@ -23,15 +26,21 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "GraphRoute",
+    "ServerEntry",
     "attention_ranks",
+    "decode_cuda_graph",
     "forward_batch_rids",
+    "forward_hook_lists",
+    "graph_route",
     "loaded_source",
     "prefill_cuda_graph",
     "reset",
     "server_args",
+    "server_entry",
     "sglang_version",
     "tp_size",
 ]
@@ -181,6 +190,120 @@ def prefill_cuda_graph(args: Any) -> str:
         off = bool(getattr(args, "disable_prefill_cuda_graph", False) or getattr(args, "disable_cuda_graph", False))
         return "off" if off else "on"
     return "absent"
+
+
+def decode_cuda_graph(args: Any) -> str:
+    """``on``, ``off`` or ``unknown``: whether decode steps replay in a CUDA graph, from the resolved server args.
+
+    Only a CUDA (or MUSA) device captures CUDA graphs; a CPU server's decode graphs, where
+    torch.compile makes them, are compiled code, not replays, and counted ``on`` too: no
+    Python hook of ours runs per step there either. ``cuda_graph_config.decode.backend`` of
+    0.5.16+ is read first, then the ``disable_cuda_graph`` flag every release has.
+    """
+    if args is None:
+        return "unknown"
+    device = str(getattr(args, "device", "cuda") or "cuda")
+    if device.startswith("cpu"):
+        return "on" if getattr(args, "enable_torch_compile", False) else "off"
+    if getattr(args, "disable_cuda_graph", False):
+        return "off"
+    backend = getattr(getattr(getattr(args, "cuda_graph_config", None), "decode", None), "backend", None)
+    if backend is not None and str(getattr(backend, "value", backend)).lower() in ("disabled", "backend.disabled"):
+        return "off"
+    return "on"
+
+
+class GraphRoute(NamedTuple):
+    """Where one-pass capture hooks into SGLang's decode graphs (found in the installed code, never by version)."""
+
+    model_runner: type  # its ``init_cuda_graphs`` captures every graph, then registers ``--forward-hooks``
+    graph_runner: type  # the decode graph runner; ``replay_method`` replays one batch
+    replay_method: str  # takes the ForwardBatch as its first argument
+    register_hooks: Callable[[Any, list], None]  # SGLang's own ``register_forward_hooks(model, specs)``
+
+
+# (module, class, replay method) of the decode graph runner, newest layout first: 0.5.14+ split the runners
+# into ``runner/``; earlier releases had one ``CudaGraphRunner`` whose ``replay`` took the batch.
+_GRAPH_RUNNERS = (
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner", "execute"),
+    ("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner", "replay"),
+)
+
+
+def graph_route() -> GraphRoute | str:
+    """The decode-graph route of the installed SGLang, or why there is none (a sentence)."""
+    try:
+        from sglang.srt.model_executor.hook_manager import register_forward_hooks
+        from sglang.srt.model_executor.model_runner import ModelRunner
+    except Exception as exc:
+        return f"SGLang's ModelRunner or hook_manager.register_forward_hooks cannot be imported ({type(exc).__name__}: {exc})"
+    if not callable(getattr(ModelRunner, "init_cuda_graphs", None)):
+        return "SGLang's ModelRunner has no init_cuda_graphs"
+    for module, name, method in _GRAPH_RUNNERS:
+        try:
+            runner = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if callable(getattr(runner, method, None)):
+            return GraphRoute(ModelRunner, runner, method, register_forward_hooks)
+    return "no decode graph runner found (" + ", ".join(f"{m}.{c}.{r}" for m, c, r in _GRAPH_RUNNERS) + ")"
+
+
+def forward_hook_lists(args: Any) -> list[list] | str:
+    """Every list of hook specs SGLang may register from after graph capture, or why one cannot be edited in place.
+
+    0.5.9 - 0.5.19 read ``server_args.forward_hooks``; 0.5.23 reads its observability config
+    (``runtime_context.get_observability().forward_hooks``), which may be another object.
+    """
+    lists: list[list] = []
+    for source, specs in (("server_args.forward_hooks", getattr(args, "forward_hooks", None)), _observability_hooks()):
+        if specs is None or any(specs is known for known in lists):
+            continue
+        if not isinstance(specs, list):
+            return f"{source} is a {type(specs).__name__}, not a list that can be edited in place"
+        lists.append(specs)
+    return lists
+
+
+def _observability_hooks() -> tuple[str, Any]:
+    try:
+        from sglang.srt.runtime_context import get_observability  # 0.5.23
+
+        return "observability.forward_hooks", get_observability().forward_hooks
+    except Exception:
+        return "observability.forward_hooks", None
+
+
+class ServerEntry(NamedTuple):
+    """SGLang's own ``python -m sglang.launch_server``, taken apart so a launcher can hand it a scheduler entry."""
+
+    prepare_server_args: Callable[[list[str]], Any]
+    run_server: Callable[[Any], None]  # the launch module's dispatch on the server mode
+    http_server: Any  # the module whose ``launch_server`` takes ``run_scheduler_process_func``
+    load_plugins: Callable[[], None] | None  # 0.5.14+: what ``__main__`` runs before reading the args
+    kill_process_tree: Callable[..., None]
+
+
+def server_entry() -> ServerEntry | str:
+    """SGLang's launch entry, or why it cannot take a scheduler entry of ours (a sentence)."""
+    try:
+        from sglang import launch_server as entry
+        from sglang.srt.entrypoints import http_server
+        from sglang.srt.server_args import prepare_server_args
+        from sglang.srt.utils import kill_process_tree
+    except Exception as exc:
+        return f"SGLang's launch modules cannot be imported ({type(exc).__name__}: {exc})"
+    params = inspect.signature(http_server.launch_server).parameters
+    if "run_scheduler_process_func" not in params:
+        return "this SGLang's http_server.launch_server takes no run_scheduler_process_func"
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:
+        load_plugins = None
+    run_server = getattr(entry, "run_server", None)
+    if not callable(run_server):
+        return "this SGLang's sglang.launch_server has no run_server"
+    return ServerEntry(prepare_server_args, run_server, http_server, load_plugins, kill_process_tree)
 
 
 def tp_size() -> int:

@@ -136,6 +136,8 @@ class CaptureCore:
             "passes_seen": 0,
             "extend_passes": 0,
             "decode_passes": 0,
+            "graph_decode_passes": 0,  # of which replayed in a decode CUDA graph, read from its static rows after the replay
+            "graph_decode_rows": 0,  # the rows of those replays (every request's, ours or not)
             "requests_seen": 0,
             "foreign_skipped": 0,
             "decode_tails": 0,  # rows of our rids past their prompt (mixed passes' decode tails): skipped, not refused

@@ -26,6 +26,15 @@ the aux part of every dump is an empty ``[T, 0, H]``.
 
 The ``model`` hook receives the ForwardBatch, so it is where a pass is split into
 requests and handed to the core; the norm/layer hooks only park tensors for it.
+
+Decode CUDA graphs (one-pass capture, :mod:`hs_dataset.server_patch.graph_capture`): where
+the launcher registered these hooks before the decode graphs were captured, the norm and
+layer hooks, run while a graph is captured, copy their states into static buffers
+(:mod:`.graph_buffers`) instead, so every replay writes them; the model hook does nothing
+more then (its Python never replays), and :meth:`_Runtime.on_graph_replay`, called after
+each replay, hands the replayed rows to the core. The status fact ``decode_capture``
+(:mod:`.contract.decode_capture`) says which case holds; one-pass requests are refused
+where decode steps escape the hooks.
 """
 
 from __future__ import annotations
@@ -39,18 +48,20 @@ from typing import Any
 
 import torch
 
-from hs_dataset.server_patch import compat
+from hs_dataset.server_patch import compat, decode_route
 from hs_dataset.server_patch.batch import DECODE_MODE, PREFILL_MODES, BatchView
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.contract import decode_capture
 from hs_dataset.server_patch.contract.mechanism import Mechanism
 from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.graph_buffers import GraphBuffers
 from hs_dataset.server_patch.mechanisms import check_server_args, server_mechanism
 from hs_dataset.server_patch.mechanisms.base import PassCapture
 from hs_dataset.server_patch.mechanisms.layer_hooks import check_layer_outputs
 from hs_dataset.server_patch.setup_error import SetupError
 from hs_dataset.server_patch.states import prepare_quantizer
 
-__all__ = ["SetupError", "get_runtime", "layer_hook", "model_hook", "norm_hook"]
+__all__ = ["SetupError", "get_runtime", "layer_hook", "model_hook", "norm_hook", "route_runtime"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -58,6 +69,28 @@ _RUNTIME: _Runtime | None = None
 _RUNTIME_LOCK = threading.Lock()
 
 ALLOW_PREFILL_GRAPH_ENV = "HS_CAPTURE_ALLOW_PREFILL_GRAPH"  # "1": start even with a prefill CUDA graph on (diagnostics only)
+NO_ROUTE = (
+    "decode CUDA graphs are on and the hooks were registered after their capture, so no hook runs on a replayed decode "
+    "step: start the server through `python -m hs_dataset.server_patch.launch` (hs-dataset serve does) or with --disable-cuda-graph"
+)
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on this thread's stream (False where torch has no CUDA)."""
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except (RuntimeError, AssertionError):
+        return False
+
+
+def _decode_capture_fact(args: Any) -> str:
+    """The ``decode_capture`` fact as known when the hooks are made (the route confirms or withdraws ``graph`` after capture)."""
+    if compat.decode_cuda_graph(args) != "on":
+        return decode_capture.EAGER
+    route = decode_route.ROUTE
+    if route.early:
+        return decode_capture.GRAPH
+    return decode_capture.off(route.reason or NO_ROUTE)
 
 
 class _Runtime:
@@ -69,7 +102,13 @@ class _Runtime:
         self.mechanism = server_mechanism(self.config.mechanism)
         self.version = compat.sglang_version()
         args = compat.server_args()
-        self.facts = {"forward_batch_rids": compat.forward_batch_rids(), "prefill_cuda_graph": compat.prefill_cuda_graph(args)}
+        self.facts = {
+            "forward_batch_rids": compat.forward_batch_rids(),
+            "prefill_cuda_graph": compat.prefill_cuda_graph(args),
+            decode_capture.DECODE_CAPTURE: _decode_capture_fact(args),
+        }
+        # the static rows decode graphs write, where the hooks are registered before those graphs are captured
+        self.graph = GraphBuffers(len(self.config.hf_aux_layer_ids)) if decode_route.ROUTE.early else None
         problems = check_server_args(args, self.config.mechanism)
         if self.facts["prefill_cuda_graph"] == "on" and os.environ.get(ALLOW_PREFILL_GRAPH_ENV) != "1":
             problems.append(
@@ -114,6 +153,7 @@ class _Runtime:
                     status_writer=f"dp{dp}",
                     facts=self.facts,
                 )
+                self.core.one_pass_refusal = decode_capture.one_pass_refusal(self.facts[decode_capture.DECODE_CAPTURE])
                 if str(getattr(compat.server_args(), "device", "")).startswith("cuda"):
                     took = self.core.copier.prepare_pinned()
                     logger.info("hs_dataset capture: pinned %d bytes for device copies in %.1f s", self.config.pinned_pool_bytes, took)
@@ -132,11 +172,16 @@ class _Runtime:
 
     def on_norm(self, inputs, output) -> None:
         if isinstance(output, (tuple, list)) and len(output) >= 2 and isinstance(output[1], torch.Tensor):
-            self.pending_final = output[1]  # the residual sum the norm consumed: pre-norm
+            prenorm = output[1]  # the residual sum the norm consumed: pre-norm
         elif isinstance(output, torch.Tensor) and inputs and isinstance(inputs[0], torch.Tensor):
-            self.pending_final = inputs[0]  # norm(hidden) without residual: its input is complete
+            prenorm = inputs[0]  # norm(hidden) without residual: its input is complete
         else:
-            self.pending_final = None
+            prenorm = None
+        if self.graph is not None and _capturing():
+            if prenorm is not None:
+                self.graph.keep_final(prenorm)  # recorded into the graph: every replay writes the static rows
+            return
+        self.pending_final = prenorm
 
     def on_layer(self, hf_id: int, output) -> None:
         hidden = output[0] if isinstance(output, (tuple, list)) else output
@@ -146,9 +191,14 @@ class _Runtime:
                 f"decoder layer output for HF hidden_states {hf_id} is of type {type(hidden).__name__}, not a complete "
                 "tensor (under tensor parallelism: an un-reduced partial sum); use mechanism 'aux_return'"
             )
+            if self.graph is not None and _capturing():
+                self.graph.fail(self.layer_problem)
             return
         residual = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         residual = residual if isinstance(residual, torch.Tensor) else None
+        if self.graph is not None and _capturing():
+            self.graph.keep_layer(self.aux_slot[hf_id], hidden, residual)
+            return
         slot = self._aux_buffer(hidden, residual)[:, self.aux_slot[hf_id]]
         if residual is not None:
             torch.add(hidden, residual, out=slot)
@@ -179,6 +229,9 @@ class _Runtime:
 
     def on_model(self, inputs, output) -> None:
         taken = self._take_pass()
+        if self.graph is not None and _capturing():
+            self._graph_captured()
+            return
         final = taken.final
         fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
         if fb is None:
@@ -197,6 +250,69 @@ class _Runtime:
         owned = aux is taken.packed or not self.aux_slot  # the hooks' own buffer: the core need not snapshot it
         self.core.process(batch, aux=aux, final_prenorm=final, missing_reason=missing, aux_owned=owned)
 
+    # decode CUDA graphs ------------------------------------------------------
+
+    def _graph_captured(self) -> None:
+        """The model hook at the end of one graph's capture: nothing to hand over (the replays are read instead)."""
+        if self.aux_slot and not self.mechanism.takes_layer_hooks:
+            self.graph.fail(f"mechanism {self.config.mechanism} returns the aux states from the model, not into the static rows")
+        self.graph.captured()
+
+    def graphs_captured(self, captured: bool) -> None:
+        """After SGLang captured its graphs with these hooks on (the route calls it): the fact, confirmed or withdrawn.
+
+        ``captured``: a decode graph runner was made. Without one every decode step runs
+        eagerly through the hooks (``eager``); with one, the hooks must have recorded every
+        capture whole, else one-pass requests are refused with why.
+        """
+        graph = self.graph
+        if not captured:
+            fact = decode_capture.EAGER
+        elif graph is None or graph.captures == 0:
+            fact = decode_capture.off("decode graphs were captured, but the hooks saw no capture (registered too late)")
+        elif graph.problem is not None:
+            fact = decode_capture.off(graph.problem)
+        else:
+            fact = decode_capture.GRAPH
+        self.set_decode_capture(fact)
+        logger.info(
+            "hs_dataset capture: decode_capture %s (%d decode graphs recorded the states into %d static rows)",
+            fact,
+            graph.captures if graph else 0,
+            graph.rows if graph else 0,
+        )
+
+    def set_decode_capture(self, fact: str) -> None:
+        """Record the ``decode_capture`` fact, in the status file too, and refuse one-pass requests where it says so."""
+        self.facts[decode_capture.DECODE_CAPTURE] = fact
+        if self.core is not None:
+            self.core.one_pass_refusal = decode_capture.one_pass_refusal(fact)
+            self.core.reporter.fact(decode_capture.DECODE_CAPTURE, fact)
+
+    def on_graph_replay(self, fb) -> None:
+        """A decode graph was replayed for ``fb``: its first ``batch_size`` static rows are the step's states.
+
+        The rows follow ``fb.rids`` at ``fb.positions`` (the real batch; the graph's padding
+        rows are past them). They are views the next replay overwrites, so the core
+        snapshots them (``aux_owned=False``) before the forward thread goes on.
+        """
+        graph = self.graph
+        if graph is None or getattr(fb.forward_mode, "name", None) != DECODE_MODE or not self.writes():
+            return
+        rows = int(fb.batch_size)
+        batch = BatchView.from_forward_batch(fb)
+        batch.rids = batch.rids[:rows] if batch.rids is not None else None
+        batch.positions = batch.positions[:rows] if batch.positions is not None else None
+        batch.input_ids = batch.input_ids[:rows] if batch.input_ids is not None else None
+        self.core.stats["graph_decode_passes"] += 1
+        self.core.stats["graph_decode_rows"] += rows
+        if graph.problem is not None or rows > graph.rows:
+            reason = graph.problem or f"a replayed decode batch of {rows} rows is larger than the static buffer ({graph.rows})"
+            self.core.process(batch, aux=None, final_prenorm=None, missing_reason=reason)
+            return
+        aux, final = graph.replayed(rows)
+        self.core.process(batch, aux=aux, final_prenorm=final, aux_owned=False)
+
     def _aux_states(self, output, taken: PassCapture) -> tuple[Any, str | None]:
         """(aux states, why there are none) of the pass, as the mechanism obtains them.
 
@@ -214,6 +330,8 @@ class _Runtime:
             fn(*args)
         except Exception as exc:
             self._errors += 1
+            if self.graph is not None and _capturing():
+                self.graph.fail(f"a capture hook failed while a decode graph was captured: {type(exc).__name__}: {exc}")
             if self.core is not None:
                 self.core.hook_failed(f"{type(exc).__name__}: {exc}")
             if self._errors <= 10:
@@ -236,6 +354,11 @@ def get_runtime(config: Mapping[str, Any]) -> _Runtime:
                 "give every hs_dataset hook spec the same config"
             )
         return _RUNTIME
+
+
+def route_runtime() -> _Runtime | None:
+    """This process's runtime, if a hook factory made one (the decode-graph route reports to it)."""
+    return _RUNTIME
 
 
 def model_hook(config: Mapping[str, Any]):

@@ -45,6 +45,11 @@ class StatusReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def fact(self, name: str, value: Any) -> None:
+        """Change one fact after start (the decode-graph route learns its outcome once SGLang has captured its graphs)."""
+        self._static["facts"] = {**self._static["facts"], name: value}
+        self._last = None  # rewritten at the next tick even if no counter moved
+
     def error(self, message: str) -> None:
         self.last_error = message[:500]
 

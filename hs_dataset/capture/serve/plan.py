@@ -54,6 +54,7 @@ from hs_dataset.capture.serve.sizing import refuse_samples_that_cannot_fit
 from hs_dataset.capture.sglang.support import UnsupportedVersionError, verification
 from hs_dataset.codecs.registry import ENCODED_STORAGES
 from hs_dataset.config import Card, SGLangServerSection, card_from_dict
+from hs_dataset.server_patch.contract.decode_capture import LAUNCHER_MODULE
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.server_patch.contract.mechanism import Mechanism
 
@@ -392,11 +393,17 @@ def _hook_specs(device: str, target: _Target, capture: _Capture, hook_config: di
 # --------------------------------------------------------------------------- the command line and the environment
 
 
+def _launch_module(specs: list[dict]) -> str:
+    """The module the server starts from: hs_dataset's launcher wherever hooks capture, so decode CUDA graphs carry the
+    one-pass capture (it starts SGLang's own server); SGLang's own entry for the source patch, which has no hooks."""
+    return LAUNCHER_MODULE if specs else "sglang.launch_server"
+
+
 def _server_argv(
     card: Card, target: _Target, capture: _Capture, specs: list[dict], extra_args: Sequence[str], notes: list[str]
 ) -> list[str]:
     sg = card.sglang
-    argv = ["-m", "sglang.launch_server", "--model-path", target.model_path, "--host", target.host, "--port", str(target.port)]
+    argv = ["-m", _launch_module(specs), "--model-path", target.model_path, "--host", target.host, "--port", str(target.port)]
     argv += ["--dtype", card.dtype, "--skip-tokenizer-init"]
     if sg.tp != 1:
         argv += ["--tp-size", str(sg.tp)]

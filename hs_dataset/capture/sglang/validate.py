@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,12 +25,13 @@ from hs_dataset.codecs.fp4 import GROUP_SIZE
 from hs_dataset.config import SGLangBackendSection
 from hs_dataset.errors import ServerValidationError
 from hs_dataset.sample import CapturedSample, TokenizedSample
+from hs_dataset.server_patch.contract.decode_capture import DECODE_CAPTURE, one_pass_refusal
 from hs_dataset.server_patch.contract.dump import HOOKS_MODULE
 from hs_dataset.server_patch.contract.mechanism import DEFAULT_MECHANISM, Mechanism
 from hs_dataset.server_patch.contract.private_dir import StagingError, check_private_dir
 from hs_dataset.server_patch.contract.status import read_statuses
 
-__all__ = ["check_probe", "check_server", "probe_sample", "server_mechanism"]
+__all__ = ["OnePassSupport", "check_probe", "check_server", "one_pass_support", "probe_sample", "server_mechanism"]
 
 _SERVE_FIX = "start it with `hs-dataset serve --config <card>`"
 
@@ -133,6 +134,27 @@ def hooks_see_rids(url: str, staging_dir: str, config: dict) -> bool:
     if "forward_batch_rids" in facts:
         return bool(facts["forward_batch_rids"])
     return not config.get("content_keys", False)
+
+
+class OnePassSupport(NamedTuple):
+    """Whether a server captures one-pass requests (every decode step's states), and why not."""
+
+    works: bool
+    reason: str | None  # None where it works; else the hooks' reason, to print beside the fallback to prefill capture
+    fact: str | None  # the hooks' ``decode_capture`` fact as reported (None: not reported)
+
+
+def one_pass_support(staging_dir: str) -> OnePassSupport:
+    """What the server's hooks report of their decode steps (``facts["decode_capture"]`` of the status file).
+
+    ``graph``: its decode CUDA graphs carry the capture; ``eager``: no decode graph, the
+    hooks see every step; ``off: <reason>``, or no report at all: one-pass requests would be
+    refused, so the build captures by prefill instead. Read the status after the server is
+    up (the hooks write it before the first request).
+    """
+    fact = read_report(staging_dir).facts.get(DECODE_CAPTURE)
+    reason = one_pass_refusal(fact)
+    return OnePassSupport(reason is None, reason, fact if isinstance(fact, str) else None)
 
 
 def check_same_model(url: str, served: str, model_path: str) -> None:

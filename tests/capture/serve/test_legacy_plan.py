@@ -47,6 +47,7 @@ def test_a_patched_release_without_hooks_is_served_through_the_patch(card, patch
     assert plan.mechanism == "legacy" and plan.sglang_version == "0.5.5"
     assert plan.support_status.startswith("verified by tests/server_patch/legacy/test_patched_server.py"), plan.support_status
     assert "--forward-hooks" not in plan.argv and "--disable-radix-cache" in plan.argv
+    assert plan.argv[:2] == ["-m", "sglang.launch_server"]  # the source patch has no hooks for the launcher to move
     assert plan.argv[plan.argv.index("--chunked-prefill-size") + 1] == "-1"
     # what the patched forward reads is what the plan meant: every variable, through the hook's own config reader
     config = CaptureConfig.from_sources({"mechanism": "legacy"}, environ=plan.env)

@@ -59,6 +59,7 @@ def test_kimi_plan_has_every_capture_flag(fake_env, tmp_path):
     assert "--tp-size 8" in joined and "--dtype bfloat16" in joined
     assert "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids 2 30 58" in joined
     assert "--disable-radix-cache" in argv and "--disable-prefill-cuda-graph" in argv and "--device" not in argv
+    assert argv[:2] == ["-m", "hs_dataset.server_patch.launch"]  # hooks: the launcher, so decode graphs carry one-pass capture
     specs = json.loads(argv[argv.index("--forward-hooks") + 1])
     targets = {s["name"]: s["target_modules"] for s in specs}
     assert targets == {"hs_capture_final": ["language_model.model.norm"], "hs_capture": ["language_model.model"]}
