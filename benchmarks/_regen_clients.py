@@ -139,7 +139,8 @@ async def _independent(url: str, turns: list[StoredTurn], in_flight: int, timeou
 
         async def one(turn: StoredTurn) -> None:
             async with gate:
-                outcome.tokens += len(await _generate(session, url, turn.prompt, turn.length, span))
+                answer = await _generate(session, url, turn.prompt, turn.length, span)
+                outcome.tokens += len(answer)  # after the await: `+=` reads its left side first
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(t) for t in turns))
