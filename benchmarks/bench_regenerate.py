@@ -166,6 +166,21 @@ def flush_cache(url: str, tries: int = 40) -> None:
     raise RuntimeError(f"{url}/flush_cache: the prefix cache was not flushed after {tries} tries")
 
 
+def describe(url: str) -> str:
+    """What a server runs, from its ``/server_info`` (or ``/get_server_info``, its older name): the settings the comparison rests on."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(url + path, timeout=30) as resp:
+                info = json.loads(resp.read())
+            break
+        except (urllib.error.URLError, OSError, ValueError):
+            info = {}
+    hooks = json.loads(info["forward_hooks"]) if isinstance(info.get("forward_hooks"), str) else info.get("forward_hooks") or []
+    keys = ("disable_radix_cache", "disable_cuda_graph", "mem_fraction_static", "max_running_requests", "chunked_prefill_size")
+    settings = ", ".join(f"{k} {info.get(k)}" for k in keys)
+    return f"{url}: SGLang {info.get('version', '?')}, {settings}, forward hooks {[h.get('name') for h in hooks]}"
+
+
 def local_servers(tmp: Path, shm: Path, server_env: list[str]) -> tuple[list[Any], str, Any]:
     """The build's CPU server (as ``hs-dataset serve`` plans it for the tiny card, prefix cache on) and the plain one,
     started side by side; ([build, plain], model dir, card)."""
@@ -295,6 +310,12 @@ def summarize(runs: Runs, rounds: int, in_flight: int) -> None:
     )
     extra = _extra_prefill(runs)
     runs.say(f"prompt tokens prefilled beyond generation's (build's server - plain server's turn-order run, per round): {extra[0]}")
+    if "isolated" in runs.prefilled:
+        alone = [
+            f"{b - i}" if b is not None and i is not None else "unknown"
+            for b, i in zip(runs.prefilled["build"], runs.prefilled["isolated"])
+        ]
+        runs.say(f"prompt tokens the build's server prefilled for capture (build - build without capture, per round): {', '.join(alone)}")
     peak = max(runs.peak_rss) / 2**20
     runs.say(f"peak RSS of the build process: {peak:.0f} MiB (VmHWM over a build, the reference build's excluded)")
     runs.say(
@@ -321,6 +342,8 @@ def measure(args: argparse.Namespace, urls: tuple[str, str], card: Any, tokenize
     from hs_dataset.formats.regenerated import RegeneratedStore
 
     runs = Runs(PrefillMeter(urls[0], logs[0]), PrefillMeter(urls[1], logs[1]))
+    runs.say(f"build's server {describe(urls[0])}")
+    runs.say(f"plain server {describe(urls[1])}")
     span = Span()
     generator = drawn_lengths(tokenizer, span)
     seconds, report = run_build(card, source, work / "reference", urls[0], generator)  # also the build server's warm-up

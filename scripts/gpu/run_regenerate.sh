@@ -24,7 +24,7 @@ SERVE=$!
 python3 benchmarks/_plain_server.py --config "$CARD" --port 30001 > "$WORK/plain.log" 2>&1 &
 PLAIN=$!  # _plain_server.py makes itself a process-group leader and becomes the server: `kill -- -$PLAIN` ends its children too
 stop_servers() {
-  kill $SERVE 2>/dev/null; kill -- -$PLAIN 2>/dev/null
+  kill $SERVE 2>/dev/null; kill -- -$PLAIN 2>/dev/null || kill $PLAIN 2>/dev/null  # (before its setsid: the pid alone)
   wait $SERVE 2>/dev/null; wait $PLAIN 2>/dev/null
 }
 trap stop_servers EXIT
