@@ -252,6 +252,7 @@ class Runs:
         self.prefilled: dict[str, list[int | None]] = {}
         self.generated: dict[str, list[int]] = {}
         self.peak_rss: list[int] = []
+        self.peak_exact = True  # False where the peak could not be reset before a build (then: since this process started)
         self.lines: list[str] = []
 
     def say(self, text: str) -> None:
@@ -274,9 +275,11 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
         exact = _reset_peak_rss()
         seconds, report = run_build(ctx["card"], ctx["source"], ctx["work"] / name, meter.url, ctx["generator"], capture=name == "build")
         assert report.regeneration["failed"] == 0 and not report.capture_failures, report.summary()
-        runs.peak_rss.append(_peak_rss() if name == "build" else 0)
+        peak, runs.peak_exact = _peak_rss(), runs.peak_exact and exact
+        if name == "build":
+            runs.peak_rss.append(peak)
         generated, rate = span.tokens, span.rate()
-        rss = f"; peak RSS {_peak_rss() / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
+        rss = f"; peak RSS {peak / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
         extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average{rss}"
     else:
         client = turn_order if name == "turn-order" else independent
@@ -317,7 +320,8 @@ def summarize(runs: Runs, rounds: int, in_flight: int) -> None:
         ]
         runs.say(f"prompt tokens the build's server prefilled for capture (build - build without capture, per round): {', '.join(alone)}")
     peak = max(runs.peak_rss) / 2**20
-    runs.say(f"peak RSS of the build process: {peak:.0f} MiB (VmHWM over a build, the reference build's excluded)")
+    how = "VmHWM over a build, the reference build's excluded" if runs.peak_exact else "since this process started: no reset here"
+    runs.say(f"peak RSS of the build process: {peak:.0f} MiB ({how})")
     runs.say(
         f"wall_ratio={figure:.3f} extra_prefill_pct={extra[1]} build_tok_s={best_rate['build']:.1f} turn_order_tok_s={best_rate['turn-order']:.1f} peak_rss_mib={peak:.0f}"
     )
