@@ -5,7 +5,7 @@ Two servers on the same machine at once (each with half the GPU memory on a GPU 
 (``python -m sglang.launch_server``, ``_plain_server.py``: the same model and sizing flags, prefix cache on, CUDA
 graphs as SGLang sets them, no hooks, no hs_dataset). A reference build (also the warm-up) regenerates the
 conversations once; its records give every turn's prompt and answer length. Then, each round in a rotated order,
-every server's prefix cache flushed before each run:
+every server's prefix cache flushed before each run and given the prompts' common head (``prime_cache``):
 
 * ``build``: ``build_dataset`` with regeneration, what ``hs-dataset build --regenerate`` runs (start-up,
   regeneration, capture, shards), the answer lengths drawn as below;
@@ -166,6 +166,29 @@ def flush_cache(url: str, tries: int = 40) -> None:
     raise RuntimeError(f"{url}/flush_cache: the prefix cache was not flushed after {tries} tries")
 
 
+def common_head(prompts: list[list[int]]) -> list[int]:
+    """The longest prefix every prompt starts with (the chat template's head: system prompt, first role marker)."""
+    head = min(prompts, key=len) if prompts else []
+    for prompt in prompts:
+        n = next((i for i, (a, b) in enumerate(zip(head, prompt)) if a != b), min(len(head), len(prompt)))
+        head = head[:n]
+    return head
+
+
+def prime_cache(url: str, head: list[int]) -> None:
+    """Put ``head`` in a flushed server's prefix cache, as a server that has been serving holds it.
+
+    Without it the first wave of requests (all at once from a client, staggered from the build) shares the head or
+    not by timing alone: on the CPU server that moved the prompt tokens prefilled by ~15 per request in flight.
+    """
+    if not head:
+        return
+    body = json.dumps({"input_ids": head, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}).encode()
+    request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        resp.read()
+
+
 def describe(url: str) -> str:
     """What a server runs, from its ``/server_info`` (or ``/get_server_info``, its older name): the settings the comparison rests on."""
     for path in ("/server_info", "/get_server_info"):
@@ -268,6 +291,7 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
     """One run (its server's prefix cache flushed first, its prefill metered), recorded and printed."""
     meter = runs.meters["build" if name in BUILDS else "plain"]
     flush_cache(meter.url)
+    prime_cache(meter.url, ctx["head"])
     meter.start()
     cpu, span = _cpu_s(), ctx["span"]
     span.__init__()
@@ -356,15 +380,16 @@ def measure(args: argparse.Namespace, urls: tuple[str, str], card: Any, tokenize
     records = [r for _, r in sorted(RegeneratedStore(work / "reference").records.items())]  # source order
     convs = [stored_turns(r) for r in records]
     turns: list[StoredTurn] = [t for c in convs for t in c]
+    head = common_head([c[0].prompt for c in convs if c])
     runs.say(
         f"reference build: {seconds:.1f} s, {report.regeneration['turns']} turns, {report.samples_written} samples, "
         f"{in_flight} requests in flight ({meta['concurrency_from']}); {sum(len(c) > 1 for c in convs)} of {len(convs)} "
-        "conversations multi-turn"
+        f"conversations multi-turn; every run starts from a flushed prefix cache holding the prompts' common head ({len(head)} tokens)"
     )
     warm = turn_order(urls[1], convs, in_flight, Span())
     runs.say(f"plain server warm-up (turn-order client, not counted): {warm.seconds:.1f} s")
     ctx = {"span": span, "card": card, "source": source, "work": work, "generator": generator, "convs": convs, "turns": turns}
-    ctx["in_flight"] = in_flight
+    ctx.update(in_flight=in_flight, head=head)
     names = ["build", "turn-order", "independent"] + (["isolated"] if args.isolate else [])
     for r in range(args.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:

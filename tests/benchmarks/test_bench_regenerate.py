@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _plain_server import plain_argv, plain_env
 from _regen_clients import StoredTurn, follow_on, stored_turns
 from _server_metrics import Counters, log_new_tokens, parse_metrics
-from bench_regenerate import conversations, cv
+from bench_regenerate import common_head, conversations, cv
 
 from hs_dataset.capture.serve.plan import CPU_MLA_FACTORY, ServerPlan
 from hs_dataset.config import load_card
@@ -95,3 +95,8 @@ def test_the_plain_server_keeps_the_sizing_and_drops_capture(capture_plan: Serve
     assert " ".join(map(str, card.sglang.args)) in " ".join(argv)
     assert [h["name"] for h in json.loads(argv[argv.index("--forward-hooks") + 1])] == ["hs_cpu_mla"]
     assert plain_env(capture_plan) == {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": "/support"}
+
+
+def test_the_common_head_is_what_every_prompt_starts_with() -> None:
+    assert common_head([[1, 2, 3, 4], [1, 2, 3], [1, 2, 9, 4]]) == [1, 2]
+    assert common_head([[5, 6], [7]]) == [] and common_head([]) == []
