@@ -1,47 +1,47 @@
-"""Regeneration at the server's own speed: ``build --regenerate`` against a continuous client, the prefill, and the old windowed engine.
+"""Regeneration against what a user runs for generation alone: ``build --regenerate`` vs a turn-order client on a plain server.
 
-The same SGLang server, the same run; each figure is the best of ``--rounds`` with the
-order of the runs rotated every round (the machine is noisy). Per round:
+Two servers on the same machine at once (each with half the GPU memory on a GPU host): the build's, started by
+``hs-dataset serve`` with the prefix cache on (card key ``sglang.radix_cache: true``), and a plain SGLang server
+(``python -m sglang.launch_server``, ``_plain_server.py``: the same model and sizing flags, prefix cache on, CUDA
+graphs as SGLang sets them, no hooks, no hs_dataset). A reference build (also the warm-up) regenerates the
+conversations once; its records give every turn's prompt and answer length. Then, each round in a rotated order,
+every server's prefix cache flushed before each run and given the prompts' common head (``prime_cache``):
 
-* ``new``: ``build_dataset`` with regeneration (what ``hs-dataset build --regenerate``
-  runs): the pump keeps the requests in flight, capture overlaps generation, shards written;
-* ``old``: the same build with the engine before this change, copied here
-  (:class:`WindowedRegeneration`): fixed windows of ``concurrency`` conversations, turn k
-  of a window in one blocking call, the next window only when capture asks for more;
-* ``client``: a plain aiohttp client keeping the same number of requests in flight
-  continuously, sending every turn's prompt in source order (taken from the reference
-  build's records: the same prompts, the same lengths) with no turn waiting for another;
-* ``prefill``: the same client sending each stored sample's ids with ``max_new_tokens``
-  1 (the prefill capture costs the server), as many in flight as capture uses.
+* ``build``: ``build_dataset`` with regeneration, what ``hs-dataset build --regenerate`` runs (start-up,
+  regeneration, capture, shards), the answer lengths drawn as below;
+* ``turn-order`` (THE baseline, on the plain server): the same number of conversations in flight, turn k+1 of a
+  conversation sent the moment turn k's answer arrives, the same conversations and answer lengths
+  (``_regen_clients.turn_order``);
+* ``independent`` (a second line, on the plain server): every turn's stored prompt in source order, as many
+  requests in flight, no turn waiting for another;
+* ``isolated`` (with ``--isolate``): the build with its capture left out (regeneration alone).
 
-With ``--isolate`` each round also runs ``isolated``: the ``new`` build with its capture
-left out (regeneration alone), to tell the engine's scheduling from what capture costs the
-server. Printed: (a) generation throughput of ``new`` (generated tokens over the span from its
-first request to its last answer) / the client's; (b) ``new``'s wall time (the whole
-``build_dataset``: start-up, regeneration, capture, shards) / (client + prefill time);
-(c) ``new`` against ``old``, both ways. Answer lengths spread as real answers do: each
-user turn says how long its answer must be (``[answer N tokens]``, N drawn lognormal,
-sigma ``--sigma``), and every request of the build and the client asks for exactly that
-many tokens with ``ignore_eos`` (the build's generator is the package's, with its request
-body changed only in those two fields). The coefficient of variation of the lengths is
-printed; the run is refused below 1.
+Printed: the build's wall time / the turn-order client's (THE figure; best of ``--rounds``, and per round), the
+generation rates (tok/s), the prompt tokens the build's server prefilled beyond what the plain server prefilled for
+the same generation (as % of the generated tokens; from each server's ``/metrics`` prompt-token counters, started
+with ``--enable-metrics``, else from its log's ``#new-token`` lines: the line says which), and the peak RSS of the
+build process (VmHWM, reset before each build). Answer lengths spread as real answers do: each user turn says how
+long its answer must be (``[answer N tokens]``, N lognormal, sigma ``--sigma``), and every request asks for exactly
+that many tokens with ``ignore_eos``. ``--multi-turn`` of the conversations (at least a third) have 2-4 turns. The
+run is refused where the lengths' coefficient of variation is below 1.
 
-Without ``--server`` a CPU SGLang server (``.sglang-venv``) is started here with the
-``tiny-deepseek-sglang`` card. With ``--server URL --model-path DIR`` (a GPU host, a
-server started by ``hs-dataset serve``) the card is ``--config`` or derived from the
-model; use at least 256 conversations there. Output is appended to ``--results``.
+Without ``--server`` both servers are started here on CPU (``.sglang-venv``, the ``tiny-deepseek-sglang`` card).
+On a GPU host, ``scripts/gpu/run_regenerate.sh`` starts both and passes ``--server URL --plain-server URL
+--model-path DIR --config CARD``; use at least 256 conversations there. Output is appended to ``--results``.
 
     .venv/bin/python benchmarks/bench_regenerate.py [--conversations 64] [--mean-tokens 40] [--concurrency 16] [--rounds 3]
-    python benchmarks/bench_regenerate.py --server http://127.0.0.1:30000 --model-path /models/kimi-wide \
-        --conversations 256 --mean-tokens 1500 --rounds 3
+    python benchmarks/bench_regenerate.py --server http://127.0.0.1:30000 --plain-server http://127.0.0.1:30001 \
+        --model-path /models/kimi-wide --config card.yaml --conversations 256 --mean-tokens 500 --rounds 3
+
+Until the build captures in one pass, its prefill capture against a server whose prefix cache is on needs
+``backend.force_full_prefill`` (the card this script uses sets it); ``--card-override
+backend.force_full_prefill=false`` (and any other ``KEY=VALUE``, YAML values) changes the build's card.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
-import itertools
 import json
 import math
 import random
@@ -50,27 +50,35 @@ import shutil
 import statistics
 import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sglang_bench_util import SERVER_PYTHON, finish_run, free_port, server_python_missing, server_shm_files, start_run
+from _regen_clients import Outcome, Span, StoredTurn, independent, stored_turns, turn_order
+from _server_metrics import PrefillMeter
+from _sglang_bench_util import SERVER_PYTHON, free_port, server_python_missing, server_shm_files, start_run, stop_and_clean
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOCAL_CARD = "tiny-deepseek-sglang"
 _MARK = re.compile(r"\[answer (\d+) tokens\]")
+BUILDS = ("build", "isolated")
 
 
 # ---------------------------------------------------------------------------- the workload
-def conversations(n: int, mean_tokens: float, sigma: float, max_tokens: int, seed: int) -> tuple[list[dict], list[int]]:
-    """``n`` chats of 1-3 user turns (70/20/10 %), each turn naming its answer's length; and all those lengths."""
+def conversations(n: int, mean_tokens: float, sigma: float, max_tokens: int, seed: int, multi_turn: float) -> tuple[list[dict], list[int]]:
+    """``n`` chats, ``round(multi_turn * n)`` of them of 2-4 user turns (50/30/20 %), the rest of one, each turn naming
+    its answer's length; and all those lengths."""
     rng = random.Random(seed)
     mu = math.log(mean_tokens) - sigma * sigma / 2  # lognormal with this mean
+    multi = set(rng.sample(range(n), round(multi_turn * n)))
     rows, lengths = [], []
     for i in range(n):
         messages = []
-        for turn in range(rng.choices([1, 2, 3], [0.7, 0.2, 0.1])[0]):
+        for turn in range(rng.choices([2, 3, 4], [0.5, 0.3, 0.2])[0] if i in multi else 1):
             length = max(1, min(max_tokens, round(rng.lognormvariate(mu, sigma))))
             lengths.append(length)
             topic = " ".join(rng.choice(["sea", "tree", "stone", "cloud", "river", "lamp"]) for _ in range(rng.randint(2, 12)))
@@ -91,32 +99,7 @@ def cv(values: list[int]) -> float:
     return statistics.pstdev(values) / statistics.fmean(values)
 
 
-# ---------------------------------------------------------------------------- the build's generator, lengths drawn
-class Span:
-    """First request to last answer of one run, and the tokens generated."""
-
-    def __init__(self) -> None:
-        self.start: float | None = None
-        self.end = 0.0
-        self.tokens = 0
-        self.pending = 0
-        self._area = 0.0  # integral of requests in flight over time
-        self._since = 0.0
-
-    def seconds(self) -> float:
-        return self.end - (self.start or self.end)
-
-    def change(self, by: int) -> None:
-        now = time.perf_counter()
-        if self.start is None:
-            self.start = self._since = now
-        self._area += self.pending * (now - self._since)
-        self.pending, self._since = self.pending + by, now
-
-    def mean_in_flight(self) -> float:
-        return self._area / max(self.seconds(), 1e-9)
-
-
+# ---------------------------------------------------------------------------- the build
 def drawn_lengths(tokenizer: Any, span: Span) -> Any:
     """The package's SGLang generator with each request's max_new_tokens set to its turn's length, ignore_eos on, timed."""
     from hs_dataset.capture.sglang.generate import SGLangGenerator
@@ -131,52 +114,10 @@ def drawn_lengths(tokenizer: Any, span: Span) -> Any:
             span.change(+1)
             result = await super()._generate_one(prompt, params)
             span.change(-1)
-            span.end, span.tokens = time.perf_counter(), span.tokens + len(result.token_ids)
+            span.answered(len(result.token_ids))
             return result
 
     return DrawnLengths
-
-
-# ---------------------------------------------------------------------------- the engine before this change (faithful copy)
-def windowed_regeneration() -> Any:
-    """The regeneration engine as it was: fixed windows of ``concurrency`` (here: the requests in flight) conversations, turn k of a window in one
-    blocking ``generate`` call, a window stored before its samples go on, the next one generated only when capture
-    pulls past the last (so capture waits for generation and generation for capture)."""
-    from hs_dataset.formats.regenerated_record import ConversationRecord
-    from hs_dataset.regenerate.engine import Regeneration
-
-    class WindowedRegeneration(Regeneration):
-        def regenerate(self, samples, progress=None):
-            window: list = []
-            for sample in itertools.chain(samples, [None]):
-                if sample is not None:
-                    window.append(sample)
-                if window and (len(window) == self.generator.in_flight or sample is None):
-                    yield from self._window(window)
-                    window = []
-
-        def _window(self, window):
-            missing = [s for s in window if s.sample_id not in self.store]
-            if missing:
-                convs = [self.rules.start(s) for s in missing]
-                for _k in itertools.count():
-                    active = [c for c in convs if c.more]
-                    if not active:
-                        break
-                    ready = [(c, p) for c in active if (p := self.rules.next_prompt(c)) is not None]
-                    results = self.generator.generate([p for _, p in ready], self.params)
-                    for (conv, prompt), result in zip(ready, results):
-                        self.rules.take_turn(conv, prompt, result)
-                self.store.append_chunk([self.rules.record(c).to_json() for c in convs])
-            self.report.from_store += len(window) - len(missing)
-            for sample in window:
-                record = ConversationRecord.from_json(self.store.get(sample.sample_id))
-                self.report.count(record, False)
-                out = self._sample_from_record(sample, record)
-                if out is not None:
-                    yield out
-
-    return WindowedRegeneration
 
 
 def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report: Any) -> Any:
@@ -186,8 +127,8 @@ def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report
     return iter(())
 
 
-def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, engine: Any, capture: bool = True) -> tuple[float, Any]:
-    """``build_dataset`` with the lengths drawn (``old``: the windowed engine; ``capture`` False: regeneration only); wall time, run report."""
+def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, capture: bool = True) -> tuple[float, Any]:
+    """``build_dataset`` with the lengths drawn (``capture`` False: regeneration only); wall time, run report."""
     import hs_dataset.pipeline.build as build
     from hs_dataset.capture.sglang.backend import SGLangBackend
 
@@ -198,8 +139,8 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
         generator.__class__ = generator_cls
         return generator
 
-    saved = build.Regeneration, build._capture
-    SGLangBackend.generator, build.Regeneration = make, engine or build.Regeneration
+    saved = build._capture
+    SGLangBackend.generator = make
     build._capture = build._capture if capture else _no_capture
     shutil.rmtree(out, ignore_errors=True)
     try:
@@ -208,86 +149,66 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
         return time.perf_counter() - t0, report
     finally:
         SGLangBackend.generator = backend_generator
-        build.Regeneration, build._capture = saved
+        build._capture = saved
 
 
-# ---------------------------------------------------------------------------- the plain client
-async def _client(url: str, bodies: list[dict], in_flight: int, timeout_s: float, span: Span) -> tuple[float, int]:
-    import aiohttp
-
-    gate = asyncio.Semaphore(in_flight)
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=in_flight * 2), timeout=aiohttp.ClientTimeout(total=timeout_s)
-    ) as session:
-
-        async def one(body: dict) -> int:
-            async with gate:
-                span.change(+1)
-                async with session.post(url + "/generate", json=body) as resp:
-                    resp.raise_for_status()
-                    n = len((await resp.json())["output_ids"])
-                span.change(-1)
-                span.end = time.perf_counter()
-                return n
-
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(b) for b in bodies))
-        return time.perf_counter() - t0, sum(counts)
+# ---------------------------------------------------------------------------- the servers
+def flush_cache(url: str, tries: int = 40) -> None:
+    """Empty a server's prefix cache (SGLang refuses while requests run: retried), so no run reuses another's prefixes."""
+    for _ in range(tries):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=30) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}/flush_cache: the prefix cache was not flushed after {tries} tries")
 
 
-def plain_client(url: str, prompts: list[tuple[list[int], int]], in_flight: int, span: Span, timeout_s: float = 3600) -> tuple[float, int]:
-    """Every (prompt, length) as its own ``/generate`` request (``gen-`` ids: nothing captured), ``in_flight`` at all times."""
-    run = f"bench{random.getrandbits(32):08x}"
-    bodies = [
-        {"rid": f"gen-{run}-{k}", "input_ids": p, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}}
-        for k, (p, n) in enumerate(prompts)
-    ]
-    return asyncio.run(_client(url, bodies, in_flight, timeout_s, span))
+def common_head(prompts: list[list[int]]) -> list[int]:
+    """The longest prefix every prompt starts with (the chat template's head: system prompt, first role marker)."""
+    head = min(prompts, key=len) if prompts else []
+    for prompt in prompts:
+        n = next((i for i, (a, b) in enumerate(zip(head, prompt)) if a != b), min(len(head), len(prompt)))
+        head = head[:n]
+    return head
 
 
-# ---------------------------------------------------------------------------- the run
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--server", default=None, help="an SGLang server started by `hs-dataset serve` (default: start a CPU one here)")
-    ap.add_argument("--model-path", default=None, help="with --server: the served model's local directory")
-    ap.add_argument("--config", default=None, help="with --server: the card (default: derived from --model-path)")
-    ap.add_argument("--conversations", type=int, default=None, help="default 64 here, 256 with --server")
-    ap.add_argument(
-        "--concurrency",
-        type=int,
-        default=None,
-        help="requests in flight, build and client (default 16 here; with --server: what the server reports)",
-    )
-    ap.add_argument("--mean-tokens", type=float, default=None, help="mean answer length (default 40 here, 1500 with --server)")
-    ap.add_argument("--sigma", type=float, default=1.2, help="lognormal sigma of the answer lengths (1.2: CV 1.8 before the cap)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument(
-        "--no-old", action="store_true", help="leave out the old windowed engine's runs (its ratio is measured; saves GPU time)"
-    )
-    ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--results",
-        default=None,
-        help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)",
-    )
-    ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="local server: extra KEY=VALUE")
-    args = ap.parse_args()
-    remote = args.server is not None
-    if remote and not args.model_path:
-        ap.error("--server needs --model-path DIR (the served model's local directory)")
-    args.conversations = args.conversations or (256 if remote else 64)
-    args.mean_tokens = args.mean_tokens or (1500.0 if remote else 40.0)
-    args.max_tokens = args.max_tokens or int(6 * args.mean_tokens)
-    args.concurrency = args.concurrency if args.concurrency is not None else (None if remote else 16)
-    if args.results is None:
-        args.results = str(RESULTS / f"bench_regenerate_{'gpu' if remote else 'cpu'}.txt")
-    return args
+def prime_cache(url: str, head: list[int]) -> None:
+    """Put ``head`` in a flushed server's prefix cache, as a server that has been serving holds it.
+
+    Without it the first wave of requests (all at once from a client, staggered from the build) shares the head or
+    not by timing alone: on the CPU server that moved the prompt tokens prefilled by ~15 per request in flight.
+    """
+    if not head:
+        return
+    body = json.dumps({"input_ids": head, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}).encode()
+    request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        resp.read()
 
 
-def local_server(tmp: Path, shm: Path, server_env: list[str]) -> tuple[Any, str, Any]:
-    """A CPU server for the tiny card, as ``hs-dataset serve`` plans it; (server, model dir, card)."""
+def describe(url: str) -> str:
+    """What a server runs, from its ``/server_info`` (or ``/get_server_info``, its older name): the settings the comparison rests on."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(url + path, timeout=30) as resp:
+                info = json.loads(resp.read())
+            break
+        except (urllib.error.URLError, OSError, ValueError):
+            info = {}
+    hooks = json.loads(info["forward_hooks"]) if isinstance(info.get("forward_hooks"), str) else info.get("forward_hooks") or []
+    keys = ("disable_radix_cache", "disable_cuda_graph", "mem_fraction_static", "max_running_requests", "chunked_prefill_size")
+    settings = ", ".join(f"{k} {info.get(k)}" for k in keys)
+    return f"{url}: SGLang {info.get('version', '?')}, {settings}, forward hooks {[h.get('name') for h in hooks]}"
+
+
+def local_servers(tmp: Path, shm: Path, server_env: list[str]) -> tuple[list[Any], str, Any]:
+    """The build's CPU server (as ``hs-dataset serve`` plans it for the tiny card, prefix cache on) and the plain one,
+    started side by side; ([build, plain], model dir, card)."""
+    from _plain_server import plain_plan
+
     from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.config import load_card
     from hs_dataset.demo.tiny_model import build_tiny_deepseek
@@ -297,19 +218,22 @@ def local_server(tmp: Path, shm: Path, server_env: list[str]) -> tuple[Any, str,
     base = load_card(LOCAL_CARD)
     staging = {**base.sglang.staging.model_dump(), "dir": str(shm / "stage")}
     env = {**base.sglang.env, **dict(kv.split("=", 1) for kv in server_env)}
-    card = base.with_overrides(
-        model={"path": model_dir}, sglang={"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env}
-    )
+    sglang = {"port": port, "python": str(SERVER_PYTHON), "staging": staging, "env": env, "radix_cache": True}
+    card = base.with_overrides(model={"path": model_dir}, sglang={**sglang, "args": [*base.sglang.args, "--enable-metrics"]})
     plan = plan_server(card, port=port, staging_dir=staging["dir"], python=str(SERVER_PYTHON), model_path=model_dir)
+    plans = [plan, plain_plan(card, plan, free_port(), str(shm / "plain-unused"))]
     t0 = time.perf_counter()
-    server = launch(plan, log_path=str(tmp / "server.log"), timeout=300)
+    with ThreadPoolExecutor(2) as pool:
+        started = list(pool.map(lambda ab: launch(ab[0], log_path=str(tmp / f"{ab[1]}.log"), timeout=300), zip(plans, ("build", "plain"))))
     print(
-        f"server: SGLang {plan.sglang_version} on CPU, card {LOCAL_CARD}, env {server_env}, healthy after {time.perf_counter() - t0:.1f} s"
+        f"servers: SGLang {plan.sglang_version} on CPU, card {LOCAL_CARD} with the prefix cache on, env {server_env}; "
+        f"build's {started[0].url}, plain {started[1].url}, both healthy after {time.perf_counter() - t0:.1f} s"
     )
-    return server, model_dir, card
+    return started, model_dir, card
 
 
 def the_card(args: argparse.Namespace, model_dir: str, card: Any) -> Any:
+    """The build's card: the served one, regeneration on, prefix-cache-safe prefill capture, then ``--card-override``."""
     from hs_dataset.config import load_card
     from hs_dataset.model.card_from_model import card_from_model
 
@@ -320,87 +244,209 @@ def the_card(args: argparse.Namespace, model_dir: str, card: Any) -> Any:
             else card_from_model(model_dir, backend="sglang", servers=[args.server])
         )
     regenerate = {"enabled": True, "max_new_tokens": args.max_tokens, "thinking": "off", "concurrency": args.concurrency}
-    return card.with_overrides(regenerate=regenerate)
+    card = card.with_overrides(regenerate=regenerate, backend={"force_full_prefill": True})
+    for key, value in args.card_override:
+        card = card.with_overrides(**_nested(key, value))
+    return card
 
 
-def measure(args: argparse.Namespace, url: str, card: Any, tokenizer: Any, work: Path, source: Path) -> list[str]:
-    """The runs and the ratios; returns the lines printed."""
+def _nested(key: str, value: Any) -> dict:
+    head, *rest = key.split(".")
+    return {head: _nested(".".join(rest), value) if rest else value}
+
+
+def _override(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE (dotted KEY, YAML VALUE)")
+    return key, yaml.safe_load(value)
+
+
+# ---------------------------------------------------------------------------- the runs
+class Runs:
+    """Every run of a benchmark, its figures per name and round, and the lines printed."""
+
+    def __init__(self, build_meter: PrefillMeter, plain_meter: PrefillMeter) -> None:
+        self.meters = {"build": build_meter, "plain": plain_meter}
+        self.wall: dict[str, list[float]] = {}
+        self.rate: dict[str, list[float]] = {}
+        self.prefilled: dict[str, list[int | None]] = {}
+        self.generated: dict[str, list[int]] = {}
+        self.peak_rss: list[int] = []
+        self.peak_exact = True  # False where the peak could not be reset before a build (then: since this process started)
+        self.lines: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def record(self, name: str, seconds: float, rate: float, generated: int, prefilled: int | None) -> None:
+        for table, value in ((self.wall, seconds), (self.rate, rate), (self.generated, generated), (self.prefilled, prefilled)):
+            table.setdefault(name, []).append(value)
+
+
+def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
+    """One run (its server's prefix cache flushed first, its prefill metered), recorded and printed."""
+    meter = runs.meters["build" if name in BUILDS else "plain"]
+    flush_cache(meter.url)
+    prime_cache(meter.url, ctx["head"])
+    meter.start()
+    cpu, span = _cpu_s(), ctx["span"]
+    span.__init__()
+    if name in BUILDS:
+        exact = _reset_peak_rss()
+        seconds, report = run_build(ctx["card"], ctx["source"], ctx["work"] / name, meter.url, ctx["generator"], capture=name == "build")
+        assert report.regeneration["failed"] == 0 and not report.capture_failures, report.summary()
+        peak, runs.peak_exact = _peak_rss(), runs.peak_exact and exact
+        if name == "build":
+            runs.peak_rss.append(peak)
+        generated, rate = span.tokens, span.rate()
+        rss = f"; peak RSS {peak / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
+        extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average{rss}"
+    else:
+        client = turn_order if name == "turn-order" else independent
+        outcome: Outcome = client(meter.url, ctx["convs"] if name == "turn-order" else ctx["turns"], ctx["in_flight"], span)
+        seconds, generated, rate = outcome.seconds, outcome.tokens, outcome.tokens / outcome.seconds
+        extra = f"{generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average"
+        if name == "turn-order":
+            extra += f"; later turns sent with the client's own history {outcome.own_history}, as stored {outcome.stored_prompt}"
+    prefilled = meter.stop()
+    runs.record(name, seconds, rate, generated, prefilled)
+    extra += f"; prefilled {prefilled if prefilled is not None else 'unknown'} prompt tokens"
+    runs.say(f"round {r + 1} {name:11s} {seconds:7.1f} s  {extra}; this process {_cpu_s() - cpu:.1f} CPU s")
+
+
+def summarize(runs: Runs, rounds: int, in_flight: int) -> None:
+    """THE figure, the rates, the prefill beyond generation's, the peak memory; and one line of key=value."""
+    best_wall = {k: min(v) for k, v in runs.wall.items()}
+    best_rate = {k: max(v) for k, v in runs.rate.items()}
+    paired = [b / t for b, t in zip(runs.wall["build"], runs.wall["turn-order"])]
+    figure = best_wall["build"] / best_wall["turn-order"]
+    runs.say(
+        f"build --regenerate wall / turn-order client wall on the plain server, {in_flight} conversations in flight: "
+        f"**{figure:.2f}x** (best of {rounds}: {best_wall['build']:.1f} s / {best_wall['turn-order']:.1f} s; "
+        f"per round {', '.join(f'{p:.2f}' for p in paired)}); independent-turn client {best_wall['independent']:.1f} s"
+    )
+    isolated = f", build without capture {best_rate['isolated']:.1f}" if "isolated" in best_rate else ""
+    runs.say(
+        f"generation tok/s (best): build {best_rate['build']:.1f}, turn-order client {best_rate['turn-order']:.1f} "
+        f"(build / turn-order {best_rate['build'] / best_rate['turn-order']:.2f}), independent-turn client "
+        f"{best_rate['independent']:.1f}{isolated}"
+    )
+    extra = _extra_prefill(runs)
+    runs.say(f"prompt tokens prefilled beyond generation's (build's server - plain server's turn-order run, per round): {extra[0]}")
+    if "isolated" in runs.prefilled:
+        alone = [
+            f"{b - i}" if b is not None and i is not None else "unknown"
+            for b, i in zip(runs.prefilled["build"], runs.prefilled["isolated"])
+        ]
+        runs.say(f"prompt tokens the build's server prefilled for capture (build - build without capture, per round): {', '.join(alone)}")
+    peak = max(runs.peak_rss) / 2**20
+    how = "VmHWM over a build, the reference build's excluded" if runs.peak_exact else "since this process started: no reset here"
+    runs.say(f"peak RSS of the build process: {peak:.0f} MiB ({how})")
+    runs.say(
+        f"wall_ratio={figure:.3f} extra_prefill_pct={extra[1]} build_tok_s={best_rate['build']:.1f} turn_order_tok_s={best_rate['turn-order']:.1f} peak_rss_mib={peak:.0f}"
+    )
+
+
+def _extra_prefill(runs: Runs) -> tuple[str, str]:
+    """Per round, the build's prefill minus the turn-order client's, as % of the build's generated tokens; (text, worst %)."""
+    parts, worst = [], None
+    for built, plain, generated in zip(runs.prefilled["build"], runs.prefilled["turn-order"], runs.generated["build"]):
+        if built is None or plain is None:
+            parts.append("unknown")
+            continue
+        pct = 100.0 * (built - plain) / max(generated, 1)
+        worst = pct if worst is None else max(worst, pct)
+        parts.append(f"{built} - {plain} = {built - plain} tokens, {pct:.1f}% of {generated} generated")
+    sources = ", ".join(f"{k}: {m.source}" for k, m in runs.meters.items())
+    return f"{'; '.join(parts)} (from {sources})", "unknown" if worst is None else f"{worst:.2f}"
+
+
+def measure(args: argparse.Namespace, urls: tuple[str, str], card: Any, tokenizer: Any, work: Path, source: Path, logs: tuple) -> list[str]:
+    """The reference build, the warm-up, the rounds, the summary; returns the lines printed."""
     from hs_dataset.formats.regenerated import RegeneratedStore
 
-    lines: list[str] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
-
+    runs = Runs(PrefillMeter(urls[0], logs[0]), PrefillMeter(urls[1], logs[1]))
+    runs.say(f"build's server {describe(urls[0])}")
+    runs.say(f"plain server {describe(urls[1])}")
     span = Span()
-    generator_cls = drawn_lengths(tokenizer, span)
-    seconds, report = run_build(card, source, work / "reference", url, generator_cls, None)  # also the warm-up
+    generator = drawn_lengths(tokenizer, span)
+    seconds, report = run_build(card, source, work / "reference", urls[0], generator)  # also the build server's warm-up
     meta = json.loads((work / "reference" / "manifest.json").read_text())["metadata"]["regeneration"]["generator"]
     in_flight = int(meta["concurrency"])
     records = [r for _, r in sorted(RegeneratedStore(work / "reference").records.items())]  # source order
-    prompts = [(r["input_ids"][: t["prompt_tokens"]], len(t["token_ids"])) for r in records for t in r["turns"]]
-    samples = [(r["input_ids"][: card.max_length], 1) for r in records if r["input_ids"]]
-    capture_in_flight = max(card.backend.batch_size, card.backend.concurrency)
-    say(
+    convs = [stored_turns(r) for r in records]
+    turns: list[StoredTurn] = [t for c in convs for t in c]
+    head = common_head([c[0].prompt for c in convs if c])
+    runs.say(
         f"reference build: {seconds:.1f} s, {report.regeneration['turns']} turns, {report.samples_written} samples, "
-        f"{in_flight} requests in flight ({meta['concurrency_from']}); capture {capture_in_flight} in flight"
+        f"{in_flight} requests in flight ({meta['concurrency_from']}); {sum(len(c) > 1 for c in convs)} of {len(convs)} "
+        f"conversations multi-turn; every run starts from a flushed prefix cache holding the prompts' common head ({len(head)} tokens)"
     )
-    times: dict[str, list[float]] = {"new": [], "old": [], "client": [], "prefill": [], "isolated": []}
-    rates: dict[str, list[float]] = {"new": [], "old": [], "client": []}
-    runs = ["new"] + ([] if args.no_old else ["old"]) + ["client", "prefill"] + (["isolated"] if args.isolate else [])
-    if args.isolate:
-        rates["isolated"] = []
+    warm = turn_order(urls[1], convs, in_flight, Span())
+    runs.say(f"plain server warm-up (turn-order client, not counted): {warm.seconds:.1f} s")
+    ctx = {"span": span, "card": card, "source": source, "work": work, "generator": generator, "convs": convs, "turns": turns}
+    ctx.update(in_flight=in_flight, head=head)
+    names = ["build", "turn-order", "independent"] + (["isolated"] if args.isolate else [])
     for r in range(args.rounds):
-        for name in runs[r % len(runs) :] + runs[: r % len(runs)]:
-            cpu = _cpu_s()
-            if name in ("new", "old", "isolated"):
-                span.__init__()
-                engine = windowed_regeneration() if name == "old" else None
-                seconds, report = run_build(card, source, work / name, url, generator_cls, engine, capture=name != "isolated")
-                assert report.regeneration["failed"] == 0 and not report.capture_failures, report.summary()
-                rates[name].append(span.tokens / span.seconds())
-                extra = f"generation {span.seconds():6.1f} s, {span.tokens} tokens, {rates[name][-1]:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average"
-            elif name == "client":
-                span.__init__()
-                seconds, tokens = plain_client(url, prompts, in_flight, span)
-                rates[name].append(tokens / seconds)
-                extra = f"{tokens} tokens, {rates[name][-1]:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average"
-            else:
-                seconds, _ = plain_client(url, samples, capture_in_flight, Span())
-                extra = f"{sum(len(p) for p, _ in samples)} prompt tokens"
-            times[name].append(seconds)
-            say(f"round {r + 1} {name:8s} {seconds:7.1f} s  {extra}; this process {_cpu_s() - cpu:.1f} CPU s")
-    paired = sorted(n / c for n, c in zip(rates["new"], rates["client"]))  # each round's runs saw about the same machine
-    best = {k: max(v) for k, v in rates.items() if v}
-    fastest = {k: min(v) for k, v in times.items() if v}
-    base = fastest["client"] + fastest["prefill"]
-    old_best = f", old {best['old']:.1f}" if "old" in best else ""
-    old_wall = f", old {fastest['old']:.1f}" if "old" in fastest else ""
-    say(
-        f"best of {args.rounds}: generation tok/s new {best['new']:.1f}{old_best}, client {best['client']:.1f}; "
-        f"wall s new {fastest['new']:.1f}{old_wall}, client {fastest['client']:.1f} + prefill {fastest['prefill']:.1f}"
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            run_one(name, r, runs, ctx)
+    summarize(runs, args.rounds, in_flight)
+    return runs.lines
+
+
+# ---------------------------------------------------------------------------- the command line
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--server", default=None, help="the build's SGLang server, started by `hs-dataset serve` (default: start a CPU one here)"
     )
-    say(
-        f"(a) generation, build --regenerate / continuous client at {in_flight} in flight: {best['new'] / best['client']:.2f} "
-        f"(per round: {', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.2f})"
+    ap.add_argument("--plain-server", default=None, help="with --server: the plain SGLang server (`_plain_server.py`)")
+    ap.add_argument("--server-log", type=Path, default=None, help="with --server: its log (prefill counts where /metrics has none)")
+    ap.add_argument("--plain-log", type=Path, default=None, help="with --plain-server: its log (as --server-log)")
+    ap.add_argument("--model-path", default=None, help="with --server: the served model's local directory")
+    ap.add_argument("--config", default=None, help="with --server: the card (default: derived from --model-path)")
+    ap.add_argument("--conversations", type=int, default=None, help="default 64 here, 256 with --server")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="requests in flight, build and clients (default 16 here; with --server: what the server reports)",
     )
-    say(f"(b) end to end, build / (client generation + prefill): {fastest['new'] / base:.2f}x")
-    if "old" in best:
-        say(
-            f"(c) new engine / old windowed engine: generation {best['new'] / best['old']:.2f}x the throughput, end to end "
-            f"{fastest['old'] / fastest['new']:.2f}x faster (old: generation {best['old'] / best['client']:.2f} of the client, "
-            f"end to end {fastest['old'] / base:.2f}x)"
-        )
-    if args.isolate:
-        alone = sorted(n / c for n, c in zip(rates["isolated"], rates["client"]))
-        say(
-            f"(a') generation with capture left out of the build / continuous client: {best['isolated'] / best['client']:.2f} "
-            f"(per round: {', '.join(f'{r:.2f}' for r in alone)}; median {statistics.median(alone):.2f})"
-        )
-    vs_old = f" new_vs_old={best['new'] / best['old']:.2f}" if "old" in best else ""
-    say(f"generation_ratio={best['new'] / best['client']:.2f} end_to_end_ratio={fastest['new'] / base:.2f}{vs_old}")
-    return lines
+    ap.add_argument("--mean-tokens", type=float, default=None, help="mean answer length (default 40 here, 1500 with --server)")
+    ap.add_argument("--sigma", type=float, default=1.2, help="lognormal sigma of the answer lengths (1.2: CV 1.8 before the cap)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
+    ap.add_argument("--multi-turn", type=float, default=0.4, help="share of conversations with 2-4 turns (at least 1/3; default 0.4)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
+    ap.add_argument(
+        "--card-override", type=_override, action="append", default=[], help="KEY=VALUE for the build's card (dotted key, YAML value)"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="file the output is appended to (default benchmarks/results/bench_regenerate_{cpu,gpu}.txt; '' for none)",
+    )
+    ap.add_argument("--server-env", nargs="*", default=["OMP_WAIT_POLICY=PASSIVE"], help="local servers: extra KEY=VALUE")
+    args = ap.parse_args()
+    remote = args.server is not None
+    if remote and not (args.model_path and args.plain_server):
+        ap.error("--server needs --plain-server URL and --model-path DIR (the served model's local directory)")
+    if args.plain_server and not remote:
+        ap.error("--plain-server goes with --server (without either, both servers are started here)")
+    if args.multi_turn < 1 / 3 or args.multi_turn > 1:
+        ap.error("--multi-turn: at least a third of the conversations must be multi-turn (1/3 to 1)")
+    args.conversations = args.conversations or (256 if remote else 64)
+    args.mean_tokens = args.mean_tokens or (1500.0 if remote else 40.0)
+    args.max_tokens = args.max_tokens or int(6 * args.mean_tokens)
+    args.concurrency = args.concurrency if args.concurrency is not None else (None if remote else 16)
+    if args.results is None:
+        args.results = str(RESULTS / f"bench_regenerate_{'gpu' if remote else 'cpu'}.txt")
+    return args
 
 
 def main() -> int:
@@ -410,19 +456,22 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     tmp, shm = start_run("regenerate")
-    server, shm_seen, log = None, set(), io.StringIO()
+    servers, shm_seen, log = [], set(), io.StringIO()
     try:
         with redirect_stdout(_Tee(sys.stdout, log)):
             print(f"$ python benchmarks/bench_regenerate.py {' '.join(sys.argv[1:])}   # {time.strftime('%Y-%m-%d %H:%M')}, {_load()}")
             if args.server:
-                url, model_dir, card = args.server.rstrip("/"), args.model_path, None
+                urls, model_dir, card = (args.server.rstrip("/"), args.plain_server.rstrip("/")), args.model_path, None
+                logs = (args.server_log, args.plain_log)
             else:
-                server, model_dir, card = local_server(tmp, shm, args.server_env)
-                url, shm_seen = server.url, server_shm_files(server.proc.pid)
+                servers, model_dir, card = local_servers(tmp, shm, args.server_env)
+                urls, logs = (servers[0].url, servers[1].url), (tmp / "build.log", tmp / "plain.log")
+                shm_seen = set().union(*(server_shm_files(s.proc.pid) for s in servers))
             card = the_card(args, model_dir, card)
-            rows, lengths = conversations(args.conversations, args.mean_tokens, args.sigma, args.max_tokens, args.seed)
+            rows, lengths = conversations(args.conversations, args.mean_tokens, args.sigma, args.max_tokens, args.seed, args.multi_turn)
+            multi = sum(len(r["messages"]) > 2 for r in rows)
             print(
-                f"{len(rows)} conversations, {len(lengths)} turns; answer lengths mean {statistics.fmean(lengths):.1f}, "
+                f"{len(rows)} conversations ({multi} of 2-4 turns), {len(lengths)} turns; answer lengths mean {statistics.fmean(lengths):.1f}, "
                 f"median {statistics.median(lengths):.0f}, max {max(lengths)}, coefficient of variation {cv(lengths):.2f}"
             )
             if cv(lengths) < 1:
@@ -433,26 +482,53 @@ def main() -> int:
             tokenizer = AutoTokenizer.from_pretrained(
                 model_dir, local_files_only=True, trust_remote_code=bool(card.model.trust_remote_code)
             )
-            measure(args, url, card, tokenizer, tmp, source)
+            measure(args, urls, card, tokenizer, tmp, source, logs)
             print(f"at the end: {_load()}")
         if args.results:
             with open(args.results, "a") as f:
                 f.write(log.getvalue() + "\n")
         return 0
     except BaseException:
-        if server is not None:
-            print("server log tail:\n" + server.log_tail(3000), file=sys.stderr)
+        for server in servers:
+            print(f"server {server.url} log tail:\n" + server.log_tail(3000), file=sys.stderr)
         raise
     finally:
-        finish_run(server, shm_seen, tmp, shm)
+        for server in servers:
+            stop_and_clean(server, shm_seen)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if shm != tmp:
+            shutil.rmtree(shm, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------- this process
 def _cpu_s() -> float:
-    """CPU seconds this process (the build, or the plain client; not the server) used so far, all its threads."""
+    """CPU seconds this process (the build, or a client; not the servers) used so far, all its threads."""
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) where Linux allows it; False: the peak then counts from the start."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (VmHWM; getrusage's where /proc has none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _load() -> str:

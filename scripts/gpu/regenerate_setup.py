@@ -4,8 +4,11 @@ The model is Kimi-K2.5's text layer shape (hidden 7168, its MLA dims, MoE with a
 with the demo tokenizer's vocabulary (generated ids must decode) and weights filled by ``--load-format dummy``:
 decoding speed, not the answers' words, is what the benchmark measures. CUDA graphs stay on for decoding, as
 ``hs-dataset serve`` plans them; the card stores nf4 (the states of ~4 builds a round must fit the host's disk).
+The prefix cache stays on (``sglang.radix_cache``), as on the plain server beside it, and both servers export their
+prompt-token counters (``--enable-metrics``). Both run on the one GPU at once, so each gets ``--mem-fraction``
+(default 0.42: half of the 0.85 a server alone was given).
 
-    python scripts/gpu/regenerate_setup.py --out DIR [--layers 8] [--experts 8] [--max-running 128]
+    python scripts/gpu/regenerate_setup.py --out DIR [--layers 8] [--experts 8] [--max-running 128] [--mem-fraction 0.42]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def write_card(path: Path, model: Path, args: argparse.Namespace) -> Path:
             "device": "cuda",
             "port": args.port,
             "startup_timeout_s": 900,
+            "radix_cache": True,
             "chunked_prefill_size": 8192,
             "args": [
                 "--attention-backend",
@@ -56,13 +60,14 @@ def write_card(path: Path, model: Path, args: argparse.Namespace) -> Path:
                 "--grammar-backend",
                 "none",
                 "--mem-fraction-static",
-                "0.85",
+                str(args.mem_fraction),
                 "--load-format",
                 "dummy",
                 "--max-running-requests",
                 str(args.max_running),
                 "--cuda-graph-max-bs",
                 str(args.max_running),
+                "--enable-metrics",
                 *args.server_arg,
             ],
             "staging": {"dir": "/dev/shm/hs-regenerate-stage", "max_bytes": 16 << 30, "pinned_pool_bytes": 4 << 30},
@@ -80,6 +85,7 @@ def main() -> int:
     p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--max-length", type=int, default=16384)
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--mem-fraction", type=float, default=0.42, help="--mem-fraction-static of each of the two servers")
     p.add_argument(
         "--server-arg",
         action="append",

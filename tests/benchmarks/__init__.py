@@ -1,0 +1,1 @@
+"""Tests of the benchmarks' own helpers (benchmarks/, outside the package): what their figures rest on."""
