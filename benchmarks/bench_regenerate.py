@@ -33,9 +33,9 @@ On a GPU host, ``scripts/gpu/run_regenerate.sh`` starts both and passes ``--serv
     python benchmarks/bench_regenerate.py --server http://127.0.0.1:30000 --plain-server http://127.0.0.1:30001 \
         --model-path /models/kimi-wide --config card.yaml --conversations 256 --mean-tokens 500 --rounds 3
 
-Until the build captures in one pass, its prefill capture against a server whose prefix cache is on needs
-``backend.force_full_prefill`` (the card this script uses sets it); ``--card-override
-backend.force_full_prefill=false`` (and any other ``KEY=VALUE``, YAML values) changes the build's card.
+The build captures in one pass wherever its server reports it can (``regenerate.capture: auto``); ``--card-override
+regenerate.capture=prefill`` measures the prefill capture instead (and any other ``KEY=VALUE``, YAML values changes the
+build's card).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def the_card(args: argparse.Namespace, model_dir: str, card: Any) -> Any:
             else card_from_model(model_dir, backend="sglang", servers=[args.server])
         )
     regenerate = {"enabled": True, "max_new_tokens": args.max_tokens, "thinking": "off", "concurrency": args.concurrency}
-    card = card.with_overrides(regenerate=regenerate, backend={"force_full_prefill": True})
+    card = card.with_overrides(regenerate=regenerate)
     for key, value in args.card_override:
         card = card.with_overrides(**_nested(key, value))
     return card

@@ -219,7 +219,7 @@ class GraphRoute(NamedTuple):
     model_runner: type  # its ``init_cuda_graphs`` captures every graph, then registers ``--forward-hooks``
     graph_runner: type  # the decode graph runner; ``replay_method`` replays one batch
     replay_method: str  # takes the ForwardBatch as its first argument
-    register_hooks: Callable[[Any, list], None]  # SGLang's own ``register_forward_hooks(model, specs)``
+    register_hooks: Callable[[Any, list[Any]], None]  # SGLang's own ``register_forward_hooks(model, specs)``
 
 
 # (module, class, replay method) of the decode graph runner, newest layout first: 0.5.14+ split the runners
@@ -249,13 +249,13 @@ def graph_route() -> GraphRoute | str:
     return "no decode graph runner found (" + ", ".join(f"{m}.{c}.{r}" for m, c, r in _GRAPH_RUNNERS) + ")"
 
 
-def forward_hook_lists(args: Any) -> list[list] | str:
+def forward_hook_lists(args: Any) -> list[list[Any]] | str:
     """Every list of hook specs SGLang may register from after graph capture, or why one cannot be edited in place.
 
     0.5.9 - 0.5.19 read ``server_args.forward_hooks``; 0.5.23 reads its observability config
     (``runtime_context.get_observability().forward_hooks``), which may be another object.
     """
-    lists: list[list] = []
+    lists: list[list[Any]] = []
     for source, specs in (("server_args.forward_hooks", getattr(args, "forward_hooks", None)), _observability_hooks()):
         if specs is None or any(specs is known for known in lists):
             continue

@@ -54,7 +54,7 @@ def install() -> decode_route.Route:
         decode_route.ROUTE.reason = f"the decode-graph route is not installed: {route}"
         logger.warning("hs_dataset capture: %s", decode_route.ROUTE.reason)
         return decode_route.ROUTE
-    route.model_runner.init_cuda_graphs = _wrap_init(route.model_runner.init_cuda_graphs, route)
+    setattr(route.model_runner, _INIT, _wrap_init(getattr(route.model_runner, _INIT), route))
     setattr(route.graph_runner, route.replay_method, _wrap_replay(getattr(route.graph_runner, route.replay_method)))
     decode_route.ROUTE.installed = True
     logger.info(
@@ -64,6 +64,9 @@ def install() -> decode_route.Route:
         route.replay_method,
     )
     return decode_route.ROUTE
+
+
+_INIT = "init_cuda_graphs"  # ModelRunner's method that captures the graphs (a name: the class is found at run time)
 
 
 def _wrap_init(original, route: compat.GraphRoute):

@@ -10,13 +10,11 @@ Judged from the running server's own reports, never from its version number.
 
 from __future__ import annotations
 
-from hs_dataset.capture.sglang.diagnose import read_report
 from hs_dataset.capture.sglang.endpoints import Endpoint
+from hs_dataset.capture.sglang.validate import one_pass_support
 from hs_dataset.server_patch.contract.mechanism import Mechanism
 
-__all__ = ["DECODE_CAPTURE_FACT", "one_pass_blocker"]
-
-DECODE_CAPTURE_FACT = "decode_capture"
+__all__ = ["one_pass_blocker"]
 
 
 def one_pass_blocker(ep: Endpoint) -> str | None:
@@ -27,10 +25,5 @@ def one_pass_blocker(ep: Endpoint) -> str | None:
         return f"{ep.url}: its hooks cannot tell requests apart (they key dumps by content), and decode rows need request ids"
     if ep.mechanism == Mechanism.LEGACY.value:
         return f"{ep.url}: the legacy source patch captures prefills only"
-    facts = read_report(ep.staging_dir).facts
-    decode = facts.get(DECODE_CAPTURE_FACT)
-    if isinstance(decode, str):
-        return None if decode in ("graph", "eager") else f"{ep.url}: decode steps escape capture ({decode})"
-    if str(ep.server_info.get("device") or "cuda") == "cpu" or ep.server_info.get("disable_cuda_graph"):
-        return None  # no decode graph: the hooks run on every decode step
-    return f"{ep.url}: decode CUDA graphs are on and its hooks do not say they capture inside them"
+    support = one_pass_support(ep.staging_dir)
+    return None if support.works else f"{ep.url}: {support.reason}"

@@ -26,7 +26,9 @@ from tests.fixtures.sglang_server import AUX, CHUNK, hf_reference, start_server
 pytestmark = pytest.mark.sglang
 
 RELEASES = ["0.5.23", "0.5.19", "0.5.14"]  # 0.5.23 is the base server env; the others its overlays
-POOL_TOKENS = 640  # the server's whole KV pool (--max-total-tokens): the build's tokens overflow it three times, 4 requests in flight fill it
+POOL_TOKENS = (
+    640  # the server's whole KV pool (--max-total-tokens): the build's tokens overflow it three times, 4 requests in flight fill it
+)
 NEW_TOKENS = 16
 SYSTEM = "You are a careful assistant. " * 12  # ~70 tokens every conversation starts with: a cross-conversation cache hit
 
