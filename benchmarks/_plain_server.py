@@ -7,7 +7,10 @@ graphs as SGLang sets them (prefill graphs included), no capture hooks, no stagi
 ``--enable-metrics`` so that its prompt-token counters can be read (``_server_metrics``). The one exception: a CPU
 server of a DeepSeek model keeps the CPU MLA hook, without which SGLang cannot run that model on a CPU.
 
-    python benchmarks/_plain_server.py --config CARD --port 30001   # replaces itself with the server, own process group
+    python benchmarks/_plain_server.py --config CARD --port 30001 [--mem-fraction F]   # replaces itself with the server
+
+``--mem-fraction`` replaces the card's ``--mem-fraction-static``: SGLang charges it against the memory free when the
+server starts, so a second server on one GPU needs a larger one for the same KV pool (``run_regenerate.sh``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from hs_dataset.capture.serve.plan import CPU_MLA_FACTORY, ServerPlan
 
-__all__ = ["plain_argv", "plain_env", "plain_plan"]
+__all__ = ["plain_argv", "plain_env", "plain_plan", "with_mem_fraction"]
 
 METRICS_FLAG = "--enable-metrics"
 
@@ -56,6 +59,15 @@ def plain_argv(card: Any, plan: ServerPlan, port: int) -> list[str]:
     return argv
 
 
+def with_mem_fraction(argv: list[str], fraction: float) -> list[str]:
+    """``argv`` with its ``--mem-fraction-static`` set to ``fraction`` (added where it had none)."""
+    flag = "--mem-fraction-static"
+    if flag not in argv:
+        return [*argv, flag, str(fraction)]
+    i = argv.index(flag)
+    return [*argv[: i + 1], str(fraction), *argv[i + 2 :]]
+
+
 def plain_env(plan: ServerPlan) -> dict[str, str]:
     """The capture plan's environment less its ``HS_*`` settings (the CPU engine and the support path stay)."""
     return {k: v for k, v in plan.env.items() if not k.startswith("HS_")}
@@ -82,9 +94,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="the card the capture server was started from")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--mem-fraction", type=float, default=None, help="instead of the card's --mem-fraction-static")
     args = ap.parse_args()
     card = load_card(args.config)
     plan = plain_plan(card, plan_server(card), args.port, staging_dir="")
+    if args.mem_fraction is not None:
+        plan = dataclasses.replace(plan, argv=with_mem_fraction(plan.argv, args.mem_fraction))
     print(f"plain server: {plan.command_line()}", file=sys.stderr, flush=True)
     os.setsid()  # its own process group: the caller stops it and its children with `kill -- -PID`
     os.execve(plan.python, [plan.python, *plan.argv], {**os.environ, **plan.env})

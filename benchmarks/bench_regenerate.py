@@ -152,6 +152,17 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
         build._capture = saved
 
 
+def captured_by(out: Path) -> str:
+    """How a build's samples were captured, summed over its manifest's shards (``one_pass``, ``prefill``)."""
+    from hs_dataset.formats.manifest import Manifest
+
+    counts: dict[str, int] = {}
+    for shard in Manifest.load(out).shards:
+        for path, n in (shard.captured_by or {"unrecorded": shard.samples}).items():
+            counts[path] = counts.get(path, 0) + n
+    return ", ".join(f"{path} {n}" for path, n in sorted(counts.items()))
+
+
 # ---------------------------------------------------------------------------- the servers
 def flush_cache(url: str, tries: int = 40) -> None:
     """Empty a server's prefix cache (SGLang refuses while requests run: retried), so no run reuses another's prefixes."""
@@ -305,6 +316,8 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
         generated, rate = span.tokens, span.rate()
         rss = f"; peak RSS {peak / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
         extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average{rss}"
+        if name == "build":
+            extra += f"; captured by {captured_by(ctx['work'] / name)}"
     else:
         client = turn_order if name == "turn-order" else independent
         outcome: Outcome = client(meter.url, ctx["convs"] if name == "turn-order" else ctx["turns"], ctx["in_flight"], span)

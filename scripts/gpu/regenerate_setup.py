@@ -5,10 +5,13 @@ with the demo tokenizer's vocabulary (generated ids must decode) and weights fil
 decoding speed, not the answers' words, is what the benchmark measures. CUDA graphs stay on for decoding, as
 ``hs-dataset serve`` plans them; the card stores nf4 (the states of ~4 builds a round must fit the host's disk).
 The prefix cache stays on (``sglang.radix_cache``), as on the plain server beside it, and both servers export their
-prompt-token counters (``--enable-metrics``). Both run on the one GPU at once, so each gets ``--mem-fraction``
-(default 0.42: half of the 0.85 a server alone was given).
+prompt-token counters (``--enable-metrics``). Both run on the one GPU at once, so the KV pool is capped
+(``--max-total-tokens``, default 800,000: 7.4 GB at 8 layers of Kimi's MLA, several times what 128 conversations
+in flight hold) and the build's server gets ``--mem-fraction`` (default 0.5). SGLang charges that fraction
+against the memory free when a server starts (``kv_cache_configurator._profile_available_bytes``), so the plain
+server, started second, is given its own, larger one (``run_regenerate.sh``).
 
-    python scripts/gpu/regenerate_setup.py --out DIR [--layers 8] [--experts 8] [--max-running 128] [--mem-fraction 0.42]
+    python scripts/gpu/regenerate_setup.py --out DIR [--layers 8] [--experts 8] [--max-running 128] [--mem-fraction 0.5]
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def write_card(path: Path, model: Path, args: argparse.Namespace) -> Path:
                 str(args.mem_fraction),
                 "--load-format",
                 "dummy",
+                "--max-total-tokens",
+                str(args.max_total_tokens),
                 "--max-running-requests",
                 str(args.max_running),
                 "--cuda-graph-max-bs",
@@ -85,7 +90,8 @@ def main() -> int:
     p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--max-length", type=int, default=16384)
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--mem-fraction", type=float, default=0.42, help="--mem-fraction-static of each of the two servers")
+    p.add_argument("--mem-fraction", type=float, default=0.5, help="--mem-fraction-static of the build's server (started first)")
+    p.add_argument("--max-total-tokens", type=int, default=800_000, help="each server's KV pool, in tokens")
     p.add_argument(
         "--server-arg",
         action="append",

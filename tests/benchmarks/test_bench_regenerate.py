@@ -12,7 +12,7 @@ from tests.fixtures.paths import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _plain_server import plain_argv, plain_env
+from _plain_server import plain_argv, plain_env, with_mem_fraction
 from _regen_clients import StoredTurn, follow_on, stored_turns
 from _server_metrics import Counters, log_new_tokens, parse_metrics
 from bench_regenerate import common_head, conversations, cv
@@ -95,6 +95,12 @@ def test_the_plain_server_keeps_the_sizing_and_drops_capture(capture_plan: Serve
     assert " ".join(map(str, card.sglang.args)) in " ".join(argv)
     assert [h["name"] for h in json.loads(argv[argv.index("--forward-hooks") + 1])] == ["hs_cpu_mla"]
     assert plain_env(capture_plan) == {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": "/support"}
+
+
+def test_the_second_server_on_a_gpu_gets_its_own_memory_fraction() -> None:
+    argv = ["-m", "sglang.launch_server", "--mem-fraction-static", "0.5", "--port", "1"]
+    assert with_mem_fraction(argv, 0.8) == ["-m", "sglang.launch_server", "--mem-fraction-static", "0.8", "--port", "1"]
+    assert with_mem_fraction(["--port", "1"], 0.8) == ["--port", "1", "--mem-fraction-static", "0.8"]
 
 
 def test_the_common_head_is_what_every_prompt_starts_with() -> None:

@@ -505,6 +505,7 @@ class SGLangBackend(CaptureBackend):
             cooldown_s=section.endpoint_cooldown_s,
             max_response_bytes=section.max_response_bytes,
             one_pass_run=self.run_id if self.one_pass else None,
+            run_seq=self._seq,
         )
 
     def _choose_one_pass(self, capture: str) -> bool:

@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -64,9 +64,12 @@ class SGLangGenerator(StreamingGenerator):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         in_flight_source: str = "",
         one_pass_run: str | None = None,
+        run_seq: Iterator[int] | None = None,
     ) -> None:
         """``one_pass_run``: capture each generation's states as the server computes them, under one-pass
-        request ids of this run (``hs-<run>-<seq>-g<T>``); None: plain generation requests."""
+        request ids of this run (``hs-<run>-<seq>-g<T>``); None: plain generation requests. ``run_seq``: the
+        run's request counter, shared with everything else that sends requests of that run (the capture
+        backend's repairs), so that no two requests ever carry one id (two counters of one run collided)."""
         self.one_pass_run = one_pass_run
         self.abandoned: list[OnePassTrace] = []  # one-pass attempts that failed: their pieces are nobody's
         self.endpoints = [Endpoint(url=u.rstrip("/")) for u in urls]
@@ -83,7 +86,7 @@ class SGLangGenerator(StreamingGenerator):
         self.vocab_size = vocab_size
         self.max_response_bytes = int(max_response_bytes)
         self.run_id = secrets.token_hex(6)
-        self._seq = itertools.count(1)
+        self._seq = run_seq if run_seq is not None else itertools.count(1)
         self._picker = EndpointPicker()
         self._loop: LoopThread | None = None
         self._session = None

@@ -152,3 +152,44 @@ def test_helpers():
     assert common_prefix(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 5])) == 2
     assert common_prefix(torch.tensor([1, 2]), torch.tensor([1, 2, 4])) == 2
     assert missing_ranges(torch.tensor([False, True, False, False, True, False])) == [(0, 1), (2, 4), (5, 6)]
+
+
+def test_the_generations_and_the_repairs_of_one_run_never_share_a_request_id(tmp_path, monkeypatch):
+    """A repair and a generation of one run once drew ids from two counters: equal length, equal id, mixed pieces
+    (seen on a CPU benchmark with 16 conversations in flight). One counter per run now serves both."""
+    import asyncio
+
+    from hs_dataset.capture.base import CaptureTarget
+    from hs_dataset.capture.sglang import backend as backend_module
+    from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.config import SGLangBackendSection, load_card
+
+    be = SGLangBackend(
+        SGLangBackendSection(name="sglang"), CaptureTarget(model_path=str(tmp_path), aux_layer_ids=[1]), servers=["http://127.0.0.1:9"]
+    )
+    be.endpoints[0].staging_dir = str(tmp_path)
+    monkeypatch.setattr(SGLangBackend, "info", lambda self: type("Info", (), {"model_fingerprint": "f", "vocab_size": 100})())
+    monkeypatch.setattr(SGLangBackend, "_choose_one_pass", lambda self, capture: True)
+    sent: list[str] = []
+
+    async def post(self, ep, rid, ids, recompute_from=None):
+        sent.append(rid)
+        raise backend_module.BadResponseError("not sent")
+
+    monkeypatch.setattr(SGLangBackend, "_post_generate", post)
+    try:
+        gen = be.generator(load_card("tiny-deepseek-sglang").regenerate, tokenizer=None)
+        sample = sample_of(list(range(1, 47)))
+        for _ in range(3):
+            sent.append(gen.body(list(range(1, 47)), params=_params())["rid"])
+            assembly = Assembly(sample, ExpectedDump((1,), torch.float32, 8))
+            asyncio.run(be._repair(assembly, [], be.endpoints[0], 40, 46))
+        assert len(sent) == 6 and len(set(sent)) == 6, sent
+    finally:
+        be.close()
+
+
+def _params():
+    from hs_dataset.regenerate.generator import GenerationParams
+
+    return GenerationParams(max_new_tokens=4)
