@@ -49,7 +49,7 @@ from hs_dataset.capture.sglang.generate import SGLangGenerator
 from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, LoopThread, connection_errors, new_session, post_generate
 from hs_dataset.capture.sglang.one_pass import Assembly, SharedPrefixes, Source
 from hs_dataset.capture.sglang.one_pass_support import one_pass_blocker
-from hs_dataset.capture.sglang.pieces import PieceError
+from hs_dataset.capture.sglang.pieces import PieceError, PieceListing
 from hs_dataset.capture.sglang.support import verification
 from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
 from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
@@ -115,6 +115,7 @@ class SGLangBackend(CaptureBackend):
         self.stats = {"requests": 0, "retries": 0, "refused": 0, "timeouts": 0, "endpoint_errors": 0}
         self.stats.update(one_pass_samples=0, one_pass_fallbacks=0, one_pass_repairs=0, one_pass_repair_tokens=0, one_pass_shared_tokens=0)
         self._shared_prefixes = SharedPrefixes()
+        self._listings: dict[str, PieceListing] = {}
         self.one_pass = False  # set by generator(): regenerated conversations are captured while generated
         self.one_pass_fallback_reasons: dict[str, int] = {}
         self._seq = itertools.count(1)
@@ -351,7 +352,7 @@ class SGLangBackend(CaptureBackend):
         delay = 0.002
         while True:
             for source in sources:
-                for path in source.new_pieces():
+                for path in source.new_pieces(self._listing(source.staging_dir)):
                     await loop.run_in_executor(None, assembly.take, source, path)
                 if os.path.lexists(source.refusal_path()):
                     return f"the server refused {source.rid}: {take_refusal(source.refusal_path()).reason}"
@@ -359,6 +360,13 @@ class SGLangBackend(CaptureBackend):
                 return None
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.05)
+
+    def _listing(self, staging_dir: str) -> PieceListing:
+        """The shared piece listing of ``staging_dir`` (one per dir, used on the event loop's thread only)."""
+        listing = self._listings.get(staging_dir)
+        if listing is None:
+            listing = self._listings[staging_dir] = PieceListing(staging_dir)
+        return listing
 
     async def _repair(self, assembly: Assembly, sources: list[Source], ep: Endpoint, start: int, stop: int) -> str | None:
         """Have ``ep`` compute positions ``[start, stop)`` of the sample under a one-pass id; None when they arrived."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hs_dataset.capture.sglang.dumps import ExpectedDump
-from hs_dataset.capture.sglang.pieces import Piece, list_pieces, read_piece
+from hs_dataset.capture.sglang.pieces import Piece, PieceListing, list_pieces, read_piece
 from hs_dataset.codecs.fp8 import SCALE_SUFFIX
 from hs_dataset.regenerate.generator import TracedGeneration
 from hs_dataset.sample import CapturedSample, TokenizedSample
@@ -91,8 +91,10 @@ class Source:
     def refusal_path(self) -> str:
         return os.path.join(self.staging_dir, self.rid + REFUSED_SUFFIX)
 
-    def new_pieces(self) -> list[str]:
-        return [p for p in list_pieces(self.staging_dir, self.rid) if p not in self.seen]
+    def new_pieces(self, listing: PieceListing | None = None) -> list[str]:
+        """Its pieces not taken yet, from ``listing`` (shared, of its staging dir) or a listing of its own."""
+        found = listing.pieces(self.rid) if listing is not None else list_pieces(self.staging_dir, self.rid)
+        return [p for p in found if p not in self.seen]
 
 
 class Assembly:

@@ -193,3 +193,24 @@ def _params():
     from hs_dataset.regenerate.generator import GenerationParams
 
     return GenerationParams(max_new_tokens=4)
+
+
+def test_one_shared_listing_finds_each_requests_pieces_in_order(tmp_path):
+    from hs_dataset.capture.sglang.pieces import PieceListing
+
+    a, b = make_one_pass_rid("r1", 1, 5), make_one_pass_rid("r1", 2, 5)
+    for rid, k in ((a, 2), (a, 0), (b, 1), (a, 10)):
+        (tmp_path / piece_name(rid, k)).write_bytes(b"")
+    (tmp_path / f".{piece_name(a, 3)}").write_bytes(b"")  # in progress: not yet a piece
+    (tmp_path / f"{a}.refused").write_bytes(b"")
+    listing = PieceListing(str(tmp_path), max_age_s=60)
+    assert [Path(p).name for p in listing.pieces(a)] == [piece_name(a, k) for k in (0, 2, 10)]
+    assert [Path(p).name for p in listing.pieces(b)] == list_pieces_names(tmp_path, b)
+    (tmp_path / piece_name(b, 4)).write_bytes(b"")
+    assert len(listing.pieces(b)) == 1  # within max_age_s the listing is reused
+    assert len(PieceListing(str(tmp_path), max_age_s=0).pieces(b)) == 2
+    assert PieceListing(str(tmp_path / "gone")).pieces(a) == []
+
+
+def list_pieces_names(stage: Path, rid: str) -> list[str]:
+    return [Path(p).name for p in list_pieces(str(stage), rid)]

@@ -1,0 +1,126 @@
+"""On a GPU host: where one-pass capture's cost on generation goes (the build server alone, no plain server).
+
+Against the build's server (``hs-dataset serve``, started by ``run_one_pass_profile.sh``): the same regeneration
+build as ``benchmarks/bench_regenerate.py``, with capture left out and with one-pass capture, alternated; during
+one of the one-pass builds ``py-spy`` (if given) samples the scheduler process, every thread, and once more only
+the thread holding the GIL. Printed: each build's wall and generation rate, how its samples were captured, the
+hooks' counters from the status file (forward-thread time per decode step, pieces, held bytes).
+
+    python scripts/gpu/one_pass_profile.py --server URL --config CARD --model-path DIR --out DIR [--py-spy BIN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_regenerate as br  # noqa: E402
+from _regen_clients import Span  # noqa: E402
+
+
+def scheduler_pid() -> int | None:
+    """SGLang's scheduler process (its process title), else the GPU's compute process."""
+    for cmd in (["pgrep", "-f", "sglang::scheduler"], ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        except OSError:
+            continue
+        pids = [int(p) for p in out.split() if p.strip().isdigit()]
+        if pids:
+            return pids[0]
+    return None
+
+
+def spy(binary: str, pid: int, out: Path, delay: float, seconds: int) -> threading.Thread:
+    """py-spy on ``pid`` after ``delay`` s: all threads, then only the GIL holder (raw collapsed stacks)."""
+
+    def run() -> None:
+        time.sleep(delay)
+        for name, extra in (("threads", ["--threads", "--idle"]), ("gil", ["--gil"])):
+            cmd = [binary, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200", "--nonblocking"]
+            cmd += [*extra, "--format", "raw", "-o", str(out / f"spy-{name}.txt")]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            print(f"py-spy {name}: rc {done.returncode} {done.stderr.strip()[-300:]}", flush=True)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def counters(staging: str) -> dict:
+    from hs_dataset.server_patch.contract.status import read_statuses
+
+    keep = ("hook_wall_ns", "decode_passes", "graph_decode_passes", "graph_decode_rows", "extend_passes", "one_pass_rows")
+    keep += ("one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes", "pinned_peak_bytes")
+    found: dict = {}
+    for status in read_statuses(staging):
+        for key, value in (status.get("counts") or {}).items():
+            if key in keep and isinstance(value, (int, float)):
+                found[key] = found.get(key, 0) + value
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--py-spy", default=None)
+    ap.add_argument("--conversations", type=int, default=256)
+    ap.add_argument("--mean-tokens", type=float, default=500)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from hs_dataset.config import load_card
+
+    card = load_card(args.config).with_overrides(model={"path": args.model_path})
+    card = card.with_overrides(
+        regenerate={"enabled": True, "max_new_tokens": int(6 * args.mean_tokens), "thinking": "off", "concurrency": None}
+    )
+    rows, _ = br.conversations(args.conversations, args.mean_tokens, 1.2, int(6 * args.mean_tokens), 0, 0.4)
+    work = args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path, local_files_only=True)
+    span = Span()
+    generator = br.drawn_lengths(tokenizer, span)
+    staging = card.sglang.staging.dir
+    seconds, _ = br.run_build(card, source, work / "reference", args.server, generator)
+    print(f"reference build (warm-up): {seconds:.1f} s, captured by {br.captured_by(work / 'reference')}", flush=True)
+    pid = scheduler_pid()
+    for r in range(args.rounds):
+        for name in ("isolated", "one_pass"):
+            span.__init__()
+            before = counters(staging)
+            watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
+            seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
+            after = counters(staging)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            how = br.captured_by(work / name) if name == "one_pass" else "nothing (capture left out)"
+            steps = delta.get("decode_passes", 0)
+            per_step = delta.get("hook_wall_ns", 0) / max(steps, 1) / 1e6
+            print(
+                f"round {r + 1} {name:9s} {seconds:6.1f} s; generation {span.seconds():6.1f} s, {span.rate():7.1f} tok/s, "
+                f"{span.mean_in_flight():.1f} in flight; captured by {how}; hooks {per_step:.3f} ms of forward thread per decode step "
+                f"over {steps} steps; {json.dumps(delta, sort_keys=True)}",
+                flush=True,
+            )
+            if watcher:
+                watcher.join(60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
