@@ -56,6 +56,57 @@ def spy(binary: str, pid: int, out: Path, delay: float, seconds: int) -> threadi
     return t
 
 
+class Sampler:
+    """This process's threads sampled every ``interval`` s (their innermost frames), for the client's side of the cost."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.counts: dict[tuple[str, str], int] = {}
+        self._ticks = {"all": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        names = {}
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            self._ticks["all"] += 1
+            if len(names) != threading.active_count():
+                names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                where, f = [], frame
+                while f is not None and len(where) < 3:
+                    where.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}:{f.f_lineno}")
+                    f = f.f_back
+                key = (names.get(ident, str(ident)).split(" ")[0][:24], " < ".join(where))
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+    IDLE = ("selectors.py:select:", "thread.py:_worker:", "threading.py:wait:", "queue.py:get:", "template_guard.py:_run:")
+
+    def report(self, top: int = 25) -> str:
+        """Busy samples (a thread waiting in select, a queue, an event or a sleep is left out), by thread and by place."""
+        busy = {k: n for k, n in self.counts.items() if not k[1].startswith(self.IDLE)}
+        ticks = max((n for n in self._ticks.values()), default=1)
+        by_thread: dict[str, int] = {}
+        for (thread, _), n in busy.items():
+            by_thread[thread] = by_thread.get(thread, 0) + n
+        shares = {t: round(n / ticks, 2) for t, n in sorted(by_thread.items(), key=lambda kv: -kv[1])}
+        lines = [f"client threads busy (share of the samples, {ticks} ticks): {json.dumps(shares)}"]
+        for (thread, where), n in sorted(busy.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {100 * n / ticks:5.1f}% {thread:24s} {where}")
+        return "\n".join(lines)
+
+
 def counters(staging: str) -> dict:
     from hs_dataset.server_patch.contract.status import read_statuses
 
@@ -105,7 +156,8 @@ def main() -> int:
             span.__init__()
             before = counters(staging)
             watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
-            seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
+            with Sampler() as sampler:
+                seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
             after = counters(staging)
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             how = br.captured_by(work / name) if name == "one_pass" else "nothing (capture left out)"
@@ -117,6 +169,8 @@ def main() -> int:
                 f"over {steps} steps; {json.dumps(delta, sort_keys=True)}",
                 flush=True,
             )
+            if r == 0:
+                print(sampler.report(), flush=True)
             if watcher:
                 watcher.join(60)
     return 0
