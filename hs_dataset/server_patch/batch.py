@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from hs_dataset.server_patch.contract.rid import RID_RE
+from hs_dataset.server_patch.contract.rid import ONE_PASS_MARK, RID_RE
 from hs_dataset.server_patch.contract.status import RECENT_IDS
 
-__all__ = ["DECODE_MODE", "PREFILL_MODES", "BatchSplit", "BatchView", "RequestSlice", "split_decode", "split_requests"]
+__all__ = ["DECODE_MODE", "PREFILL_MODES", "BatchSplit", "BatchView", "RequestSlice", "RidKinds", "split_decode", "split_requests"]
 
 # ForwardMode names of the extend-shaped passes that carry prompt rows. MIXED (mixed chunked
 # prefill, --enable-mixed-chunk) is new prefill rows followed by 1-row decode tails of running
@@ -68,6 +68,44 @@ class RequestSlice(NamedTuple):
     offset: int  # first row of the request in the pass
     length: int  # rows this pass computed for it
     prefix: int  # tokens of the request before these rows (chunked prefill; 0 for a whole prompt)
+    one_pass: bool = False  # a one-pass generation (its rows are kept as pieces)
+
+
+FOREIGN, INVALID, OURS, ONE_PASS = "foreign", "invalid", "ours", "one_pass"
+
+
+class RidKinds:
+    """What each rid is (another client's, ours but malformed, ours, ours and one pass), remembered.
+
+    Why remembered: a decode step holds the same rids for hundreds of steps, and matching each
+    against :data:`RID_RE` twice a step was most of the forward thread's capture time (128
+    requests decoding: about 1 ms a step, beside a step of under 10 ms). At ``limit`` rids
+    the memory starts over (the forward thread alone uses it: no lock).
+    """
+
+    def __init__(self, rid_prefix: str, limit: int = 1 << 16) -> None:
+        self.rid_prefix = rid_prefix
+        self.limit = int(limit)
+        self._known: dict[str, str] = {}
+
+    def of(self, key: object) -> str:
+        if not isinstance(key, str):
+            return FOREIGN
+        kind = self._known.get(key)
+        if kind is None:
+            kind = self._classify(key)
+            if len(self._known) >= self.limit:
+                self._known.clear()
+            self._known[key] = kind
+        return kind
+
+    def _classify(self, key: str) -> str:
+        if not key.startswith(self.rid_prefix):
+            return FOREIGN
+        m = RID_RE.match(key)
+        if m is None:
+            return INVALID
+        return ONE_PASS if m.group("kind") == ONE_PASS_MARK else OURS
 
 
 @dataclass
@@ -82,7 +120,7 @@ class BatchSplit:
     invalid_rids: list[str] = field(default_factory=list)  # our prefix, but not hs-<run>-<seq>-<T>
 
 
-def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> BatchSplit:
+def split_requests(batch: BatchView, kinds: RidKinds, content_keys: bool) -> BatchSplit:
     """Split an extend-shaped pass (:data:`PREFILL_MODES`, ``extend_seq_lens`` set) into the rows of each request, by ``extend_seq_lens``."""
     lens = batch.extend_seq_lens
     rids = batch.rids
@@ -94,15 +132,11 @@ def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> Bat
     for i in range(n):
         length, pre = int(lens[i]), int(prefix[i])
         if rids is not None:
-            key = rids[i]
-            if not isinstance(key, str) or not key.startswith(rid_prefix):
-                split.foreign += 1
-                if len(split.foreign_rids) < RECENT_IDS:
-                    split.foreign_rids.append(str(key)[:120])
-            elif RID_RE.match(key) is None:
-                split.invalid_rids.append(key)
+            key, kind = rids[i], kinds.of(rids[i])
+            if kind in (OURS, ONE_PASS):
+                split.ours.append(RequestSlice(key, offset, length, pre, kind == ONE_PASS))
             else:
-                split.ours.append(RequestSlice(key, offset, length, pre))
+                _not_ours(split, key, kind)
         elif content_keys and pre == 0 and batch.input_ids is not None:
             split.ours.append(RequestSlice("", offset, length, pre))  # keyed by content once its rows are taken
         offset += length
@@ -110,17 +144,24 @@ def split_requests(batch: BatchView, rid_prefix: str, content_keys: bool) -> Bat
     return split
 
 
-def split_decode(batch: BatchView, rid_prefix: str) -> BatchSplit:
+def split_decode(batch: BatchView, kinds: RidKinds) -> BatchSplit:
     """Split a decode step into one row per request, in the order of ``rids`` (a batch without rids has none of ours)."""
     rids = batch.rids or []
     split = BatchSplit(ours=[], requests=len(rids), rows=len(rids))
     for i, key in enumerate(rids):
-        if not isinstance(key, str) or not key.startswith(rid_prefix):
-            split.foreign += 1
-            if len(split.foreign_rids) < RECENT_IDS:
-                split.foreign_rids.append(str(key)[:120])
-        elif RID_RE.match(key) is None:
-            split.invalid_rids.append(key)
+        kind = kinds.of(key)
+        if kind in (OURS, ONE_PASS):  # prefix unknown here: the row's position says where it is
+            split.ours.append(RequestSlice(key, i, 1, -1, kind == ONE_PASS))
         else:
-            split.ours.append(RequestSlice(key, i, 1, -1))  # prefix unknown here: the row's position says where it is
+            _not_ours(split, key, kind)
     return split
+
+
+def _not_ours(split: BatchSplit, key: object, kind: str) -> None:
+    """Count a rid that is not ours (the first few kept for the status file), or note one of ours that is malformed."""
+    if kind == INVALID:
+        split.invalid_rids.append(str(key))
+        return
+    split.foreign += 1
+    if len(split.foreign_rids) < RECENT_IDS:
+        split.foreign_rids.append(str(key)[:120])

@@ -47,11 +47,20 @@ from typing import NamedTuple
 import torch
 
 from hs_dataset.libc import name_os_thread
-from hs_dataset.server_patch.batch import DECODE_MODE, PREFILL_MODES, BatchSplit, BatchView, RequestSlice, split_decode, split_requests
+from hs_dataset.server_patch.batch import (
+    DECODE_MODE,
+    PREFILL_MODES,
+    BatchSplit,
+    BatchView,
+    RequestSlice,
+    RidKinds,
+    split_decode,
+    split_requests,
+)
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
-from hs_dataset.server_patch.contract.rid import RID_RE, content_key, is_one_pass, rid_num_tokens
+from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
 from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.one_pass import PieceCollector
@@ -126,6 +135,7 @@ class CaptureCore:
         """``status_writer``: this process's name in the status file (``dp<attention-DP rank>``); ``facts``: what the
         glue read of the SGLang it runs in, reported there (``server_patch/contract/status.py``)."""
         self.config = config
+        self._rid_kinds = RidKinds(config.rid_prefix)
         self.sglang_version = str(sglang_version)
         self.extra_metadata = dict(extra_metadata or {})
         self.staging = StagingDir(config.staging_dir)
@@ -231,7 +241,7 @@ class CaptureCore:
             return
         if decode:
             self.stats["decode_passes"] += 1
-            split = split_decode(batch, self.config.rid_prefix)
+            split = split_decode(batch, self._rid_kinds)
         else:
             self.stats["extend_passes"] += 1
             if missing_reason:  # reported whoever's rows the pass held: a graph replay may hand over no rids at all
@@ -239,16 +249,16 @@ class CaptureCore:
                 self.reporter.unusable(missing_reason)
             if batch.extend_seq_lens is None:
                 return
-            split = split_requests(batch, self.config.rid_prefix, self.config.content_keys)
+            split = split_requests(batch, self._rid_kinds, self.config.content_keys)
         if not decode:  # a decode step's requests were counted at their prefill
             self._count(split)
-        generating = [r for r in split.ours if r.key and is_one_pass(r.key)]
+        generating = [r for r in split.ours if r.one_pass]
         if decode:
             self.collector.decode_step(r.key for r in generating)
             ours: list[tuple[RequestSlice, int]] = []
         else:
             self.collector.extended(r.key for r in generating)
-            ours = self._prompt_rows([r for r in split.ours if not (r.key and is_one_pass(r.key))])
+            ours = self._prompt_rows([r for r in split.ours if not r.one_pass])
         generating = self._generating_rows(generating)
         if not ours and not generating:
             return
@@ -274,7 +284,7 @@ class CaptureCore:
             self._keep_generated_rows(batch, generating, states, pass_)
         rows_ours = sum(request.length for request, _ in ours)
         pass_cpu = time.thread_time_ns() - cpu_start  # the pass's own part (stacking the layers, the fp8 quantizer), shared by rows
-        for (key, off, length, pre), total in ours:
+        for (key, off, length, pre, _), total in ours:
             rows = slice(off, off + length)
             if not key:
                 key = content_key(batch.input_ids[rows])
