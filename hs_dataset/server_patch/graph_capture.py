@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -139,8 +141,34 @@ def _wrap_replay(original):
     return replay
 
 
+SWITCH_INTERVAL_ENV = "HS_CAPTURE_SWITCH_INTERVAL_S"
+
+
+def _switch_interval() -> None:
+    """``sys.setswitchinterval`` from :data:`SWITCH_INTERVAL_ENV`, where set (an experiment, not a default).
+
+    Why: capture's threads (the copy pump, the one-pass collector, the writers) share the
+    scheduler process's GIL; a thread that wants it back waits up to the switch interval
+    (5 ms) for one that runs Python. Whether a shorter interval shortens the decode step
+    under one-pass capture is measured by ``scripts/gpu/run_one_pass_profile.sh``.
+    """
+    raw = os.environ.get(SWITCH_INTERVAL_ENV)
+    if not raw:
+        return
+    try:
+        seconds = float(raw)
+        if not 0 < seconds <= 1:
+            raise ValueError
+    except ValueError:
+        logger.warning("hs_dataset capture: %s=%r ignored: expected seconds in (0, 1]", SWITCH_INTERVAL_ENV, raw)
+        return
+    sys.setswitchinterval(seconds)
+    logger.info("hs_dataset capture: switch interval %.4f s (%s)", seconds, SWITCH_INTERVAL_ENV)
+
+
 def run_scheduler_process(*args, **kwargs):
     """SGLang's scheduler process with the route installed first (the launcher hands this to SGLang; it runs in the child)."""
+    _switch_interval()
     install()
     from sglang.srt.managers.scheduler import run_scheduler_process as original
 

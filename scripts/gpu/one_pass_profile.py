@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -125,11 +126,13 @@ def main() -> int:
     ap.add_argument("--server", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--model-path", required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="where the py-spy profiles go")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hs-one-pass-profile/work"), help="the builds' datasets (removed at the end)")
     ap.add_argument("--py-spy", default=None)
     ap.add_argument("--conversations", type=int, default=256)
     ap.add_argument("--mean-tokens", type=float, default=500)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only-one-pass", action="store_true", help="no build with capture left out (an A/B's second server)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -140,8 +143,9 @@ def main() -> int:
         regenerate={"enabled": True, "max_new_tokens": int(6 * args.mean_tokens), "thinking": "off", "concurrency": None}
     )
     rows, _ = br.conversations(args.conversations, args.mean_tokens, 1.2, int(6 * args.mean_tokens), 0, 0.4)
-    work = args.out / "work"
-    work.mkdir(parents=True, exist_ok=True)
+    work = args.work
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     source = work / "chats.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokenizer = AutoTokenizer.from_pretrained(args.model_path, local_files_only=True)
@@ -152,7 +156,7 @@ def main() -> int:
     print(f"reference build (warm-up): {seconds:.1f} s, captured by {br.captured_by(work / 'reference')}", flush=True)
     pid = scheduler_pid()
     for r in range(args.rounds):
-        for name in ("isolated", "one_pass"):
+        for name in ("one_pass",) if args.only_one_pass else ("isolated", "one_pass"):
             span.__init__()
             before = counters(staging)
             watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
@@ -173,6 +177,7 @@ def main() -> int:
                 print(sampler.report(), flush=True)
             if watcher:
                 watcher.join(60)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
