@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
 from hs_dataset.codecs.registry import STORAGE_CHOICES
@@ -69,7 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from SLURM/torchrun variables, else 0)")
     parser.add_argument("--world-size", type=int, default=None, help="number of ranks (default: from SLURM/torchrun variables, else 1)")
     parser.add_argument("--strict", action="store_true", help="stop at the first malformed source row instead of reporting it")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the run report as JSON")
 
 
@@ -92,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         rank=rank,
         world_size=world,
         strict=args.strict,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress,  # a bar on a terminal, else a line every --progress-interval (hs_dataset.cli.progress)
         remote={"stage_dir": args.stage_dir} if args.stage_dir else {},
     )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())

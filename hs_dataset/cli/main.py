@@ -22,8 +22,10 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from hs_dataset.cli.progress import progress_settings
 from hs_dataset.cli.style import HelpFormatter, Parser, add_global_flags, add_subcommand
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.progress.settings import showing
 from hs_dataset.version import __version__
 
 __all__ = ["COMMANDS", "EXIT_BUG", "EXIT_ERROR", "EXIT_PROBLEMS", "build_parser", "main"]
@@ -133,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     module = importlib.import_module(args._module)
     try:
-        return int(module.run(args) or 0)
+        with showing(progress_settings(args)):  # every command's long loops show progress the same way
+            return int(module.run(args) or 0)
     except _KNOWN_ERRORS as exc:
         return _report_error(args.command, exc, _debug_wanted(args))
     except Exception as exc:  # noqa: BLE001 -- the boundary: anything else is a bug

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from hs_dataset.cli.progress import add_progress_flags
+
 __all__ = ["HelpFormatter", "Parser", "add_global_flags", "add_subcommand"]
 
 
@@ -30,13 +32,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_global_flags(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
-    """``--debug`` and ``-v``: accepted before and after the command name alike.
+    """``--debug``, ``-v`` and the progress flags: accepted before and after the command name alike.
 
     Below the top level they default to SUPPRESS, so a sub-parser never resets a flag given earlier.
     """
     default = False if top_level else argparse.SUPPRESS
     parser.add_argument("--debug", action="store_true", default=default, help="show the traceback of errors (also: HS_DATASET_DEBUG=1)")
     parser.add_argument("-v", "--verbose", action="store_true", default=default, help="also show the INFO logs of HTTP and Hub libraries")
+    add_progress_flags(parser, top_level=top_level)
 
 
 def add_subcommand(

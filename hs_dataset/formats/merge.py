@@ -28,6 +28,7 @@ from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader
+from hs_dataset.progress.task import Task, task
 
 _PART_RE = re.compile(r"^part-\d{5}/")
 _RUN_REPORT = "run_report.json"
@@ -168,15 +169,18 @@ def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, ch
     _check_apart(out, loaded)
     out.mkdir(parents=True, exist_ok=True)
     lock = acquire_dir_lock(out)
+    shown = task("merge", "shards", sum(len(manifest.shards) for _, manifest in loaded), verb="linked")
     try:
         _check_out(out, loaded)
-        merged = _merge_into(out, loaded, check_ids)
+        merged = _merge_into(out, loaded, check_ids, shown)
+        shown.close()
     finally:
+        shown.close(ok=False)  # after a failure only: a closed task stays closed
         release_dir_lock(lock)
     return merged
 
 
-def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool) -> Manifest:
+def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool, shown: Task) -> Manifest:
     shards: list[ShardRecord] = []
     quarantine: list[dict[str, str]] = []
     regenerated: dict[str, RegeneratedFile] = {}
@@ -192,6 +196,7 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool)
                     seen[sid] = str(src)
             _publish_link(src, resolve_member(out, name, what="merged shard"))
             shards.append(replace(record, file=name, dataset_id=manifest.dataset_id))  # every recorded hash carries over
+            shown.advance(tokens=record.tokens, nbytes=record.bytes)
         quarantine.extend(manifest.quarantine)
         regenerated.update(_copy_regenerated(path, manifest, out, f"part-{index:05d}"))
     first_path, first = loaded[0]

@@ -27,6 +27,10 @@ from hs_dataset.formats.writer_session import WriterSession
 __all__ = ["ShardFlusher"]
 
 
+def _nbytes(batch: list[EncodedSample]) -> int:
+    return sum(s.nbytes for s in batch)
+
+
 class ShardFlusher:
     """Writes batches as shards ``{shard_prefix}shard-{seq}`` of the session's dataset, then lists them."""
 
@@ -41,13 +45,16 @@ class ShardFlusher:
         self._futures: list[Future] = []
         self._writers = ThreadPoolExecutor(max_workers=writer_threads, thread_name_prefix="hs-shard-writer")
         # Shards written and renamed, waiting to be made durable and listed: one thread lists them, in batches.
-        self._unlisted: list[tuple[ShardRecord, list[str]]] = []
+        self._unlisted: list[tuple[ShardRecord, list[str], int]] = []
+        self._unpublished_bytes = 0  # of the shards handed over and not yet listed (or failed)
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-shard-publisher")
         self._publishes: list[Future] = []
 
     def submit(self, seq: int, batch: list[EncodedSample]) -> None:
         """Hand one shard's samples to a writer thread (blocks while ``writer_threads`` shards are in flight)."""
         self._in_flight.acquire()
+        with self._lock:
+            self._unpublished_bytes += _nbytes(batch)
         future = self._writers.submit(self._write_and_publish, seq, batch)
         future.add_done_callback(lambda _f: self._in_flight.release())
         self._futures = [f for f in self._futures if not f.done()] + [future]
@@ -59,10 +66,10 @@ class ShardFlusher:
             name = shard_file_name(self._shard_prefix, seq)
             record = write_shard(self.root / name, name, batch, self._session.manifest.dataset_id, self._encoding, seq)
         except BaseException as exc:  # surfaced to the caller at the next add/flush/close
-            self._fail(exc, ids)
+            self._fail(exc, ids, _nbytes(batch))
             return
         with self._lock:  # the samples' memory goes back as this returns, not after the listing
-            self._unlisted.append((record, ids))
+            self._unlisted.append((record, ids, _nbytes(batch)))
             self._publishes = [f for f in self._publishes if not f.done()] + [self._publisher.submit(self._list_unlisted)]
 
     def _list_unlisted(self) -> None:
@@ -78,17 +85,26 @@ class ShardFlusher:
         try:
             fsync_dir(self.root)
             crash_point("shard.after_publish")
-            self._session.list_shards([record for record, _ in ready])
+            self._session.list_shards([record for record, _ids, _nbytes in ready])
         except BaseException as exc:
-            self._fail(exc, [sid for _record, batch_ids in ready for sid in batch_ids])
+            self._fail(exc, [sid for _record, batch_ids, _nbytes in ready for sid in batch_ids], sum(n for *_, n in ready))
             return
-        self._session.mark_stored(ready)
+        self._session.mark_stored([(record, ids) for record, ids, _nbytes in ready])
+        with self._lock:
+            self._unpublished_bytes -= sum(n for *_, n in ready)
 
-    def _fail(self, exc: BaseException, ids: list[str]) -> None:
+    @property
+    def unpublished_bytes(self) -> int:
+        """Encoded bytes of the shards handed over but not yet listed: what a progress line counts as the open shard."""
+        with self._lock:
+            return self._unpublished_bytes
+
+    def _fail(self, exc: BaseException, ids: list[str], nbytes: int) -> None:
         """Record a background error for the caller's next call; the samples are no longer pending."""
         with self._lock:
             if self._error is None:
                 self._error = exc
+            self._unpublished_bytes -= nbytes
         self._session.forget(ids)
 
     def raise_error(self) -> None:

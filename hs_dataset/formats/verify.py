@@ -31,6 +31,7 @@ from hs_dataset.formats.paths import check_local_path, open_regular, resolve_mem
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
+from hs_dataset.progress.task import task
 
 __all__ = ["VerifyResult", "check_finite", "verify_dataset"]
 
@@ -69,7 +70,8 @@ def verify_dataset(
         return result
     _check_directory(root, manifest, result)
     seen: dict[str, str] = {}
-    for index, record in enumerate(manifest.shards):
+    shown = task("verify", "shards", len(manifest.shards), verb="read")
+    for index, record in enumerate(shown.track(manifest.shards, tokens=lambda r: r.tokens, nbytes=lambda r: r.bytes)):
         if len(result.problems) >= max_problems:
             break
         try:

@@ -140,6 +140,22 @@ class ShardWriter:
     def state_encoding(self) -> Encoding:
         return self._encoder.encoding
 
+    @property
+    def open_shard_bytes(self) -> int:
+        """Bytes taken but not yet in a listed shard (buffered, or being written): a progress line counts them as written.
+
+        Why: a shard is published only once full (1 GiB by default), so the published bytes
+        alone stay 0 for most of a small or slow build.
+        """
+        with self._lock:
+            buffered = self._buffer_bytes
+        return buffered + self._flusher.unpublished_bytes
+
+    def progress_bytes(self) -> tuple[int, int]:
+        """(bytes this session wrote, the open shard's included; of them, the open shard's): what a progress line shows."""
+        held = self.open_shard_bytes
+        return self.report.bytes_written + held, held
+
     # ------------------------------------------------------------------ add
     def contains(self, sample_id: str) -> bool:
         """True if the sample is stored, quarantined, or pending in this session."""

@@ -50,6 +50,7 @@ from hs_dataset.hub.public import public_manifest, public_run_report
 from hs_dataset.hub.readme import render_card
 from hs_dataset.hub.repo_state import remote_files, remote_readme
 from hs_dataset.pipeline.run_report import RUN_REPORT_NAME
+from hs_dataset.progress.task import task
 
 __all__ = ["DEFAULT_COMMIT_BYTES", "DEFAULT_COMMIT_FILES", "PushOptions", "PushReport", "push_to_hub"]
 
@@ -246,7 +247,8 @@ def _commit_data_files(
         else:
             pending.append(f)
     todo = list(batches(pending, opts.commit_bytes, opts.commit_files))
-    for number, batch in enumerate(todo, 1):
+    shown = task("push", "commits", len(todo), verb="uploaded")
+    for number, batch in enumerate(shown.track(todo, nbytes=lambda b: sum(f.size for f in b)), 1):
         ops = _uploaded_batch(target, batch)
         crash_point("push.before_commit")
         report.commits.append(target.commit(ops, f"hs_dataset: {target.config} shards ({number}/{len(todo)})"))

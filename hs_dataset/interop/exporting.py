@@ -41,6 +41,7 @@ from hs_dataset.interop.common import (
     write_file_atomic,
 )
 from hs_dataset.interop.settings import ExportSettings
+from hs_dataset.progress.task import task
 
 if TYPE_CHECKING:  # pragma: no cover
     from hs_dataset.formats.reader import HiddenStateDataset
@@ -140,7 +141,8 @@ def run_export(
     remove_temp_files(dest)
     with _hook(exporter, "begin"):
         exporter.begin()
-    for idx, sample in enumerate(ds):
+    shown = task("export", "samples", len(ds), sizes=lambda: (report.bytes_written, 0))
+    for idx, sample in enumerate(shown.track(ds, tokens=lambda s: int(s["input_ids"].shape[0]))):
         _export_sample(exporter, idx, sample, report)
     _remove_stale_sample_files(exporter, report.samples)
     with _hook(exporter, "finish"):

@@ -46,6 +46,7 @@ from hs_dataset.interop.common import (
     trainer_default_aux_layer_ids,
 )
 from hs_dataset.interop.settings import ImportSettings
+from hs_dataset.progress.task import task
 
 __all__ = [
     "ImportDataError",
@@ -299,17 +300,23 @@ def run_import(
     items: Iterator[SampleItem],
     report: ImportReport,
     settings: ImportSettings,
+    total: int | None = None,
 ) -> ImportReport:
-    """Write every sample ``items`` yields into ``dest``; samples already stored there are skipped (a resumed import)."""
+    """Write every sample ``items`` yields into ``dest``; samples already stored there are skipped (a resumed import).
+
+    ``total``: the samples ``items`` will yield, for the progress line's ETA (None: unknown).
+    """
     from hs_dataset.formats.writer import ShardWriter
     from hs_dataset.sample import CapturedSample
 
     writer = None
     shape: tuple[int, int, torch.dtype] | None = None
+    shown = task("import", "samples", total, sizes=lambda: writer.progress_bytes() if writer is not None else (0, 0))
     try:
         for sid, where, load in items:
             if writer is not None and writer.contains(sid):
                 report.skipped_existing += 1
+                shown.advance(fresh=False)
                 continue
             ids, mask, aux, final = load()
             report.files_read += 1
@@ -323,6 +330,7 @@ def run_import(
                 writer = ShardWriter(dest, md, **kwargs)
                 if writer.contains(sid):
                     report.skipped_existing += 1
+                    shown.advance(fresh=False)
                     continue
             elif (int(aux.shape[1]), int(aux.shape[2]), aux.dtype) != shape:
                 raise ImportDataError(
@@ -332,12 +340,15 @@ def run_import(
             sample = CapturedSample(sid, ids.to(torch.int64), mask.to(torch.bool), aux.contiguous(), final.contiguous())
             if writer.add(sample):  # type: ignore[union-attr]
                 report.tokens_written += int(ids.shape[0])
+            shown.advance(tokens=int(ids.shape[0]))
         if writer is not None:
             wr = writer.close()
             report.samples_written = wr.written
             report.quarantined = list(wr.quarantined)
             report.tokens_written = wr.tokens
+        shown.close()
     except BaseException:
+        shown.close(ok=False)
         if writer is not None:
             writer.abort()
         raise

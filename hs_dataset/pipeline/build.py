@@ -10,6 +10,7 @@ missing, so a resumed build stores the same bytes as an uninterrupted one.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, replace
@@ -24,6 +25,8 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.pipeline.run_report import RunReport, save_run_report
 from hs_dataset.pipeline.session import CaptureSession, as_card
+from hs_dataset.progress.settings import ProgressSettings, active
+from hs_dataset.progress.task import Task
 from hs_dataset.regenerate.engine import Regeneration
 from hs_dataset.regenerate.progress import RegenerationProgress
 from hs_dataset.sample import TokenizedSample, batches
@@ -90,19 +93,23 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
         world_size=opts.world_size,
         depth=READ_AHEAD_WINDOWS * batch_size,
     )
-    expected = _expected_samples(session.source, opts, rows.total) if opts.progress or regen is not None else None
-    shown = RegenerationProgress(expected, bar=opts.progress) if regen is not None else None
+    settings = (active() or ProgressSettings()) if opts.progress else None
+    expected = _expected_samples(session.source, opts, rows.total) if settings is not None or regen is not None else None
+    shown = RegenerationProgress(expected, settings) if regen is not None else None
     regenerated = regen.regenerate(samples, shown) if regen is not None else None
+    task: Task | None = None
     try:
         with _open_writer(session, out_dir, opts, regen) as writer:
-            bar = _progress(expected) if opts.progress else None
-            _store(_capture(session.backend, regenerated or samples, batch_size, writer, report), writer, report, bar, started, shown)
+            task = Task("build", "samples", expected, settings=settings, sizes=writer.progress_bytes)
+            _store(_capture(session.backend, regenerated or samples, batch_size, writer, report, task), writer, report, task, shown)
             if regen is not None:
                 regen.record_file(writer)
     finally:
         if regenerated is not None:
             regenerated.close()  # stops the regeneration pump at once when capture or the writer failed
             shown.close()
+        if task is not None:
+            task.close(ok=sys.exc_info()[0] is None)  # after the writer closed: its last shard is published
     report.take_writer(writer.report)
     report.dataset_id, report.identity = writer.manifest.dataset_id, writer.manifest.identity
     report.take_source(source_report)
@@ -128,27 +135,25 @@ def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, reg
 
 
 def _store(
-    results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, bar: Any, started: float, shown: RegenerationProgress | None
+    results: Iterable[CaptureResult], writer: ShardWriter, report: RunReport, task: Task, shown: RegenerationProgress | None
 ) -> None:
-    """Write each captured sample and count each capture failure; ``bar`` (if any) shows the progress, ``shown`` the regeneration's."""
+    """Write each captured sample and count each capture failure; ``task`` shows the progress, ``shown`` the regeneration's."""
     for result in results:
+        tokens = 0
         if isinstance(result, CaptureFailure):
             report.capture_failures.append({"sample_id": result.sample_id, "reason": result.reason})
         elif writer.add(result):
-            report.tokens_written += result.num_tokens
+            tokens = result.num_tokens
+            report.tokens_written += tokens
             if shown is not None:
-                shown.captured(result.num_tokens)
-        if bar is not None:
-            bar.update(1)
-            _update_postfix(bar, writer, report, started)
-    if bar is not None:
-        bar.close()
+                shown.captured(tokens)
+        task.advance(tokens=tokens)
 
 
 def _capture(
-    backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_size: int, writer: ShardWriter, report: RunReport
+    backend: CaptureBackend, samples: Iterable[TokenizedSample], batch_size: int, writer: ShardWriter, report: RunReport, task: Task
 ) -> Iterator[CaptureResult]:
-    """Yield capture results for every sample not yet stored.
+    """Yield capture results for every sample not yet stored (those stored count as done in ``task``, untimed).
 
     Fixed windows of the source order form the batches; a window whose members are
     all stored is skipped without a forward pass.
@@ -160,6 +165,7 @@ def _capture(
                 report.samples_considered += 1
                 if writer.contains(sample.sample_id):
                     report.skipped_existing += 1
+                    task.advance(fresh=False)
                 else:
                     yield sample
 
@@ -169,6 +175,7 @@ def _capture(
         report.samples_considered += len(batch)
         todo = [s for s in batch if not writer.contains(s.sample_id)]
         report.skipped_existing += len(batch) - len(todo)
+        task.advance(len(batch) - len(todo), fresh=False)
         if not todo:
             continue
         wanted = {s.sample_id for s in todo}
@@ -179,7 +186,7 @@ def _capture(
 
 
 def _expected_samples(source: Any, opts: BuildOptions, known: int | None = None) -> int | None:
-    """Rows this rank will see, for the progress bar's total and ETA (None when unknown cheaply)."""
+    """Rows this rank will see, for the progress total and ETA (None when unknown cheaply)."""
     rows: int | None = known
     if isinstance(source, (str, os.PathLike)) and str(source).endswith(".jsonl") and Path(source).is_file():
         with open(source, "rb") as f:
@@ -191,17 +198,3 @@ def _expected_samples(source: Any, opts: BuildOptions, known: int | None = None)
     if rows is None:
         return None
     return len(range(opts.rank, rows, opts.world_size))
-
-
-def _progress(total: int | None):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="sample", dynamic_ncols=True, desc="capture")
-
-
-def _update_postfix(bar, writer: ShardWriter, report: RunReport, started: float) -> None:
-    elapsed = max(time.perf_counter() - started, 1e-9)
-    bar.set_postfix_str(
-        f"{report.tokens_written / elapsed:.0f} tok/s, {writer.report.bytes_written / 2**20:.1f} MiB written",
-        refresh=False,
-    )

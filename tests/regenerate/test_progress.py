@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
+import io
 
+from hs_dataset.progress.settings import ProgressSettings
 from hs_dataset.regenerate.progress import RegenerationProgress
 
 
@@ -15,28 +16,29 @@ class Clock:
         return self.now
 
 
-def test_line_rates_and_eta_count_this_run_s_conversations_only(caplog):
-    clock = Clock()
-    shown = RegenerationProgress(100, bar=False, log_every_s=60, clock=clock)
+def test_line_rates_and_eta_count_this_run_s_conversations_only():
+    clock, out = Clock(), io.StringIO()
+    shown = RegenerationProgress(100, ProgressSettings(interval_s=60, stream=out, clock=clock, heartbeat=False))
     for _ in range(40):  # read back from an earlier run's file: no time, no tokens
         shown.conversation_done(False)
-    assert shown.eta_s() is None
+    assert shown.task.snapshot().fresh == 0 and shown.line().endswith("ETA ?")
     clock.now += 30
     shown.generated(3000)
     for _ in range(10):
         shown.conversation_done(True)
     shown.captured(6000)
     # 50 left at 10 conversations per 30 s
-    assert shown.eta_s() == 150
-    assert shown.line() == "regenerate: 50/100 conversations (10 this run), 100 tok/s generated, 200 tok/s captured, ETA 2m30s"
-    with caplog.at_level(logging.INFO, logger="hs_dataset.regenerate"):
-        shown.captured(0)  # 30 s since the start: not yet time for a line
-        clock.now += 31
-        shown.captured(0)
-    assert [r.getMessage() for r in caplog.records] == [shown.line()]
+    expected = "regenerate: 50/100 conversations, 3.0k tokens generated, 100 tok/s, 10 this run, 200 tok/s captured, ETA 2m30s"
+    assert shown.line() == expected
+    assert out.getvalue().splitlines() == ["regenerate: 0/100 conversations, 0 this run, ETA ?"]  # 30 s: not yet due
+    clock.now += 31
+    shown.captured(0)
+    assert out.getvalue().splitlines()[-1].startswith("regenerate: 50/100 conversations, 3.0k tokens generated, 49 tok/s")
+    shown.close()
+    assert out.getvalue().splitlines()[-1].endswith("done in 1m01s")
 
 
 def test_unknown_total_has_no_eta():
-    shown = RegenerationProgress(None, bar=False)
+    shown = RegenerationProgress(None, None)
     shown.conversation_done(True)
-    assert shown.eta_s() is None and "ETA ?" in shown.line() and "1 conversations" in shown.line()
+    assert "ETA ?" in shown.line() and "1 conversations" in shown.line()

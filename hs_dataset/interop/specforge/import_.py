@@ -69,7 +69,7 @@ def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: 
 
             yield sid, str(path), load
 
-    return run_import("specforge", src, dest, resolved, items(), report, settings)
+    return run_import("specforge", src, dest, resolved, items(), report, settings, total=len(files))
 
 
 def _specforge_files(src: Path) -> list[tuple[int | None, Path]]:

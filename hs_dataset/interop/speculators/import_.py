@@ -71,7 +71,7 @@ def import_speculators(
                 raise ImportDataError(f"{path}: missing (Arrow row {idx} has no hidden states); pass --skip-missing to import the rest")
             yield sid, str(path), lambda idx=idx, path=path: _load_sample(src, data[idx], idx, path)
 
-    return run_import("speculators", src, dest, resolved, items(), report, settings)
+    return run_import("speculators", src, dest, resolved, items(), report, settings, total=len(data))
 
 
 def _load_sample(src: Path, row: dict[str, Any], idx: int, path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
