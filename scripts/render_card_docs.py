@@ -75,7 +75,8 @@ cards/x.yaml: layers.aux: must be ascending distinct HF hidden_states indexes, g
 Values are not coerced: `max_length: "512"` is refused (write `512`); numbers in
 `sglang.env` and `sglang.args` become strings. `Card.fingerprint` (recorded in every
 manifest) hashes the card with defaults left out, so key order and stating a default
-do not change it. Shipped examples: `cards/tiny-deepseek-hf.yaml` (CPU, no server),
+do not change it; it is not the dataset's identity, which covers only the settings
+that define the data (docs/FORMAT.md#identity). Shipped examples: `cards/tiny-deepseek-hf.yaml` (CPU, no server),
 `cards/tiny-deepseek-sglang.yaml`, `cards/kimi-k25-sglang.yaml`.
 """
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
+from hs_dataset.cli.numbers import at_least, positive_int
 from hs_dataset.codecs.registry import STORAGE_CHOICES
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="--out URL: the local directory shards are written to before upload (default: $HS_DATASET_STAGE_DIR, else one per URL)",
     )
-    parser.add_argument("--num-samples", type=int, default=None, help="capture only the first N samples of the source")
+    parser.add_argument("--num-samples", type=positive_int, default=None, help="capture only the first N samples of the source")
     parser.add_argument(
         "--source",
         default=None,
@@ -52,9 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--regenerate", action="store_true", help="the target rewrites every assistant turn before capture (card section regenerate)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="with --regenerate: most tokens per turn (default: the card's)")
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, help="with --regenerate: most tokens per turn (default: the card's)"
+    )
     parser.add_argument("--thinking", choices=["on", "off"], default=None, help="with --regenerate: the template's thinking switch")
-    parser.add_argument("--batch-size", type=int, default=None, help="samples per forward (hf) or requests in flight (sglang)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="samples per forward (hf) or requests in flight (sglang)")
     parser.add_argument("--model-path", default=None, help="local model directory (overrides the card)")
     parser.add_argument("--device", default=None, help="hf backend: auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--server", action="append", default=None, metavar="URL", help="SGLang server URL (repeat for several)")
@@ -64,9 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="state encoding on disk (fp8 halves bytes, mxfp4/nf4 about a quarter; default: the card's)",
     )
-    parser.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
-    parser.add_argument("--rank", type=int, default=None, help="this process's rank (default: from SLURM/torchrun variables, else 0)")
-    parser.add_argument("--world-size", type=int, default=None, help="number of ranks (default: from SLURM/torchrun variables, else 1)")
+    parser.add_argument("--shard-bytes", type=positive_int, default=None, help="target shard size in bytes (< 4 GiB)")
+    parser.add_argument(
+        "--rank", type=at_least(0), default=None, help="this process's rank (default: from SLURM/torchrun variables, else 0)"
+    )
+    parser.add_argument(
+        "--world-size", type=positive_int, default=None, help="number of ranks (default: from SLURM/torchrun variables, else 1)"
+    )
     parser.add_argument("--strict", action="store_true", help="stop at the first malformed source row instead of reporting it")
     parser.add_argument("--json", action="store_true", help="print the run report as JSON")
 
@@ -76,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
     from hs_dataset.pipeline.build import build_dataset
 
     rank, world = rank_and_world_size(args.rank, args.world_size)
+    card = _source_and_regeneration(card_from_args(args), args)
+    _check_servers_apply(card, args.server)
     report = build_dataset(
-        _source_and_regeneration(card_from_args(args), args),
+        card,
         args.out,
         num_samples=args.num_samples,
         source=args.source,
@@ -95,6 +104,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0
+
+
+def _check_servers_apply(card, servers: list[str] | None) -> None:
+    """``--server`` with a card of the in-process backend would be ignored: refuse it instead."""
+    from hs_dataset.errors import UsageError
+
+    if servers and card.backend.name != "sglang":
+        raise UsageError(
+            f"--server: config {card.name!r} ({card.source_path}) captures in process (backend.name: {card.backend.name}), so no "
+            "server is used; drop --server, or use a card with backend.name: sglang"
+        )
 
 
 def _columns(values: list[str] | None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hs_dataset.cli.numbers import at_least, positive_int
 from hs_dataset.layer_presets import PRESET_NAMES
 
 __all__ = ["add_card_arguments", "add_override_arguments", "card_from_args"]
@@ -47,7 +48,12 @@ def add_card_arguments(parser: argparse.ArgumentParser, *, config: bool = True, 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     """Every card field used for capture, settable on the command line."""
     parser.add_argument(
-        "--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes (e.g. 2 30 58)"
+        "--aux-layer-ids",
+        type=at_least(0),
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="aux layers as HF hidden_states indexes (e.g. 2 30 58)",
     )
     parser.add_argument(
         "--layer-preset",
@@ -55,8 +61,8 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a drafter family's layers, derived from the model's layer count (layers.preset; mtp: the final state only)",
     )
-    parser.add_argument("--taps", type=int, default=None, help="layers a DFlash-family preset taps (layers.taps, default 5)")
-    parser.add_argument("--max-length", type=int, default=None, help="longest sample in tokens")
+    parser.add_argument("--taps", type=positive_int, default=None, help="layers a DFlash-family preset taps (layers.taps, default 5)")
+    parser.add_argument("--max-length", type=positive_int, default=None, help="longest sample in tokens")
     parser.add_argument(
         "--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="dtype the states are captured and stored in"
     )

@@ -8,7 +8,8 @@ Every key is declared here with its meaning; an unknown key, a wrong type or a v
 out of range is refused with a :class:`CardError` naming the file, the key path and
 the fix, instead of being silently ignored. docs/CARDS.md is rendered from these
 models (scripts/render_card_docs.py). :attr:`Card.fingerprint` hashes the
-normalised card so the manifest can prove which config produced a dataset.
+normalised card so the manifest records which config produced a dataset (the
+dataset's identity covers only what defines the data: formats/identity.py).
 
 This package is the public facade: callers import from ``hs_dataset.config``. The
 parts: :mod:`.sections` (the section models), :mod:`.card` (the :class:`Card`),

@@ -1,7 +1,8 @@
 """The card: one validated builder config (``cards/NAME.yaml``) made of the typed sections.
 
-:attr:`Card.fingerprint` hashes the normalised card so the manifest can prove which
-config produced a dataset.
+:attr:`Card.fingerprint` hashes the normalised card so the manifest records which
+config produced a dataset; the dataset's identity is narrower (what defines the data:
+``formats/identity.py``), so editing Hub metadata or a timeout does not strand a dataset.
 """
 
 from __future__ import annotations

@@ -75,8 +75,10 @@ def list_cards() -> list[str]:
 def load_card(name_or_path: str | Path) -> Card:
     """Load a shipped card by name, or any card file by path."""
     path = Path(name_or_path)
-    is_file = path.suffix in (".yaml", ".yml")
-    if is_file and path.exists():
+    is_file = path.suffix in (".yaml", ".yml") or "/" in str(name_or_path)  # a path, never a shipped name
+    if is_file:
+        if not path.exists():
+            raise CardError(f"no such file: {path}; pass an existing .yaml card, or a shipped config name ({', '.join(list_cards())})")
         text, where = _read_card_file(path), str(path)
     else:
         cards = _builtin_cards()

@@ -8,11 +8,9 @@ complete. Readers refuse manifests of a newer format version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
+from hs_dataset.formats.identity import identity_fingerprint, legacy_identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import check_local_path, check_member_name, check_plain_name, open_member
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, state_keys
@@ -27,12 +26,10 @@ from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, L
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "IDENTITY_KEYS",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "Manifest",
     "ShardRecord",
-    "identity_fingerprint",
     "is_dataset_dir",
     "read_manifest_bytes",
 ]
@@ -42,29 +39,6 @@ MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # ~1M shard entries; bounds what a hosti
 _HEX256_RE = re.compile(r"^[0-9a-f]{64}$")  # both sha256 and BLAKE3 (default length) digests are 32 bytes
 FORMAT_VERSION = 2  # 2: shards hashed with BLAKE3 (``blake3``); 1: sha256 only (still read and verified)
 MANIFEST_NAME = "manifest.json"
-
-# Metadata keys that define *which* dataset this is. Reopening a directory with a
-# writer whose metadata differs in any of these is refused (it would mix datasets).
-IDENTITY_KEYS = (
-    "config_name",
-    "config_fingerprint",
-    "model",
-    "aux_layer_ids",
-    "layer_convention",
-    "final_state",
-    "dtype",
-    "hidden_size",
-)
-
-
-def identity_fingerprint(metadata: DatasetMetadata | Mapping[str, Any]) -> str:
-    """sha256 over the identity part of the metadata (canonical JSON of its JSON form)."""
-    if isinstance(metadata, DatasetMetadata):
-        metadata = metadata.to_json()
-    identity = {k: metadata.get(k) for k in IDENTITY_KEYS}
-    if isinstance(identity["model"], dict):  # the weights define the data, not where they lie on disk
-        identity["model"] = {k: identity["model"].get(k) for k in ("id", "fingerprint")}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _captured_by(raw: Any, field_name: str, where: str) -> dict[str, int] | None:
@@ -300,15 +274,16 @@ def _check_identity(manifest: Manifest, recorded: Any, where: str) -> None:
     """The recorded ``identity`` must be the hash of the metadata it covers, recomputed here.
 
     Shard headers do not repeat the aux layer ids or the model: a manifest whose
-    identity keys were edited would otherwise read, verify and merge as the dataset it
-    claims to be. Which key changed cannot be told from a hash; the message lists them.
+    identity fields were edited would otherwise read, verify and merge as the dataset it
+    claims to be. A manifest written before the identity was narrowed to the fields that
+    define the data records the older hash (``formats/identity.py``); either is accepted.
     """
     if recorded is None:
         return  # written before the identity was recorded: nothing to check it against
-    if recorded != identity_fingerprint(manifest.metadata):
+    if recorded not in (identity_fingerprint(manifest.metadata), legacy_identity_fingerprint(manifest.metadata)):
         raise IntegrityError(
-            f"{where}: field identity {str(recorded)[:16]!r}... is not the hash of metadata "
-            f"{', '.join(IDENTITY_KEYS)} (one of them was edited after the capture): "
+            f"{where}: field identity {str(recorded)[:16]!r}... is not the hash of the metadata fields it covers "
+            "(model, tokenizer, layers, dtype, source and their settings; one of them was edited after the capture): "
             "restore the manifest from a copy or rebuild the dataset"
         )
 

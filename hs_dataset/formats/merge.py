@@ -24,6 +24,7 @@ from typing import Any
 from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
+from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fields
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
@@ -86,10 +87,11 @@ def check_compatible(loaded: list[tuple[Path, Manifest]]) -> None:
     """Parts must be one dataset stored one way: identity, tensor encodings and final norm all equal."""
     first_path, first = loaded[0]
     for path, manifest in loaded[1:]:
-        if manifest.identity != first.identity:
+        differences = identity_differences(identity_fields(first.metadata), identity_fields(manifest.metadata))
+        if differences:  # compared field by field: parts written before and after the identity was narrowed still merge
             raise ForeignDatasetError(
-                f"{path} holds a different dataset than {first_path} (config {manifest.metadata.config_name!r} vs "
-                f"{first.metadata.config_name!r}); only parts of one build can be merged"
+                f"{path} holds a different dataset than {first_path}; these fields differ:\n"
+                f"{describe_differences(differences, stored='first part', wanted='this part')}\nonly parts of one build can be merged"
             )
         if manifest.tensors != first.tensors:
             raise ForeignDatasetError(

@@ -38,6 +38,7 @@ __all__ = [
     "ModelRecord",
     "RegeneratedFile",
     "RegenerationRecord",
+    "SourceRecord",
     "TokenizerRecord",
 ]
 
@@ -271,6 +272,31 @@ class RegeneratedFile(MetadataRecord):
     _PARSERS: ClassVar[dict[str, Parser]] = {"sha256": _str, "records": _int}
 
 
+def _str_map(value: Any, where: str, name: str) -> dict[str, str]:
+    mapping = _object(value, where, name)
+    if not all(isinstance(v, str) for v in mapping.values()):
+        raise _bad(where, name, "an object of strings", value)
+    return mapping
+
+
+@dataclass(frozen=True)
+class SourceRecord(MetadataRecord):
+    """Which rows a build read: the source's name (a file's name, not its directory) and its selection.
+
+    ``name`` is ``hf:NAME``, ``builtin:NAME`` or a URL as given, a local file's or
+    directory's name (moving it keeps the dataset's identity), or ``<TYPE>`` for rows
+    passed in from Python; ``subset``, ``split``, ``revision`` and ``columns`` are the card's.
+    """
+
+    name: str | None = None
+    subset: str | None = None
+    split: str | None = None
+    revision: str | None = None
+    columns: dict[str, str] | None = None
+
+    _PARSERS: ClassVar[dict[str, Parser]] = {"name": _str, "subset": _str, "split": _str, "revision": _str, "columns": _str_map}
+
+
 def _files(value: Any, where: str, name: str) -> dict[str, RegeneratedFile]:
     """The listed files; their names are checked where they are opened (``verify`` reports a bad one as a problem)."""
     files = _object(value, where, name)
@@ -375,6 +401,8 @@ class DatasetMetadata(MetadataRecord):
     tokenizer: TokenizerRecord | None = None
     max_length: int | None = None
     overflow: str | None = None
+    source: SourceRecord | None = None
+    limits: dict[str, Any] | None = None  # the card's ``limits`` section: which rows are skipped as oversized
     backend: BackendRecord | None = None
     capture: dict[str, Any] | None = None  # the backend's verification results: free-form, shown only
     regeneration: RegenerationRecord | None = None
@@ -416,6 +444,8 @@ class DatasetMetadata(MetadataRecord):
         "tokenizer": _record(TokenizerRecord),
         "max_length": _int,
         "overflow": _str,
+        "source": _record(SourceRecord),
+        "limits": _object,
         "backend": _record(BackendRecord),
         "capture": _object,
         "regeneration": _record(RegenerationRecord),

@@ -23,8 +23,9 @@ from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, 
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
 from hs_dataset.formats.dirlock import LOCK_NAME
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
-from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint
-from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm, ModelRecord
+from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fingerprint, identity_with_storage
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
+from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.formats.shard_file import capture_counts, shard_sample_ids
 from hs_dataset.formats.shard_layout import (
@@ -155,17 +156,7 @@ def _write_norm_weight(root: Path, weight: torch.Tensor) -> tuple[str, str, str]
 def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> OpenedDataset:
     root = target.root
     manifest = Manifest.load(root)
-    wanted = identity_fingerprint(target.metadata)
-    if manifest.identity != wanted:
-        raise ForeignDatasetError(
-            f"{root} already holds a different dataset (config {manifest.metadata.config_name!r}, "
-            f"model {_shown(manifest.metadata.model)}); write to another directory or delete this one"
-        )
-    if manifest.tensors.get(FINAL_KEY, {}).get("encoding") != target.encoding.name:
-        raise ForeignDatasetError(
-            f"{root} stores states as {manifest.tensors.get(FINAL_KEY, {}).get('encoding')!r} but this run asks for "
-            f"{target.encoding.name!r}; use the same --storage as the first run or another directory"
-        )
+    _check_same_dataset(root, manifest, target)
     listed = {s.file for s in manifest.shards}
     for index, record in enumerate(manifest.shards):
         path = resolve_member(root, record.file, what=f"shards[{index}].file")
@@ -213,6 +204,17 @@ def _adopt_orphan(root: Path, manifest: Manifest, name: str, report: WriterRepor
     report.adopted_shards.append(name)
 
 
-def _shown(record: ModelRecord | None) -> str:
-    """A model record as the manifest writes it (for messages)."""
-    return repr(None if record is None else record.to_json())
+def _check_same_dataset(root: Path, manifest: Manifest, target: WriteTarget) -> None:
+    """Refuse to resume another dataset, naming each identity field that differs (``formats/identity.py``).
+
+    The stored metadata is re-projected onto today's identity fields, so a dataset written
+    when the identity hashed the whole card resumes under a card that differs only in
+    what does not define the data.
+    """
+    stored = identity_with_storage(manifest.metadata, manifest.tensors.get(FINAL_KEY, {}).get("encoding"))
+    differences = identity_differences(stored, identity_with_storage(target.metadata, target.encoding.name))
+    if differences:
+        raise ForeignDatasetError(
+            f"{root} already holds a different dataset; these fields differ:\n{describe_differences(differences)}\n"
+            f"use a new --out directory, or restore these fields in the card to resume {root}"
+        )

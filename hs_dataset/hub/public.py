@@ -4,9 +4,10 @@ The local manifest keeps the model and tokenizer directories the capture read (s
 states can be recomputed here); on the Hub those paths mean nothing and leak the
 machine's layout (``/root/.cache/...``). A pushed repo names the model by its id and
 its weights fingerprint instead: :func:`public_manifest` rewrites a copy, and the card
-is rendered from :func:`public_model`. The dataset identity hashes the model's id and
-fingerprint, never its path (``formats/manifest.py``); where a push fills in the model's
-id from the config card, the copy's identity is recomputed (readers check it).
+is rendered from :func:`public_model`. The dataset identity covers the model's
+fingerprint, never its id or path (``formats/identity.py``), so the copy's identity is
+that of the local dataset; it is recomputed all the same, since the identity an older
+manifest records also covered the model's id, which a push may fill in from the card.
 :func:`public_run_report` scrubs the run report the same way: nothing pushed names a
 local path.
 """
@@ -112,10 +113,10 @@ def public_metadata(metadata: DatasetMetadata, card_model_path: str | None = Non
 
 def public_manifest(manifest: Manifest, card_model_path: str | None = None) -> bytes:
     """The manifest JSON a push uploads: ``manifest`` with :func:`public_metadata`; every other field unchanged."""
-    from hs_dataset.formats.manifest import identity_fingerprint
+    from hs_dataset.formats.identity import identity_fingerprint
 
     metadata = public_metadata(manifest.metadata, card_model_path)
-    # a model id filled in from the card is part of the identity: readers recompute it
+    # an older manifest's identity covered the model id a push may fill in: readers recompute it
     public = replace(manifest, metadata=metadata, identity=identity_fingerprint(metadata), shards=list(manifest.shards))
     return public.encode(sort_keys=True)
 

@@ -404,6 +404,8 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         problem = f"{dest} holds a different export ({'; '.join(differences)})"
     else:
         problem = f"{dest} is not empty ({len(entries)} entries, e.g. {entries[:3]}) and holds no hs_dataset export"
+        if not overwrite:  # --overwrite deletes only an earlier export's files: suggesting it here would lead to a second refusal
+            raise ExportError(f"{problem}; choose another (new or empty) destination, or empty this one yourself")
     if not overwrite:
         raise ExportError(f"{problem}; pass --overwrite to replace its contents, or choose another destination")
     clear_own_export(dest, problem)

@@ -24,6 +24,7 @@ from hs_dataset.formats.metadata import (
     FinalNorm,
     LayerPreset,
     ModelRecord,
+    SourceRecord,
     TokenizerRecord,
 )
 from hs_dataset.model.tokenizer import load_card_tokenizer, tokenizer_info
@@ -43,6 +44,7 @@ __all__ = [
     "open_rows",
     "partition",
     "resolve_source",
+    "source_record",
 ]
 
 
@@ -64,8 +66,8 @@ def make_backend(
     return SGLangBackend.from_card(card, model_path=model_path, servers=servers, batch_size=batch_size)
 
 
-def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any]) -> DatasetMetadata:
-    """The manifest metadata: what every stored tensor means, and where it came from."""
+def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, Any], source: Any = None) -> DatasetMetadata:
+    """The manifest metadata: what every stored tensor means, and where it came from (``source``: as the run was given it)."""
     return DatasetMetadata(
         config_name=card.name,
         config_fingerprint=card.fingerprint,
@@ -88,6 +90,8 @@ def dataset_metadata(card: Card, info: CaptureInfo, tokenizer_info: dict[str, An
         ),
         max_length=card.max_length,
         overflow=card.overflow,
+        source=source_record(card, source),
+        limits=card.limits.model_dump(mode="json"),
         backend=BackendRecord(name=info.backend, extra=dict(info.backend_details)),
         capture=dict(info.verification),
     )
@@ -104,6 +108,22 @@ def layer_preset_record(card: Card, info: CaptureInfo) -> LayerPreset | None:
                 f"model, but the backend captures {list(info.aux_layer_ids)}; open the backend from this card"
             )
     return None if record is None else LayerPreset(name=record["name"], taps=record["taps"], ids_from=record["ids_from"])
+
+
+def source_record(card: Card, source: Any) -> SourceRecord:
+    """Which rows a run reads, as the dataset's identity records it: the source's name and the card's selection.
+
+    A local path is recorded by its last component (the data, not where it lies: a moved
+    source resumes); ``hf:``, ``builtin:`` and URLs as given; rows from Python as ``<TYPE>``.
+    """
+    given = source if source is not None else card.source.path
+    if isinstance(given, (str, os.PathLike)):
+        text = os.fspath(given)
+        name = text if text.startswith(("hf:", "builtin:")) or "://" in text else Path(text.rstrip("/")).name
+    else:
+        name = f"<{type(given).__name__}>"
+    src = card.source
+    return SourceRecord(name=name, subset=src.subset, split=src.split, revision=src.revision, columns=dict(src.columns))
 
 
 def resolve_source(card: Card, source: Any) -> Any:
@@ -165,7 +185,7 @@ class CaptureSession:
             self.info = self.backend.info()
             directory = Path(self.info.model_path)
             self.tokenizer = load_card_tokenizer(self.card, directory)
-            self.metadata = dataset_metadata(card, self.info, tokenizer_info(self.tokenizer, directory))
+            self.metadata = dataset_metadata(card, self.info, tokenizer_info(self.tokenizer, directory), options.source)
         except BaseException:
             self.close()
             raise

@@ -32,8 +32,9 @@ from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, 
 from hs_dataset.formats.dirlock import acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.encoding import decode_state, encode_state
 from hs_dataset.formats.evict import evict_shards
-from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, identity_fingerprint, is_dataset_dir
-from hs_dataset.formats.metadata import DatasetMetadata, ModelRecord
+from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fields
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord, is_dataset_dir
+from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import resolve_member
 from hs_dataset.formats.reader import ShardReader
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
@@ -91,13 +92,11 @@ class StreamCache:
         """
         if is_dataset_dir(self.root):
             manifest = Manifest.load(self.root)
-            if manifest.identity != identity_fingerprint(self.metadata):
-                held = manifest.metadata
-                model = held.model or ModelRecord()
+            differences = identity_differences(identity_fields(manifest.metadata), identity_fields(self.metadata))
+            if differences:
                 raise ForeignDatasetError(
-                    f"{self.root}: holds the states of config {held.config_name!r} "
-                    f"(model {model.id or model.path!r}, aux layers {None if held.aux_layer_ids is None else list(held.aux_layer_ids)}), "
-                    f"not of {self.card_name!r}; pass another cache_dir, or delete this one to reuse the name"
+                    f"{self.root}: holds the states of another dataset than {self.card_name!r}; these fields differ:\n"
+                    f"{describe_differences(differences, wanted='stream')}\npass another cache_dir, or delete this one to reuse the name"
                 )
             if manifest.metadata.stream_cache is not True:
                 raise ForeignDatasetError(

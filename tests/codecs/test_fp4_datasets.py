@@ -250,7 +250,7 @@ def test_datasets_written_before_the_4bit_encodings_read_verify_and_resume(tmp_p
     for item, ref in zip(ds, old + new):
         for key, state in (("aux_hidden_states", ref.aux_hidden_states), ("final_hidden_state", ref.final_hidden_state)):
             assert torch.equal(item[key], decode_state(*encode_state(state, encoding), encoding))
-    with pytest.raises(HsDatasetError, match="stores states as"):
+    with pytest.raises(HsDatasetError, match="shards.storage"):
         ShardWriter(root, make_metadata(k=2, h=32), storage="mxfp4")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import typing
 from pathlib import Path
 
@@ -160,6 +161,13 @@ def test_card_errors_are_library_errors_and_never_pydantic(tmp_path):
         load_card(tmp_path / "bad.yaml")
     with pytest.raises(CardError, match="unknown config 'nope'"):
         load_card("nope")
+
+
+def test_a_card_path_that_does_not_exist_is_named_as_a_missing_file(tmp_path):
+    for missing in (tmp_path / "typo.yaml", tmp_path / "cards" / "kimi"):
+        with pytest.raises(CardError, match=rf"^no such file: {re.escape(str(missing))}; pass an existing .yaml card") as err:
+            load_card(missing)
+        assert "unknown config" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_numbers_in_server_env_and_args_become_strings(tmp_path, sglang_raw):

@@ -324,16 +324,17 @@ def _edit(path: str, value):
     return edit
 
 
+# The fields that define the data (formats/identity.py); the card's name and fingerprint and the model's id are not
+# among them since the identity was narrowed to what defines the data.
 IDENTITY_EDITS = [
     ("aux_layer_ids", _edit("aux_layer_ids", [1, 5, 7])),
     ("aux_layer_ids-reordered", _edit("aux_layer_ids", [6, 4, 2])),
-    ("config_name", _edit("config_name", "someone-else")),
-    ("config_fingerprint", _edit("config_fingerprint", "1" * 64)),
-    ("model.id", _edit("model.id", "other/model")),
     ("model.fingerprint", _edit("model.fingerprint", "f" * 64)),
     ("final_state", _edit("final_state", "post_norm")),
+    ("max_length", _edit("max_length", 7)),
     ("layer_convention", _edit("layer_convention", "sglang_layer_index")),
     ("dtype", _edit("dtype", "float16")),
+    ("source.name", _edit("source.name", "other.jsonl")),
 ]
 
 

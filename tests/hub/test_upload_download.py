@@ -178,10 +178,10 @@ def test_repo_rows_are_speculators_rows_and_no_local_path_leaves(tmp_path, stand
         assert "/root/" not in blob and local_model not in blob, where
     assert pushed["metadata"]["model"] == {"id": card_id, "revision": None, "fingerprint": "f" * 64}
     assert pushed["metadata"]["backend"]["server_args"] == ["--model-path", card_id]
-    # the copy names the model by the card's id, so its identity is the hash of what it claims (readers recompute it)
-    from hs_dataset.formats.manifest import identity_fingerprint
+    # the copy names the model by the card's id, which is not part of the identity: the copy is the same dataset
+    from hs_dataset.formats.identity import identity_fingerprint
 
-    assert pushed["identity"] == identity_fingerprint(pushed["metadata"]) != open_dataset(root).manifest.identity
+    assert pushed["identity"] == identity_fingerprint(pushed["metadata"]) == open_dataset(root).manifest.identity
     assert json.loads((root / "manifest.json").read_text())["metadata"]["model"]["path"] == local_model  # local copy keeps it
     meta = _front_matter(text)
     assert meta["base_model"] == card_id and meta["task_categories"] == ["text-generation"]

@@ -185,3 +185,17 @@ def test_the_common_settings_take_the_trainers_defaults_and_another_trainers_are
 
 def test_the_record_is_named_as_before() -> None:
     assert EXPORT_RECORD_NAME == "hs_dataset_export.json"
+
+
+def test_a_folder_of_other_files_is_refused_without_suggesting_an_overwrite_that_would_refuse_too(src: Path, tmp_path: Path) -> None:
+    from hs_dataset.interop.common import ExportError, prepare_destination
+
+    dest = tmp_path / "notes"
+    dest.mkdir()
+    (dest / "mine.txt").write_text("the user's")
+    with pytest.raises(ExportError) as plain:
+        prepare_destination(src, dest, target="speculators", resume_key={}, overwrite=False)
+    assert "--overwrite" not in str(plain.value) and "another (new or empty) destination" in str(plain.value)
+    with pytest.raises(ExportError, match="--overwrite deletes only an earlier hs_dataset export"):
+        prepare_destination(src, dest, target="speculators", resume_key={}, overwrite=True)
+    assert (dest / "mine.txt").read_text() == "the user's"

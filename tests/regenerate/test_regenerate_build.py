@@ -332,14 +332,14 @@ def test_merge_of_regenerated_ranks_verifies_and_keeps_every_record(tmp_path, ra
 
 @pytest.mark.parametrize("change", ["max_new_tokens", "seed", "temperature", "model_fingerprint", "no regeneration"])
 def test_merge_refuses_parts_regenerated_differently(tmp_path, rank_parts, change):
-    """Same identity (the card's fingerprint), other generation settings or weights: refused before the output exists.
+    """Other generation settings (identity fields) or another engine behind them: refused before the output exists.
 
-    A different card already changes the identity; what is left is a part whose regeneration metadata differs
-    (another engine version or weights behind the same card), made here by editing a copy's manifest.
+    Made here by editing a copy's manifest and recomputing its identity, as another build would have written it.
     """
     import shutil
 
     from hs_dataset.errors import ForeignDatasetError
+    from hs_dataset.formats.identity import identity_fingerprint
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.merge import merge_datasets
 
@@ -356,8 +356,12 @@ def test_merge_refuses_parts_regenerated_differently(tmp_path, rank_parts, chang
     else:
         value = {"max_new_tokens": NEW_TOKENS + 1, "seed": 1234, "temperature": 0.7}[change]
         manifest.metadata = replace(manifest.metadata, regeneration=replace(entry, **{change: value}))
+    manifest.identity = identity_fingerprint(manifest.metadata)  # a part of another build, not an edited manifest
     manifest.save(other)
-    field = "generator" if change == "model_fingerprint" else ("--regenerate" if change == "no regeneration" else change)
-    with pytest.raises(ForeignDatasetError, match=f"metadata.regeneration.*{field}|{field}.*metadata.regeneration"):
+    # the generation settings are part of the identity (formats/identity.py); the engine behind them is compared apart
+    field = {"model_fingerprint": "metadata.regeneration.*generator", "no regeneration": r"regenerate\.enabled: true"}.get(
+        change, rf"regenerate\.{change}: "
+    )
+    with pytest.raises(ForeignDatasetError, match=field):
         merge_datasets([rank_parts[0], other], tmp_path / "out")
     assert not (tmp_path / "out").exists()
