@@ -97,8 +97,8 @@ def _debug_wanted(args: argparse.Namespace) -> bool:
 
 def _one_line(exc: BaseException) -> str:
     """The exception's message on one line (multi-line messages are joined with ' | ')."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
+    if isinstance(exc, KeyboardInterrupt):  # a bare Ctrl-C says nothing; a build's says what it stored and how to resume
+        return str(exc) or "interrupted"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " | ".join(lines) or type(exc).__name__
 
@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     _configure_logging(args.verbose)
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a build records it as the command that resumes it
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
