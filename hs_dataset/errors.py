@@ -10,6 +10,7 @@ __all__ = [
     "FormatError",
     "HsDatasetError",
     "HubError",
+    "IncompleteDatasetError",
     "IntegrityError",
     "ModelConfigError",
     "NonFiniteStateError",
@@ -94,3 +95,7 @@ class ReadOnlyError(HsDatasetError, PermissionError):
 
 class RemoteError(HsDatasetError, OSError):
     """Object storage (an fsspec URL) refused or failed a request: the bucket, the endpoint or the credentials."""
+
+
+class IncompleteDatasetError(HsDatasetError):
+    """A command that shares or combines a dataset met one whose build has not finished (``--allow-incomplete`` overrides)."""

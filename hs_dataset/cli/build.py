@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+from typing import TYPE_CHECKING
 
 from hs_dataset.cli.card_args import add_card_arguments, add_override_arguments, card_from_args
 from hs_dataset.cli.numbers import at_least, positive_int
+from hs_dataset.cli.signals import sigterm_as_interrupt
 from hs_dataset.codecs.registry import STORAGE_CHOICES
+
+if TYPE_CHECKING:
+    from hs_dataset.pipeline.run_report import RunReport
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -80,12 +86,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.distributed import rank_and_world_size
-    from hs_dataset.pipeline.build import build_dataset
 
     rank, world = rank_and_world_size(args.rank, args.world_size)
     card = _source_and_regeneration(card_from_args(args), args)
     _check_servers_apply(card, args.server)
-    report = build_dataset(
+    with sigterm_as_interrupt():  # a stopped build says how many samples it stored and the command that resumes it
+        report = _build(args, card, rank, world)
+    print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
+    return 0
+
+
+def _build(args: argparse.Namespace, card, rank: int, world: int) -> RunReport:
+    """The build the flags ask for; the manifest records this command line as the one that resumes it."""
+    from hs_dataset.pipeline.build import build_dataset
+
+    argv = getattr(args, "_argv", None)  # set by main(); without it the build records an equivalent command
+    return build_dataset(
         card,
         args.out,
         num_samples=args.num_samples,
@@ -101,9 +117,8 @@ def run(args: argparse.Namespace) -> int:
         strict=args.strict,
         progress=not args.no_progress,  # a bar on a terminal, else a line every --progress-interval (hs_dataset.cli.progress)
         remote={"stage_dir": args.stage_dir} if args.stage_dir else {},
+        command=shlex.join(["hs-dataset", *argv]) if argv else None,
     )
-    print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
-    return 0
 
 
 def _check_servers_apply(card, servers: list[str] | None) -> None:

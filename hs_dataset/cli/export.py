@@ -6,6 +6,7 @@ import argparse
 import json
 
 from hs_dataset.cli.style import add_global_flags
+from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -36,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--verify-hashes", action="store_true", help="check every shard's BLAKE3 hash while reading")
     p.add_argument("--json", action="store_true", help="print the export report as JSON")
+    add_allow_incomplete(p, "export")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,10 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.paths import check_local_path
     from hs_dataset.interop.trainers import trainer_cli
 
     check_local_path(args.dest, what="export destination")
+    if not args.allow_incomplete:
+        refuse_unfinished(args.src, Manifest.load(check_local_path(args.src, what="dataset")), "export")
     report = trainer_cli(args.target).export(
         args, overwrite=args.overwrite, aux_layer_ids=args.aux_layer_ids, verify_hashes=args.verify_hashes
     )

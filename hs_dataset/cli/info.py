@@ -53,6 +53,17 @@ def layer_preset_line(md: DatasetMetadata) -> str:
     return f"{preset.name}{taps}{pinned}"
 
 
+def build_line(manifest: Manifest) -> str:
+    """Whether the build finished (and the command it ran), or that the dataset does not record it."""
+    from hs_dataset.formats.build_state import NOT_RECORDED, progress_phrase
+
+    build = manifest.build
+    if build is None:
+        return NOT_RECORDED
+    state = "finished" if build.finished else f"running or stopped, {progress_phrase(manifest.num_samples, build.samples_expected)}"
+    return f"{state} ({build.command or 'a merge'})"
+
+
 def describe(manifest: Manifest) -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
@@ -77,13 +88,14 @@ def describe(manifest: Manifest) -> str:
         f"shards           {len(manifest.shards)}",
         f"bytes            {human_bytes(manifest.num_bytes)} ({bytes_per_token:.0f} B/token incl. ids and mask)",
         f"quarantined      {len(manifest.quarantine)}",
+        f"build            {build_line(manifest)}",
     ]
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="dataset directory (holds manifest.json)")
-    parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    parser.add_argument("--json", action="store_true", help="print the manifest as JSON (an unfinished build: build.state 'running')")
     parser.add_argument(
         "--plots",
         metavar="DIR",
@@ -97,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plots:  # before anything is read or printed: a URL would become a local directory named 's3:'
         check_local_path(args.plots, what="--plots directory")
+    from hs_dataset.formats.build_state import unfinished_line
+
     manifest = Manifest.load(Path(args.path))
+    notice = unfinished_line(args.path, manifest.num_samples, manifest.build)
+    if notice and not args.json:  # the first line: a killed build looks like any other dataset below it
+        print(notice)
     print(json.dumps(manifest.to_json(), indent=1) if args.json else describe(manifest))
     if args.plots:
         from hs_dataset.formats.stats import write_plots

@@ -99,8 +99,8 @@ def _debug_wanted(args: argparse.Namespace) -> bool:
 
 def _one_line(exc: BaseException) -> str:
     """The exception's message on one line (multi-line messages are joined with ' | ')."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
+    if isinstance(exc, KeyboardInterrupt):  # a bare Ctrl-C says nothing; a build's says what it stored and how to resume
+        return str(exc) or "interrupted"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " | ".join(lines) or type(exc).__name__
 
@@ -133,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     _configure_logging(args.verbose)
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a build records it as the command that resumes it
     module = importlib.import_module(args._module)
     try:
         with showing(progress_settings(args)):  # every command's long loops show progress the same way

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
+
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "merge per-rank datasets into one verified dataset"
 DESCRIPTION = (
     HELP + ".\n\nShards are hard-linked (copied where links are impossible), never rewritten.\n"
+    "A part whose build has not finished is refused (--allow-incomplete merges it; the merged dataset then records\n"
+    "an unfinished build too).\n"
     "exit status: 0 merged and verified; 1 merged but verification found problems (listed on stderr); 2 error."
 )
 EXAMPLES = """
@@ -22,16 +26,24 @@ EXAMPLES = """
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("parts", nargs="+", metavar="PART", help="dataset directories (or URLs) to merge (e.g. one per rank)")
     parser.add_argument("out", metavar="OUT", help="directory (or URL, docs/REMOTE.md) of the merged dataset")
+    add_allow_incomplete(parser, "merge")
 
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.cli.verify import EXIT_PROBLEMS
-    from hs_dataset.dataset_access import merge
+    from hs_dataset.dataset_access import merge, read_manifest
+    from hs_dataset.formats.build_state import unfinished_line
 
+    if not args.allow_incomplete:  # each part's build finished, or the merge would bury half a part in a whole
+        for part in args.parts:
+            refuse_unfinished(part, read_manifest(part), "merge")
     result = merge(args.parts, args.out)
     if not result.ok:
         for problem in result.problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_PROBLEMS
+    notice = unfinished_line(args.out, result.samples, result.build)
+    if notice:
+        print(notice)
     print(f"merged {len(args.parts)} parts: {result.summary()}")
     return 0

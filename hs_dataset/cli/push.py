@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
+
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
 HELP = "upload a dataset (index, shards, manifest, card) to the Hub"
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit-files", type=_positive_int, help="max files per commit (default: 50)")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip the statistics pass and the figures")
     parser.add_argument("--stats-samples", type=int, help="compute the figures' statistics over the first N samples only")
+    add_allow_incomplete(parser, "push")
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -68,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
 
     from hs_dataset.errors import HubError
+    from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.formats.paths import check_local_path
     from hs_dataset.hub.timeouts import limit_hub_timeouts
     from hs_dataset.hub.upload import PushOptions, push_to_hub
 
+    if not args.allow_incomplete:  # before any request: half a dataset must not reach the Hub by accident
+        refuse_unfinished(args.path, Manifest.load(check_local_path(args.path, what="dataset")), "push")
     timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this
     api = HfApi(endpoint=args.endpoint, token=args.token)
     limits = {k: v for k, v in (("commit_bytes", args.commit_bytes), ("commit_files", args.commit_files)) if v is not None}

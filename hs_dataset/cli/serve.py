@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, card_from_args
+from hs_dataset.cli.signals import sigterm_as_interrupt
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -47,10 +47,6 @@ def _extra_args(args: argparse.Namespace) -> list[str]:
     return extra[1:] if extra and extra[0] == "--" else extra
 
 
-def _raise_interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.serve.probe import check_processor_in_server
@@ -78,12 +74,10 @@ def run(args: argparse.Namespace) -> int:
     print(plan.describe(), file=sys.stderr)
     server = launch(plan, log_path=args.log)
     print(f"SGLang capture server ready at {server.url} after {server.started_in_s:.0f} s (staging {plan.staging_dir})", flush=True)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return int(server.proc.wait() or 0)
+        with sigterm_as_interrupt():
+            return int(server.proc.wait() or 0)
     except KeyboardInterrupt:  # not an error: how a foreground server is meant to stop
         print("hs-dataset serve: stopping the server", file=sys.stderr, flush=True)
         server.stop()
         return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)

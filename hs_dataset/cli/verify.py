@@ -10,19 +10,24 @@ import argparse
 import json
 import sys
 
+from hs_dataset.cli.unfinished import ALLOW_INCOMPLETE, add_allow_incomplete
+
 __all__ = ["DESCRIPTION", "EXAMPLES", "EXIT_PROBLEMS", "HELP", "add_arguments", "run"]
 
 EXIT_PROBLEMS = 1
 
 HELP = "check every shard, hash, shape and offset of a dataset"
 DESCRIPTION = (
-    HELP + '.\n\nexit status: 0 verified; 1 problems found (each listed on stderr, or under "problems" with --json);\n'
-    "2 the directory cannot be checked (not a dataset, unreadable)."
+    HELP + '.\n\nexit status: 0 verified; 1 problems found (each listed on stderr, or under "problems" with --json),\n'
+    "or the build that writes the dataset has not finished (first line; --allow-incomplete checks it as it is);\n"
+    "2 the directory cannot be checked (not a dataset, unreadable). A dataset that does not record its build\n"
+    "(older, or not written by build) counts as finished."
 )
 EXAMPLES = """
   hs-dataset verify out/tiny
   hs-dataset verify out/tiny --no-hashes --no-values   # structure only, seconds on any size
   hs-dataset verify out/tiny --json
+  hs-dataset verify out/killed --allow-incomplete      # a build still running or stopped: check what it stored
   hs-dataset verify s3://bucket/kimi          # through the bounded cache (HS_DATASET_CACHE_DIR, HS_DATASET_CACHE_BYTES)
 """
 
@@ -36,20 +41,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-values", action="store_true", help="skip the NaN/inf scan of every state")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_allow_incomplete(parser, "verify")
 
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.dataset_access import verify
+    from hs_dataset.formats.build_state import unfinished_line
 
     # a URL's shards are downloaded, and every download checks its hash, --no-hashes or not
     result = verify(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
+    notice = unfinished_line(args.path, result.samples, result.build)
+    if notice and not args.allow_incomplete:  # an unfinished build is a finding: the first problem listed
+        result.problems.insert(0, f"{notice} (or pass {ALLOW_INCOMPLETE} to verify it as it is)")
     if args.json:
-        print(
-            json.dumps(
-                {"ok": result.ok, "samples": result.samples, "tokens": result.tokens, "shards": result.shards, "problems": result.problems}
-            )
-        )
+        build = None if result.build is None else result.build.to_json()
+        fields = {"ok": result.ok, "finished": result.finished, "build": build, "samples": result.samples, "tokens": result.tokens}
+        print(json.dumps({**fields, "shards": result.shards, "problems": result.problems, "leftovers": result.leftovers}))
     elif result.ok:
+        if notice:
+            print(notice)
+        for leftover in result.leftovers:  # a running or killed build's shards in flight: its resume adopts them
+            print(f"note: {leftover}")
         print(result.summary())
     else:
         for problem in result.problems:

@@ -82,6 +82,11 @@ class BuildOptions(RunOptions):
     progress: bool = Field(False, description="Show a progress bar.")
     writer_threads: int = Field(2, description="Background threads that write shards.")
     remote: RemoteOptions = Field(default_factory=RemoteOptions, description="An output URL: where it is staged, how often uploaded.")
+    command: str | None = Field(
+        None,
+        max_length=16_384,
+        description="The command line that resumes this build, recorded in the manifest; default: an equivalent `hs-dataset build` line.",
+    )
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> BuildOptions:

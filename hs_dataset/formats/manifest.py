@@ -17,6 +17,7 @@ from typing import Any
 
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.identity import identity_fingerprint, legacy_identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata
@@ -145,6 +146,7 @@ class Manifest:
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     identity: str = ""
+    build: BuildState | None = None  # whether the build that writes it finished (None: not recorded; see build_state)
 
     def __post_init__(self) -> None:
         self.metadata = DatasetMetadata.coerce(self.metadata)
@@ -155,6 +157,11 @@ class Manifest:
     @property
     def num_samples(self) -> int:
         return sum(s.samples for s in self.shards)
+
+    @property
+    def unfinished(self) -> bool:
+        """True while the build writing this dataset has not finished (a dataset without the record counts as finished)."""
+        return self.build is not None and not self.build.finished
 
     @property
     def num_tokens(self) -> int:
@@ -182,7 +189,7 @@ class Manifest:
         # a format-1 dataset stays format 1 (old readers keep reading it) until it lists a BLAKE3-hashed shard
         if any(s.blake3 is not None for s in self.shards):
             self.format_version = max(self.format_version, 2)
-        return {
+        raw: dict[str, Any] = {
             "format": self.format,
             "format_version": self.format_version,
             "dataset_id": self.dataset_id,
@@ -194,6 +201,9 @@ class Manifest:
             "shards": [s.to_json() for s in self.shards],
             "quarantine": self.quarantine,
         }
+        if self.build is not None:  # absent stays absent: a dataset without the record keeps its bytes on a rewrite
+            raw["build"] = self.build.to_json()
+        return raw
 
     def encode(self, *, sort_keys: bool = False) -> bytes:
         """The manifest file's bytes (taken under a writer's lock; written after it is let go)."""
@@ -225,6 +235,7 @@ class Manifest:
                 created_by=str(raw.get("created_by", "")),
                 format_version=version,
                 identity=str(raw.get("identity", "")),
+                build=None if raw.get("build") is None else BuildState.from_json(raw["build"], where),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: manifest is missing or has a malformed field ({exc})") from None

@@ -23,6 +23,7 @@ from typing import Any
 
 from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
+from hs_dataset.formats.build_state import merged_build
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fields
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
@@ -218,6 +219,7 @@ def _merge_into(out: Path, loaded: list[tuple[Path, Manifest]], check_ids: bool,
         quarantine=quarantine,
         created_by=first.created_by,
         identity=first.identity,
+        build=merged_build([manifest.build for _, manifest in loaded]),
     )
     merged.save(out)
     return merged

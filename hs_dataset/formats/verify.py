@@ -24,6 +24,7 @@ import torch
 
 from hs_dataset.errors import HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import is_temp_name
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.encoding import all_finite, check_tensor_table
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
 from hs_dataset.formats.metadata import RegeneratedFile
@@ -47,10 +48,25 @@ class VerifyResult:
     shards: int = 0
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
+    build: BuildState | None = None  # the manifest's build record: ``ok`` is about the bytes, ``finished`` about the build
+    leftovers: list[str] = field(default_factory=list)  # an unfinished build's temp files and unlisted shards (see leftover)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def leftover(self, message: str) -> None:
+        """A temp file or unlisted shard: a problem beside a finished dataset, expected beside an unfinished build.
+
+        Why: a build that is running, or was killed, has shards in flight; its resume
+        removes the temp files and adopts the shards, so they say nothing against what is stored.
+        """
+        (self.problems if self.finished else self.leftovers).append(message)
+
+    @property
+    def finished(self) -> bool:
+        """False while the build that writes the dataset has not finished (no record: finished, see build_state)."""
+        return self.build is None or self.build.finished
 
     def summary(self) -> str:
         return f"verified {self.samples} samples, {self.tokens} tokens, {self.shards} shards"
@@ -68,6 +84,7 @@ def verify_dataset(
     except HsDatasetError as exc:
         result.problems.append(str(exc))
         return result
+    result.build = manifest.build
     _check_directory(root, manifest, result)
     seen: dict[str, str] = {}
     shown = task("verify", "shards", len(manifest.shards), verb="read")
@@ -96,9 +113,9 @@ def _check_directory(root: Path, manifest: Manifest, result: VerifyResult) -> No
         result.problems.append(f"{root}: the manifest lists a shard file twice")
     for name in sorted(os.listdir(root)):
         if is_temp_name(name):
-            result.problems.append(f"{root / name}: leftover temp file from an interrupted write (resume the build to clean it)")
+            result.leftover(f"{root / name}: leftover temp file from an interrupted write (resume the build to clean it)")
         elif SHARD_NAME_RE.match(name) and name not in listed:
-            result.problems.append(f"{root / name}: shard file not listed in the manifest (resume the build to adopt it)")
+            result.leftover(f"{root / name}: shard file not listed in the manifest (resume the build to adopt it)")
 
 
 def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], check_hashes: bool, check_values: bool) -> None:

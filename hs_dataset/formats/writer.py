@@ -33,6 +33,7 @@ from hs_dataset.config.sections import MAX_SHARD_BYTES
 from hs_dataset.dtypes import state_dtype
 from hs_dataset.errors import NonFiniteStateError, SampleError, UsageError
 from hs_dataset.formats.atomic import remove_quietly
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
 from hs_dataset.formats.metadata import DatasetMetadata, RegeneratedFile, RegenerationRecord
@@ -58,7 +59,9 @@ class ShardWriter:
     ``hidden_size``, config and tokenizer; see docs/FORMAT.md). It must set at least
     ``aux_layer_ids``, ``hidden_size`` and ``dtype``. The writer is the manifest's only
     owner: what is recorded once the data is written (the regenerated files) goes
-    through :meth:`record_regenerated_file`.
+    through :meth:`record_regenerated_file`. ``build``: the running record of the build
+    that writes it (:mod:`~hs_dataset.formats.build_state`), written with the first
+    manifest (or over a resumed one's); :meth:`finish_build` marks it finished.
 
     Use as a context manager; :meth:`close` flushes the last shard. The parts:
     :mod:`~hs_dataset.formats.writer_resume` opens or resumes the directory,
@@ -80,6 +83,7 @@ class ShardWriter:
         writer_threads: int = 2,
         shard_prefix: str = "",
         created_by: str | None = None,
+        build: BuildState | None = None,
     ) -> None:
         metadata = DatasetMetadata.coerce(metadata, "ShardWriter metadata")
         _check_options(metadata, shard_bytes, nonfinite, writer_threads, shard_prefix)
@@ -108,7 +112,7 @@ class ShardWriter:
         lock_was_there = os.path.lexists(self.root / LOCK_NAME)
         self._lock_fd = acquire_dir_lock(self.root)
         try:
-            target = WriteTarget(self.root, self.metadata, self.state_encoding, shard_prefix)
+            target = WriteTarget(self.root, self.metadata, self.state_encoding, shard_prefix, build)
             opened = open_or_resume(target, self.report, final_norm_weight, created_by)
         except BaseException:
             os.close(self._lock_fd)
@@ -118,6 +122,8 @@ class ShardWriter:
         self._next_seq = opened.next_seq
         self._session = WriterSession(self.root, opened.manifest, opened.stored_ids, self.report)
         self._flusher = ShardFlusher(self._session, self.state_encoding.name, shard_prefix, writer_threads)
+        if build is not None and opened.manifest.build != build:  # a resumed dataset: this run's record replaces the last one's
+            self._session.record_build(build)
 
     # ------------------------------------------------------------------ what it writes
     @property
@@ -252,6 +258,23 @@ class ShardWriter:
             return replace(metadata, regeneration=record.with_file(name, entry))
 
         self._session.edit_metadata(with_file)
+
+    def record_build(self, build: BuildState) -> None:
+        """Record the build writing this dataset (``running``, its expected total and resume command) in the manifest."""
+        if self._closed:
+            raise RuntimeError("ShardWriter is closed; record the build before closing it")
+        self._session.record_build(build)
+
+    def finish_build(self, build: BuildState) -> None:
+        """Store every buffered sample, wait until its shard is listed, then record ``build`` as finished.
+
+        Why in this order: a manifest that says ``finished`` must count every sample the
+        build stored; a crash before this write leaves ``running``, and a resume finishes it.
+        """
+        self.flush()
+        self._flusher.wait()
+        self._flusher.raise_error()
+        self.record_build(build.as_finished())
 
     # ------------------------------------------------------------------ flush
     def flush(self) -> None:

@@ -21,6 +21,7 @@ from hs_dataset.codecs.registry import Encoding
 from hs_dataset.codecs.safetensors_layout import read_header
 from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError
 from hs_dataset.formats.atomic import fsync_dir, is_temp_name, publish, remove_quietly, temp_path_for
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.dirlock import LOCK_NAME
 from hs_dataset.formats.hashing import SHARD_HASH, file_digests, sha256_fileobj
 from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fingerprint, identity_with_storage
@@ -53,6 +54,7 @@ class WriteTarget:
     metadata: DatasetMetadata
     encoding: Encoding
     shard_prefix: str
+    build: BuildState | None = None  # a build's running record: in the first manifest, so no kill finds a dataset without it
 
 
 @dataclass
@@ -133,6 +135,7 @@ def _create(target: WriteTarget, final_norm_weight: torch.Tensor | None, created
         tensors=_tensor_table(target),
         created_by=created_by or f"hs_dataset {__version__}",
         identity=identity_fingerprint(target.metadata),
+        build=target.build,
     )
     manifest.save(target.root)
     return manifest

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hs_dataset.errors import DuplicateSampleError
 from hs_dataset.formats.atomic import atomic_write_bytes
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import DatasetMetadata
 
@@ -114,6 +115,13 @@ class WriterSession:
         """Replace the manifest's metadata with ``edit(metadata)`` and write the manifest (the identity is kept)."""
         with self._lock:
             self.manifest.metadata = edit(self.manifest.metadata)
+            state = self._numbered_state_locked()
+        self.save_manifest(*state)
+
+    def record_build(self, build: BuildState) -> None:
+        """Set the manifest's ``build`` record (running or finished) and write the manifest."""
+        with self._lock:
+            self.manifest.build = build
             state = self._numbered_state_locked()
         self.save_manifest(*state)
 

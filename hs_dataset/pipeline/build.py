@@ -22,7 +22,9 @@ from hs_dataset.config import Card
 from hs_dataset.config.run import BuildOptions, parse_options
 from hs_dataset.dataset_access import output_dir
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.pipeline.resume import interrupted_message, running_state
 from hs_dataset.pipeline.run_report import RunReport, save_run_report
 from hs_dataset.pipeline.session import CaptureSession, as_card
 from hs_dataset.progress.settings import ProgressSettings, active
@@ -48,22 +50,37 @@ def build_dataset(
     ``card``: a :class:`Card`, a shipped card name or a ``.yaml`` path. ``options``:
     :class:`~hs_dataset.config.run.BuildOptions` (num_samples, source, batch_size,
     model_path, device, servers, shard_bytes, storage, rank, world_size, strict,
-    progress, writer_threads, remote); an unknown one is refused by name. ``backend``: an
+    progress, writer_threads, remote, command); an unknown one is refused by name. ``backend``: an
     already built capture backend; the build then does not close it.
+
+    The manifest records the build as ``running`` (with the samples expected and the
+    command that resumes it) until the last shard is listed, then ``finished``
+    (:mod:`hs_dataset.formats.build_state`). Ctrl-C (or SIGTERM, where the CLI maps it)
+    raises a KeyboardInterrupt whose message says how many samples
+    are stored and the command that resumes the build.
     """
     opts = parse_options(BuildOptions, "build_dataset()", options)
     started = time.perf_counter()
     with output_dir(out_dir, opts.remote) as local_dir:
-        return _build_dataset(card, local_dir, opts, backend, started)
+        try:
+            return _build_dataset(card, local_dir, out_dir, opts, backend, started)
+        except KeyboardInterrupt as exc:  # still a KeyboardInterrupt: ``except Exception`` in a caller must not swallow Ctrl-C
+            raise KeyboardInterrupt(interrupted_message(local_dir)) from exc
 
 
 def _build_dataset(
-    card: Card | str | os.PathLike, out_dir: Path, opts: BuildOptions, backend: CaptureBackend | None, started: float
+    card: Card | str | os.PathLike,
+    out_dir: Path,
+    given_out: str | os.PathLike,
+    opts: BuildOptions,
+    backend: CaptureBackend | None,
+    started: float,
 ) -> RunReport:
+    """``given_out``: the output as the caller named it (a URL where ``out_dir`` is its staging), for the resume command."""
     with CaptureSession(as_card(card), opts, backend=backend) as session:
         regen = _open_regeneration(session, out_dir, opts) if session.card.regenerate.enabled else None
         try:
-            report = _build(session, out_dir, opts, regen, started)
+            report = _build(session, out_dir, given_out, opts, regen, started)
         finally:
             if regen is not None:
                 regen.close()
@@ -77,7 +94,9 @@ def _open_regeneration(session: CaptureSession, out_dir: Path, opts: BuildOption
     return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=backend.capture_burst(card.backend.batch_size))
 
 
-def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None, started: float) -> RunReport:
+def _build(
+    session: CaptureSession, out_dir: Path, given_out: str | os.PathLike, opts: BuildOptions, regen: Regeneration | None, started: float
+) -> RunReport:
     """Tokenize, regenerate (when the card asks), capture and write; the report accounts for every row."""
     card = session.card
     report = RunReport(config=card.name, out_dir=str(out_dir), rank=opts.rank, world_size=opts.world_size)
@@ -94,16 +113,18 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
         depth=READ_AHEAD_WINDOWS * batch_size,
     )
     settings = (active() or ProgressSettings()) if opts.progress else None
-    expected = _expected_samples(session.source, opts, rows.total) if settings is not None or regen is not None else None
+    expected = _expected_samples(session.source, opts, rows.total)  # also the manifest's record of a running build
     shown = RegenerationProgress(expected, settings) if regen is not None else None
     regenerated = regen.regenerate(samples, shown) if regen is not None else None
     task: Task | None = None
     try:
-        with _open_writer(session, out_dir, opts, regen) as writer:
+        build = running_state(card, given_out, opts, expected)
+        with _open_writer(session, out_dir, opts, regen, build) as writer:
             task = Task("build", "samples", expected, settings=settings, sizes=writer.progress_bytes)
             _store(_capture(session.backend, regenerated or samples, batch_size, writer, report, task), writer, report, task, shown)
             if regen is not None:
                 regen.record_file(writer)
+            writer.finish_build(build)
     finally:
         if regenerated is not None:
             regenerated.close()  # stops the regeneration pump at once when capture or the writer failed
@@ -120,7 +141,7 @@ def _build(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Re
     return report
 
 
-def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None) -> ShardWriter:
+def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, regen: Regeneration | None, build: BuildState) -> ShardWriter:
     """The dataset directory, created or resumed; each rank of a split build writes its own shard names."""
     metadata = session.metadata if regen is None else replace(session.metadata, regeneration=regen.record())
     return ShardWriter(
@@ -131,6 +152,7 @@ def _open_writer(session: CaptureSession, out_dir: Path, opts: BuildOptions, reg
         shard_bytes=session.card.shards.bytes,
         shard_prefix=f"rank{opts.rank:05d}-" if opts.world_size > 1 else "",
         writer_threads=opts.writer_threads,
+        build=build,
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
+from hs_dataset.formats.build_state import merged_build
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.merge import check_compatible
 from hs_dataset.remote.header import read_sample_ids
@@ -61,6 +62,7 @@ def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options:
         quarantine=quarantine,
         created_by=first.created_by,
         identity=first.identity,
+        build=merged_build([manifest.build for _, manifest in loaded]),
     )
     put_bytes(target, MANIFEST_NAME, merged.encode())
     return merged

@@ -50,6 +50,7 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
         shutil.rmtree(private, ignore_errors=True)
         result.problems.append(str(exc))
         return result
+    result.build = data.manifest.build
     try:
         _check_listing(loc, data.manifest, result)
         _check_shards(data, check_values, max_problems, result)
@@ -103,6 +104,6 @@ def _check_listing(loc: RemoteLocation, manifest: Manifest, result: VerifyResult
             names = []
     for name in sorted(names):
         if is_temp_name(name):
-            result.problems.append(f"{loc.url}/{name}: leftover temp object of an interrupted upload (rerun the build to finish it)")
+            result.leftover(f"{loc.url}/{name}: leftover temp object of an interrupted upload (rerun the build to finish it)")
         elif SHARD_NAME_RE.match(name) and name not in listed:
-            result.problems.append(f"{loc.url}/{name}: shard object not listed in the manifest (rerun the build to finish its upload)")
+            result.leftover(f"{loc.url}/{name}: shard object not listed in the manifest (rerun the build to finish its upload)")

@@ -1,0 +1,1 @@
+"""Tests of hs_dataset.pipeline."""
