@@ -66,23 +66,14 @@ def hf_data(lib, ci_verifier, tmp_path_factory) -> Path:
 def test_sglang_data_of_the_verifier_equals_the_hf_backend(lib, ci_verifier, hf_data, tmp_path):
     from hs_dataset.capture.serve import launch, plan_server
     from hs_dataset.capture.sglang.backend import SGLangBackend
-    from hs_dataset.config import load_card
     from hs_dataset.formats.reader import open_dataset
     from hs_dataset.pipeline.build import build_dataset
-    from tests.fixtures.tiny_verifier import VERIFIER_AUX_LAYERS
 
     _require_env()
-    hf_card = lib.verifier_card(ci_verifier, tmp_path / "unused.jsonl")
     source = lib.write_prompts(tmp_path / "prompts.jsonl", SAMPLES, seed=7)
     # Same source rows and regeneration settings as the HF build; mechanism auto (aux_return). A Llama
     # model on SGLang 0.5.23 returns its aux states as a list (AuxHiddenStateList), DeepseekV3 as one tensor.
-    card = load_card("tiny-deepseek-sglang").with_overrides(
-        name="tiny-verifier-tasks-sglang",
-        model={"path": str(ci_verifier)},
-        layers={"aux": VERIFIER_AUX_LAYERS},
-        source={"path": str(source)},
-        regenerate=hf_card.regenerate,
-    )
+    card = lib.sglang_verifier_card(ci_verifier, source)
     plan = plan_server(card, port=_free_port(), staging_dir=str(tmp_path / "stage"), python=str(SERVER_PYTHON))
     t0 = time.monotonic()
     server = launch(plan, log_path=str(tmp_path / "server.log"), timeout=300)
