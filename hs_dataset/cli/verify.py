@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from hs_dataset.cli.unfinished import ALLOW_INCOMPLETE, add_allow_incomplete
+
+if TYPE_CHECKING:
+    from hs_dataset.formats.build_state import BuildState
 
 __all__ = ["DESCRIPTION", "EXAMPLES", "EXIT_PROBLEMS", "HELP", "add_arguments", "run"]
 
@@ -46,25 +50,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.dataset_access import verify
-    from hs_dataset.formats.build_state import unfinished_line
 
+    told = _unfinished_first(args)  # before the shards are read: progress lines come while they are
     # a URL's shards are downloaded, and every download checks its hash, --no-hashes or not
     result = verify(args.path, check_hashes=not args.no_hashes, check_values=not args.no_values)
-    notice = unfinished_line(args.path, result.samples, result.build)
+    notice = _notice(args.path, result.samples, result.build, args.allow_incomplete)
     if notice and not args.allow_incomplete:  # an unfinished build is a finding: the first problem listed
-        result.problems.insert(0, f"{notice} (or pass {ALLOW_INCOMPLETE} to verify it as it is)")
+        result.problems.insert(0, notice)
     if args.json:
         build = None if result.build is None else result.build.to_json()
         fields = {"ok": result.ok, "finished": result.finished, "build": build, "samples": result.samples, "tokens": result.tokens}
         print(json.dumps({**fields, "shards": result.shards, "problems": result.problems, "leftovers": result.leftovers}))
     elif result.ok:
-        if notice:
+        if notice and notice != told:
             print(notice)
         for leftover in result.leftovers:  # a running or killed build's shards in flight: its resume adopts them
             print(f"note: {leftover}")
         print(result.summary())
     else:
         for problem in result.problems:
-            print(f"error: {problem}", file=sys.stderr)
+            if problem != told:
+                print(f"error: {problem}", file=sys.stderr)
         print(f"verification FAILED: {len(result.problems)} problem(s) in {args.path}", file=sys.stderr)
     return 0 if result.ok else EXIT_PROBLEMS
+
+
+def _notice(path: str, stored: int, build: BuildState | None, allow_incomplete: bool) -> str | None:
+    """The unfinished-build line (a problem unless ``--allow-incomplete``), or None."""
+    from hs_dataset.formats.build_state import unfinished_line
+
+    notice = unfinished_line(path, stored, build)
+    if notice and not allow_incomplete:
+        return f"{notice} (or pass {ALLOW_INCOMPLETE} to verify it as it is)"
+    return notice
+
+
+def _unfinished_first(args: argparse.Namespace) -> str | None:
+    """Say an unfinished build first, from the manifest alone (stdout with --allow-incomplete, else an error line)."""
+    from hs_dataset.dataset_access import read_manifest
+
+    if args.json:
+        return None
+    try:
+        manifest = read_manifest(args.path)
+    except Exception:  # unreadable: verify itself says why, in its own words
+        return None
+    notice = _notice(args.path, manifest.num_samples, manifest.build, args.allow_incomplete)
+    if notice:
+        print(notice if args.allow_incomplete else f"error: {notice}", file=sys.stdout if args.allow_incomplete else sys.stderr, flush=True)
+    return notice

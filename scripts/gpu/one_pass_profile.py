@@ -133,6 +133,7 @@ def main() -> int:
     ap.add_argument("--mean-tokens", type=float, default=500)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only-one-pass", action="store_true", help="no build with capture left out (an A/B's second server)")
+    ap.add_argument("--no-reference", action="store_true", help="no warm-up build first (an A/B's second server, to save time)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -152,8 +153,9 @@ def main() -> int:
     span = Span()
     generator = br.drawn_lengths(tokenizer, span)
     staging = card.sglang.staging.dir
-    seconds, _ = br.run_build(card, source, work / "reference", args.server, generator)
-    print(f"reference build (warm-up): {seconds:.1f} s, captured by {br.captured_by(work / 'reference')}", flush=True)
+    if not args.no_reference:
+        seconds, _ = br.run_build(card, source, work / "reference", args.server, generator)
+        print(f"reference build (warm-up): {seconds:.1f} s, captured by {br.captured_by(work / 'reference')}", flush=True)
     pid = scheduler_pid()
     for r in range(args.rounds):
         for name in ("one_pass",) if args.only_one_pass else ("isolated", "one_pass"):

@@ -48,7 +48,7 @@ if [ $rc -eq 0 ] && [ -n "${HS_PROFILE_B_ENV:-}" ]; then
   read -r -a B_ENV <<< "$HS_PROFILE_B_ENV"
   echo "---- B: ${B_ENV[*]}" | tee -a "$OUT/live.txt"
   start_server "$WORK/server-b.log" "${B_ENV[@]}"
-  mkdir -p "$OUT/b"; profile "$OUT/b" --only-one-pass "$@"; rc=$?
+  mkdir -p "$OUT/b"; profile "$OUT/b" --only-one-pass --no-reference "$@"; rc=$?
   grep -E "hs_dataset|rror" "$WORK/server-b.log" | tail -n 30 > "$OUT/server-b-tail.log"
 fi
 exit $rc
