@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 # torch is pinned to the local CPU wheel: a bare requirement would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install lint test test-unit test-fast demo sglang-env sglang-overlays fetch-sglang-sources interop-env bench
+.PHONY: install lint test test-unit test-fast demo sglang-env sglang-overlays fetch-sglang-sources interop-env bench charts
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ fetch-sglang-sources:
 
 bench: install
 	$(VPY) benchmarks/bench_shards.py
+
+# docs/BENCHMARKS.md's charts (docs/img/*.png), redrawn from the recorded runs in benchmarks/results/
+charts: install
+	$(VPY) benchmarks/charts.py
 
 sglang-env:
 	bash scripts/make_sglang_env.sh
