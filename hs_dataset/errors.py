@@ -15,6 +15,7 @@ __all__ = [
     "ModelConfigError",
     "NonFiniteStateError",
     "ReadOnlyError",
+    "RebuiltDatasetError",
     "RemoteError",
     "SampleError",
     "ServerValidationError",
@@ -59,6 +60,10 @@ class NonFiniteStateError(SampleError):
 
 class ForeignDatasetError(HsDatasetError):
     """The output directory already holds a different dataset (or unrelated files)."""
+
+
+class RebuiltDatasetError(ForeignDatasetError):
+    """A followed prefix was deleted and rebuilt: following on would yield its samples again (restart instead)."""
 
 
 class DiskFullError(HsDatasetError, OSError):

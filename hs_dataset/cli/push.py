@@ -73,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
     from hs_dataset.errors import HubError
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.paths import check_local_path
+    from hs_dataset.hub.repo_id import check_repo_id
     from hs_dataset.hub.timeouts import limit_hub_timeouts
     from hs_dataset.hub.upload import PushOptions, push_to_hub
 
+    check_repo_id(args.repo_id)  # before the dataset is read or the Hub asked: a typo is a usage error, not exit 70
     if not args.allow_incomplete:  # before any request: half a dataset must not reach the Hub by accident
         refuse_unfinished(args.path, Manifest.load(check_local_path(args.path, what="dataset")), "push")
     timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this

@@ -18,6 +18,7 @@ from typing import Any
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.build_state import BuildState
+from hs_dataset.formats.claims import check_claims
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.identity import identity_fingerprint, legacy_identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata
@@ -241,6 +242,7 @@ class Manifest:
             raise FormatError(f"{where}: manifest is missing or has a malformed field ({exc})") from None
         _check_members(manifest, where)
         _check_identity(manifest, raw.get("identity"), where)
+        check_claims(manifest.metadata, manifest.tensors, where)  # what no hash covers: layer ids, dtype
         return manifest
 
     @classmethod

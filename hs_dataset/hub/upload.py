@@ -48,6 +48,7 @@ from hs_dataset.hub.index import DEFAULT_INDEX_FILE_BYTES, IndexFiles, write_ind
 from hs_dataset.hub.layout import FIGURES_FOLDER, README, REPO_TYPE, SHARDS_FOLDER
 from hs_dataset.hub.public import public_manifest, public_run_report
 from hs_dataset.hub.readme import render_card
+from hs_dataset.hub.repo_id import check_repo_id
 from hs_dataset.hub.repo_state import remote_files, remote_readme
 from hs_dataset.pipeline.run_report import RUN_REPORT_NAME
 from hs_dataset.progress.task import task
@@ -176,6 +177,7 @@ def push_to_hub(
 
     from hs_dataset.formats.reader import open_dataset
 
+    check_repo_id(repo_id)  # before the dataset is read: huggingface_hub would only refuse it at the first request
     opts = PushOptions.of(options, settings)
     root = Path(path)
     dataset = open_dataset(root)

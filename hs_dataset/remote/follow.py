@@ -5,20 +5,27 @@ up each new shard as its rank publishes it (``build --out URL`` uploads every
 ``upload_interval_s``). Shards are listed by a remote manifest only once uploaded and
 checked, and the manifest is written last, so a follower never reads a half-published
 shard; each shard is read once, through the bounded cache, hash-checked on download.
-A shard is known by its recorded hash, not its name: a prefix rebuilt under the same
-shard names yields the new shards' samples.
+
+URLs are compared as the storage names them (``s3://b/p/`` is ``s3://b/p``): one
+listed twice is followed once. A shard is known by its recorded hash, and a prefix is
+known by its dataset id and the shards it listed: a prefix deleted and rebuilt (a new
+dataset id, or other bytes under a shard name already read) would yield its samples a
+second time, so it ends the follow with a :class:`RebuiltDatasetError` naming the URL;
+the caller restarts (a new ``follow_dataset``) to read the rebuilt data from its start.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from hs_dataset.config.remote import FollowSettings, RemoteOptions
 from hs_dataset.config.run import parse_options
-from hs_dataset.errors import ForeignDatasetError, UsageError
-from hs_dataset.formats.manifest import MANIFEST_NAME
+from hs_dataset.errors import ForeignDatasetError, RebuiltDatasetError, UsageError
+from hs_dataset.formats.hashing import HASH_ALGORITHMS
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import check_local_path
 from hs_dataset.remote.dataset import RemoteDataset
 from hs_dataset.remote.location import is_url, open_location
@@ -55,9 +62,55 @@ def follow_dataset(
     if stop is not None and not callable(stop):
         raise UsageError(f"follow_dataset(): stop must be a callable returning True to end, got {type(stop).__name__}")
     check_local_path(settings.cache_dir, what="cache_dir")
-    for url in pending:
-        open_location(url, settings)  # an unknown scheme or a bucket root is refused now
-    return _follow(list(pending), float(poll_s), idle_timeout_s, stop, settings)
+    return _follow(_distinct_urls(pending, settings), float(poll_s), idle_timeout_s, stop, settings)
+
+
+def _distinct_urls(urls: list[str] | tuple[str, ...], settings: RemoteOptions) -> list[str]:
+    """Each prefix once, in the order given: ``s3://b/p`` and ``s3://b/p/`` (or ``s3://b//p``) name one dataset.
+
+    Why: two spellings of one prefix were followed as two datasets and yielded every
+    sample twice. Prefixes are compared as the storage resolves them; an unknown scheme
+    or a bucket root is refused here, before the first sample.
+    """
+    seen: dict[str, str] = {}
+    for url in urls:
+        location = open_location(url, settings)
+        seen.setdefault(location.fs.unstrip_protocol(location.root), location.url)
+    return list(seen.values())
+
+
+@dataclass
+class _Followed:
+    """What a follower has read of one prefix: the dataset id it held and the shards read, by name."""
+
+    url: str
+    dataset_id: str | None = None
+    shards: dict[str, ShardRecord] = field(default_factory=dict)
+
+    def check_not_rebuilt(self, manifest: Manifest) -> None:
+        """Refuse a manifest of a rebuilt prefix: another dataset id, or other bytes under a shard name already read."""
+        if self.dataset_id is not None and manifest.dataset_id != self.dataset_id:
+            raise RebuiltDatasetError(
+                f"{self.url}/{MANIFEST_NAME}: dataset_id is now {manifest.dataset_id[:12]!r}, was {self.dataset_id[:12]!r}: "
+                f"the prefix was rebuilt while followed and following on would yield its samples twice; {_RESTART}"
+            )
+        self.dataset_id = manifest.dataset_id
+        for record in manifest.shards:
+            before = self.shards.get(record.file)
+            if before is not None and not _same_bytes(before, record):
+                raise RebuiltDatasetError(
+                    f"{self.url}/{MANIFEST_NAME}: shards[].file {record.file!r} now names other bytes than the shard already "
+                    f"read: the prefix was rebuilt while followed and following on would yield its samples twice; {_RESTART}"
+                )
+
+
+_RESTART = "start a new follow_dataset() to read the rebuilt dataset from its start"
+
+
+def _same_bytes(a: ShardRecord, b: ShardRecord) -> bool:
+    """The two records name the same bytes: equal sizes and every hash both record equal (one at least)."""
+    common = [name for name in HASH_ALGORITHMS if getattr(a, name) is not None and getattr(b, name) is not None]
+    return a.bytes == b.bytes and bool(common) and all(getattr(a, n) == getattr(b, n) for n in common)
 
 
 def _follow(
@@ -67,13 +120,14 @@ def _follow(
     stop: Callable[[], bool] | None,
     settings: RemoteOptions,
 ) -> Iterator[dict[str, Any]]:
-    done: dict[str, set[str]] = {url: set() for url in pending}
+    followed = [_Followed(url) for url in pending]
+    done: set[str] = set()  # content hashes read, over every URL: the same bytes are never yielded twice
     identity: dict[str, str] = {}
     last_new = time.monotonic()
     while True:
         found = False
-        for url in pending:
-            for sample in _new_samples(url, done[url], identity, settings):
+        for prefix in followed:
+            for sample in _new_samples(prefix, done, identity, settings):
                 found = True
                 yield sample
         if found:
@@ -84,8 +138,9 @@ def _follow(
         time.sleep(poll_s)
 
 
-def _new_samples(url: str, done: set[str], identity: dict[str, str], settings: RemoteOptions) -> Iterator[dict[str, Any]]:
-    """The samples of shards ``url``'s manifest lists whose hash ``done`` does not hold (then added), in manifest order."""
+def _new_samples(prefix: _Followed, done: set[str], identity: dict[str, str], settings: RemoteOptions) -> Iterator[dict[str, Any]]:
+    """The samples of shards the prefix's manifest lists whose hash ``done`` does not hold (then added), in manifest order."""
+    url = prefix.url
     if open_location(url, settings).size(MANIFEST_NAME) is None:
         return
     data = RemoteDataset(url, options=settings)
@@ -95,12 +150,15 @@ def _new_samples(url: str, done: set[str], identity: dict[str, str], settings: R
             raise ForeignDatasetError(
                 f"{url} holds another dataset than the other URLs followed (identity {data.manifest.identity[:12]}); follow one build"
             )
+        prefix.check_not_rebuilt(data.manifest)
         for index, record in enumerate(data.manifest.shards):
             if record.content_hash in done:
+                prefix.shards[record.file] = record
                 continue
             reader = data.shard(index)
             for i in range(len(reader)):
                 yield reader.sample(i)
             done.add(record.content_hash)
+            prefix.shards[record.file] = record
     finally:
         data.close()

@@ -48,3 +48,12 @@ def test_follow_two_growing_ranks_reads_each_sample_once_as_it_is_published(s3_b
         rank.join()
     assert sorted(seen) == sorted(ids[urls[0]] + ids[urls[1]])  # every sample once: none lost, none twice
     assert first_at < min(finished.values())  # trained on what was there while the ranks still wrote
+
+
+def test_follow_a_bucket_prefix_given_with_and_without_its_slash_reads_each_sample_once(s3_bucket, tmp_path):
+    url = f"{s3_bucket}/ds/twice"
+    ids = [f"t-s{i:02d}" for i in range(6)]
+    produce(tmp_path / "local", url, ids, {})
+    urls = [url, url + "/"]
+    seen = [s["sample_id"] for s in follow_dataset(urls, poll_s=0.05, idle_timeout_s=0.5, cache_dir=tmp_path / "cache")]
+    assert sorted(seen) == ids, f"every sample once, not once per spelling of the prefix: {seen}"

@@ -25,7 +25,7 @@ import torch
 import hs_dataset
 from hs_dataset.cli.main import main as cli_main
 from hs_dataset.config.remote import RemoteOptions
-from hs_dataset.errors import ForeignDatasetError, FormatError, IntegrityError, UsageError
+from hs_dataset.errors import ForeignDatasetError, FormatError, HsDatasetError, IntegrityError, RebuiltDatasetError, UsageError
 from hs_dataset.formats.manifest import MANIFEST_NAME
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.location import open_location
@@ -404,23 +404,53 @@ def test_a_stage_of_another_dataset_is_refused_before_any_capture(published, tmp
 # ---------------------------------------------------------------- follow
 
 
-def test_follow_yields_a_prefix_rebuilt_under_the_same_shard_names(tmp_path):
+def follow_through_a_rebuild(tmp_path, second: Path) -> tuple[list[str], BaseException | None]:
+    """Follow a 4-sample prefix; once it is read, delete it and publish ``second`` there. The ids yielded and the error."""
     import shutil
 
     from hs_dataset.remote.follow import follow_dataset
 
     url = f"file://{tmp_path}/bucket/ds"
-    store = tmp_path / "bucket" / "ds"
     publish_dataset(write_dataset(tmp_path / "first", 4), open_location(url))
-    second = write_dataset(tmp_path / "second", 4, first=30)  # the same shard names, other samples
     seen: list[str] = []
-    for row in follow_dataset(url, poll_s=0.05, idle_timeout_s=1.0, cache_dir=tmp_path / "cache"):
-        seen.append(row["sample_id"])
-        if len(seen) == 4:  # the first build was read: it is rebuilt in place
-            shutil.rmtree(store)
-            publish_dataset(second, open_location(url))
-    assert seen[:4] == [f"s{i:02d}" for i in range(4)]
-    assert seen[4:] == [f"s{i:02d}" for i in range(30, 34)], f"SILENT: the rebuilt prefix's samples were not yielded: {seen}"
+    try:
+        for row in follow_dataset(url, poll_s=0.05, idle_timeout_s=1.0, cache_dir=tmp_path / "cache"):
+            seen.append(row["sample_id"])
+            if len(seen) == 4:  # the first build was read: it is rebuilt in place
+                shutil.rmtree(tmp_path / "bucket" / "ds")
+                publish_dataset(second, open_location(url))
+    except HsDatasetError as exc:
+        return seen, exc
+    return seen, None
+
+
+def test_follow_refuses_a_prefix_rebuilt_under_the_same_shard_names(tmp_path):
+    seen, error = follow_through_a_rebuild(tmp_path, write_dataset(tmp_path / "second", 4, first=30))
+    assert seen == [f"s{i:02d}" for i in range(4)]
+    assert isinstance(error, RebuiltDatasetError), f"SILENT: a rebuilt prefix was followed on: {seen}"
+    text = one_line(error)
+    assert f"file://{tmp_path}/bucket/ds/manifest.json: dataset_id is now" in text
+    assert "start a new follow_dataset()" in text
+
+
+def test_follow_never_yields_a_prefix_rebuilt_from_the_same_source_twice(tmp_path):
+    """The same samples in other shard sizes: other hashes, so only the rebuild check stands between them and duplicates."""
+    second = tmp_path / "second"
+    with ShardWriter(second, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=30_000) as writer:
+        for i in range(4):
+            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    seen, error = follow_through_a_rebuild(tmp_path, second)
+    assert len(seen) == len(set(seen)) == 4, f"DUPLICATES: {seen}"
+    assert error is not None and "was rebuilt while followed" in one_line(error)
+
+
+def test_follow_reads_a_url_given_twice_once(tmp_path, published):
+    from hs_dataset.remote.follow import follow_dataset
+
+    url, _local, _store = published
+    urls = [url, url + "/", url + "//", url]
+    seen = [row["sample_id"] for row in follow_dataset(urls, poll_s=0.05, idle_timeout_s=0.3, cache_dir=tmp_path / "cache")]
+    assert sorted(seen) == [f"s{i:02d}" for i in range(8)], f"DUPLICATES: {seen}"
 
 
 def test_a_planted_download_under_a_live_pid_is_not_waited_on_for_ever(tmp_path):

@@ -1,0 +1,100 @@
+"""Manifest claims no hash covers (formats/claims.py): each written as a build would, identity re-hashed, refused by verify."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hs_dataset.errors import FormatError
+from hs_dataset.formats.identity import identity_fingerprint
+from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.metadata import DatasetMetadata
+from hs_dataset.formats.verify import verify_dataset
+from tests.fixtures.untrusted_dataset import build, load_manifest, save_manifest
+
+
+def claim(root: Path, **metadata: object) -> None:
+    """Rewrite the manifest's metadata fields and re-hash its identity, so only the claim itself is wrong."""
+    raw = load_manifest(root)
+    raw["metadata"].update(metadata)
+    for key in [k for k, v in metadata.items() if v is None]:
+        del raw["metadata"][key]
+    raw["identity"] = identity_fingerprint(DatasetMetadata.from_json(raw["metadata"], "test"))
+    save_manifest(root, raw)
+
+
+def one_problem(root: Path) -> str:
+    result = verify_dataset(root)
+    assert len(result.problems) == 1, result.problems
+    problem = result.problems[0]
+    assert "\n" not in problem
+    assert str(root / "manifest.json") in problem
+    return problem
+
+
+def test_a_built_dataset_still_verifies(tmp_path):
+    root = build(tmp_path / "ds")
+    assert verify_dataset(root).ok
+    claim(root, aux_layer_ids=[0, 1, 7])  # the lowest and highest ids an 8-layer model has
+    assert verify_dataset(root).ok
+
+
+@pytest.mark.parametrize(
+    ("ids", "says"),
+    [
+        ([2, 2, 2], "is not strictly increasing"),
+        ([4, 3, 2], "is not strictly increasing"),
+        ([99, 100, 101], "past the model's metadata.num_hidden_layers 8"),
+        ([2, 5, 8], "id 8 is the final state"),
+    ],
+)
+def test_aux_layer_ids_a_model_cannot_have_fail_verify(tmp_path, ids, says):
+    root = build(tmp_path / "ds")
+    claim(root, aux_layer_ids=ids)
+    problem = one_problem(root)
+    assert f"metadata.aux_layer_ids {ids}" in problem and says in problem
+    assert "restore the manifest from a copy or rebuild the dataset" in problem
+    with pytest.raises(FormatError):
+        Manifest.load(root)  # refused where the manifest is read, not only by verify
+
+
+def test_without_num_hidden_layers_only_order_and_sign_are_judged(tmp_path):
+    """An import may not record the model's depth: no bound can be proved then, but the order still is."""
+    root = build(tmp_path / "ds")
+    claim(root, num_hidden_layers=None, aux_layer_ids=[99, 100, 101])
+    assert verify_dataset(root).ok
+    claim(root, aux_layer_ids=[3, 2, 1])
+    assert "is not strictly increasing" in one_problem(root)
+
+
+def test_a_dtype_the_shards_do_not_store_fails_verify(tmp_path):
+    root = build(tmp_path / "ds")  # bf16 shards
+    claim(root, dtype="float16")
+    problem = one_problem(root)
+    assert "metadata.dtype 'float16' disagrees with the shards, which store bfloat16" in problem
+
+
+def test_a_dtype_that_is_no_state_dtype_fails_verify(tmp_path):
+    root = build(tmp_path / "ds")
+    claim(root, dtype="int64")
+    assert "metadata.dtype 'int64' is not a hidden-state dtype" in one_problem(root)
+
+
+def test_a_dtype_and_encoding_both_edited_are_caught_at_the_shard_headers(tmp_path):
+    root = build(tmp_path / "ds")
+    claim(root, dtype="float16")
+    raw = load_manifest(root)
+    for key in ("aux_hidden_states", "final_hidden_state"):
+        raw["tensors"][key]["encoding"] = "f16"
+    save_manifest(root, raw)
+    problems = verify_dataset(root).problems
+    assert problems and all("is BF16, the manifest's encoding stores F16" in p for p in problems), problems
+
+
+def test_a_scaled_encoding_holds_any_capture_dtype(tmp_path):
+    """fp8 quantizes what was captured: a float32 capture stored as fp8 is a true claim."""
+    root = build(tmp_path / "ds", storage="fp8")
+    assert verify_dataset(root).ok
+    claim(root, dtype="float32")
+    assert verify_dataset(root).ok
