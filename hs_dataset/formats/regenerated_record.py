@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from hs_dataset.errors import FormatError
+from hs_dataset.formats.vocabulary import check_token_ids
 
 __all__ = ["FINISHES", "NOT_REGENERABLE", "ConversationRecord", "Finish", "TurnOutcome", "check_record", "damaged"]
 
@@ -186,4 +187,15 @@ def check_record(record: object, where: str, field: str) -> str:
     for number, turn in enumerate(record["turns"]):
         _check_turn(turn, where, f"{field}.turns[{number}]")
     _check_ids_and_spans(record, where, field)
+    _check_vocabulary(record, f"{where}: {field}")
     return record["sample_id"]
+
+
+def _check_vocabulary(record: dict[str, Any], where: str) -> None:
+    """Every id of the record (its turns', its sample's) a token id (``formats/vocabulary.py``): an edited record
+    would otherwise be resumed from and stored in a shard."""
+    sample = record["sample_id"]
+    for number, turn in enumerate(record["turns"]):
+        check_token_ids(turn["token_ids"], None, where=where, sample=sample, fix=_FIX, name=f"turns[{number}].token_ids")
+    if record["input_ids"] is not None:
+        check_token_ids(record["input_ids"], None, where=where, sample=sample, fix=_FIX)
