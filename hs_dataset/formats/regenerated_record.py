@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from hs_dataset.errors import FormatError
+from hs_dataset.formats.vocabulary import check_token_ids
 
 __all__ = ["FINISHES", "NOT_REGENERABLE", "ConversationRecord", "Finish", "TurnOutcome", "check_record", "damaged"]
 
@@ -28,7 +29,10 @@ class TurnOutcome:
     """One assistant turn: its prompt's length, the ids the model wrote, why it stopped.
 
     ``refused``: the chat template could not render the prompt, so nothing was asked of
-    the model (such turns are stored with ``finish`` first).
+    the model (such turns are stored with ``finish`` first). ``cut``: what was cut off the
+    generator's answer (``after its stop id``, ``at max_new_tokens``); ``malformed``: why
+    the answer was refused (a structure token of the template before its end; ``finish`` is
+    then ``failed``). Both are stored only when set, so earlier files read back unchanged.
     """
 
     prompt_tokens: int
@@ -37,12 +41,22 @@ class TurnOutcome:
     empty: bool
     error: str
     refused: bool = False
+    cut: str | None = None
+    malformed: str | None = None
 
     @classmethod
     def template_refused(cls, error: str) -> TurnOutcome:
         return cls(prompt_tokens=0, token_ids=[], finish="failed", empty=False, error=error, refused=True)
 
     def to_json(self) -> dict[str, Any]:
+        out = self._fields()
+        if self.cut is not None:
+            out["cut"] = self.cut
+        if self.malformed is not None:
+            out["malformed"] = self.malformed
+        return out
+
+    def _fields(self) -> dict[str, Any]:
         if self.refused:
             return {
                 "finish": self.finish,
@@ -68,6 +82,8 @@ class TurnOutcome:
             empty=bool(turn["empty"]),
             error=turn["error"],
             refused=next(iter(turn)) == "finish",
+            cut=turn.get("cut"),
+            malformed=turn.get("malformed"),
         )
 
 
@@ -136,6 +152,9 @@ def _check_turn(turn: object, where: str, field: str) -> None:
         raise damaged(where, field, "must be an object with integer prompt_tokens and a list of integer token_ids")
     if turn.get("finish") not in FINISHES:
         raise damaged(where, f"{field}.finish", f"is {turn.get('finish')!r}, not one of {FINISHES}")
+    for key in ("cut", "malformed"):
+        if not isinstance(turn.get(key), (str, type(None))):
+            raise damaged(where, f"{field}.{key}", "must be a string when present")
 
 
 def _check_ids_and_spans(record: dict[str, Any], where: str, field: str) -> None:
@@ -168,4 +187,15 @@ def check_record(record: object, where: str, field: str) -> str:
     for number, turn in enumerate(record["turns"]):
         _check_turn(turn, where, f"{field}.turns[{number}]")
     _check_ids_and_spans(record, where, field)
+    _check_vocabulary(record, f"{where}: {field}")
     return record["sample_id"]
+
+
+def _check_vocabulary(record: dict[str, Any], where: str) -> None:
+    """Every id of the record (its turns', its sample's) a token id (``formats/vocabulary.py``): an edited record
+    would otherwise be resumed from and stored in a shard."""
+    sample = record["sample_id"]
+    for number, turn in enumerate(record["turns"]):
+        check_token_ids(turn["token_ids"], None, where=where, sample=sample, fix=_FIX, name=f"turns[{number}].token_ids")
+    if record["input_ids"] is not None:
+        check_token_ids(record["input_ids"], None, where=where, sample=sample, fix=_FIX)

@@ -31,12 +31,14 @@ from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
-from hs_dataset.formats.shard_layout import SHARD_NAME_RE
+from hs_dataset.formats.shard_layout import INPUT_IDS_KEY, SHARD_NAME_RE
+from hs_dataset.formats.vocabulary import check_token_ids, first_outside, vocab_size_of
 from hs_dataset.progress.task import task
 
 __all__ = ["VerifyResult", "check_finite", "verify_dataset"]
 
 _STATE_CHUNK_TOKENS = 4096
+_IDS_FIX = "the shard was altered after capture: restore it from the build or rebuild it"
 _RUN_REPORT = "run_report.json"  # written by the pipeline beside the regenerated file (merge keeps them together)
 _MAX_RUN_REPORT_BYTES = 64 * 1024 * 1024
 
@@ -124,8 +126,19 @@ def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], c
         if sid in seen:
             raise IntegrityError(f"{path}: sample {sid!r} is also stored in {seen[sid]} (duplicate sample id)")
         seen[sid] = path.name
+    check_ids(reader, path, vocab_size_of(manifest.metadata))
     if check_values:
         check_finite(reader, path)
+
+
+def check_ids(reader: ShardReader, path: Path, vocab_size: int | None) -> None:
+    """Every sample's input_ids inside the vocabulary the manifest records (a re-hashed shard passes the hashes)."""
+    ids = reader.tensor(INPUT_IDS_KEY)
+    found = first_outside(ids, vocab_size)
+    if found is not None:
+        i = int(torch.searchsorted(reader.offsets, torch.tensor(found[0]), right=True)) - 1
+        begin, end = reader.token_range(i)
+        check_token_ids(ids[begin:end], vocab_size, where=str(path), sample=reader.sample_ids[i], fix=_IDS_FIX)
 
 
 def check_finite(reader: ShardReader, path: Path) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.vocabulary import check_token_ids, vocab_size_of
 from hs_dataset.interop.common import (
     ExportError,
     ExportReport,
@@ -50,6 +51,9 @@ __all__ = ["ExportHookError", "ExportPlan", "TrainerExporter", "run_export"]
 
 # warnings.warn's stacklevel that names the caller of export_<trainer>, which calls run_export
 _CALLER_OF_THE_EXPORT = 3
+
+
+_IDS_FIX = "a shard was altered after capture (hs-dataset verify names it): restore it or rebuild the dataset"
 
 
 class ExportHookError(ExportError):
@@ -142,7 +146,9 @@ def run_export(
     with _hook(exporter, "begin"):
         exporter.begin()
     shown = task("export", "samples", len(ds), sizes=lambda: (report.bytes_written, 0))
+    vocab_size = vocab_size_of(ds.manifest.metadata)
     for idx, sample in enumerate(shown.track(ds, tokens=lambda s: int(s["input_ids"].shape[0]))):
+        check_token_ids(sample["input_ids"], vocab_size, where=str(src), sample=sample["sample_id"], fix=_IDS_FIX)
         _export_sample(exporter, idx, sample, report)
     _remove_stale_sample_files(exporter, report.samples)
     with _hook(exporter, "finish"):

@@ -38,6 +38,7 @@ import torch
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.formats.metadata import HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, ModelRecord
+from hs_dataset.formats.vocabulary import check_token_ids
 from hs_dataset.interop.common import (
     clear_own_export,
     paths_overlap,
@@ -58,6 +59,9 @@ __all__ = [
     "resolve_settings",
     "run_import",
 ]
+
+
+_IDS_FIX = "the file is not this model's data: fix or remove it (--model-path gives the model's vocabulary)"
 
 
 class ImportDataError(HsDatasetError, ValueError):
@@ -108,6 +112,7 @@ class ResolvedImport:
     norm_weight: torch.Tensor | None
     norm_eps: float | None
     card_dtype: str | None
+    vocab_size: int | None = None  # the model's (--model-path); None: ids are bounded by formats.vocabulary.MAX_VOCAB_SIZE
 
 
 # ---------------------------------------------------------------------------- settings
@@ -161,7 +166,19 @@ def resolve_settings(src: Path, fmt: str, settings: ImportSettings) -> ResolvedI
         norm_weight=norm_weight,
         norm_eps=norm_eps,
         card_dtype=card.dtype if card is not None else None,
+        vocab_size=_model_vocab_size(settings.model_path),
     )
+
+
+def _model_vocab_size(model_path: Any) -> int | None:
+    """The vocabulary size of the model ``--model-path`` names (every imported id must lie below it), or None."""
+    if model_path is None:
+        return None
+    from hs_dataset.model.model_config import load_text_config
+    from hs_dataset.model.snapshot import resolve_model_path
+
+    size = load_text_config(resolve_model_path(model_path)).get("vocab_size")
+    return int(size) if size is not None else None
 
 
 def _layer_id_sources(src: Path, aux_layer_ids: Sequence[int] | None, layers: dict[str, Any], card: Any) -> list[tuple[str, list[int]]]:
@@ -319,6 +336,7 @@ def run_import(
                 shown.advance(fresh=False)
                 continue
             ids, mask, aux, final = load()
+            check_token_ids(ids, resolved.vocab_size, where=where, sample=sid, fix=_IDS_FIX)
             report.files_read += 1
             if shape is None:
                 shape = (int(aux.shape[1]), int(aux.shape[2]), aux.dtype)

@@ -99,6 +99,7 @@ class RunReport:
                 f"hit max_new_tokens {r['hit_max_new_tokens']}, empty {r['empty']}, failed {r['failed']}, dropped {r['dropped']}, "
                 f"not regenerable {r['not_regenerable']}, unsupervised turns {r['unsupervised_turns']}"
             )
+            lines.append(_answers_line(r))
         return "\n".join(lines + self._details())
 
     def _details(self) -> list[str]:
@@ -131,3 +132,13 @@ def save_run_report(out_dir: Path, report: RunReport) -> None:
             runs = []
     runs.append(report.to_json())
     atomic_write_bytes(path, json.dumps({"runs": runs}, indent=1).encode())
+
+
+def _answers_line(r: dict[str, Any]) -> str:
+    """What was cut off the generators' answers and which were refused, by kind (``regenerate/answers.py``)."""
+    malformed = r.get("malformed") or {}
+    refused = ", ".join(f"{kind}: {n}" for kind, n in sorted(malformed.items()))
+    return (
+        f"  answers cut          after their stop id {r.get('cut_after_stop', 0)}, at max_new_tokens {r.get('cut_at_max_new_tokens', 0)}; "
+        f"refused as malformed {sum(malformed.values())}" + (f" ({refused})" if refused else "")
+    )

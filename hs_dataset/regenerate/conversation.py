@@ -8,17 +8,23 @@ same records for the same answers.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hs_dataset.formats.regenerated_record import NOT_REGENERABLE, ConversationRecord, TurnOutcome
+from hs_dataset.formats.regenerated_record import NOT_REGENERABLE, ConversationRecord, Finish, TurnOutcome
+from hs_dataset.regenerate.answers import cut_answer, first_structure_token
 from hs_dataset.regenerate.generator import ONE_PASS_META, GenerationParams, GenerationResult, TracedGeneration
 from hs_dataset.regenerate.turns import TurnRenderer, assemble, regenerable_turns, splice
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.report import MalformedRowError
 from hs_dataset.sources.template_guard import RowBudget
 
-__all__ = ["Conversation", "Finished", "TurnRules"]
+__all__ = ["MALFORMED", "Conversation", "Finished", "TurnRules"]
+
+log = logging.getLogger(__name__)
+MALFORMED = "malformed answer"  # the start of a dropped conversation's reason when one of its answers was refused
 
 Finished = tuple[TokenizedSample, ConversationRecord, bool]  # a sample, its record, whether this run regenerated it
 
@@ -55,12 +61,16 @@ class Conversation:
 
 @dataclass(frozen=True)
 class TurnRules:
-    """What a turn is and what its answer does: the renderer, the generation parameters, the drop policy, the turn limit."""
+    """What a turn is and what its answer does: the renderer, the generation parameters, the drop policy, the turn limit.
+
+    ``structure``: the template's structure tokens (``answers.structure_tokens``), which no kept answer may hold.
+    """
 
     renderer: TurnRenderer
     params: GenerationParams
     policy: str = "keep"
     turn_limit: int | None = None
+    structure: Mapping[int, str] = field(default_factory=dict)
 
     def start(self, sample: TokenizedSample) -> Conversation:
         conv = sample.meta.get("conversation")
@@ -94,27 +104,39 @@ class TurnRules:
         return splice(conv.prompts[-1], answer, history, fresh, end_id)
 
     def take_turn(self, conv: Conversation, prompt: list[int], result: GenerationResult) -> None:
-        """The answer to ``prompt``: kept as the next turn, or the end of the conversation (failed, or dropped by policy)."""
-        stop = self.params.stop_token_ids
-        body = [t for t in result.token_ids if t not in stop]
-        turn = TurnOutcome(
-            prompt_tokens=len(prompt),
-            token_ids=list(result.token_ids),
-            finish=result.finish,
-            empty=not body and result.finish != "failed",
-            error=result.error,
-        )
+        """The answer to ``prompt``, cut to what the model generated: kept as the next turn, or the end of the
+        conversation (failed, refused as malformed, or dropped by policy)."""
+        turn = self._outcome(prompt, result)
         conv.answers.append(turn)
-        if result.finish == "failed":
-            conv.stopped = "failed"
+        if turn.finish == "failed":
+            conv.stopped = MALFORMED if turn.malformed else "failed"
+            if turn.malformed:
+                log.warning("%s: turn %d refused, conversation not stored: %s", conv.sample.sample_id, len(conv.answers), turn.error)
             return
         if result.trace is not None:
-            conv.traced.append(TracedGeneration(result.trace, tuple(prompt) + tuple(result.token_ids)))
+            conv.traced.append(TracedGeneration(result.trace, tuple(prompt) + tuple(turn.token_ids)))
         conv.prompts.append(prompt)
-        conv.messages = conv.messages + [self.renderer.message(result.token_ids, stop)]
-        flawed = "hit max_new_tokens" if result.finish == "length" else ("empty" if turn.empty else None)
+        conv.messages = conv.messages + [self.renderer.message(turn.token_ids, self.params.stop_token_ids)]
+        flawed = "hit max_new_tokens" if turn.finish == "length" else ("empty" if turn.empty else None)
         if flawed and self.policy == "drop":
             conv.stopped = f"drop: a turn {flawed}"
+
+    def _outcome(self, prompt: list[int], result: GenerationResult) -> TurnOutcome:
+        """The turn ``result`` makes: its ids cut at the first stop id and ``max_new_tokens``; refused (``failed``,
+        ``malformed``) when what remains holds a structure token of the template."""
+        if result.finish == "failed":
+            return TurnOutcome(len(prompt), list(result.token_ids), "failed", empty=False, error=result.error)
+        stop = self.params.stop_token_ids
+        cut = cut_answer(list(result.token_ids), stop, self.params.max_new_tokens)
+        finish: Finish = "stop" if cut.stopped else ("length" if len(cut.ids) >= self.params.max_new_tokens else result.finish)
+        found = first_structure_token(cut.ids, self.structure)
+        if found is not None:
+            position, token = found
+            kind = f"structure token {self.structure[token]}"
+            error = f"{MALFORMED}: {kind} (id {token}) at position {position}, before the answer's end"
+            return TurnOutcome(len(prompt), cut.ids, "failed", empty=False, error=error, cut=cut.cut, malformed=kind)
+        empty = not [t for t in cut.ids if t not in stop]
+        return TurnOutcome(len(prompt), cut.ids, finish, empty=empty, error=result.error, cut=cut.cut)
 
     def record(self, conv: Conversation) -> ConversationRecord:
         """The stored outcome of one conversation: its turns, the regenerated messages and the sample's ids and mask spans."""
@@ -130,6 +152,8 @@ class TurnRules:
             return replace(record, dropped=NOT_REGENERABLE)
         if conv.stopped and conv.stopped.startswith("drop"):
             return replace(record, dropped=conv.stopped)
+        if conv.stopped == MALFORMED:
+            return replace(record, dropped=conv.answers[-1].error)
         if not conv.prompts:
             return replace(record, dropped="the first turn failed: " + conv.answers[-1].error)
         kept = [a.token_ids for a in conv.answers if a.finish != "failed"]

@@ -22,6 +22,7 @@ from hs_dataset.formats.metadata import RegeneratedFile, RegenerationRecord
 from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.regenerated_record import ConversationRecord
 from hs_dataset.formats.writer import ShardWriter
+from hs_dataset.regenerate.answers import structure_tokens
 from hs_dataset.regenerate.conversation import Finished, TurnRules
 from hs_dataset.regenerate.generator import GenerationParams, Generator, StreamingGenerator
 from hs_dataset.regenerate.progress import RegenerationProgress
@@ -64,7 +65,8 @@ class Regeneration:
             stop_token_ids=_stop_ids(chat, tokenizer),
         )
         renderer = TurnRenderer(chat, None if section.thinking is None else section.thinking == "on")
-        self.rules = TurnRules(renderer, self.params, policy=section.policy, turn_limit=section.turns)
+        structure = structure_tokens(chat, self.params.stop_token_ids)
+        self.rules = TurnRules(renderer, self.params, policy=section.policy, turn_limit=section.turns, structure=structure)
         self.store = RegeneratedStore(out_dir, name)
         self.report = RegenerationReport()
         self.max_length = card.max_length

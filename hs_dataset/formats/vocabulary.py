@@ -1,0 +1,63 @@
+"""The one vocabulary check of token ids, wherever ids enter: shards (verify, exports), imports, regeneration records.
+
+A token id outside ``[0, vocab_size)`` is not a token of the model: an embedding lookup
+with it fails or, worse, reads another row. Hashes do not catch it (a re-hashed shard or
+an edited record is self-consistent), so every path that takes ids from a file checks
+them here against the vocabulary the manifest records: the model's ``vocab_size``, else
+the tokenizer's. Where no vocabulary is known (a manifest that records neither, an import
+without ``--model-path``, a regeneration record read without its model), ids are bounded
+by :data:`MAX_VOCAB_SIZE`, the largest vocabulary a model config may claim
+(``model/model_config.py``): no token of any model lies above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hs_dataset.errors import FormatError
+from hs_dataset.formats.metadata import DatasetMetadata
+
+__all__ = ["MAX_VOCAB_SIZE", "check_token_ids", "first_outside", "vocab_size_of"]
+
+MAX_VOCAB_SIZE = 16_777_216  # model_config.py's bound on a config's vocab_size
+
+
+def vocab_size_of(metadata: DatasetMetadata) -> int | None:
+    """The bound ids must stay below: the model's vocabulary size, else the tokenizer's; None when neither is recorded."""
+    if metadata.vocab_size:
+        return int(metadata.vocab_size)
+    tokenizer = metadata.tokenizer
+    return int(tokenizer.vocab_size) if tokenizer is not None and tokenizer.vocab_size else None
+
+
+def first_outside(ids: Any, vocab_size: int | None) -> tuple[int, int] | None:
+    """(position, id) of the first id outside ``[0, vocab_size)`` (None: :data:`MAX_VOCAB_SIZE`); ids may be a
+    tensor, an array or a list of ints. One vectorized pass, so a whole shard is checked at once."""
+    end = vocab_size if vocab_size is not None else MAX_VOCAB_SIZE
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().to(torch.int64).numpy()
+    if isinstance(ids, np.ndarray):
+        bad = np.flatnonzero((ids < 0) | (ids >= end))
+        return (int(bad[0]), int(ids.flat[bad[0]])) if bad.size else None
+    return next(((k, int(t)) for k, t in enumerate(ids) if not 0 <= t < end), None)
+
+
+def check_token_ids(
+    ids: Sequence[int] | torch.Tensor | np.ndarray, vocab_size: int | None, *, where: str, sample: str, fix: str, name: str = "input_ids"
+) -> None:
+    """Raise a one-line FormatError naming ``where``, the sample, the field (``name``), the first id outside the
+    vocabulary and the bound; ``fix``: what to do.
+
+    ``vocab_size`` None (not known): ids are checked against :data:`MAX_VOCAB_SIZE`.
+    """
+    end = vocab_size if vocab_size is not None else MAX_VOCAB_SIZE
+    found = first_outside(ids, vocab_size)
+    if found is None:
+        return
+    position, token = found
+    bound = f"the vocabulary [0, {end})" + ("" if vocab_size is not None else " (no vocab_size recorded: the largest a model may have)")
+    raise FormatError(f"{where}: sample {sample!r}: {name}[{position}] = {token} is outside {bound}; {fix}")

@@ -1,0 +1,113 @@
+"""The one vocabulary check of token ids (issue 47): wherever ids enter, an id outside [0, vocab_size) is one line.
+
+Proved here: the check names the file, the sample, the field, the id and the bound (the
+manifest's vocab_size, or the largest vocabulary a model may have when none is recorded);
+a re-hashed shard holding 10**12 or -7 fails ``verify`` and is not exported; a specforge
+file holding 10**12 is not imported; an edited regeneration record holding 10**12 is
+refused when a build resumes from it, naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from hs_dataset.errors import FormatError, HsDatasetError
+from hs_dataset.formats.metadata import DatasetMetadata
+from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.verify import verify_dataset
+from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, check_token_ids, vocab_size_of
+from tests.fixtures.damage import rewrite_shard
+from tests.fixtures.untrusted_dataset import build, split_header
+
+
+@pytest.mark.parametrize("ids", [[1, 2, 1000], torch.tensor([1, 2, 1000]), torch.tensor([1, 2, 1000], dtype=torch.int32)])
+def test_an_id_outside_the_vocabulary_is_one_line_naming_it_and_the_bound(ids):
+    check_token_ids([0, 999], 1000, where="f", sample="s", fix="fix it")
+    with pytest.raises(FormatError) as caught:
+        check_token_ids(ids, 1000, where="data.bin", sample="s7", fix="fix it")
+    assert str(caught.value) == "data.bin: sample 's7': input_ids[2] = 1000 is outside the vocabulary [0, 1000); fix it"
+
+
+def test_without_a_recorded_vocabulary_ids_are_bounded_by_the_largest_a_model_may_have():
+    check_token_ids([MAX_VOCAB_SIZE - 1], None, where="f", sample="s", fix="x")
+    with pytest.raises(FormatError, match=r"input_ids\[0\] = -7 is outside the vocabulary \[0, 16777216\) \(no vocab_size recorded"):
+        check_token_ids([-7], None, where="f", sample="s", fix="x")
+    assert vocab_size_of(DatasetMetadata(vocab_size=32000)) == 32000
+    assert vocab_size_of(DatasetMetadata.from_json({"tokenizer": {"vocab_size": 100}}, "m")) == 100
+    assert vocab_size_of(DatasetMetadata()) is None
+
+
+def _set_first_id(value: int):
+    """A shard mutation: the first token id of the shard becomes ``value`` (int64, little-endian)."""
+
+    def mutate(data: bytes) -> bytes:
+        header, body = split_header(data)
+        start = header["input_ids"]["data_offsets"][0]
+        assert header["input_ids"]["dtype"] == "I64"
+        head = len(data) - len(body)
+        return data[: head + start] + struct.pack("<q", value) + data[head + start + 8 :]
+
+    return mutate
+
+
+@pytest.mark.parametrize("value", [10**12, -7])
+def test_a_rehashed_shard_with_an_out_of_vocabulary_id_fails_verify_and_is_not_exported(tmp_path, value):
+    from hs_dataset.interop import export_speculators
+
+    root = build(tmp_path / "ds")
+    rewrite_shard(root, 0, _set_first_id(value))
+    problems = verify_dataset(root).problems
+    shard = json.loads((root / "manifest.json").read_text())["shards"][0]["file"]
+    assert problems == [
+        f"{root / shard}: sample 's0': input_ids[0] = {value} is outside the vocabulary [0, 16777216) "
+        "(no vocab_size recorded: the largest a model may have); the shard was altered after capture: restore it from the build or rebuild it"
+    ]
+    with pytest.raises(FormatError, match=rf"sample 's0': input_ids\[0\] = {value} is outside"):
+        export_speculators(root, tmp_path / "exp")
+
+
+def test_import_specforge_refuses_a_file_with_an_out_of_vocabulary_id(tmp_path):
+    from hs_dataset.interop import ImportSettings, export_specforge, import_specforge
+
+    exported = tmp_path / "sf"
+    export_specforge(build(tmp_path / "src"), exported)
+    victim = next(exported.rglob("data_1.ckpt"))
+    data = torch.load(victim, weights_only=True)
+    data["input_ids"][0] = 10**12
+    torch.save(data, victim)
+    with pytest.raises(HsDatasetError) as caught:
+        import_specforge(exported, tmp_path / "in", ImportSettings(config="unit-test"))
+    message = str(caught.value)
+    assert "\n" not in message and "data_1.ckpt" in message
+    assert "input_ids[0] = 1000000000000 is outside the vocabulary [0, 16777216)" in message
+
+
+def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_line(tmp_path):
+    good = {
+        "sample_id": "a",
+        "row_index": 0,
+        "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
+        "messages": [],
+        "tools": None,
+        "input_ids": [1, 2, 5, 6],
+        "loss_spans": [[2, 4]],
+        "supervised_turns": [True],
+        "dropped": None,
+    }
+    bad = {**good, "sample_id": "b", "input_ids": [1, 2, 10**12, 6]}
+    path = Path(tmp_path) / "regenerated.jsonl"
+    path.write_text(json.dumps({"records": [good]}) + "\n" + json.dumps({"records": [bad]}) + "\n")
+    with pytest.raises(FormatError) as caught:
+        RegeneratedStore(tmp_path)
+    assert str(caught.value).startswith(
+        f"{path}: line 2 records[0]: sample 'b': input_ids[2] = 1000000000000 is outside the vocabulary [0, 16777216)"
+    )
+    turned = {**good, "sample_id": "c", "turns": [{**good["turns"][0], "token_ids": [-7, 6]}]}
+    path.write_text(json.dumps({"records": [turned]}) + "\n")
+    with pytest.raises(FormatError, match=r"line 1 records\[0\]: sample 'c': turns\[0\]\.token_ids\[0\] = -7 is outside"):
+        RegeneratedStore(tmp_path)
