@@ -51,6 +51,7 @@ INTEGRATION_MODULES = frozenset(
         "capture/sglang/test_versions.py",
         "cli/test_error_boundary.py",
         "cli/test_progress_lines.py",
+        "cli/test_repair.py",
         "codecs/test_fp4_datasets.py",
         "end_to_end/test_acceptance.py",
         "end_to_end/test_bad_inputs.py",

@@ -34,6 +34,7 @@ __all__ = ["COMMANDS", "EXIT_BUG", "EXIT_ERROR", "EXIT_PROBLEMS", "build_parser"
 COMMANDS: dict[str, str] = {
     "build": "hs_dataset.cli.build",
     "verify": "hs_dataset.cli.verify",
+    "repair": "hs_dataset.cli.repair",
     "info": "hs_dataset.cli.info",
     "merge": "hs_dataset.cli.merge",
     "serve": "hs_dataset.cli.serve",

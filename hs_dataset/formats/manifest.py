@@ -23,6 +23,7 @@ from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.identity import identity_fingerprint, legacy_identity_fingerprint
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import check_local_path, check_member_name, check_plain_name, open_member
+from hs_dataset.formats.repair_record import PendingRepair
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY, INPUT_IDS_KEY, LOSS_MASK_KEY, OFFSETS_KEY, state_keys
 
 __all__ = [
@@ -148,6 +149,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     identity: str = ""
     build: BuildState | None = None  # whether the build that writes it finished (None: not recorded; see build_state)
+    repair: PendingRepair | None = None  # shards a repair took out, until their samples are stored again (repair_record)
 
     def __post_init__(self) -> None:
         self.metadata = DatasetMetadata.coerce(self.metadata)
@@ -204,6 +206,8 @@ class Manifest:
         }
         if self.build is not None:  # absent stays absent: a dataset without the record keeps its bytes on a rewrite
             raw["build"] = self.build.to_json()
+        if self.repair is not None:
+            raw["repair"] = self.repair.to_json()
         return raw
 
     def encode(self, *, sort_keys: bool = False) -> bytes:
@@ -237,6 +241,7 @@ class Manifest:
                 format_version=version,
                 identity=str(raw.get("identity", "")),
                 build=None if raw.get("build") is None else BuildState.from_json(raw["build"], where),
+                repair=None if raw.get("repair") is None else PendingRepair.from_json(raw["repair"], where),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where}: manifest is missing or has a malformed field ({exc})") from None

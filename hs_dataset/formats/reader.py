@@ -34,6 +34,7 @@ from hs_dataset.formats.hashing import file_digests, sha256_bytes
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import FinalNorm
 from hs_dataset.formats.paths import open_member, open_regular, resolve_member
+from hs_dataset.formats.repair_record import repair_command
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
     CAPTURE_PATHS_KEY,
@@ -51,29 +52,45 @@ __all__ = ["HiddenStateDataset", "ShardReader", "load_norm_weight", "open_datase
 _SUPPORTED_SHARD_VERSIONS = {"1"}
 
 
+def _repair_fix(dataset_root: Path | None) -> str:
+    """How a missing or damaged shard is repaired: its samples captured again by the build's own command."""
+    command = repair_command(dataset_root) if dataset_root is not None else "hs-dataset repair DATASET_DIR"
+    return f"run `{command}` to capture its samples again (same model, card and source), or restore the file from a copy"
+
+
 class ShardReader:
     """Memory-mapped, validated view of one shard file."""
 
-    def __init__(self, path: Path, *, manifest: Manifest, record: ShardRecord | None = None, verify_hash: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        manifest: Manifest,
+        record: ShardRecord | None = None,
+        verify_hash: bool = False,
+        dataset_root: Path | None = None,
+    ) -> None:
+        """``dataset_root``: the dataset directory, so that a missing or damaged shard's error names the command that repairs it."""
         self.path = Path(path)
         self._fd: int | None = None  # opened on first read_into
         where = str(self.path)
+        fix = _repair_fix(dataset_root)
         try:
             f = open_regular(self.path, what="shard")
         except FileNotFoundError:
-            raise IntegrityError(f"{where}: shard listed in the manifest is missing; restore it from a copy") from None
+            raise IntegrityError(f"{where}: shard listed in the manifest is missing; {fix}") from None
         with f:
             size = os.fstat(f.fileno()).st_size
             if record is not None and size != record.bytes:
-                raise IntegrityError(f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard)")
+                raise IntegrityError(
+                    f"{where}: {size} bytes on disk but the manifest says {record.bytes} (truncated or replaced shard); {fix}"
+                )
             specs, meta, data_start = read_header(f, where)
             if verify_hash and record is not None:
                 algorithm = record.hash_algorithm
                 digest = file_digests(f, (algorithm,))[algorithm]
                 if digest != record.digest:
-                    raise IntegrityError(
-                        f"{where}: {algorithm} {digest} != manifest {record.digest} (corrupted shard: restore it from a copy or rebuild it)"
-                    )
+                    raise IntegrityError(f"{where}: {algorithm} {digest} != manifest {record.digest} (corrupted shard); {fix}")
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
         self._check_metadata(meta, (record.dataset_id if record else None) or manifest.dataset_id, where)
         self.sample_ids: list[str] = self._parse_ids(meta, where)
@@ -325,7 +342,7 @@ class HiddenStateDataset(torch.utils.data.Dataset, Sequence):
     def _open_shard(self, index: int, record: ShardRecord) -> ShardReader:
         """Where a shard's bytes come from: the dataset directory here, a bounded cache for a remote dataset."""
         path = resolve_member(self.root, record.file, what=f"shards[{index}].file")
-        return ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes)
+        return ShardReader(path, manifest=self.manifest, record=record, verify_hash=self.verify_hashes, dataset_root=Path(self.root))
 
     def shard_offsets(self, index: int) -> torch.Tensor:
         """Shard ``index``'s ``sample_offsets`` (lengths for a packing sampler; a remote dataset reads only these bytes)."""

@@ -31,6 +31,7 @@ from hs_dataset.formats.metadata import RegeneratedFile
 from hs_dataset.formats.paths import check_local_path, open_regular, resolve_member
 from hs_dataset.formats.reader import ShardReader, load_norm_weight
 from hs_dataset.formats.regenerated import read_regenerated
+from hs_dataset.formats.repair_record import repair_command
 from hs_dataset.formats.shard_layout import INPUT_IDS_KEY, SHARD_NAME_RE
 from hs_dataset.formats.vocabulary import check_token_ids, first_outside, vocab_size_of
 from hs_dataset.progress.task import task
@@ -87,6 +88,7 @@ def verify_dataset(
         result.problems.append(str(exc))
         return result
     result.build = manifest.build
+    _check_pending_repair(root, manifest, result)
     _check_directory(root, manifest, result)
     seen: dict[str, str] = {}
     shown = task("verify", "shards", len(manifest.shards), verb="read")
@@ -95,7 +97,7 @@ def verify_dataset(
             break
         try:
             path = resolve_member(root, record.file, what=f"shards[{index}].file")
-            _check_shard(path, manifest, record, seen, check_hashes, check_values)
+            _check_shard(root, path, manifest, record, seen, check_hashes, check_values)
         except (HsDatasetError, OSError) as exc:
             result.problems.append(str(exc))
             continue
@@ -120,8 +122,20 @@ def _check_directory(root: Path, manifest: Manifest, result: VerifyResult) -> No
             result.leftover(f"{root / name}: shard file not listed in the manifest (resume the build to adopt it)")
 
 
-def _check_shard(path: Path, manifest: Manifest, record, seen: dict[str, str], check_hashes: bool, check_values: bool) -> None:
-    reader = ShardReader(path, manifest=manifest, record=record, verify_hash=check_hashes)
+def _check_pending_repair(root: Path, manifest: Manifest, result: VerifyResult) -> None:
+    """A repair that took shards out and has not seen their samples stored again: the dataset still owes them."""
+    pending = manifest.repair
+    if pending is None:
+        return
+    files = ", ".join(s.file for s in pending.shards)
+    result.problems.append(
+        f"{root / MANIFEST_NAME}: field repair: a repair took out {files} and has not seen their {pending.owed} sample(s) "
+        f"stored again; run `{repair_command(root)}` to finish it"
+    )
+
+
+def _check_shard(root: Path, path: Path, manifest: Manifest, record, seen: dict[str, str], check_hashes: bool, check_values: bool) -> None:
+    reader = ShardReader(path, manifest=manifest, record=record, verify_hash=check_hashes, dataset_root=root)
     for sid in reader.sample_ids:
         if sid in seen:
             raise IntegrityError(f"{path}: sample {sid!r} is also stored in {seen[sid]} (duplicate sample id)")

@@ -28,6 +28,7 @@ from hs_dataset.formats.identity import describe_differences, identity_differenc
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.metadata import DatasetMetadata, FinalNorm
 from hs_dataset.formats.paths import open_regular, resolve_member
+from hs_dataset.formats.repair_record import repair_command
 from hs_dataset.formats.shard_file import capture_counts, shard_sample_ids
 from hs_dataset.formats.shard_layout import (
     AUX_KEY,
@@ -165,8 +166,8 @@ def _resume(target: WriteTarget, report: WriterReport, entries: list[str]) -> Op
         path = resolve_member(root, record.file, what=f"shards[{index}].file")
         if not path.is_file() or path.stat().st_size != record.bytes:
             raise IntegrityError(
-                f"{path}: listed in the manifest but missing or of the wrong size; run `hs-dataset verify {root}` "
-                "and restore the file (or start a new output directory)"
+                f"{path}: listed in the manifest but missing or of the wrong size; run `{repair_command(root)}` to capture "
+                "its samples again (same model, card and source), or restore the file from a copy"
             )
     for name in sorted(entries):
         match = SHARD_NAME_RE.match(name)
@@ -219,5 +220,6 @@ def _check_same_dataset(root: Path, manifest: Manifest, target: WriteTarget) -> 
     if differences:
         raise ForeignDatasetError(
             f"{root} already holds a different dataset; these fields differ:\n{describe_differences(differences)}\n"
-            f"use a new --out directory, or restore these fields in the card to resume {root}"
+            f"use a new --out directory, or restore these fields in the card to resume {root} (a repair too re-captures "
+            "with the same model, card and source)"
         )
