@@ -5,10 +5,17 @@ never has to fit on disk); a dataset that cannot stream, or a machine that is of
 (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``), reads the split non-streaming, which
 ``datasets`` serves from its local cache when offline. Errors name the dataset, the
 subset/split/revision asked for and the flag that changes them.
+
+Before anything is asked of ``datasets``, one request checks that the Hub answers at all:
+without a network, ``datasets`` and ``huggingface_hub`` retry with backoff (20 retry lines
+over 52 s, measured) before the same failure. An unreachable Hub is one line in seconds,
+naming the offline flag that reads a cached copy instead.
 """
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from typing import Any
 
 from hs_dataset.errors import SourceError
@@ -16,6 +23,25 @@ from hs_dataset.errors import SourceError
 __all__ = ["HF_PREFIX", "load_hub_rows"]
 
 HF_PREFIX = "hf:"
+REACH_TIMEOUT_S = 5.0  # the Hub answers a HEAD in well under a second where there is a network
+
+
+def _unreachable() -> str | None:
+    """Why the Hub endpoint does not answer (a connection refused, a timeout, no route), or None when it answers at all.
+
+    Any HTTP status counts as an answer; proxies from the environment are used, as ``huggingface_hub`` uses them.
+    """
+    from huggingface_hub import constants
+
+    endpoint = str(constants.ENDPOINT)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=REACH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"the Hub ({endpoint}) does not answer: {reason}"
 
 
 def _offline() -> bool:
@@ -40,6 +66,8 @@ def load_hub_rows(
         raise SourceError(f"hf:{repo}: name a Hub dataset as hf:ORG/NAME (or hf:NAME)")
     split = split or "train"
     what = f"hf:{repo} (subset {subset!r}, split {split!r}, revision {revision or 'main'!r})"
+    if not _offline() and (why := _unreachable()) is not None:
+        raise SourceError(f"{what} cannot be loaded: {why}; connect, or set HF_HUB_OFFLINE=1 to read a copy in the local datasets cache")
     attempts = [True, False] if streaming and not _offline() else [False]
     last: Exception | None = None
     for stream in attempts:
