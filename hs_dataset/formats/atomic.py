@@ -3,7 +3,8 @@
 Pattern: write to a hidden temp file in the *same* directory, fsync it, rename it
 over the final name, then fsync the directory so the rename itself is durable.
 Temp names start with :data:`TEMP_PREFIX` so a resumed writer can find and remove
-the leftovers of a crash.
+the leftovers of a crash; whether one is still being written is told by a lock its
+writer holds (``formats/held_temps.py``), never by its times.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,12 +19,10 @@ from hs_dataset.faults import crash_point
 from hs_dataset.formats.writable import open_for_writing
 
 __all__ = [
-    "STALE_TEMP_S",
     "TEMP_PREFIX",
     "atomic_write_bytes",
     "atomic_write_chunks",
     "fsync_dir",
-    "is_stale_temp",
     "is_temp_name",
     "publish",
     "remove_quietly",
@@ -34,7 +32,6 @@ __all__ = [
 ]
 
 TEMP_PREFIX = ".hs-tmp-"
-STALE_TEMP_S = 120.0  # a temp file nobody wrote to for this long has no working writer behind it, whatever its pid says
 
 
 def temp_path_for(final: Path) -> Path:
@@ -52,37 +49,6 @@ def temp_writer_pid(name: str) -> int | None:
         return None
     pid = name[len(TEMP_PREFIX) :].partition("-")[0]
     return int(pid) if pid.isdigit() and len(pid) <= 10 else None
-
-
-def is_stale_temp(path: Path, *, max_age_s: float = STALE_TEMP_S, now: float | None = None) -> bool:
-    """Whether a temp file is a leftover that nobody should wait for.
-
-    A temp file is stale when its name names no live writer (no pid, or a pid no process
-    has now) or when it was last written more than ``max_age_s`` ago: a pid can be reused
-    by an unrelated process, and a file planted under a live pid's name would otherwise
-    be waited on for ever. A missing file is stale too (there is nothing to wait for).
-    """
-    path = Path(path)
-    pid = temp_writer_pid(path.name)
-    if pid is None or not _pid_alive(pid):
-        return True
-    try:
-        mtime = os.stat(path, follow_symlinks=False).st_mtime
-    except FileNotFoundError:
-        return True
-    return (time.time() if now is None else now) - mtime > max_age_s
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # no such process; a pid no process can have
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def fsync_dir(directory: Path) -> None:

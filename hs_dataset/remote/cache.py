@@ -5,17 +5,25 @@ cache's index (``.hs_dataset-cache.json``, its marker too); a directory holding 
 else (a dataset, a user's ``model.safetensors``, an older cache) is refused, nothing in
 it touched. The index lists every shard the cache downloaded, checked and placed: its
 name (``blake3-<hex>.safetensors``, the recorded hash, so one shard is cached once
-whichever dataset or process asks), and the inode, size and mtime it was placed with,
-read-only. A file is served only while it still matches its entry; one that does not
-(flipped after download, planted under a cache name, cut by a crash: downloads are not
-fsynced, so every entry is checked again by hash after a reboot) is hashed again
-before use, and removed only if the cache wrote it. Eviction takes only index entries.
+whichever dataset or process asks), the inode, size and mtime it was placed with,
+read-only, and when it was last used. A process serves a cached file only after it
+checked the file's bytes itself (hashed them on download, or the first time it opens a
+shard another process placed) and while the file is unchanged since, by a signature a
+writer cannot put back (``remote/verified.py``: the ctime moves on any edit); one that
+fails (flipped after download, edited with its size and mtime put back, planted under a
+cache name, cut by a crash: downloads are not fsynced) is hashed again, and removed
+(then downloaded again) only if the cache wrote it. Eviction takes only index entries.
 
 Every file in the directory counts toward ``max_bytes``, downloads in flight too: room
 for a download is reserved (its temp file is allocated at full size) under the
-directory's lock, evicting the least recently used shards first (use = the atime the
-cache sets on each hit). A shard a reader has open holds a shared ``flock`` on its file
+directory's lock, evicting the least recently used shards first (use = the time the index
+notes on a hit, never a time set on the shard: that would change its ctime and cost every
+other process a hash). A shard a reader has open holds a shared ``flock`` on its file
 and is never evicted (in any process on the node), so the bound holds for bytes really on disk.
+A download in flight holds an exclusive ``flock`` on its temp file: others wait for it
+only while that lock is held (``formats/held_temps.py``), never judging it by its times.
+Every write here goes through ``remote/cache_dir.py``: a read-only or full cache
+directory is one named line, not a raw OSError.
 """
 
 from __future__ import annotations
@@ -32,15 +40,18 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
-from hs_dataset.formats.atomic import TEMP_PREFIX, is_stale_temp, is_temp_name, remove_quietly, temp_path_for, write_all
+from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.hashing import file_digests
+from hs_dataset.formats.held_temps import create_held, is_abandoned
 from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
 from hs_dataset.formats.paths import check_local_path, open_regular
 from hs_dataset.formats.writable import open_for_writing
+from hs_dataset.remote import verified
+from hs_dataset.remote.cache_dir import cache_writes
 from hs_dataset.remote.location import RemoteLocation
 from hs_dataset.remote.transfer import Expected, receive_file
 
-__all__ = ["INDEX_NAME", "META_DIR", "ShardCache", "disk_usage"]
+__all__ = ["INDEX_NAME", "META_DIR", "ShardCache", "cache_name", "disk_usage"]
 
 INDEX_NAME = ".hs_dataset-cache.json"
 META_DIR = "meta"  # the small files datasets name besides shards (remote/dataset.py), one directory per dataset id
@@ -51,10 +62,16 @@ _NAME_RE = re.compile(r"^(blake3|sha256)-[0-9a-f]{64}\.safetensors$")
 _WAIT_S = 0.02  # poll interval while another thread or process downloads the same shard
 _READ_ONLY = 0o444
 _BLOCK = 4096  # a file's allocation unit here
-_ENTRY_BYTES = 160  # one more index entry, at most
+_ENTRY_BYTES = 200  # one more index entry, at most
+_USE_NOTE_NS = 10**10  # a hit notes its use in the index at most every 10 s per shard: eviction order, not a rewrite per open
 
 _log = logging.getLogger("hs_dataset.remote")
-Entry = dict[str, int]  # ino, size, mtime_ns, boot
+Entry = dict[str, int]  # ino, size, mtime_ns, boot; used (ns, optional: older indexes lack it)
+
+
+def cache_name(record: ShardRecord) -> str:
+    """The name a shard is cached under: its recorded hash (one copy whichever dataset or process asks)."""
+    return f"{record.hash_algorithm}-{record.digest}.safetensors"
 
 
 def disk_usage(directory: Path) -> int:
@@ -78,22 +95,23 @@ class ShardCache:
         self.max_bytes = int(max_bytes)
         if self.directory.exists() and not self.directory.is_dir():
             raise UsageError(f"{self.directory}: cache_dir is a file, not a directory; give a directory (or HS_DATASET_CACHE_DIR)")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise UsageError(
-                f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory"
-            ) from None
-        if not os.path.lexists(self.directory / INDEX_NAME):
-            self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
-        lock = _lock(self.directory)
-        try:
-            self._claim()
-        finally:
-            os.close(lock)
+        with cache_writes(self.directory):
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise UsageError(
+                    f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory"
+                ) from None
+            if not os.path.lexists(self.directory / INDEX_NAME):
+                self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
+            lock = _lock(self.directory)
+            try:
+                self._claim()
+            finally:
+                os.close(lock)
 
     def path_for(self, record: ShardRecord) -> Path:
-        return self.directory / f"{record.hash_algorithm}-{record.digest}.safetensors"
+        return self.directory / cache_name(record)
 
     def fetch(self, loc: RemoteLocation, record: ShardRecord) -> Path:
         """The cached copy of ``record``'s shard under ``loc``, downloaded (and hash-checked) when absent."""
@@ -103,13 +121,18 @@ class ShardCache:
                 f"{loc.url}/{record.file}: {record.bytes} bytes, larger than the cache bound {self.max_bytes} "
                 f"({self.directory}); raise max_cache_bytes (HS_DATASET_CACHE_BYTES) to a few shards at least"
             )
-        while not self._hit(path, record):
-            temp = self._reserve(record.bytes, loc.url, path)
-            if temp is None:  # another thread or process is downloading it: wait for its copy
-                time.sleep(_WAIT_S)
-                continue
-            receive_file(loc, record.file, temp, Expected(record.bytes, record.hash_algorithm, record.digest), durable=False)
-            self._place(temp, path)
+        with cache_writes(self.directory):
+            while not self._hit(path, record):
+                reserved = self._reserve(record.bytes, loc.url, path)
+                if reserved is None:  # another thread or process is downloading it: wait for its copy
+                    time.sleep(_WAIT_S)
+                    continue
+                temp, held = reserved
+                try:
+                    receive_file(loc, record.file, temp, Expected(record.bytes, record.hash_algorithm, record.digest), durable=False)
+                    self._place(temp, path)
+                finally:
+                    os.close(held)  # the download's lock: held until its file has its name (or is gone)
         return path
 
     def fetch_side_file(self, loc: RemoteLocation, name: str, dest: Path, expected: Expected) -> None:
@@ -117,16 +140,28 @@ class ShardCache:
 
         Its room is reserved as a shard's is (it counts toward the bound); it is not evicted.
         """
-        while (temp := self._reserve(expected.size, loc.url, dest)) is None:
-            time.sleep(_WAIT_S)
-        receive_file(loc, name, temp, expected, durable=False)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(temp, dest)
+        with cache_writes(self.directory):
+            while (reserved := self._reserve(expected.size, loc.url, dest)) is None:
+                time.sleep(_WAIT_S)
+            temp, held = reserved
+            try:
+                receive_file(loc, name, temp, expected, durable=False)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(temp, dest)
+            finally:
+                os.close(held)
 
     def open_pinned(self, path: Path) -> int:
-        """A file descriptor holding a shared lock on a cached shard: it is not evicted until the fd is closed."""
+        """A file descriptor holding a shared lock on a cached shard: it is not evicted until the fd is closed.
+
+        The file opened must be the one this process checked (:meth:`fetch` did): one
+        replaced or edited since is FileNotFoundError, so the caller fetches (checks) it again.
+        """
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         fcntl.flock(fd, fcntl.LOCK_SH)
+        if not verified.is_verified(path, os.fstat(fd)):
+            os.close(fd)
+            raise FileNotFoundError(f"{path}: changed since this process checked it; fetch it again")
         return fd
 
     # ------------------------------------------------------------------ ownership
@@ -196,20 +231,41 @@ class ShardCache:
 
     # ------------------------------------------------------------------ serving
     def _hit(self, path: Path, record: ShardRecord) -> bool:
-        """Present, the cache's own and whole: as its index entry says, else hashed again (and then listed, or removed)."""
+        """Present, the cache's own and whole: checked by this process and unchanged since, else hashed again (then listed, or removed)."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             return False
+        if stat.S_ISREG(st.st_mode) and verified.is_verified(path, st) and self._note_use(path, st):
+            return True
+        return self._recheck(path, record, st)
+
+    def _note_use(self, path: Path, st: os.stat_result) -> bool:
+        """Whether the index lists ``path`` as the file ``st`` describes (the cache's own); if so its use is noted for eviction.
+
+        Noted at most every ``_USE_NOTE_NS`` per shard: a rewrite of the index under the
+        exclusive lock, not on every open of a shard read often.
+        """
         lock = _lock(self.directory, shared=True)
         try:
             entry = self._read_index().get(path.name)
         finally:
             os.close(lock)
-        if stat.S_ISREG(st.st_mode) and entry == _entry(st):
-            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns), follow_symlinks=False)  # used now; the mtime (its entry) stays
+        if entry is None or not _matches(entry, st):
+            return False
+        if time.time_ns() - entry.get("used", 0) < _USE_NOTE_NS:
             return True
-        return self._recheck(path, record, st)
+        lock = _lock(self.directory)
+        try:
+            files = self._read_index()
+            entry = files.get(path.name)
+            if entry is None or not _matches(entry, st):
+                return False
+            entry["used"] = time.time_ns()
+            self._write_index(files)
+        finally:
+            os.close(lock)
+        return True
 
     def _recheck(self, path: Path, record: ShardRecord, st: os.stat_result) -> bool:
         """A file under a cache name that its entry does not vouch for: hash it, then list it, remove it (if the cache's) or refuse it."""
@@ -224,15 +280,19 @@ class ShardCache:
             except FileNotFoundError:
                 self._write_index(files)
                 return False
-            if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
+            if verified.signature(now) != verified.signature(st):
                 changed = True  # changed while it was hashed: look again
             elif whole:
-                os.chmod(path, _READ_ONLY)
-                files[path.name] = _entry(os.lstat(path))
+                if stat.S_IMODE(now.st_mode) != _READ_ONLY:
+                    os.chmod(path, _READ_ONLY)  # moves the ctime: the signature remembered is the one after
+                    now = os.lstat(path)
+                files[path.name] = _entry(now)
                 self._write_index(files)
+                verified.remember(path, now)
                 return True
             elif entry is not None and entry["ino"] == st.st_ino and stat.S_ISREG(st.st_mode):
                 _log.warning("%s: cached shard changed since it was downloaded (or cut by a crash); downloading it again", path)
+                verified.forget(path)
                 remove_quietly(path)
                 self._write_index(files)
                 return False
@@ -257,16 +317,19 @@ class ShardCache:
                 return
             os.chmod(temp, _READ_ONLY)
             os.replace(temp, path)
-            files[path.name] = _entry(os.lstat(path))
+            placed = os.lstat(path)
+            files[path.name] = _entry(placed)
             self._write_index(files)
+            verified.remember(path, placed)  # its bytes were hashed on the way in, by this process
         finally:
             os.close(lock)
 
     # ------------------------------------------------------------------ the bound
-    def _reserve(self, size: int, url: str, path: Path) -> Path | None:
+    def _reserve(self, size: int, url: str, path: Path) -> tuple[Path, int] | None:
         """A temp file of ``size`` allocated bytes for ``path``, after evicting least recently used shards to make room.
 
-        None when a live download of ``path`` is under way (its temp file names it).
+        Returns it with the descriptor holding its lock (close it once the file is placed
+        or removed); None when a live download of ``path`` is under way (its temp file names it).
         """
         lock = _lock(self.directory)
         try:
@@ -276,7 +339,7 @@ class ShardCache:
             size = -(-size // _BLOCK) * _BLOCK  # what the file will hold on disk: whole blocks
             files = self._read_index()
             listed = len(files)
-            for name in _least_recent_first(self.directory, files):
+            for name in _least_recent_first(files):
                 if used + size <= self.max_bytes:
                     break
                 used -= self._evict(self.directory / name, files)
@@ -289,12 +352,14 @@ class ShardCache:
                     "(HS_DATASET_CACHE_BYTES), read with fewer prefetch_shards / processes, or remove files you put there"
                 )
             temp = self.directory / temp_path_for(path).name  # in the cache root, where dead downloads are found
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = create_held(temp)  # under the directory lock: no judge of temps sees it unheld
             try:
                 _allocate(fd, size)
-            finally:
+            except BaseException:
                 os.close(fd)
-            return temp
+                remove_quietly(temp)
+                raise
+            return temp, fd
         finally:
             os.close(lock)
 
@@ -338,12 +403,12 @@ class ShardCache:
             os.close(fd)
 
     def _remove_dead_temps(self, wanted: str) -> bool:
-        """Remove stale downloads (a dead writer, or none written for a while: they count toward the bound); True if ``wanted`` is downloading."""
+        """Remove abandoned downloads (no live writer holds them: they count toward the bound); True if ``wanted`` is downloading."""
         busy = False
         for name in os.listdir(self.directory):
             if not name.startswith(TEMP_PREFIX):
                 continue
-            if is_stale_temp(self.directory / name):
+            if is_abandoned(self.directory / name):
                 remove_quietly(self.directory / name)
             elif name.endswith("-" + wanted):
                 busy = True
@@ -351,24 +416,23 @@ class ShardCache:
 
 
 def _entry(st: os.stat_result) -> Entry:
-    """What the index records of a placed file (and compares on every hit): inode, size, mtime, and the boot it was checked in."""
-    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "boot": _boot_time()}
+    """What the index records of a placed file: inode, size, mtime, the boot it was checked in, and its use (now)."""
+    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "boot": _boot_time(), "used": time.time_ns()}
+
+
+def _matches(entry: Entry, st: os.stat_result) -> bool:
+    """The index's entry describes this file (the cache's own: it may evict it). Ownership only: bytes are checked per process."""
+    return (entry["ino"], entry["size"], entry["mtime_ns"], entry["boot"]) == (st.st_ino, st.st_size, st.st_mtime_ns, _boot_time())
 
 
 def _valid_entry(entry: Any) -> bool:
-    keys = ("ino", "size", "mtime_ns", "boot")
-    return isinstance(entry, dict) and set(entry) == set(keys) and all(type(entry[k]) is int for k in keys)
+    keys = {"ino", "size", "mtime_ns", "boot"}
+    return isinstance(entry, dict) and keys <= set(entry) <= keys | {"used"} and all(type(v) is int for v in entry.values())
 
 
-def _least_recent_first(directory: Path, files: dict[str, Entry]) -> list[str]:
-    """The index's shards, least recently used (atime, set on each hit) first."""
-    order = []
-    for name in files:
-        try:
-            order.append((os.lstat(directory / name).st_atime_ns, name))
-        except FileNotFoundError:
-            order.append((0, name))
-    return [name for _used, name in sorted(order)]
+def _least_recent_first(files: dict[str, Entry]) -> list[str]:
+    """The index's shards, least recently used (the use a hit notes in the index) first."""
+    return sorted(files, key=lambda name: files[name].get("used", 0))
 
 
 def _lock(directory: Path, *, shared: bool = False) -> int:

@@ -27,6 +27,7 @@ from hs_dataset.errors import ForeignDatasetError, RebuiltDatasetError, UsageErr
 from hs_dataset.formats.hashing import HASH_ALGORITHMS
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.paths import check_local_path
+from hs_dataset.remote.cache import ShardCache
 from hs_dataset.remote.dataset import RemoteDataset
 from hs_dataset.remote.location import is_url, open_location
 
@@ -62,7 +63,11 @@ def follow_dataset(
     if stop is not None and not callable(stop):
         raise UsageError(f"follow_dataset(): stop must be a callable returning True to end, got {type(stop).__name__}")
     check_local_path(settings.cache_dir, what="cache_dir")
-    return _follow(_distinct_urls(pending, settings), float(poll_s), idle_timeout_s, stop, settings)
+    distinct = _distinct_urls(pending, settings)
+    ShardCache(
+        settings.cache_dir, settings.max_cache_bytes
+    )  # a cache_dir that cannot be written is its one line here, not at a first sample
+    return _follow(distinct, float(poll_s), idle_timeout_s, stop, settings)
 
 
 def _distinct_urls(urls: list[str] | tuple[str, ...], settings: RemoteOptions) -> list[str]:

@@ -142,8 +142,12 @@ class _HashingSink(threading.Thread):
                 self.buffers.put(buf)
 
 
-def _receive_into(out, hasher, loc: RemoteLocation, name: str, size: int) -> int:
-    """Stream ``loc/name`` into the open file ``out`` (hashing it too); returns the bytes written, at most ``size + 1``."""
+def _receive_into(out, hasher, loc: RemoteLocation, name: str, size: int) -> tuple[int, BaseException | None]:
+    """Stream ``loc/name`` into the open file ``out`` (hashing it too): the bytes written (at most ``size + 1``), and what failed locally.
+
+    A local failure (the disk full or read-only) is returned, not raised, so the caller
+    raises it outside :func:`storage_errors`: it is no failure of the store.
+    """
     buffers: queue.Queue[bytearray] = queue.Queue()
     for _ in range(_BUFFERS):
         buffers.put(bytearray(CHUNK_BYTES))
@@ -158,9 +162,7 @@ def _receive_into(out, hasher, loc: RemoteLocation, name: str, size: int) -> int
     finally:
         sink.work.put(None)
         sink.join()
-    if sink.error is not None:
-        raise sink.error
-    return sink.got
+    return sink.got, sink.error
 
 
 def receive_file(loc: RemoteLocation, name: str, temp: Path, expected: Expected, *, durable: bool = True) -> None:
@@ -172,8 +174,11 @@ def receive_file(loc: RemoteLocation, name: str, temp: Path, expected: Expected,
     hasher = new_hasher(expected.algorithm) if expected.algorithm else None
     where = f"{loc.url}/{name}"
     try:
-        with storage_errors(where), open(temp, "r+b" if temp.exists() else "wb") as out:
-            got = _receive_into(out, hasher, loc, name, expected.size)
+        with open(temp, "r+b" if temp.exists() else "wb") as out:  # local: its errors are the disk's, not the store's
+            with storage_errors(where):
+                got, failed = _receive_into(out, hasher, loc, name, expected.size)
+            if failed is not None:
+                raise failed
             out.truncate(got)
             out.flush()
             if durable:

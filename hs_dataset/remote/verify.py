@@ -1,12 +1,15 @@
 """``hs-dataset verify URL``: the checks of a local verify, on a dataset in object storage, within the cache bound.
 
-Each shard is downloaded, even one the cache holds (the store's bytes are what is
-verified), into a private cache directory of the same bound beside the shared one, removed after (size
+Each shard is downloaded, even one the cache holds (the store's bytes are verified),
+into a private cache directory of the same bound beside the shared one, removed after (size
 and hash checked on the bytes that arrive, so hashes are always checked here), then opened by the one reader (header,
 dataset id, dtypes, shapes, offsets) and scanned for NaN/inf; sample ids must be unique
 across shards, the final-norm weight must match its sha256, and no shard-named or temp
 object may lie beside the manifest unlisted. Shards are read in order with the next ones
 prefetched, and let go after, so a dataset larger than the local disk is verified too.
+The copies the shared cache holds of the manifest's shards (what ``open_dataset(URL)``
+would serve) are hashed too: one whose bytes changed after download is a problem named
+by its path (a reader hashes it before use and downloads it again; delete it to be rid of it).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from pathlib import Path
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.atomic import is_temp_name
+from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import check_local_path
+from hs_dataset.formats.paths import check_local_path, open_regular
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.verify import VerifyResult, check_finite
+from hs_dataset.remote.cache import INDEX_NAME, cache_name
+from hs_dataset.remote.cache_dir import cache_writes
 from hs_dataset.remote.dataset import RemoteDataset
 from hs_dataset.remote.location import RemoteLocation, open_location, storage_errors
 
@@ -37,13 +43,14 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
         raise FormatError(f"{url}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was uploaded yet)")
     result = VerifyResult()
     parent = check_local_path(options.cache_dir, what="cache_dir").parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise UsageError(
-            f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory"
-        ) from None
-    private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=parent)  # beside the shared cache
+    with cache_writes(options.cache_dir):
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UsageError(
+                f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory"
+            ) from None
+        private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=parent)  # beside the shared cache
     try:
         data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))
     except HsDatasetError as exc:
@@ -55,6 +62,7 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
         _check_listing(loc, data.manifest, result)
         _check_shards(data, check_values, max_problems, result)
         _check_norm(data, result)
+        _check_cached_copies(options.cache_dir, data, max_problems, result)
     finally:
         data.close()
         shutil.rmtree(private, ignore_errors=True)
@@ -82,6 +90,33 @@ def _check_shards(data: RemoteDataset, check_values: bool, max_problems: int, re
         result.samples += record.samples
         result.tokens += record.tokens
         result.bytes += record.bytes
+
+
+def _check_cached_copies(cache_dir: Path, data: RemoteDataset, max_problems: int, result: VerifyResult) -> None:
+    """Hash the shared cache's copy of each shard, where it holds one: the bytes a reader of the URL would be served.
+
+    Read only: a cache directory that does not exist (or holds no cache) is left as it is.
+    """
+    if not os.path.isfile(cache_dir / INDEX_NAME):
+        return
+    for record in data.manifest.shards:
+        if len(result.problems) >= max_problems:
+            return
+        path = cache_dir / cache_name(record)
+        if not os.path.lexists(path):
+            continue
+        try:
+            with open_regular(path, what="cached shard") as f:
+                digest = file_digests(f, (record.hash_algorithm,))[record.hash_algorithm]
+        except (HsDatasetError, OSError) as exc:
+            result.problems.append(f"{path}: the cached copy of {data.url}/{record.file} cannot be read ({exc}); delete it")
+            continue
+        if digest != record.digest:
+            result.problems.append(
+                f"{path}: the cached copy of {data.url}/{record.file} does not hold the bytes the manifest records "
+                f"({record.hash_algorithm} {digest[:16]}... != {record.digest[:16]}...: changed after download); "
+                "a reader hashes it before use and downloads the shard again: delete it"
+            )
 
 
 def _check_norm(data: RemoteDataset, result: VerifyResult) -> None:
