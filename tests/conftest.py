@@ -67,6 +67,7 @@ INTEGRATION_MODULES = frozenset(
         "formats/test_stale_temps.py",
         "formats/test_untrusted_datasets.py",
         "hub/test_upload_download.py",
+        "interop/specforge/test_import_memory.py",
         "interop/specforge/test_kimi_masks.py",
         "interop/specforge/test_train.py",
         "interop/speculators/test_train.py",

@@ -38,6 +38,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", choices=STORAGE_CHOICES, default="native", help="state encoding on disk (docs/FORMAT.md)")
     p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
     p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest sample in tokens to accept, checked before reading it (default: the card's max_length, "
+        "else the model's max_position_embeddings, else 131072)",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="delete an earlier export in DEST first (only its own files; never a dataset, a link or files of yours)",
@@ -74,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         storage=args.storage,
         shard_bytes=args.shard_bytes,
         overwrite=args.overwrite,
+        max_length=args.max_length,
     )
     report = trainer_cli(args.source_format).import_(args, settings)
     print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.summary())

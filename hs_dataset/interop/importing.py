@@ -22,6 +22,13 @@ Contradictions between these, or with the files, are refused.
 
 Inconsistent files are refused by name (:class:`ImportDataError`): missing keys, shape
 mismatches between tensors or with the first file, token_ids != input_ids, mixed dtypes.
+
+Every sample's token count is checked against a bound from its DECLARED shapes, before
+any state is read or copied (:func:`check_declared_tokens`): ``--max-length``, else the
+card's ``max_length``, else the model's ``max_position_embeddings`` (``--model-path``),
+else :data:`DEFAULT_MAX_TOKENS`. A sample id met twice in one import is refused naming
+both files when the two differ, and stored once (with the second file named in the
+report) when they are equal (:func:`run_import`).
 """
 
 from __future__ import annotations
@@ -50,16 +57,22 @@ from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.progress.task import task
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "ImportDataError",
     "ImportReport",
     "ResolvedImport",
     "SampleItem",
+    "check_declared_tokens",
     "check_mask",
     "prepare_import_dest",
     "resolve_settings",
     "run_import",
 ]
 
+
+# The bound when neither --max-length, a card nor --model-path gives one: longer than any
+# context current models train drafters on, small enough that one sample's states fit memory.
+DEFAULT_MAX_TOKENS = 131_072
 
 _IDS_FIX = "the file is not this model's data: fix or remove it (--model-path gives the model's vocabulary)"
 
@@ -79,6 +92,7 @@ class ImportReport:
     skipped_missing: list[str] = field(default_factory=list)
     tokens_written: int = 0
     quarantined: list[dict[str, str]] = field(default_factory=list)
+    duplicates: list[dict[str, str]] = field(default_factory=list)  # {sample_id, file, same_as}: equal content, stored once
     metadata: DatasetMetadata = field(default_factory=lambda: DatasetMetadata(json_keys=()))
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +109,12 @@ class ImportReport:
         ]
         if self.skipped_missing:
             lines.append(f"  missing files skipped: {len(self.skipped_missing)} (e.g. {self.skipped_missing[:3]})")
+        if self.duplicates:
+            d = self.duplicates[0]
+            lines.append(
+                f"  duplicate files (same sample id, same content; stored once): {len(self.duplicates)} "
+                f"(e.g. {d['file']} = {d['same_as']}, id {d['sample_id']!r})"
+            )
         for q in self.quarantined[:10]:
             lines.append(f"  quarantined {q['sample_id']}: {q['reason']}")
         return "\n".join(lines)
@@ -113,6 +133,8 @@ class ResolvedImport:
     norm_eps: float | None
     card_dtype: str | None
     vocab_size: int | None = None  # the model's (--model-path); None: ids are bounded by formats.vocabulary.MAX_VOCAB_SIZE
+    max_tokens: int = DEFAULT_MAX_TOKENS  # the longest sample accepted, checked on declared shapes
+    max_tokens_source: str = "the import's default bound"  # where max_tokens comes from, for the refusal's message
 
 
 # ---------------------------------------------------------------------------- settings
@@ -167,7 +189,33 @@ def resolve_settings(src: Path, fmt: str, settings: ImportSettings) -> ResolvedI
         norm_eps=norm_eps,
         card_dtype=card.dtype if card is not None else None,
         vocab_size=_model_vocab_size(settings.model_path),
+        **_token_bound(settings, card),
     )
+
+
+def _token_bound(settings: ImportSettings, card: Any) -> dict[str, Any]:
+    """``max_tokens`` and where it comes from: --max-length, the card, the model's context, or the default."""
+    if settings.max_length is not None:
+        return {"max_tokens": int(settings.max_length), "max_tokens_source": "--max-length"}
+    if card is not None:
+        return {"max_tokens": int(card.max_length), "max_tokens_source": f"config {card.name} max_length"}
+    if settings.model_path is not None:
+        from hs_dataset.model.model_config import load_text_config
+        from hs_dataset.model.snapshot import resolve_model_path
+
+        context = load_text_config(resolve_model_path(settings.model_path)).get("max_position_embeddings")
+        if context is not None:
+            return {"max_tokens": int(context), "max_tokens_source": "the model's max_position_embeddings"}
+    return {"max_tokens": DEFAULT_MAX_TOKENS, "max_tokens_source": "the import's default bound"}
+
+
+def check_declared_tokens(tokens: int, resolved: ResolvedImport, *, where: str, tensor: str, shape: Sequence[int]) -> None:
+    """Refuse a sample longer than the bound from its declared shape, before its states are read: a file cannot buy memory."""
+    if tokens > resolved.max_tokens:
+        raise ImportDataError(
+            f"{where}: tensor {tensor} declares shape {list(shape)}: {tokens} tokens, over max_length {resolved.max_tokens} "
+            f"({resolved.max_tokens_source}); pass --max-length N to import longer samples, or remove the file"
+        )
 
 
 def _model_vocab_size(model_path: Any) -> int | None:
@@ -306,7 +354,29 @@ def prepare_import_dest(src: Path, dest: Path, overwrite: bool) -> None:
 
 # ---------------------------------------------------------------------------- the shared loop
 # (sample id, file name, loader -> (input_ids, loss_mask, aux [T, K, H], final [T, H]))
-SampleItem = tuple[str, str, Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]]
+SampleLoader = Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+SampleItem = tuple[str, str, SampleLoader]
+
+
+def _same_sample(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+    """Whether two loaded samples are one: every tensor equal in shape, dtype and values."""
+    return all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _check_duplicate(sid: str, where: str, load: SampleLoader, first: tuple[str, SampleLoader], report: ImportReport) -> None:
+    """A sample id met a second time in this import: a different sample is a conflict, the same one is stored once.
+
+    Dropping the second file silently (it looks "already stored") would lose a sample
+    without a word; storing both is impossible (one id, one sample). Equal content (a
+    file copied twice) is harmless: stored once, and the report names the copy.
+    """
+    first_where, first_load = first
+    if not _same_sample(first_load(), load()):
+        raise ImportDataError(
+            f"sample id {sid!r} is in two files with different content: {first_where} and {where}; "
+            "give one of them another sample_id, or remove the wrong file"
+        )
+    report.duplicates.append({"sample_id": sid, "file": where, "same_as": first_where})
 
 
 def run_import(
@@ -328,9 +398,15 @@ def run_import(
 
     writer = None
     shape: tuple[int, int, torch.dtype] | None = None
+    seen: dict[str, tuple[str, SampleLoader]] = {}  # this run's ids: a second file with one is a duplicate, not "already stored"
     shown = task("import", "samples", total, sizes=lambda: writer.progress_bytes() if writer is not None else (0, 0))
     try:
         for sid, where, load in items:
+            if sid in seen:
+                _check_duplicate(sid, where, load, seen[sid], report)
+                shown.advance(fresh=False)
+                continue
+            seen[sid] = (where, load)
             if writer is not None and writer.contains(sid):
                 report.skipped_existing += 1
                 shown.advance(fresh=False)

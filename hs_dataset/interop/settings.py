@@ -55,7 +55,11 @@ class ImportSettings:
     local model directory whose fingerprint and final-norm weight/eps are recorded;
     ``model_id``: the model id to record. ``storage``, ``shard_bytes``: as for
     ``ShardWriter`` (``None``: its default size). ``overwrite``: delete an earlier export in
-    the destination first (its own files only).
+    the destination first (its own files only). ``max_length``: the longest sample in tokens
+    the import accepts, checked on the files' declared shapes before any state is read
+    (``None``: the card's ``max_length``, else the model's ``max_position_embeddings``, else
+    :data:`~hs_dataset.interop.importing.DEFAULT_MAX_TOKENS`); a hostile file cannot make
+    the import allocate more than that many tokens' states.
     """
 
     config: str
@@ -66,7 +70,12 @@ class ImportSettings:
     storage: str = "native"
     shard_bytes: int | None = None
     overwrite: bool = False
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, str) or not self.config:
             raise UsageError(f"ImportSettings.config must name a config card or the imported dataset, got {self.config!r}")
+        if self.max_length is not None and (
+            isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1
+        ):
+            raise UsageError(f"ImportSettings.max_length must be a positive number of tokens, got {self.max_length!r}")

@@ -50,6 +50,7 @@ from hs_dataset.capture.sglang.http import BadResponseError, HTTPStatusError, Lo
 from hs_dataset.capture.sglang.one_pass import Assembly, SharedPrefixes, Source
 from hs_dataset.capture.sglang.one_pass_support import one_pass_blocker
 from hs_dataset.capture.sglang.pieces import PieceError, PieceListing
+from hs_dataset.capture.sglang.recheck import identity_of, recheck_endpoint
 from hs_dataset.capture.sglang.support import verification
 from hs_dataset.capture.sglang.validate import check_probe, check_server, probe_sample, server_mechanism
 from hs_dataset.config import Card, RegenerateSection, SGLangBackendSection
@@ -208,6 +209,7 @@ class SGLangBackend(CaptureBackend):
     async def _validate_endpoint(self, ep: Endpoint) -> None:
         session = await self._get_session()
         await check_server(ep, session, self.section, model_path=self.model_path, aux_layer_ids=self.aux_layer_ids, run_id=self.run_id)
+        ep.identity, ep.recheck = identity_of(ep.server_info), False  # what a server back from a failure must still be
         if self.probe:
             await self._probe(ep)
 
@@ -264,7 +266,7 @@ class SGLangBackend(CaptureBackend):
                 await asyncio.sleep(retry_pause(self.section.backoff_s, attempt))
             ep = await self._picker.pick_or_wait(endpoints, tries.avoid)
             if ep is None:
-                tries.last_reason = "every SGLang server is unreachable"
+                tries.last_reason = next((e.retired for e in endpoints if e.retired), None) or "every SGLang server is unreachable"
                 continue
             outcome = await self._attempt(ep, sample, ids)
             if not isinstance(outcome, Verdict):
@@ -287,7 +289,21 @@ class SGLangBackend(CaptureBackend):
             self._count(ep, key, outcome)
         return outcome
 
+    async def _same_server(self, ep: Endpoint) -> Verdict | None:
+        """None when ``ep`` is the server validated at start (read again after a failure); else why not, as a failed attempt."""
+        if not ep.recheck and ep.retired is None:  # validated at start and not failed since
+            return None
+        session = await self._get_session()
+        try:
+            changed = await recheck_endpoint(ep, session, self.request_timeout_s, self.section.max_response_bytes)
+        except connection_errors() as exc:
+            return connection_verdict(ep.url + "/server_info", exc)
+        return None if changed is None else Verdict(Action.ELSEWHERE, changed, abandon=False, counter="endpoint_errors")
+
     async def _request(self, ep: Endpoint, rid: str, key: str, sample: TokenizedSample, ids: list[int]) -> CaptureResult | Verdict:
+        changed = await self._same_server(ep)
+        if changed is not None:
+            return changed
         before = self._hook_report(ep)
         try:
             await self._post_generate(ep, rid, ids)

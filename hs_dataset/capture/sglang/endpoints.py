@@ -28,13 +28,20 @@ class Endpoint:
     failures: int = 0
     down_until: float = 0.0
     served: int = 0
+    identity: dict | None = None  # model, version, aux layers when first trusted (capture/sglang/recheck.py)
+    recheck: bool = False  # failed since: read /server_info again before trusting its next answer
+    retired: str | None = None  # came back as a different server: out of rotation for the run, and why
 
     def available(self, now: float) -> bool:
-        return now >= self.down_until
+        return self.retired is None and now >= self.down_until
 
     def mark_down(self, cooldown_s: float) -> None:
-        """Out of rotation for a while: the cooldown doubles with each failure in a row (up to 16x, at most a minute)."""
+        """Out of rotation for a while: the cooldown doubles with each failure in a row (up to 16x, at most a minute).
+
+        It may come back restarted as another server: it is read again before its next request (``recheck``).
+        """
         self.failures += 1
+        self.recheck = True
         self.down_until = time.monotonic() + min(MAX_COOLDOWN_S, cooldown_s * (2 ** min(self.failures - 1, 4)))
 
 
@@ -58,7 +65,10 @@ class EndpointPicker:
         """:meth:`pick`; when every server is down, wait for the first to come back (at most 30 s) and pick again."""
         ep = self.pick(endpoints, avoid)
         if ep is None:
-            wait = min(e.down_until for e in endpoints) - time.monotonic()
+            waiting = [e.down_until for e in endpoints if e.retired is None]
+            if not waiting:  # every server came back as another one: nothing to wait for
+                return None
+            wait = min(waiting) - time.monotonic()
             await asyncio.sleep(max(0.0, min(wait, MAX_WAIT_S)))
             ep = self.pick(endpoints, set())
         return ep

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hs_dataset.capture.sglang.attempts import Action, Attempts, connection_verdict, http_status_verdict, retry_pause
+from hs_dataset.capture.sglang.attempts import Action, Attempts, Verdict, connection_verdict, http_status_verdict, retry_pause
 from hs_dataset.capture.sglang.endpoints import Endpoint, EndpointPicker
 from hs_dataset.capture.sglang.http import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -30,6 +30,7 @@ from hs_dataset.capture.sglang.http import (
     new_session,
     post_json,
 )
+from hs_dataset.capture.sglang.recheck import recheck_endpoint
 from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, OnePassTrace, StreamingGenerator, finish_of
 from hs_dataset.server_patch.contract.rid import make_one_pass_rid
 
@@ -47,7 +48,10 @@ class SGLangGenerator(StreamingGenerator):
     ``capacity.py``). A request that fails on a server (no connection, a timeout, HTTP
     5xx or 429) takes that server out of rotation for ``cooldown_s`` (doubling while it
     keeps failing) and is sent to another, so a slow or dead server does not stall the
-    run; ``retries`` more attempts are allowed after one per server.
+    run; ``retries`` more attempts are allowed after one per server. Its ``/server_info``
+    is read before its first request and again before the first one after a failure; a
+    server that came back with another model, version or aux layers is taken out of
+    rotation for the run (``recheck.py``).
     """
 
     def __init__(
@@ -148,7 +152,13 @@ class SGLangGenerator(StreamingGenerator):
                 await asyncio.sleep(retry_pause(self.backoff_s, attempt))
             ep = await self._picker.pick_or_wait(self.endpoints, tries.avoid)
             if ep is None:
-                tries.last_reason = "every SGLang server is unreachable"
+                tries.last_reason = next((e.retired for e in self.endpoints if e.retired), None) or "every SGLang server is unreachable"
+                continue
+            changed = await self._same_server(ep)
+            if changed is not None:
+                ep.mark_down(self.cooldown_s)
+                if not tries.record(changed, ep.url):
+                    break
                 continue
             ep.inflight += 1
             body = self.body(prompt, params)
@@ -170,6 +180,14 @@ class SGLangGenerator(StreamingGenerator):
             if not tries.record(verdict, ep.url):
                 break
         return GenerationResult([], "failed", tries.last_reason)
+
+    async def _same_server(self, ep: Endpoint) -> Verdict | None:
+        """None when ``ep`` is the server first trusted (read again after a failure); else why not, as a failed attempt."""
+        try:
+            changed = await recheck_endpoint(ep, await self._get_session(), self.request_timeout_s, self.max_response_bytes)
+        except connection_errors() as exc:
+            return connection_verdict(ep.url + "/server_info", exc)
+        return None if changed is None else Verdict(Action.ELSEWHERE, changed, abandon=False, counter=None)
 
     def _traced(self, result: GenerationResult, out: Any, rid: str, url: str) -> GenerationResult:
         """A one-pass generation's result with where its states are (a failed one's pieces are abandoned)."""

@@ -5,7 +5,10 @@ different dataset identity than a pre-norm capture, on purpose); ``aux_hidden_st
 is K aux layers concatenated, HF ids = the SGLang capture ids + 1. ``.ckpt`` files are
 read with ``torch.load(..., weights_only=True)`` only: never an arbitrary unpickle;
 ``.ckpt.gz`` files are expanded with a size cap (:mod:`hs_dataset.interop.bounded_gzip`),
-so a gzip bomb is refused with its name instead of filling memory. The shared rules are
+so a gzip bomb is refused with its name instead of filling memory. Before any tensor is
+copied, each must own its bytes (:mod:`hs_dataset.interop.tensor_storage`: no zero-stride
+or overlapping tensor) and the declared token count must be within the import's bound
+(:func:`~hs_dataset.interop.importing.check_declared_tokens`). The shared rules are
 :mod:`hs_dataset.interop.importing`'s.
 """
 
@@ -25,18 +28,22 @@ from hs_dataset.interop.bounded_gzip import CompressedInputError, gunzip_to_temp
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
+    ResolvedImport,
     SampleItem,
+    check_declared_tokens,
     check_mask,
     prepare_import_dest,
     resolve_settings,
     run_import,
 )
 from hs_dataset.interop.settings import ImportSettings
+from hs_dataset.interop.tensor_storage import SharedStorageError, check_own_storage
 
 __all__ = ["import_specforge"]
 
 _DATA_RE = re.compile(r"^data_(\d+)\.ckpt(\.gz)?$")
 _NEEDED = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
+_STATES_FIRST = ("aux_hidden_state", "hidden_state", "input_ids", "loss_mask")  # the costly tensors are named first
 
 
 def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: ImportSettings) -> ImportReport:
@@ -55,17 +62,17 @@ def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: 
     def items() -> Iterator[SampleItem]:
         for pos, (idx, path) in enumerate(files):
             number = idx if idx is not None else pos
-            # The sample id lives inside the file (our exports) or derives from the index; peek cheaply for ours.
+            # The sample id lives inside the file (our exports) or derives from the index; peek (memory-mapped) for ours.
+            # The loader reads the file again rather than keep the mapping: the import remembers every id's loader
+            # (a duplicate id is compared with its first file), and must not hold a mapping open per file.
             sid = f"specforge-{number:08d}"
-            raw_holder: dict[str, Any] = {}
             if (src / "hs_dataset_export.json").exists():
-                raw_holder["raw"] = _load_ckpt(path)
-                stored = raw_holder["raw"].get("sample_id")
+                stored = _load_ckpt(path).get("sample_id")
                 if isinstance(stored, str) and stored:
                     sid = stored
 
-            def load(path: Path = path, raw_holder: dict[str, Any] = raw_holder) -> tuple[torch.Tensor, ...]:
-                return _sample_of(raw_holder.pop("raw", None) or _load_ckpt(path), path, hidden_hint)
+            def load(path: Path = path) -> tuple[torch.Tensor, ...]:
+                return _sample_of(_load_ckpt(path), path, hidden_hint, resolved)
 
             yield sid, str(path), load
 
@@ -109,11 +116,27 @@ def _load_ckpt(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _sample_of(raw: dict[str, Any], path: Path, hidden_hint: list[int]) -> tuple[torch.Tensor, ...]:
+def _check_declared(raw: dict[str, Any], path: Path, resolved: ResolvedImport) -> None:
+    """Every needed tensor owns its bytes, and the declared token count is within the bound: checked before any copy."""
+    for name in _STATES_FIRST:
+        try:
+            check_own_storage(raw[name], where=str(path), name=name)
+        except SharedStorageError as exc:
+            raise ImportDataError(str(exc)) from None
+    for name in _STATES_FIRST:  # ids and mask are [T] or [1, T], the states [1, T, X] or [T, X]: rows before the last dim are tokens
+        tensor = raw[name]
+        rows = (
+            tensor.numel() if name in ("input_ids", "loss_mask") else tensor.numel() // max(1, int(tensor.shape[-1]) if tensor.dim() else 1)
+        )
+        check_declared_tokens(int(rows), resolved, where=str(path), tensor=name, shape=tuple(tensor.shape))
+
+
+def _sample_of(raw: dict[str, Any], path: Path, hidden_hint: list[int], resolved: ResolvedImport) -> tuple[torch.Tensor, ...]:
     """(input_ids, loss_mask, aux [T, K, H], final [T, H]) of one file; every file must have the first one's hidden size."""
     missing = [k for k in _NEEDED if not isinstance(raw.get(k), torch.Tensor)]
     if missing:
         raise ImportDataError(f"{path}: missing tensor(s) {missing} (SpecForge files hold {list(_NEEDED)})")
+    _check_declared(raw, path, resolved)
     ids = raw["input_ids"]
     ids = ids.reshape(-1) if ids.dim() == 2 and ids.shape[0] == 1 else ids
     if ids.dim() != 1 or ids.numel() == 0:

@@ -3,7 +3,10 @@
 The last of ``hidden_states``' layers is the final state BEFORE the norm, stored as
 ``final_state: "pre_norm"``; the others are aux layers, HF ``hidden_states`` indexes
 (speculators uses the same convention). Every file's ``token_ids`` must equal its Arrow
-row's ``input_ids``. The shared rules are :mod:`hs_dataset.interop.importing`'s.
+row's ``input_ids``. The token count is checked against the import's bound from the
+Arrow row and the safetensors header's declared shapes, before the states are read
+(safetensors itself refuses offsets that do not cover a tensor's bytes, so no tensor
+can share storage). The shared rules are :mod:`hs_dataset.interop.importing`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from hs_dataset.formats.paths import resolve_member
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
+    ResolvedImport,
     SampleItem,
+    check_declared_tokens,
     check_mask,
     prepare_import_dest,
     resolve_settings,
@@ -69,22 +74,29 @@ def import_speculators(
                     report.skipped_missing.append(str(path))
                     continue
                 raise ImportDataError(f"{path}: missing (Arrow row {idx} has no hidden states); pass --skip-missing to import the rest")
-            yield sid, str(path), lambda idx=idx, path=path: _load_sample(src, data[idx], idx, path)
+            yield sid, str(path), lambda idx=idx, path=path: _load_sample(src, data[idx], idx, path, resolved)
 
     return run_import("speculators", src, dest, resolved, items(), report, settings, total=len(data))
 
 
-def _load_sample(src: Path, row: dict[str, Any], idx: int, path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _load_sample(
+    src: Path, row: dict[str, Any], idx: int, path: Path, resolved: ResolvedImport
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, loss_mask, aux [T, K, H], final [T, H]) of Arrow row ``idx`` and its ``hs_{idx}`` file."""
     from safetensors import SafetensorError, safe_open
 
-    input_ids = row["input_ids"].reshape(-1).to(torch.int64)
+    row_ids = row["input_ids"]
+    check_declared_tokens(int(row_ids.numel()), resolved, where=f"{src} row {idx}", tensor="input_ids", shape=tuple(row_ids.shape))
+    input_ids = row_ids.reshape(-1).to(torch.int64)
     t = int(input_ids.shape[0])
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
             if not {"hidden_states", "token_ids"} <= keys:
                 raise ImportDataError(f"{path}: needs tensors hidden_states and token_ids, has {sorted(keys)}")
+            for name in ("hidden_states", "token_ids"):  # [T, K+1, H] and [T]: the header's shapes, before a byte of data
+                shape = tuple(f.get_slice(name).get_shape())
+                check_declared_tokens(int(shape[0]) if shape else 0, resolved, where=str(path), tensor=name, shape=shape)
             hs = f.get_tensor("hidden_states")
             token_ids = f.get_tensor("token_ids")
     except SafetensorError as exc:

@@ -1,0 +1,65 @@
+"""The shared import loop: one sample id in two files is a named conflict (or, same content, stored once); a resume still skips."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hs_dataset.interop import ImportDataError, ImportSettings, export_specforge, export_speculators, import_specforge, import_speculators
+from tests.fixtures.untrusted_dataset import LENGTHS, build
+
+SETTINGS = ImportSettings(config="unit-test")
+
+
+def specforge_export(tmp_path: Path) -> Path:
+    exported = tmp_path / "sf"
+    export_specforge(build(tmp_path / "src"), exported)
+    return exported
+
+
+def test_two_files_with_one_sample_id_and_different_content_are_a_named_conflict(tmp_path):
+    exported = specforge_export(tmp_path)
+    first, second = next(exported.rglob("data_0.ckpt")), next(exported.rglob("data_1.ckpt"))
+    data = torch.load(second, weights_only=True)
+    data["sample_id"] = torch.load(first, weights_only=True)["sample_id"]
+    torch.save(data, second)
+    with pytest.raises(ImportDataError) as caught:
+        import_specforge(exported, tmp_path / "in", SETTINGS)
+    assert str(caught.value) == (
+        f"sample id 's0' is in two files with different content: {first} and {second}; "
+        "give one of them another sample_id, or remove the wrong file"
+    )
+
+
+def test_the_same_sample_in_two_files_is_stored_once_and_reported(tmp_path):
+    exported = specforge_export(tmp_path)
+    first = next(exported.rglob("data_0.ckpt"))
+    copy = first.with_name("data_99.ckpt")
+    shutil.copyfile(first, copy)
+    report = import_specforge(exported, tmp_path / "in", SETTINGS)
+    assert report.samples_written == len(LENGTHS) and report.skipped_existing == 0
+    assert report.duplicates == [{"sample_id": "s0", "file": str(copy), "same_as": str(first)}]
+    assert f"duplicate files (same sample id, same content; stored once): 1 (e.g. {copy} = {first}, id 's0')" in report.summary()
+
+
+def test_a_rerun_of_the_same_import_still_skips_what_is_stored(tmp_path):
+    exported = specforge_export(tmp_path)
+    shutil.copyfile(next(exported.rglob("data_0.ckpt")), next(exported.rglob("data_0.ckpt")).with_name("data_99.ckpt"))
+    import_specforge(exported, tmp_path / "in", SETTINGS)
+    again = import_specforge(exported, tmp_path / "in", SETTINGS)
+    assert (again.samples_written, again.skipped_existing, len(again.duplicates)) == (0, len(LENGTHS), 1)
+
+
+def test_a_speculators_row_longer_than_max_length_is_refused_before_its_file_is_read(tmp_path):
+    exported = tmp_path / "spec"
+    export_speculators(build(tmp_path / "src"), exported)
+    longest = LENGTHS.index(max(LENGTHS))
+    with pytest.raises(ImportDataError) as caught:
+        import_speculators(exported, tmp_path / "in", ImportSettings(config="unit-test", max_length=max(LENGTHS) - 1))
+    assert str(caught.value) == (
+        f"{exported} row {longest}: tensor input_ids declares shape [{max(LENGTHS)}]: {max(LENGTHS)} tokens, over max_length "
+        f"{max(LENGTHS) - 1} (--max-length); pass --max-length N to import longer samples, or remove the file"
+    )
