@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from hs_dataset.cli.numbers import at_least
 from hs_dataset.cli.style import add_global_flags
 from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
 
@@ -29,7 +30,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--aux-layer-ids",
-        type=int,
+        type=at_least(0),
         nargs="+",
         default=None,
         metavar="ID",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from hs_dataset.cli.numbers import at_least, positive_int
 from hs_dataset.cli.style import add_global_flags
 from hs_dataset.codecs.registry import STORAGE_CHOICES
 
@@ -28,18 +29,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="config card name or .yaml path (supplies layer ids, dtype, model), or a free-form name for the imported dataset",
     )
     p.add_argument(
-        "--aux-layer-ids", type=int, nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes, ascending"
+        "--aux-layer-ids", type=at_least(0), nargs="+", default=None, metavar="ID", help="aux layers as HF hidden_states indexes, ascending"
     )
     p.add_argument(
-        "--num-hidden-layers", type=int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]"
+        "--num-hidden-layers", type=positive_int, default=None, help="L: with no layer ids given, use the trainer's default [2, L//2, L-3]"
     )
     p.add_argument("--model-path", default=None, help="local model directory: records its fingerprint and final-norm weight/eps")
     p.add_argument("--model-id", default=None, help="model id to record (e.g. moonshotai/Kimi-K2.5)")
     p.add_argument("--storage", choices=STORAGE_CHOICES, default="native", help="state encoding on disk (docs/FORMAT.md)")
-    p.add_argument("--shard-bytes", type=int, default=None, help="target shard size in bytes (< 4 GiB)")
+    p.add_argument("--shard-bytes", type=positive_int, default=None, help="target shard size in bytes (< 4 GiB)")
     p.add_argument(
         "--max-length",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="longest sample in tokens to accept, checked before reading it (default: the card's max_length, "

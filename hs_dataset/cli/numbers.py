@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["at_least", "positive_int"]
+__all__ = ["at_least", "port_number", "positive_int"]
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -29,3 +29,11 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = at_least(1)
+
+
+def port_number(text: str) -> int:
+    """An argparse ``type`` taking a TCP port, 1 to 65535."""
+    value = at_least(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to 65535, got {value}")
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from hs_dataset.cli.numbers import positive_int
 from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit-bytes", type=_positive_int, help="max shard bytes per commit (default: 16 GiB)")
     parser.add_argument("--commit-files", type=_positive_int, help="max files per commit (default: 50)")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip the statistics pass and the figures")
-    parser.add_argument("--stats-samples", type=int, help="compute the figures' statistics over the first N samples only")
+    parser.add_argument("--stats-samples", type=positive_int, help="compute the figures' statistics over the first N samples only")
     add_allow_incomplete(parser, "push")
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from hs_dataset.cli.card_args import add_card_arguments, card_from_args
+from hs_dataset.cli.numbers import port_number
 from hs_dataset.cli.signals import sigterm_as_interrupt
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
@@ -23,7 +24,7 @@ EXIT_INTERRUPTED = 130  # the server was stopped by Ctrl-C / SIGTERM, as shells 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_card_arguments(parser, backend=False)
-    parser.add_argument("--port", type=int, default=None, help="listen port (default: the card's sglang.port or 30000)")
+    parser.add_argument("--port", type=port_number, default=None, help="listen port (default: the card's sglang.port or 30000)")
     parser.add_argument("--host", default=None, help="listen address (default: the card's sglang.host or 127.0.0.1)")
     parser.add_argument("--model-path", default=None, help="local model snapshot (overrides the card's model.path)")
     parser.add_argument("--staging-dir", default=None, help="private directory for the per-request dumps")

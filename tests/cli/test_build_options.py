@@ -45,3 +45,20 @@ def test_negative_and_zero_numbers_are_refused_naming_the_option(capsys, tmp_pat
 def test_a_word_for_a_number_is_refused_naming_the_option(capsys, tmp_path):
     line = _error_line(capsys, ["build", "--config", "tiny-deepseek-hf", "--out", str(tmp_path / "ds"), "--num-samples", "ten"])
     assert "argument --num-samples: 'ten' is not a whole number" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "value"),
+    [
+        (["import", "specforge", "SRC", "OUT", "--shard-bytes"], "--shard-bytes", "0"),
+        (["import", "specforge", "SRC", "OUT", "--max-length"], "--max-length", "-2"),
+        (["import", "specforge", "SRC", "OUT", "--aux-layer-ids"], "--aux-layer-ids", "-1"),
+        (["export", "speculators", "SRC", "OUT", "--aux-layer-ids"], "--aux-layer-ids", "-4"),
+        (["push", "SRC", "org/name", "--stats-samples"], "--stats-samples", "0"),
+        (["serve", "--config", "tiny-deepseek-sglang", "--port"], "--port", "0"),
+        (["serve", "--config", "tiny-deepseek-sglang", "--port"], "--port", "70000"),
+    ],
+)
+def test_every_commands_numbers_are_checked_by_the_parser(capsys, argv, flag, value):
+    line = _error_line(capsys, [*argv, value])
+    assert f"error: argument {flag}: must be " in line and f"got {value}" in line
