@@ -129,3 +129,24 @@ def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_
     path.write_text(json.dumps({"records": [turned]}) + "\n")
     with pytest.raises(FormatError, match=r"line 1 records\[0\]: sample 'c': turns\[0\]\.token_ids\[0\] = -7 is outside"):
         RegeneratedStore(tmp_path)
+
+
+def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
+    """A resuming build opens the store with the model's vocab_size: an id of vocab_size + 1 is refused, not only 10**12."""
+    record = {
+        "sample_id": "a",
+        "row_index": 0,
+        "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
+        "messages": [],
+        "tools": None,
+        "input_ids": [1, 2, 5, 1001],
+        "loss_spans": [[2, 4]],
+        "supervised_turns": [True],
+        "dropped": None,
+    }
+    path = Path(tmp_path) / "regenerated.jsonl"
+    path.write_text(json.dumps({"records": [record]}) + "\n")
+    assert "a" in RegeneratedStore(tmp_path)  # no model known: only the ceiling applies
+    with pytest.raises(FormatError) as caught:
+        RegeneratedStore(tmp_path, vocab_size=1000)
+    assert str(caught.value).startswith(f"{path}: line 1 records[0]: sample 'a': input_ids[3] = 1001 is outside the vocabulary [0, 1000);")
