@@ -70,8 +70,11 @@ def verify(path: str | os.PathLike, *, check_hashes: bool = True, check_values: 
     return verify_dataset(directory, check_hashes=check_hashes, check_values=check_values)
 
 
-def merge(parts: Sequence[str], out: str) -> VerifyResult:
-    """Merge the parts into ``out`` and verify it: all local directories, or all URLs of one store (a manifest operation)."""
+def merge(parts: Sequence[str], out: str, *, allow_incomplete: bool = False) -> VerifyResult:
+    """Merge the parts into ``out`` and verify it: all local directories, or all URLs of one store (a manifest operation).
+
+    An unfinished part is refused (:class:`~hs_dataset.errors.IncompleteDatasetError`) unless ``allow_incomplete``.
+    """
     urls = [is_url(p) for p in (*parts, out)]
     if any(urls) and not all(urls):
         raise UsageError(
@@ -80,11 +83,11 @@ def merge(parts: Sequence[str], out: str) -> VerifyResult:
     if all(urls):
         from hs_dataset.remote.merge import merge_remote
 
-        merge_remote(list(parts), out)
+        merge_remote(list(parts), out, allow_incomplete=allow_incomplete)
     else:
         from hs_dataset.formats.merge import merge_datasets
 
-        merge_datasets(list(parts), out)
+        merge_datasets(list(parts), out, allow_incomplete=allow_incomplete)
     return verify(out)
 
 

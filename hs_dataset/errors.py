@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ALLOW_INCOMPLETE",
     "CaptureError",
     "DiskFullError",
     "DuplicateSampleError",
@@ -104,3 +105,9 @@ class RemoteError(HsDatasetError, OSError):
 
 class IncompleteDatasetError(HsDatasetError):
     """A command that shares or combines a dataset met one whose build has not finished (``--allow-incomplete`` overrides)."""
+
+
+# The flag that overrides IncompleteDatasetError (``allow_incomplete=True`` in Python). Here, not in cli/, because the
+# refusal's message names it and is built in formats/build_state.py; here, not there, because the CLI's parser needs it
+# without importing hs_dataset.formats (torch).
+ALLOW_INCOMPLETE = "--allow-incomplete"

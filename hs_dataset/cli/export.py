@@ -7,7 +7,7 @@ import json
 
 from hs_dataset.cli.numbers import at_least
 from hs_dataset.cli.style import add_global_flags
-from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
+from hs_dataset.cli.unfinished import add_allow_incomplete
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -55,15 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.paths import check_local_path
     from hs_dataset.interop.trainers import trainer_cli
 
     check_local_path(args.dest, what="export destination")
-    if not args.allow_incomplete:
-        refuse_unfinished(args.src, Manifest.load(check_local_path(args.src, what="dataset")), "export")
+    check_local_path(args.src, what="dataset")
     report = trainer_cli(args.target).export(
-        args, overwrite=args.overwrite, aux_layer_ids=args.aux_layer_ids, verify_hashes=args.verify_hashes
+        args,
+        overwrite=args.overwrite,
+        aux_layer_ids=args.aux_layer_ids,
+        verify_hashes=args.verify_hashes,
+        allow_incomplete=args.allow_incomplete,  # the export refuses an unfinished build without it
     )
     print(json.dumps(report.to_json(), indent=1) if args.json else report.summary())
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
+from hs_dataset.cli.unfinished import add_allow_incomplete
 
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -31,13 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_dataset.cli.verify import EXIT_PROBLEMS
-    from hs_dataset.dataset_access import merge, read_manifest
+    from hs_dataset.dataset_access import merge
     from hs_dataset.formats.build_state import unfinished_line
 
-    if not args.allow_incomplete:  # each part's build finished, or the merge would bury half a part in a whole
-        for part in args.parts:
-            refuse_unfinished(part, read_manifest(part), "merge")
-    result = merge(args.parts, args.out)
+    result = merge(args.parts, args.out, allow_incomplete=args.allow_incomplete)  # refuses an unfinished part without it
     if not result.ok:
         for problem in result.problems:
             print(f"error: {problem}", file=sys.stderr)

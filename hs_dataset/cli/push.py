@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 from hs_dataset.cli.numbers import positive_int
-from hs_dataset.cli.unfinished import add_allow_incomplete, refuse_unfinished
+from hs_dataset.cli.unfinished import add_allow_incomplete
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
 
@@ -72,15 +72,13 @@ def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
 
     from hs_dataset.errors import HubError
-    from hs_dataset.formats.manifest import Manifest
     from hs_dataset.formats.paths import check_local_path
     from hs_dataset.hub.repo_id import check_repo_id
     from hs_dataset.hub.timeouts import limit_hub_timeouts
     from hs_dataset.hub.upload import PushOptions, push_to_hub
 
     check_repo_id(args.repo_id)  # before the dataset is read or the Hub asked: a typo is a usage error, not exit 70
-    if not args.allow_incomplete:  # before any request: half a dataset must not reach the Hub by accident
-        refuse_unfinished(args.path, Manifest.load(check_local_path(args.path, what="dataset")), "push")
+    check_local_path(args.path, what="dataset")  # push_to_hub refuses an unfinished build before any request
     timeout = limit_hub_timeouts()  # no hang without a network: every request gives up after this
     api = HfApi(endpoint=args.endpoint, token=args.token)
     limits = {k: v for k, v in (("commit_bytes", args.commit_bytes), ("commit_files", args.commit_files)) if v is not None}
@@ -93,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
         **limits,
     )
     try:
-        report = push_to_hub(args.path, args.repo_id, card=args.card, api=api, token=args.token, options=options)
+        report = push_to_hub(
+            args.path, args.repo_id, card=args.card, api=api, token=args.token, options=options, allow_incomplete=args.allow_incomplete
+        )
     except _transport_errors() as exc:
         where = args.endpoint or "the Hub"
         raise HubError(

@@ -23,11 +23,21 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
-from hs_dataset.errors import FormatError
+from hs_dataset.errors import ALLOW_INCOMPLETE, FormatError, IncompleteDatasetError
 
-__all__ = ["FINISHED", "NOT_RECORDED", "RUNNING", "BuildState", "merged_build", "progress_phrase", "resume_hint", "unfinished_line"]
+__all__ = [
+    "FINISHED",
+    "NOT_RECORDED",
+    "RUNNING",
+    "BuildState",
+    "merged_build",
+    "progress_phrase",
+    "refuse_unfinished",
+    "resume_hint",
+    "unfinished_line",
+]
 
 RUNNING = "running"
 FINISHED = "finished"
@@ -111,3 +121,30 @@ def unfinished_line(where: str, stored: int, state: BuildState | None) -> str | 
     if state is None or state.finished:
         return None
     return f"unfinished build: {progress_phrase(stored, state.samples_expected)} in {where}; re-run the same command to resume: {resume_hint(state)}"
+
+
+class _Recorded(Protocol):
+    """What the refusal reads of a manifest (``formats/manifest.py`` imports this module, so not the class itself)."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def build(self) -> BuildState | None: ...
+
+
+def refuse_unfinished(where: str | os.PathLike[str], manifest: _Recorded, verb: str) -> None:
+    """Raise :class:`IncompleteDatasetError` (one line: the dataset, how much is stored, the resume command, the override)
+    for an unfinished build; nothing for a finished or unrecorded one.
+
+    Why here: ``push_to_hub``, the exports and the merges call it unless given ``allow_incomplete=True``, and the CLI
+    only passes its ``--allow-incomplete`` on, so a script and a command refuse the same datasets with the same line.
+    """
+    build = manifest.build
+    if build is None or build.finished:
+        return
+    raise IncompleteDatasetError(
+        f"{os.fspath(where)}: unfinished build ({progress_phrase(manifest.num_samples, build.samples_expected)}; "
+        f"manifest.json build.state is {build.state!r}): resume it with `{resume_hint(build)}`, "
+        f"or pass {ALLOW_INCOMPLETE} (allow_incomplete=True in Python) to {verb} it as it is"
+    )

@@ -23,7 +23,7 @@ from typing import Any
 
 from hs_dataset.errors import ForeignDatasetError, IntegrityError
 from hs_dataset.formats.atomic import publish, temp_path_for
-from hs_dataset.formats.build_state import merged_build
+from hs_dataset.formats.build_state import merged_build, refuse_unfinished
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock, release_dir_lock
 from hs_dataset.formats.identity import describe_differences, identity_differences, identity_fields
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
@@ -159,15 +159,22 @@ def _check_out(out: Path, loaded: list[tuple[Path, Manifest]]) -> None:
         raise ForeignDatasetError(f"{out} already holds another dataset (not a merge of these parts); merge into a new directory")
 
 
-def merge_datasets(parts: list[str | os.PathLike], out: str | os.PathLike, *, check_ids: bool = True) -> Manifest:
+def merge_datasets(
+    parts: list[str | os.PathLike], out: str | os.PathLike, *, check_ids: bool = True, allow_incomplete: bool = False
+) -> Manifest:
     """Write ``out/manifest.json`` listing every part's shards (linked under ``out/part-NNNNN/``).
 
-    Holds ``out``'s writer lock throughout, so a build writing there is never interleaved.
+    Holds ``out``'s writer lock throughout, so a build writing there is never interleaved. A part whose build has not
+    finished is refused before anything is written unless ``allow_incomplete`` (the merged dataset then records an
+    unfinished build too): a merge would otherwise bury half a part in a whole.
     """
     if not parts:
         raise ValueError("merge needs at least one part")
     out = check_local_path(out, what="merge output")
     loaded = _load_parts(parts)
+    if not allow_incomplete:
+        for part, (_path, manifest) in zip(parts, loaded):
+            refuse_unfinished(part, manifest, "merge")
     check_compatible(loaded)
     _check_apart(out, loaded)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ REGENERATED_NAME = "regenerated.jsonl"
 MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (conversations stored together); a larger one is damage, not data
 
 
-def _chunk_records(line: bytes, where: str, number: int) -> list[dict[str, Any]]:
-    """One line's records, checked; FormatError names the line and the field."""
+def _chunk_records(line: bytes, where: str, number: int, vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """One line's records, checked (ids against ``vocab_size`` when known); FormatError names the line and the field."""
     try:
         chunk = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -41,7 +41,7 @@ def _chunk_records(line: bytes, where: str, number: int) -> list[dict[str, Any]]
     if not isinstance(chunk, dict) or not isinstance(chunk.get("records"), list):
         raise damaged(where, f"line {number}", 'must be an object {"records": [...]}')
     for index, record in enumerate(chunk["records"]):
-        check_record(record, where, f"line {number} records[{index}]")
+        check_record(record, where, f"line {number} records[{index}]", vocab_size)
     return chunk["records"]
 
 
@@ -70,10 +70,16 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) 
 
 
 class RegeneratedStore:
-    """Where each stored record lies in ``root/name`` (torn tail removed on open); records are appended to it and read back by id."""
+    """Where each stored record lies in ``root/name`` (torn tail removed on open); records are appended to it and read back by id.
 
-    def __init__(self, root: str | os.PathLike, name: str = REGENERATED_NAME) -> None:
+    ``vocab_size``: the model's vocabulary size, which a resuming build knows: a stored record is resumed from and
+    captured as it is, so its ids are checked against the model's vocabulary, not only against the largest one any
+    model may have (None: that bound only, for tools that open the file without the model).
+    """
+
+    def __init__(self, root: str | os.PathLike, name: str = REGENERATED_NAME, *, vocab_size: int | None = None) -> None:
         self.name = name
+        self.vocab_size = vocab_size
         self.path = resolve_member(root, name, what="regenerated conversations file")
         self._lines: dict[str, int] = {}  # sample id -> byte offset of the line holding its record
         self._cached: tuple[int, dict[str, dict[str, Any]]] | None = None  # the last line read back, by offset
@@ -90,7 +96,7 @@ class RegeneratedStore:
                     if f.read(1):
                         raise damaged(str(self.path), f"line {number}", f"is longer than {MAX_CHUNK_BYTES} bytes")
                     break  # a kill mid-append leaves at most one partial last line
-                for record in _chunk_records(line, str(self.path), number):
+                for record in _chunk_records(line, str(self.path), number, self.vocab_size):
                     self._lines[record["sample_id"]] = offset
                 offset += len(line)
         self._end = offset
@@ -113,7 +119,7 @@ class RegeneratedStore:
         if self._cached is None or self._cached[0] != offset:
             with open_regular(self.path, what="regenerated conversations file") as f:
                 f.seek(offset)
-                records = _chunk_records(f.readline(MAX_CHUNK_BYTES + 1), str(self.path), 0)
+                records = _chunk_records(f.readline(MAX_CHUNK_BYTES + 1), str(self.path), 0, self.vocab_size)
             self._cached = (offset, {r["sample_id"]: r for r in records})
         return self._cached[1].get(sample_id)
 

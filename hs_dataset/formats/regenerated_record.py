@@ -170,8 +170,12 @@ def _check_ids_and_spans(record: dict[str, Any], where: str, field: str) -> None
             raise damaged(where, f"{field}.loss_spans", f"holds {str(span)[:80]}, not a [start, stop) inside the {len(ids)} input_ids")
 
 
-def check_record(record: object, where: str, field: str) -> str:
-    """The record's sample id, after checking the shape :meth:`ConversationRecord.to_json` writes (``where``/``field``: for the error)."""
+def check_record(record: object, where: str, field: str, vocab_size: int | None = None) -> str:
+    """The record's sample id, after checking the shape :meth:`ConversationRecord.to_json` writes (``where``/``field``: for the error).
+
+    ``vocab_size``: the model's, when the reader knows it (a resuming build does), so an edited id just above the
+    vocabulary is refused too; None bounds ids by the largest vocabulary a model may have.
+    """
     if not isinstance(record, dict):
         raise damaged(where, field, "must be an object")
     missing = [k for k in _RECORD_KEYS if k not in record]
@@ -187,15 +191,15 @@ def check_record(record: object, where: str, field: str) -> str:
     for number, turn in enumerate(record["turns"]):
         _check_turn(turn, where, f"{field}.turns[{number}]")
     _check_ids_and_spans(record, where, field)
-    _check_vocabulary(record, f"{where}: {field}")
+    _check_vocabulary(record, f"{where}: {field}", vocab_size)
     return record["sample_id"]
 
 
-def _check_vocabulary(record: dict[str, Any], where: str) -> None:
+def _check_vocabulary(record: dict[str, Any], where: str, vocab_size: int | None) -> None:
     """Every id of the record (its turns', its sample's) a token id (``formats/vocabulary.py``): an edited record
     would otherwise be resumed from and stored in a shard."""
     sample = record["sample_id"]
     for number, turn in enumerate(record["turns"]):
-        check_token_ids(turn["token_ids"], None, where=where, sample=sample, fix=_FIX, name=f"turns[{number}].token_ids")
+        check_token_ids(turn["token_ids"], vocab_size, where=where, sample=sample, fix=_FIX, name=f"turns[{number}].token_ids")
     if record["input_ids"] is not None:
-        check_token_ids(record["input_ids"], None, where=where, sample=sample, fix=_FIX)
+        check_token_ids(record["input_ids"], vocab_size, where=where, sample=sample, fix=_FIX)

@@ -13,7 +13,7 @@ by :data:`MAX_VOCAB_SIZE`, the largest vocabulary a model config may claim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ import torch
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 
-__all__ = ["MAX_VOCAB_SIZE", "check_token_ids", "first_outside", "vocab_size_of"]
+__all__ = ["MAX_VOCAB_SIZE", "Outside", "check_token_ids", "first_outside", "outside_vocabulary", "vocab_end", "vocab_size_of"]
 
 MAX_VOCAB_SIZE = 16_777_216  # model_config.py's bound on a config's vocab_size
 
@@ -34,16 +34,41 @@ def vocab_size_of(metadata: DatasetMetadata) -> int | None:
     return int(tokenizer.vocab_size) if tokenizer is not None and tokenizer.vocab_size else None
 
 
-def first_outside(ids: Any, vocab_size: int | None) -> tuple[int, int] | None:
-    """(position, id) of the first id outside ``[0, vocab_size)`` (None: :data:`MAX_VOCAB_SIZE`); ids may be a
-    tensor, an array or a list of ints. One vectorized pass, so a whole shard is checked at once."""
-    end = vocab_size if vocab_size is not None else MAX_VOCAB_SIZE
+def vocab_end(vocab_size: int | None) -> int:
+    """The exclusive bound ids are checked against: ``vocab_size``, else :data:`MAX_VOCAB_SIZE` (no model is larger)."""
+    return vocab_size if vocab_size is not None else MAX_VOCAB_SIZE
+
+
+class Outside(NamedTuple):
+    """The ids outside the vocabulary: how many, and the first one (its position and value), for a one-line message."""
+
+    total: int
+    position: int
+    token: int
+
+
+def outside_vocabulary(ids: Any, vocab_size: int | None) -> Outside | None:
+    """The ids outside ``[0, vocab_end(vocab_size))``, None when all are inside; ids may be a tensor, an array or a
+    list of ints (Python ints of any size: an answer from a server is not yet int64).
+
+    The one comparison every path uses (shards, imports, regeneration records, pre-tokenized sources, ``/generate``
+    answers), so a bound cannot drift between them. Arrays are checked in one vectorized pass.
+    """
+    end = vocab_end(vocab_size)
     if isinstance(ids, torch.Tensor):
         ids = ids.detach().cpu().to(torch.int64).numpy()
     if isinstance(ids, np.ndarray):
         bad = np.flatnonzero((ids < 0) | (ids >= end))
-        return (int(bad[0]), int(ids.flat[bad[0]])) if bad.size else None
-    return next(((k, int(t)) for k, t in enumerate(ids) if not 0 <= t < end), None)
+        return Outside(int(bad.size), int(bad[0]), int(ids.flat[bad[0]])) if bad.size else None
+    bad_list = [(k, int(t)) for k, t in enumerate(ids) if not 0 <= t < end]
+    return Outside(len(bad_list), *bad_list[0]) if bad_list else None
+
+
+def first_outside(ids: Any, vocab_size: int | None) -> tuple[int, int] | None:
+    """(position, id) of the first id outside ``[0, vocab_size)`` (None: :data:`MAX_VOCAB_SIZE`); see
+    :func:`outside_vocabulary`."""
+    found = outside_vocabulary(ids, vocab_size)
+    return (found.position, found.token) if found is not None else None
 
 
 def check_token_ids(
@@ -54,7 +79,7 @@ def check_token_ids(
 
     ``vocab_size`` None (not known): ids are checked against :data:`MAX_VOCAB_SIZE`.
     """
-    end = vocab_size if vocab_size is not None else MAX_VOCAB_SIZE
+    end = vocab_end(vocab_size)
     found = first_outside(ids, vocab_size)
     if found is None:
         return

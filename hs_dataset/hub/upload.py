@@ -39,6 +39,7 @@ from typing import Any
 from hs_dataset.config import Card
 from hs_dataset.errors import IntegrityError, UsageError
 from hs_dataset.faults import crash_point
+from hs_dataset.formats.build_state import refuse_unfinished
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import open_regular, resolve_member
@@ -162,6 +163,7 @@ def push_to_hub(
     api: Any = None,
     token: str | bool | None = None,
     options: PushOptions | None = None,
+    allow_incomplete: bool = False,
     **settings: Any,
 ) -> PushReport:
     """Upload the dataset directory ``path`` to the dataset repo ``repo_id`` (see the module doc).
@@ -172,6 +174,10 @@ def push_to_hub(
     ``huggingface_hub.HfApi`` (default ``HfApi(token=token)``; pass one with ``endpoint=``
     for another Hub). The upload settings are :class:`PushOptions`, given as ``options=``
     or as keywords (``config_name=``, ``revision=``, ``commit_files=``, ``plots=``, ...).
+
+    A dataset whose build has not finished (``manifest.json`` ``build.state`` ``running``: killed or stopped) is
+    refused with :class:`~hs_dataset.errors.IncompleteDatasetError` before any request, unless ``allow_incomplete``:
+    half a dataset must not reach the Hub by accident.
     """
     from huggingface_hub import HfApi
 
@@ -181,6 +187,8 @@ def push_to_hub(
     opts = PushOptions.of(options, settings)
     root = Path(path)
     dataset = open_dataset(root)
+    if not allow_incomplete:
+        refuse_unfinished(path, dataset.manifest, "push")
     config = _config_folder(opts.config_name, dataset.manifest)
     target = _Target(api if api is not None else HfApi(token=token), repo_id, config, opts.revision)
     data_files = _data_files(root, dataset.manifest, target.shards_prefix)

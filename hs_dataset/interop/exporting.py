@@ -125,11 +125,17 @@ class TrainerExporter(ABC):
 def run_export(
     exporter_class: type[TrainerExporter], src: str | os.PathLike[str], dest: str | os.PathLike[str], settings: ExportSettings
 ) -> ExportReport:
-    """Export dataset ``src`` to ``dest`` with ``exporter_class``; an interrupted export of the same source resumes."""
+    """Export dataset ``src`` to ``dest`` with ``exporter_class``; an interrupted export of the same source resumes.
+
+    An unfinished build is refused before ``dest`` is touched unless ``settings.allow_incomplete``.
+    """
+    from hs_dataset.formats.build_state import refuse_unfinished
     from hs_dataset.formats.reader import open_dataset
 
-    src, dest = Path(src), Path(dest)
+    given, src, dest = src, Path(src), Path(dest)
     ds = open_dataset(src, verify_hashes=settings.verify_hashes)
+    if not settings.allow_incomplete:
+        refuse_unfinished(given, ds.manifest, "export")
     exporter = exporter_class(ds, dest, settings)
     with _hook(exporter, "plan"):
         plan = exporter.plan()

@@ -26,7 +26,9 @@ class ExportSettings:
 
     ``overwrite``: replace an earlier export in the destination (its own files only).
     ``aux_layer_ids``: the stored aux layers to export (default all). ``verify_hashes``:
-    check every shard's BLAKE3 hash while reading. A trainer's options live in its own
+    check every shard's BLAKE3 hash while reading. ``allow_incomplete``: export a dataset whose build has not
+    finished (killed or stopped); without it the export refuses one with
+    :class:`~hs_dataset.errors.IncompleteDatasetError`, since a trainer would take half a dataset for the whole. A trainer's options live in its own
     subclass (``interop/<trainer>/settings.py``, named in :mod:`hs_dataset.interop.trainers`);
     an export handed this base class runs with that trainer's defaults.
     """
@@ -34,6 +36,7 @@ class ExportSettings:
     overwrite: bool = False
     aux_layer_ids: Sequence[int] | None = None
     verify_hashes: bool = False
+    allow_incomplete: bool = False
 
     @classmethod
     def adopt(cls: type[_Settings], settings: ExportSettings) -> _Settings:

@@ -91,7 +91,8 @@ def _open_regeneration(session: CaptureSession, out_dir: Path, opts: BuildOption
     name = f"rank{opts.rank:05d}-regenerated.jsonl" if opts.world_size > 1 else "regenerated.jsonl"
     card, backend = session.card, session.backend
     generator = backend.generator(card.regenerate, session.tokenizer)
-    return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=backend.capture_burst(card.backend.batch_size))
+    burst = backend.capture_burst(card.backend.batch_size)
+    return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=burst, vocab_size=session.info.vocab_size)
 
 
 def _build(

@@ -49,9 +49,20 @@ class Regeneration:
     """One build's regeneration: generator, turn rules, the stored records and the counts."""
 
     def __init__(
-        self, card: Card, generator: Generator, tokenizer: Any, out_dir: Path, name: str, burst: tuple[int, int] | None = None
+        self,
+        card: Card,
+        generator: Generator,
+        tokenizer: Any,
+        out_dir: Path,
+        name: str,
+        burst: tuple[int, int] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
-        """``burst``: (tokens, samples) finished conversations gather to before going on to capture (``sample.bursts``)."""
+        """``burst``: (tokens, samples) finished conversations gather to before going on to capture (``sample.bursts``).
+
+        ``vocab_size``: the model's; the records a resumed build reads back are checked against it, since they are
+        captured as stored.
+        """
         section = card.regenerate
         self.burst = burst
         chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer), limits=card.limits)
@@ -67,7 +78,7 @@ class Regeneration:
         renderer = TurnRenderer(chat, None if section.thinking is None else section.thinking == "on")
         structure = structure_tokens(chat, self.params.stop_token_ids)
         self.rules = TurnRules(renderer, self.params, policy=section.policy, turn_limit=section.turns, structure=structure)
-        self.store = RegeneratedStore(out_dir, name)
+        self.store = RegeneratedStore(out_dir, name, vocab_size=vocab_size)
         self.report = RegenerationReport()
         self.max_length = card.max_length
 

@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
-from hs_dataset.formats.build_state import merged_build
+from hs_dataset.formats.build_state import merged_build, refuse_unfinished
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest, ShardRecord
 from hs_dataset.formats.merge import check_compatible
 from hs_dataset.remote.header import read_sample_ids
@@ -29,12 +29,20 @@ from hs_dataset.remote.transfer import put_bytes
 __all__ = ["merge_remote"]
 
 
-def merge_remote(parts: list[str], out: str, *, check_ids: bool = True, options: RemoteOptions | None = None) -> Manifest:
-    """Write ``out``'s manifest listing every part's shards (copied only when a part is not under ``out``)."""
+def merge_remote(
+    parts: list[str], out: str, *, check_ids: bool = True, options: RemoteOptions | None = None, allow_incomplete: bool = False
+) -> Manifest:
+    """Write ``out``'s manifest listing every part's shards (copied only when a part is not under ``out``).
+
+    A part whose build has not finished is refused before anything is written unless ``allow_incomplete``.
+    """
     if not parts:
         raise UsageError("merge needs at least one part")
     target = open_location(out, options)
     loaded = _load_parts([open_location(p, options) for p in parts], target)
+    if not allow_incomplete:
+        for part, (_loc, manifest) in zip(parts, loaded):
+            refuse_unfinished(part, manifest, "merge")
     check_compatible([(PurePosixPath(loc.url), manifest) for loc, manifest in loaded])  # type: ignore[misc]
     if any(manifest.metadata.regeneration is not None for _loc, manifest in loaded):
         raise UsageError(f"{out}: parts built with --regenerate are merged locally only (hs-dataset merge DIR... DIR); download them first")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hs_dataset.formats.vocabulary import outside_vocabulary
 from hs_dataset.sources.report import MalformedRowError
 
 __all__ = ["MissingMaskPolicy", "is_pretokenized", "read_pretokenized"]
@@ -47,11 +48,10 @@ def read_pretokenized(
         raise MalformedRowError("input_ids: must hold integers, got booleans")
     if ids.size == 0:
         raise MalformedRowError("input_ids: is empty")
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    if bad.size:
-        pos = int(bad[0])
+    bad = outside_vocabulary(ids, vocab_size)  # the package's one vocabulary check
+    if bad is not None:
         raise MalformedRowError(
-            f"input_ids: {bad.size} id(s) outside the vocabulary [0, {vocab_size}), first {int(ids[pos])} at position {pos}"
+            f"input_ids: {bad.total} id(s) outside the vocabulary [0, {vocab_size}), first {bad.token} at position {bad.position}"
         )
     raw_mask = row.get("loss_mask")
     if raw_mask is None:

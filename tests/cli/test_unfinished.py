@@ -1,4 +1,7 @@
-"""An unfinished build on the command line: verify and info say so first; push, export and merge refuse it in one line.
+"""An unfinished build on the command line and in the API: verify and info say so first; push, export and merge refuse it in one line.
+
+The refusal is the API's (``push_to_hub``, the exports, the merges take ``allow_incomplete``);
+the commands pass ``--allow-incomplete`` on, so a script and a command refuse the same line.
 
 The datasets here are written by the writer with a ``running`` build record (what a
 killed build leaves); tests/end_to_end/test_unfinished_build.py kills a real build.
@@ -103,7 +106,7 @@ def _refusal(capsys, argv: list[str], path: Path, verb: str) -> None:
     assert out == "" and "Traceback" not in err
     assert err.strip().splitlines() == [
         f"hs-dataset {argv[0]}: error: {path}: unfinished build (3 of 9 samples stored; manifest.json build.state is 'running'): "
-        f"resume it with `{COMMAND}`, or pass --allow-incomplete to {verb} it as it is"
+        f"resume it with `{COMMAND}`, or pass --allow-incomplete (allow_incomplete=True in Python) to {verb} it as it is"
     ]
 
 
@@ -143,3 +146,56 @@ def test_an_old_dataset_without_the_record_counts_as_finished(tmp_path, capsys, 
     assert "build            not recorded (written before hs_dataset recorded it, or not by `hs-dataset build`): treated as finished" in out
     export = ["export", "speculators", str(root), str(tmp_path / "exported"), "--num-hidden-layers", "8"]
     assert main(export) == 0  # not refused: nothing says its build is unfinished
+
+
+def _api_refusal(path: Path, verb: str) -> str:
+    return (
+        f"{path}: unfinished build (3 of 9 samples stored; manifest.json build.state is 'running'): "
+        f"resume it with `{COMMAND}`, or pass --allow-incomplete (allow_incomplete=True in Python) to {verb} it as it is"
+    )
+
+
+def test_push_to_hub_refuses_before_any_request_and_the_flag_pushes(killed, api, standin):
+    from hs_dataset.errors import IncompleteDatasetError
+    from hs_dataset.hub.upload import push_to_hub
+
+    with pytest.raises(IncompleteDatasetError) as caught:
+        push_to_hub(killed, "me/killed", api=api, card=False, plots=False)
+    assert str(caught.value) == _api_refusal(killed, "push")
+    assert not api.repo_exists("me/killed", repo_type="dataset")  # refused before any request
+    report = push_to_hub(killed, "me/killed", api=api, card=False, plots=False, allow_incomplete=True)
+    assert report.repo_id == "me/killed" and api.repo_exists("me/killed", repo_type="dataset")
+
+
+@pytest.mark.parametrize("trainer", ["speculators", "specforge"])
+def test_the_export_functions_refuse_and_the_flag_exports(killed, tmp_path, trainer):
+    from hs_dataset import interop
+    from hs_dataset.errors import IncompleteDatasetError
+    from hs_dataset.interop import ExportMismatchError, ExportSettings
+
+    export = getattr(interop, f"export_{trainer}")
+    dest = tmp_path / "exported"
+    with pytest.raises(IncompleteDatasetError) as caught:
+        export(killed, dest)
+    assert str(caught.value) == _api_refusal(killed, "export") and not dest.exists()
+    if trainer == "speculators":
+        assert export(killed, dest, ExportSettings(allow_incomplete=True)).samples == 3
+    else:  # past the refusal: the synthetic states lack the final norm SpecForge's post-norm state needs
+        with pytest.raises(ExportMismatchError, match="final"):
+            export(killed, dest, ExportSettings(allow_incomplete=True))
+
+
+@pytest.mark.parametrize("entry", ["merge_datasets", "dataset_access.merge"])
+def test_the_merge_functions_refuse_and_the_flag_merges(killed, finished, tmp_path, entry):
+    from hs_dataset.dataset_access import merge
+    from hs_dataset.errors import IncompleteDatasetError
+    from hs_dataset.formats.merge import merge_datasets
+
+    run = merge_datasets if entry == "merge_datasets" else merge
+    out = tmp_path / "merged"
+    with pytest.raises(IncompleteDatasetError) as caught:
+        run([str(finished), str(killed)], str(out))
+    assert str(caught.value) == _api_refusal(killed, "merge") and not out.exists()
+    run([str(finished), str(killed)], str(out), allow_incomplete=True)
+    merged = Manifest.load(out)
+    assert merged.unfinished and merged.num_samples == 5

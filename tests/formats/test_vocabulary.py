@@ -20,7 +20,7 @@ from hs_dataset.errors import FormatError, HsDatasetError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, check_token_ids, vocab_size_of
+from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, Outside, check_token_ids, outside_vocabulary, vocab_size_of
 from tests.fixtures.damage import rewrite_shard
 from tests.fixtures.untrusted_dataset import build, split_header
 
@@ -40,6 +40,24 @@ def test_without_a_recorded_vocabulary_ids_are_bounded_by_the_largest_a_model_ma
     assert vocab_size_of(DatasetMetadata(vocab_size=32000)) == 32000
     assert vocab_size_of(DatasetMetadata.from_json({"tokenizer": {"vocab_size": 100}}, "m")) == 100
     assert vocab_size_of(DatasetMetadata()) is None
+
+
+def test_the_sglang_answer_and_pretokenized_checks_are_the_one_vocabulary_check():
+    """The /generate answer check and the pre-tokenized source check share its comparison and bound."""
+    import numpy as np
+
+    from hs_dataset.capture.sglang.generate import _bad_ids
+    from hs_dataset.sources.pretokenized import read_pretokenized
+    from hs_dataset.sources.report import MalformedRowError
+
+    assert outside_vocabulary([1, 1000, -1, 2], 1000) == Outside(2, 1, 1000)
+    assert outside_vocabulary(np.array([5, 7], dtype=np.uint64), 6) == Outside(1, 1, 7)
+    assert _bad_ids([5, 999], 1000) is None
+    assert _bad_ids([5, 1000], 1000) == "output_ids[1] = 1000 is outside the vocabulary [0, 1000)"
+    assert _bad_ids([MAX_VOCAB_SIZE], None) == f"output_ids[0] = {MAX_VOCAB_SIZE} is outside the vocabulary [0, {MAX_VOCAB_SIZE})"
+    assert _bad_ids([2**70], None) is not None  # never stored: it would not fit an int64 tensor either
+    with pytest.raises(MalformedRowError, match=r"input_ids: 2 id\(s\) outside the vocabulary \[0, 10\), first 10 at position 1"):
+        read_pretokenized({"input_ids": [1, 10, 11]}, vocab_size=10)
 
 
 def _set_first_id(value: int):
@@ -111,3 +129,24 @@ def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_
     path.write_text(json.dumps({"records": [turned]}) + "\n")
     with pytest.raises(FormatError, match=r"line 1 records\[0\]: sample 'c': turns\[0\]\.token_ids\[0\] = -7 is outside"):
         RegeneratedStore(tmp_path)
+
+
+def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
+    """A resuming build opens the store with the model's vocab_size: an id of vocab_size + 1 is refused, not only 10**12."""
+    record = {
+        "sample_id": "a",
+        "row_index": 0,
+        "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
+        "messages": [],
+        "tools": None,
+        "input_ids": [1, 2, 5, 1001],
+        "loss_spans": [[2, 4]],
+        "supervised_turns": [True],
+        "dropped": None,
+    }
+    path = Path(tmp_path) / "regenerated.jsonl"
+    path.write_text(json.dumps({"records": [record]}) + "\n")
+    assert "a" in RegeneratedStore(tmp_path)  # no model known: only the ceiling applies
+    with pytest.raises(FormatError) as caught:
+        RegeneratedStore(tmp_path, vocab_size=1000)
+    assert str(caught.value).startswith(f"{path}: line 1 records[0]: sample 'a': input_ids[3] = 1001 is outside the vocabulary [0, 1000);")

@@ -201,6 +201,31 @@ def test_kill_during_regeneration_then_resume_equals_uninterrupted(tmp_path, reg
             assert rel <= 1e-6, (sid, key, rel)
 
 
+def test_resume_refuses_a_record_with_an_id_just_above_the_models_vocabulary(tmp_path, regenerated, tiny_card, hf_backend, chats):
+    """An edited record whose id is the model's vocab_size + 1 (far below the 16,777,216 ceiling) is refused on resume,
+    naming the file, the line and the model's bound: a resumed build captures stored records as they are."""
+    import shutil
+
+    from hs_dataset.errors import FormatError
+    from hs_dataset.pipeline.build import build_dataset
+
+    ref_dir, _ = regenerated
+    out = tmp_path / "edited"
+    shutil.copytree(ref_dir, out)
+    vocab = json.loads((out / "manifest.json").read_text())["metadata"]["vocab_size"]
+    path = out / "regenerated.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    chunk = json.loads(lines[1])
+    chunk["records"][0]["input_ids"][0] = vocab + 1
+    lines[1] = json.dumps(chunk) + "\n"
+    path.write_text("".join(lines))
+    with pytest.raises(FormatError) as caught:
+        build_dataset(regen_card(tiny_card), out, source=str(chats), backend=hf_backend)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: line 2 records[0]: sample {chunk['records'][0]['sample_id']!r}: "), message
+    assert f"input_ids[0] = {vocab + 1} is outside the vocabulary [0, {vocab});" in message and "\n" not in message
+
+
 def test_push_publishes_the_regenerated_conversations(regenerated):
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.hub.upload import _regenerated_files

@@ -31,13 +31,13 @@ from hs_dataset.capture.sglang.http import (
     post_json,
 )
 from hs_dataset.capture.sglang.recheck import recheck_endpoint
+from hs_dataset.formats.vocabulary import first_outside, vocab_end
 from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, OnePassTrace, StreamingGenerator, finish_of
 from hs_dataset.server_patch.contract.rid import make_one_pass_rid
 
 __all__ = ["GEN_RID_PREFIX", "SGLangGenerator", "parse_output"]
 
 GEN_RID_PREFIX = "gen-"  # never the capture prefix (which must start with "hs-")
-INT64_LIMIT = 1 << 63  # ids must also fit the int64 tensors they are stored in
 
 
 class SGLangGenerator(StreamingGenerator):
@@ -241,15 +241,19 @@ def _cached_tokens(out: Any) -> int | None:
 
 
 def _bad_ids(ids: Any, vocab_size: int | None) -> str | None:
-    """Why ``output_ids`` are not token ids of this model, or None."""
+    """Why ``output_ids`` are not token ids of this model, or None.
+
+    The range is the package's one vocabulary check (``formats/vocabulary.py``): without a known
+    ``vocab_size`` ids stay below the largest vocabulary a model may have, which also keeps them in int64.
+    """
     if not isinstance(ids, list):
         return f"output_ids is a {type(ids).__name__}, not a list"
-    limit = vocab_size if vocab_size is not None else INT64_LIMIT
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool):
             return f"output_ids[{i}] is a {type(t).__name__} ({t!r:.20}), not a token id"
-        if not 0 <= t < limit:
-            return f"output_ids[{i}] = {t} is outside the vocabulary [0, {limit})"
+    found = first_outside(ids, vocab_size)
+    if found is not None:
+        return f"output_ids[{found[0]}] = {found[1]} is outside the vocabulary [0, {vocab_end(vocab_size)})"
     return None
 
 
@@ -257,7 +261,7 @@ def parse_output(out: Any, params: GenerationParams, vocab_size: int | None = No
     """``/generate``'s answer -> ids with the stop token that ended them, and why they ended.
 
     An answer that is not an object, or whose ``output_ids`` are not this model's token ids (strings, floats,
-    ids outside ``[0, vocab_size)`` or int64), is a failed turn with a one-line reason, never stored.
+    ids outside ``[0, vocab_size)``, or above any model's vocabulary when it is not known), is a failed turn with a one-line reason, never stored.
     """
     if not isinstance(out, dict):
         return GenerationResult([], "failed", f"the server answered a JSON {type(out).__name__}, not an object")
