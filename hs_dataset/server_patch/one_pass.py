@@ -10,8 +10,8 @@ row's position) when
 
 * they reach ``piece_rows`` (a long answer goes out in pieces, so its rows are never all held),
 * the request is gone from a decode step (finished; or retracted -- a later piece continues it),
-* nothing arrived for ``IDLE_FLUSH_S`` (a quiet server, a prefill-only request), or no row of the
-  request for ``STALE_S``,
+* nothing arrived for a few passes' time (``IDLE_PASSES`` times the recent interval between passes,
+  at least ``IDLE_FLUSH_S``: a quiet server, a prefill-only request), or no row of the request for ``STALE_S``,
 * the rows held by all requests reach ``max_held_bytes`` (then all are written: the memory bound).
 
 A piece reserves its staging room first (the same budget as dumps); none within ``max_wait_s`` refuses
@@ -45,7 +45,12 @@ __all__ = ["IDLE_FLUSH_S", "STALE_S", "PieceCollector"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
-IDLE_FLUSH_S = 0.05  # no pass for this long: every request's rows go out (the client may be waiting for them)
+IDLE_FLUSH_S = 0.05  # no pass for this long (at least): every request's rows go out (the client may be waiting for them)
+# ...and for this many of the recent intervals between passes: on a server slower than IDLE_FLUSH_S a pass
+# (a CPU server under load) a fixed wait wrote every request's rows at every step, one piece per request per
+# step, and a test's staging dir filled its 1,024 files with pieces whose conversations were still generating.
+IDLE_PASSES = 4
+_MAX_IDLE_S = 1.0  # however slow the passes, a quiet server's rows go out within this
 STALE_S = 1.0  # no row of a request for this long (waiting, retracted, or done without a decode step): its rows go out
 _REFUSED_REMEMBERED = 65536  # refused rids whose later rows are dropped (oldest forgotten first)
 
@@ -117,6 +122,8 @@ class PieceCollector:
         self._decoding: set[str] = set()  # forward thread: one-pass rids of the last decode step
         self._extended: set[str] = set()  # forward thread: one-pass rids with prefill rows since that step
         self._last_stale_check = time.monotonic()
+        self._last_block = 0.0  # when the last pass's rows came (the collector's thread)
+        self._pass_interval = 0.0  # recent time between passes, smoothed
         self._thread: threading.Thread | None = None
         for key in ("one_pass_rows", "one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes"):
             stats.setdefault(key, 0)
@@ -178,7 +185,7 @@ class PieceCollector:
         name_os_thread("hs-one-pass")
         while True:
             try:
-                item = self._queue.get(timeout=IDLE_FLUSH_S)
+                item = self._queue.get(timeout=self.idle_wait())
             except queue.Empty:
                 self._write_all()
                 continue
@@ -194,8 +201,20 @@ class PieceCollector:
                     self._drop(rid)
                     self.refuse(rid, "the server could not file this request's rows (see its log)")
 
+    def idle_wait(self) -> float:
+        """How long no pass means a quiet server: a few recent pass intervals, at least ``IDLE_FLUSH_S``."""
+        return min(_MAX_IDLE_S, max(IDLE_FLUSH_S, IDLE_PASSES * self._pass_interval))
+
+    def _passed(self, now: float) -> None:
+        """A pass's rows came at ``now``: the smoothed interval between passes follows."""
+        if self._last_block:
+            gap = min(now - self._last_block, _MAX_IDLE_S)
+            self._pass_interval = gap if not self._pass_interval else 0.8 * self._pass_interval + 0.2 * gap
+        self._last_block = now
+
     def _handle(self, item: _Block | _Gone | _Barrier) -> None:
         if isinstance(item, _Block):
+            self._passed(time.monotonic())
             self._file(item)
         elif isinstance(item, _Gone):
             for rid in item.rids:

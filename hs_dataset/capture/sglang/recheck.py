@@ -41,16 +41,16 @@ def identity_of(info: dict) -> dict[str, Any]:
     return {"model": info.get("model_path"), "version": info.get("version"), "aux layers": _aux_layers(info)}
 
 
-async def read_identity(ep: Endpoint, session: Any, timeout_s: float, max_bytes: int) -> dict[str, Any]:
-    """``identity_of`` the server's ``/server_info`` now; a server that answers none has an empty identity.
+async def read_identity(ep: Endpoint, session: Any, timeout_s: float, max_bytes: int) -> dict[str, Any] | None:
+    """``identity_of`` the server's ``/server_info`` now; None where it gave no description (an HTTP error, a bad body).
 
     A connection error propagates: the server is still down, and the caller treats it so.
     """
     try:
         info = await get_json(session, ep.url + "/server_info", timeout_s, max_bytes)
     except (HTTPStatusError, BadResponseError):
-        info = None
-    return identity_of(info if isinstance(info, dict) else {})
+        return None
+    return identity_of(info) if isinstance(info, dict) else None
 
 
 async def recheck_endpoint(ep: Endpoint, session: Any, timeout_s: float, max_bytes: int) -> str | None:
@@ -64,6 +64,10 @@ async def recheck_endpoint(ep: Endpoint, session: Any, timeout_s: float, max_byt
     if ep.identity is not None and not ep.recheck:
         return None
     now = await read_identity(ep, session, timeout_s, max_bytes)
+    if now is None:  # no description now: not a changed server, not yet the same one either (a busy server's 503)
+        if ep.identity is None:
+            return None  # the baseline is read before a later request
+        raise ConnectionError(f"{ep.url}/server_info gave no description of the server; it is read again before its next request")
     if ep.identity is None:
         ep.identity, ep.recheck = now, False
         return None

@@ -77,7 +77,8 @@ def test_one_pass_states_equal_a_full_forward(card, regen_server, hf_model, tmp_
     finally:
         be.close()
     stats = {k: v for k, v in be.stats.items() if k.startswith("one_pass")}
-    assert report.samples_written == 12 and report.regeneration["failed"] == 0, report
+    why = (report.summary(), report.capture_failures[:3], be.stats, be.one_pass_fallback_reasons)  # what a failure needs said
+    assert report.samples_written == 12 and report.regeneration["failed"] == 0, why
     assert stats["one_pass_samples"] == 12 and stats["one_pass_fallbacks"] == 0, stats
     assert staged(server) == []
     manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())

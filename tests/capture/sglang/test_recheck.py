@@ -15,8 +15,9 @@ from hs_dataset.regenerate.generator import GenerationParams
 HOOKS = [{"hook_factory": "hs_dataset.hooks:model_hook", "config": {"hf_aux_layer_ids": [2, 3, 4]}}]
 
 
-def _start(port: int, info: dict) -> ThreadingHTTPServer:
-    """An SGLang stand-in on ``port``: ``/server_info`` answers ``info``, ``/generate`` three 7s."""
+def _start(port: int, info: dict, busy: int = 0) -> ThreadingHTTPServer:
+    """An SGLang stand-in on ``port``: ``/server_info`` answers ``info`` (503 to its first ``busy`` reads), ``/generate`` three 7s."""
+    busy_left = [busy]
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -31,6 +32,12 @@ def _start(port: int, info: dict) -> ThreadingHTTPServer:
             self.wfile.write(data)
 
         def do_GET(self):
+            if busy_left[0] > 0:
+                busy_left[0] -= 1
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self._answer(info)
 
         def do_POST(self):
@@ -59,15 +66,16 @@ ORIGINAL = {"model_path": "/models/a", "version": "0.5.23", "forward_hooks": HOO
 PARAMS = GenerationParams(max_new_tokens=3)
 
 
-def _fail_once_then_restart(port: int, restarted: dict) -> tuple[SGLangGenerator, list]:
-    """A generator trusts the server, sees it die (one failed request), then meets it restarted with ``restarted``."""
+def _fail_once_then_restart(port: int, restarted: dict, busy: int = 0) -> tuple[SGLangGenerator, list]:
+    """A generator trusts the server, sees it die (one failed request), then meets it restarted with ``restarted``
+    (whose ``/server_info`` answers 503 to its first ``busy`` reads)."""
     url = f"http://127.0.0.1:{port}"
     generator = SGLangGenerator([url], retries=1, cooldown_s=0.05, request_timeout_s=5.0)
     first = _start(port, ORIGINAL)
     results = [generator.generate([[1, 2]], PARAMS)[0]]
     _stop(first)
     results.append(generator.generate([[1, 2]], PARAMS)[0])
-    second = _start(port, restarted)
+    second = _start(port, restarted, busy)
     try:
         results.append(generator.generate([[1, 2]], PARAMS)[0])
     finally:
@@ -101,6 +109,14 @@ def test_a_server_restarted_as_another_is_refused_after_coming_back(port, restar
 
 def test_the_same_server_restarted_is_trusted_again(port):
     generator, (ok, down, back) = _fail_once_then_restart(port, dict(ORIGINAL))
+    assert (ok.finish, down.finish, back.finish) == ("length", "failed", "length")
+    ep = generator.endpoints[0]
+    assert ep.retired is None and not ep.recheck
+
+
+def test_a_server_too_busy_to_describe_itself_is_read_again_not_retired(port):
+    """A 503 from /server_info says nothing about which server this is: it is asked again, not taken out of rotation."""
+    generator, (ok, down, back) = _fail_once_then_restart(port, dict(ORIGINAL), busy=1)
     assert (ok.finish, down.finish, back.finish) == ("length", "failed", "length")
     ep = generator.endpoints[0]
     assert ep.retired is None and not ep.recheck
