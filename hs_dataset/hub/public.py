@@ -112,12 +112,15 @@ def public_metadata(metadata: DatasetMetadata, card_model_path: str | None = Non
 
 
 def public_manifest(manifest: Manifest, card_model_path: str | None = None) -> bytes:
-    """The manifest JSON a push uploads: ``manifest`` with :func:`public_metadata`; every other field unchanged."""
+    """The manifest JSON a push uploads: ``manifest`` with :func:`public_metadata`, its build record without the
+    local command and directory; every other field unchanged."""
     from hs_dataset.formats.identity import identity_fingerprint
 
     metadata = public_metadata(manifest.metadata, card_model_path)
+    # the build's command and directory are this machine's (paths, a user name): the state and count travel alone
+    build = None if manifest.build is None else replace(manifest.build, command=None, cwd=None)
     # an older manifest's identity covered the model id a push may fill in: readers recompute it
-    public = replace(manifest, metadata=metadata, identity=identity_fingerprint(metadata), shards=list(manifest.shards))
+    public = replace(manifest, metadata=metadata, identity=identity_fingerprint(metadata), shards=list(manifest.shards), build=build)
     return public.encode(sort_keys=True)
 
 
