@@ -21,7 +21,7 @@ from hs_dataset.capture.sglang.dumps import MAX_HIDDEN, ExpectedDump, encoding_p
 from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.codecs.safetensors_layout import TensorSpec
 from hs_dataset.errors import CaptureError
-from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_SUFFIX, DUMP_VERSION, ONE_PASS_PATH, PIECE_DIGITS, piece_number
+from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION, ONE_PASS_PATH, parse_piece_name, piece_number
 
 __all__ = ["MAX_REPEATS", "Piece", "PieceError", "PieceListing", "list_pieces", "read_piece"]
 
@@ -86,11 +86,8 @@ class PieceListing:
             names = []
         found: dict[str, list[tuple[int, str]]] = {}
         for name in names:
-            if not name.endswith(DUMP_SUFFIX):
-                continue
-            rid, dot, digits = name[: -len(DUMP_SUFFIX)].rpartition(".")
-            if dot and len(digits) == PIECE_DIGITS and digits.isdigit():
-                found.setdefault(rid, []).append((int(digits), name))
+            if (parsed := parse_piece_name(name)) is not None:
+                found.setdefault(parsed[0], []).append((parsed[1], name))
         self._by_rid = {rid: [os.path.join(self.staging_dir, n) for _, n in sorted(ks)] for rid, ks in found.items()}
         self._at = time.monotonic()
 

@@ -34,6 +34,7 @@ __all__ = [
     "RETRYABLE_REFUSALS",
     "TMP_PREFIX",
     "dump_name",
+    "parse_piece_name",
     "piece_name",
     "piece_number",
     "refused_name",
@@ -69,13 +70,18 @@ def piece_name(rid: str, k: int) -> str:
     return f"{validate_rid(rid)}.{int(k):0{PIECE_DIGITS}d}{DUMP_SUFFIX}"
 
 
+def parse_piece_name(name: str) -> tuple[str, int] | None:
+    """``(rid, k)`` when ``name`` is a piece file name (:func:`piece_name`), else None (the rid itself is not validated)."""
+    if not name.endswith(DUMP_SUFFIX):
+        return None
+    rid, dot, digits = name[: -len(DUMP_SUFFIX)].rpartition(".")
+    return (rid, int(digits)) if dot and len(digits) == PIECE_DIGITS and digits.isdigit() else None
+
+
 def piece_number(rid: str, name: str) -> int | None:
     """``k`` when ``name`` is a piece file of ``rid`` (:func:`piece_name`), else None."""
-    head = rid + "."
-    if not name.startswith(head) or not name.endswith(DUMP_SUFFIX):
-        return None
-    digits = name[len(head) : -len(DUMP_SUFFIX)]
-    return int(digits) if len(digits) == PIECE_DIGITS and digits.isdigit() else None
+    parsed = parse_piece_name(name)
+    return parsed[1] if parsed is not None and parsed[0] == rid else None
 
 
 def refused_name(rid: str) -> str:
