@@ -162,6 +162,7 @@ def main() -> int:
             span.__init__()
             before = counters(staging)
             watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
+            print(f"round {r + 1} {name} starts at {time.strftime('%H:%M:%S')}", flush=True)  # to find it in decode-log.txt
             with Sampler() as sampler:
                 seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
             after = counters(staging)

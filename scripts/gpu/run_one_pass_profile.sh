@@ -41,6 +41,7 @@ SPY=(); [ -n "${PY_SPY:-}" ] && SPY=(--py-spy "$PY_SPY")
 start_server "$WORK/server.log"
 profile "$OUT" "${SPY[@]}" "$@"; rc=$?
 grep -E "hs_dataset|rror" "$WORK/server.log" | tail -n 30 > "$OUT/server-tail.log"
+grep -E "Decode batch" "$WORK/server.log" > "$OUT/decode-log.txt"  # SGLang's own running-request count and rate, by time
 if [ $rc -eq 0 ] && [ -n "${HS_PROFILE_B_ENV:-}" ]; then
   kill $SERVE; wait $SERVE 2>/dev/null; SERVE=""
   until ! curl -sf "$URL/health" > /dev/null; do sleep 1; done
@@ -50,5 +51,6 @@ if [ $rc -eq 0 ] && [ -n "${HS_PROFILE_B_ENV:-}" ]; then
   start_server "$WORK/server-b.log" "${B_ENV[@]}"
   mkdir -p "$OUT/b"; profile "$OUT/b" --only-one-pass --no-reference "$@"; rc=$?
   grep -E "hs_dataset|rror" "$WORK/server-b.log" | tail -n 30 > "$OUT/server-b-tail.log"
+  grep -E "Decode batch" "$WORK/server-b.log" > "$OUT/b/decode-log.txt"
 fi
 exit $rc
