@@ -1,11 +1,13 @@
-"""The manifest's claims that no hash covers: the aux layer ids and the capture dtype.
+"""The manifest's claims that no hash covers: the aux layer ids, the capture dtype, the regeneration's token ids.
 
 Why here: shard hashes prove the shards' bytes, and the identity hash proves the
 metadata was not edited after the capture, but a manifest written (and hashed) with a
 wrong claim passes both. Aux layer ids of ``[2, 2, 2]`` or ``[4, 3, 2]`` would make a
 drafter read one layer three times or the layers in the wrong order, ids past the
 model's layers name states no model has, and a ``metadata.dtype`` the shards do not
-store would make readers and exporters decode them as something else. These checks
+store would make readers and exporters decode them as something else. The stop and
+structure ids a regeneration recorded (``metadata.regeneration``) must be token ids of the
+model, and no id both: a stop id ends an answer, a structure id refuses it. These checks
 are cheap (no shard is read), so they run wherever a manifest is parsed: ``verify``,
 every reader, remote datasets and followers.
 
@@ -25,8 +27,9 @@ from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
+from hs_dataset.formats.vocabulary import outside_vocabulary, vocab_end, vocab_size_of
 
-__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim"]
+__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim", "check_regeneration_ids"]
 
 _FIX = "restore the manifest from a copy or rebuild the dataset"
 
@@ -35,6 +38,7 @@ def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: s
     """Every claim of this module; the first wrong one is a FormatError naming ``where`` and the field."""
     check_aux_layer_ids(metadata, where)
     check_dtype_claim(metadata, tensors, where)
+    check_regeneration_ids(metadata, where)
 
 
 def check_aux_layer_ids(metadata: DatasetMetadata, where: str) -> None:
@@ -84,4 +88,32 @@ def check_dtype_claim(metadata: DatasetMetadata, tensors: Mapping[str, Any], whe
         raise FormatError(
             f"{where}: metadata.dtype {claimed!r} disagrees with the shards, which store {encoding.decoded} "
             f"(tensors.{FINAL_KEY}.encoding {encoding.name!r}); {_FIX}"
+        )
+
+
+def check_regeneration_ids(metadata: DatasetMetadata, where: str) -> None:
+    """``metadata.regeneration``'s stop and structure ids inside the vocabulary the metadata records, and no id in both.
+
+    A stop id outside the vocabulary never ends an answer and a structure id outside it never
+    refuses one, so such a record describes rules no build applied; an id in both lists would be
+    cut at and refused at once. A record without structure ids (written before they were
+    recorded) is judged on its stop ids alone.
+    """
+    record = metadata.regeneration
+    if record is None:
+        return
+    size = vocab_size_of(metadata)
+    for name in ("stop_token_ids", "structure_token_ids"):
+        ids = getattr(record, name) or ()
+        found = outside_vocabulary(list(ids), size)
+        if found is not None:
+            raise FormatError(
+                f"{where}: metadata.regeneration.{name}[{found.position}] = {found.token} is outside the vocabulary "
+                f"[0, {vocab_end(size)}); {_FIX}"
+            )
+    both = sorted(set(record.stop_token_ids or ()) & set(record.structure_token_ids or ()))
+    if both:
+        raise FormatError(
+            f"{where}: metadata.regeneration.structure_token_ids holds stop id(s) {both[:5]} of metadata.regeneration.stop_token_ids "
+            f"(an answer is cut at a stop id, never refused for it); {_FIX}"
         )

@@ -92,6 +92,7 @@ class Regeneration:
             top_p=p.top_p,
             seed=p.seed,
             stop_token_ids=tuple(p.stop_token_ids),
+            structure_token_ids=tuple(sorted(self.rules.structure)),
             thinking=s.thinking,
             turns=s.turns,
             policy=s.policy,

@@ -98,3 +98,43 @@ def test_a_scaled_encoding_holds_any_capture_dtype(tmp_path):
     assert verify_dataset(root).ok
     claim(root, dtype="float32")
     assert verify_dataset(root).ok
+
+
+REGENERATION = {"file": "regenerated.jsonl", "max_new_tokens": 8, "stop_token_ids": [163586, 163585]}
+
+
+@pytest.mark.parametrize(
+    ("record", "says"),
+    [
+        (
+            {"structure_token_ids": [163587, 163600]},
+            "metadata.regeneration.structure_token_ids[1] = 163600 is outside the vocabulary [0, 163600)",
+        ),
+        (
+            {"stop_token_ids": [163586, 10**12]},
+            "metadata.regeneration.stop_token_ids[1] = 1000000000000 is outside the vocabulary [0, 163600)",
+        ),
+        (
+            {"structure_token_ids": [163584, 163585]},
+            "structure_token_ids holds stop id(s) [163585] of metadata.regeneration.stop_token_ids",
+        ),
+    ],
+    ids=["structure-past-vocab", "stop-past-vocab", "stop-and-structure"],
+)
+def test_regeneration_ids_no_build_applied_fail_verify(tmp_path, record, says):
+    """A record whose stop or structure ids are no token of the model, or both at once, describes rules no build applied."""
+    root = build(tmp_path / "ds")
+    claim(root, vocab_size=163600, regeneration={**REGENERATION, **record})
+    problem = one_problem(root)
+    assert says in problem and "restore the manifest from a copy or rebuild the dataset" in problem
+    with pytest.raises(FormatError, match="metadata.regeneration"):
+        Manifest.load(root)
+
+
+def test_regeneration_ids_are_read_typed_and_an_old_record_without_structure_ids_still_reads(tmp_path):
+    root = build(tmp_path / "ds")
+    claim(root, vocab_size=163600, regeneration={**REGENERATION, "structure_token_ids": [163584, 163587]})
+    record = Manifest.load(root).metadata.regeneration
+    assert record.stop_token_ids == (163586, 163585) and record.structure_token_ids == (163584, 163587)
+    claim(root, regeneration=REGENERATION)  # written before structure ids were recorded
+    assert Manifest.load(root).metadata.regeneration.structure_token_ids is None
