@@ -27,7 +27,7 @@ from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
-from hs_dataset.formats.vocabulary import outside_vocabulary, vocab_end, vocab_size_of
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary, vocab_size_of
 
 __all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim", "check_regeneration_ids"]
 
@@ -107,10 +107,7 @@ def check_regeneration_ids(metadata: DatasetMetadata, where: str) -> None:
         ids = getattr(record, name) or ()
         found = outside_vocabulary(list(ids), size)
         if found is not None:
-            raise FormatError(
-                f"{where}: metadata.regeneration.{name}[{found.position}] = {found.token} is outside the vocabulary "
-                f"[0, {vocab_end(size)}); {_FIX}"
-            )
+            raise FormatError(f"{where}: {describe_outside(found, size, f'metadata.regeneration.{name}')}; {_FIX}")
     both = sorted(set(record.stop_token_ids or ()) & set(record.structure_token_ids or ()))
     if both:
         raise FormatError(
