@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from hs_dataset.errors import FormatError, HsDatasetError
+from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.metadata import DatasetMetadata
-from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated import RegeneratedStore, read_regenerated
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, Outside, check_token_ids, outside_vocabulary, vocab_size_of
 from tests.fixtures.damage import rewrite_shard
@@ -166,8 +167,9 @@ def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_
         RegeneratedStore(tmp_path)
 
 
-def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
-    """A resuming build opens the store with the model's vocab_size: an id of vocab_size + 1 is refused, not only 10**12."""
+def test_a_store_or_a_finished_file_read_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
+    """A resuming build opens the store, and verify reads a finished file, with the vocabulary the manifest records: an id
+    of vocab_size + 1 is refused, not only 10**12."""
     record = {
         "sample_id": "a",
         "row_index": 0,
@@ -185,3 +187,7 @@ def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(t
     with pytest.raises(FormatError) as caught:
         RegeneratedStore(tmp_path, vocab_size=1000)
     assert str(caught.value).startswith(f"{path}: line 1 records[0]: sample 'a': input_ids[3] = 1001 is outside the vocabulary [0, 1000);")
+    digest = sha256_file(path)
+    assert "a" in read_regenerated(path, what="m", sha256=digest)  # a tool without the model: the ceiling only
+    with pytest.raises(FormatError, match=r"sample 'a': input_ids\[3\] = 1001 is outside the vocabulary \[0, 1000\);"):
+        read_regenerated(path, what="m", sha256=digest, vocab_size=1000)  # verify: the manifest's vocabulary

@@ -248,6 +248,29 @@ def test_resume_refuses_a_record_with_an_id_just_above_the_models_vocabulary(tmp
     assert f"input_ids[0] = {vocab + 1} is outside the vocabulary [0, {vocab});" in message and "\n" not in message
 
 
+def test_verify_refuses_a_rehashed_record_with_an_id_just_above_the_models_vocabulary(tmp_path, regenerated):
+    """A record edited to the model's vocab_size + 1 and its sha256 re-recorded is self-consistent: verify checks its ids
+    against the vocabulary the manifest records, not only the 16,777,216 ceiling."""
+    from hs_dataset.formats.hashing import sha256_file
+    from hs_dataset.formats.manifest import Manifest
+
+    path = tampered_copy(regenerated[0], tmp_path / "ds")
+    vocab = Manifest.load(path.parent).metadata.vocab_size
+    lines = path.read_text().splitlines(keepends=True)
+    chunk = json.loads(lines[0])
+    chunk["records"][0]["turns"][0]["token_ids"][0] = vocab + 1
+    lines[0] = json.dumps(chunk) + "\n"
+    path.write_text("".join(lines))
+    manifest = Manifest.load(path.parent)
+    entry = manifest.metadata.regeneration
+    fixed = entry.with_file("regenerated.jsonl", replace(entry.files["regenerated.jsonl"], sha256=sha256_file(path)))
+    manifest.metadata = replace(manifest.metadata, regeneration=fixed)
+    manifest.save(path.parent)
+    text = problems(path.parent)
+    sid = chunk["records"][0]["sample_id"]
+    assert f"{path}: line 1 records[0]: sample {sid!r}: turns[0].token_ids[0] = {vocab + 1} is outside the vocabulary [0, {vocab})" in text
+
+
 def test_push_publishes_the_regenerated_conversations(regenerated):
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.hub.upload import _regenerated_files
