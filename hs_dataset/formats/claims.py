@@ -19,7 +19,7 @@ ties ``metadata.dtype`` to those encodings, so the chain reaches the headers.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hs_dataset.codecs.registry import get_encoding
@@ -29,9 +29,19 @@ from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
 from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary, vocab_size_of
 
-__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim", "check_regeneration_ids"]
+__all__ = [
+    "MAX_NUM_HIDDEN_LAYERS",
+    "aux_layer_ids_problem",
+    "check_aux_layer_ids",
+    "check_claims",
+    "check_dtype_claim",
+    "check_regeneration_ids",
+]
 
 _FIX = "restore the manifest from a copy or rebuild the dataset"
+# The deepest model a config may describe (model/model_config.py's bound on num_hidden_layers; formats cannot import
+# model): where a model's depth is not known, no aux id reaches it.
+MAX_NUM_HIDDEN_LAYERS = 1024
 
 
 def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: str) -> None:
@@ -42,26 +52,41 @@ def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: s
 
 
 def check_aux_layer_ids(metadata: DatasetMetadata, where: str) -> None:
-    """Aux ids strictly increasing, non-negative, and below ``num_hidden_layers`` where the metadata records it.
+    """Aux ids strictly increasing, non-negative, and below ``num_hidden_layers`` (:func:`aux_layer_ids_problem`)."""
+    ids = metadata.aux_layer_ids or ()
+    problem = aux_layer_ids_problem(ids, metadata.num_hidden_layers, layers_field="metadata.num_hidden_layers")
+    if problem is not None:
+        raise FormatError(f"{where}: metadata.aux_layer_ids {problem}; {_FIX}")
+
+
+def aux_layer_ids_problem(ids: Sequence[int], num_hidden_layers: int | None, *, layers_field: str = "num_hidden_layers") -> str | None:
+    """Why ``ids`` cannot be a model's aux layer ids, starting with the ids (None: they can); the one check of a
+    manifest's claim and an import's ids.
 
     Id ``L`` (= ``num_hidden_layers``) is HF's post-norm final state, stored apart and
-    never an aux id (``capture/serve/layer_ids.py`` refuses it at capture). A manifest
-    without ``num_hidden_layers`` (older imports) gets the order and sign checks only:
-    the model's depth is not known, so no upper bound can be proved.
+    never an aux id (``capture/serve/layer_ids.py`` refuses it at capture). Where the
+    model's depth is not known (``num_hidden_layers`` None: older imports), ids are
+    bounded by :data:`MAX_NUM_HIDDEN_LAYERS`, the deepest model a config may describe.
+    ``layers_field``: how the message names the depth.
     """
-    ids = list(metadata.aux_layer_ids or ())
+    ids = list(ids)
     if any(i < 0 for i in ids):
-        raise FormatError(f"{where}: metadata.aux_layer_ids {ids} holds a negative id (ids index HF hidden_states from 0); {_FIX}")
+        return f"{ids} holds a negative id (ids index HF hidden_states from 0)"
     if any(b <= a for a, b in itertools.pairwise(ids)):
-        raise FormatError(
-            f"{where}: metadata.aux_layer_ids {ids} is not strictly increasing (each layer is captured once, in order); {_FIX}"
+        return f"{ids} is not strictly increasing (each layer is captured once, in order)"
+    if not ids:
+        return None
+    if num_hidden_layers is not None and ids[-1] >= num_hidden_layers:
+        return (
+            f"{ids} reaches id {ids[-1]}, past the model's {layers_field} {num_hidden_layers} "
+            f"(aux ids are 0..{num_hidden_layers - 1}; id {num_hidden_layers} is the final state)"
         )
-    layers = metadata.num_hidden_layers
-    if layers is not None and ids and ids[-1] >= layers:
-        raise FormatError(
-            f"{where}: metadata.aux_layer_ids {ids} reaches id {ids[-1]}, past the model's metadata.num_hidden_layers {layers} "
-            f"(aux ids are 0..{layers - 1}; id {layers} is the final state); {_FIX}"
+    if num_hidden_layers is None and ids[-1] >= MAX_NUM_HIDDEN_LAYERS:
+        return (
+            f"{ids} reaches id {ids[-1]}, past {MAX_NUM_HIDDEN_LAYERS - 1}, the last aux id of the deepest model a config "
+            f"may describe ({MAX_NUM_HIDDEN_LAYERS} layers; no {layers_field} is known to bound them closer)"
         )
+    return None
 
 
 def check_dtype_claim(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: str) -> None:

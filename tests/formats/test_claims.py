@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hs_dataset.errors import FormatError
+from hs_dataset.formats.claims import MAX_NUM_HIDDEN_LAYERS
 from hs_dataset.formats.identity import identity_fingerprint
 from hs_dataset.formats.manifest import Manifest
 from hs_dataset.formats.metadata import DatasetMetadata
@@ -59,13 +60,26 @@ def test_aux_layer_ids_a_model_cannot_have_fail_verify(tmp_path, ids, says):
         Manifest.load(root)  # refused where the manifest is read, not only by verify
 
 
-def test_without_num_hidden_layers_only_order_and_sign_are_judged(tmp_path):
-    """An import may not record the model's depth: no bound can be proved then, but the order still is."""
+def test_without_num_hidden_layers_ids_are_bounded_by_the_deepest_model_a_config_may_describe(tmp_path):
+    """An import may not record the model's depth: the order is judged, and ids below 1024 (model_config.py's bound)."""
     root = build(tmp_path / "ds")
-    claim(root, num_hidden_layers=None, aux_layer_ids=[99, 100, 101])
+    claim(root, num_hidden_layers=None, aux_layer_ids=[99, 100, MAX_NUM_HIDDEN_LAYERS - 1])
     assert verify_dataset(root).ok
     claim(root, aux_layer_ids=[3, 2, 1])
     assert "is not strictly increasing" in one_problem(root)
+    claim(root, aux_layer_ids=[2, 3, MAX_NUM_HIDDEN_LAYERS])
+    assert "metadata.aux_layer_ids [2, 3, 1024] reaches id 1024, past 1023, the last aux id of the deepest model" in one_problem(root)
+    with pytest.raises(FormatError, match="no metadata.num_hidden_layers is known to bound them closer"):
+        Manifest.load(root)
+
+
+def test_the_bounds_formats_holds_are_the_model_configs():
+    """formats cannot import model (one layer): its copies of model_config.py's bounds are held equal here."""
+    from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE
+    from hs_dataset.model.model_config import FIELD_RANGES
+
+    assert FIELD_RANGES["num_hidden_layers"][1] == MAX_NUM_HIDDEN_LAYERS
+    assert FIELD_RANGES["vocab_size"][1] == MAX_VOCAB_SIZE
 
 
 def test_a_dtype_the_shards_do_not_store_fails_verify(tmp_path):
