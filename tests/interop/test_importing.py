@@ -20,12 +20,18 @@ def specforge_export(tmp_path: Path) -> Path:
     return exported
 
 
-def test_two_files_with_one_sample_id_and_different_content_are_a_named_conflict(tmp_path):
+def conflicting_export(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A SpecForge export whose second file carries the first file's sample id over other content; (dir, first, second)."""
     exported = specforge_export(tmp_path)
     first, second = next(exported.rglob("data_0.ckpt")), next(exported.rglob("data_1.ckpt"))
     data = torch.load(second, weights_only=True)
     data["sample_id"] = torch.load(first, weights_only=True)["sample_id"]
     torch.save(data, second)
+    return exported, first, second
+
+
+def test_two_files_with_one_sample_id_and_different_content_are_a_named_conflict(tmp_path):
+    exported, first, second = conflicting_export(tmp_path)
     with pytest.raises(ImportDataError) as caught:
         import_specforge(exported, tmp_path / "in", SETTINGS)
     assert str(caught.value) == (
@@ -99,3 +105,19 @@ def test_a_given_depth_bounds_aux_ids_on_import(tmp_path):
         import_specforge(exported, tmp_path / "in", settings)
     with pytest.raises(ImportDataError, match=r"^aux layer ids \[3, 3, 4\] is not strictly increasing"):
         import_specforge(exported, tmp_path / "in", ImportSettings(config="peer", aux_layer_ids=[3, 3, 4]))
+
+
+def test_the_import_docs_state_the_bound_and_the_duplicate_rule_as_the_code_has_them(tmp_path):
+    """docs/EXPORTS.md documents the Python API's max_length and the duplicate-id conflict: its words are the code's."""
+    import re
+
+    from hs_dataset.interop.importing import DEFAULT_MAX_TOKENS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "EXPORTS.md").read_text(encoding="utf-8")
+    assert "max_length=None," in text and "--max-length N" in text
+    assert f"{DEFAULT_MAX_TOKENS:,} tokens" in text and "importing.DEFAULT_MAX_TOKENS" in text
+    documented = " ".join(re.search(r'ImportDataError\("(.+?)"\)', text, re.S).group(1).split())
+    exported, first, second = conflicting_export(tmp_path)
+    with pytest.raises(ImportDataError) as caught:
+        import_specforge(exported, tmp_path / "in", SETTINGS)
+    assert str(caught.value).replace(str(first), "A").replace(str(second), "B") == documented
