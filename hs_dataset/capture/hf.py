@@ -25,6 +25,7 @@ import torch
 from hs_dataset.capture.base import CaptureBackend, CaptureFailure, CaptureInfo, CaptureResult, CaptureTarget
 from hs_dataset.config import Card, CardError, HFBackendSection, RegenerateSection
 from hs_dataset.dtypes import state_dtype
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary
 from hs_dataset.model.model_config import load_text_config, text_config
 from hs_dataset.model.remote_code import check_remote_code
 from hs_dataset.model.snapshot import model_fingerprint, resolve_model_path
@@ -169,8 +170,9 @@ class HFBackend(CaptureBackend):
             if sample.num_tokens == 0:
                 results[row] = CaptureFailure(sample.sample_id, "empty sample")
                 continue
-            if int(sample.input_ids.max()) >= vocab or int(sample.input_ids.min()) < 0:
-                results[row] = CaptureFailure(sample.sample_id, f"token id out of the model's vocabulary (0..{vocab - 1})")
+            outside = outside_vocabulary(sample.input_ids, vocab)  # the package's one vocabulary check
+            if outside is not None:
+                results[row] = CaptureFailure(sample.sample_id, f"{describe_outside(outside, vocab)} of the model")
                 continue
             ids[row, : sample.num_tokens] = sample.input_ids
             mask[row, : sample.num_tokens] = 1

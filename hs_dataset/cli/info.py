@@ -64,6 +64,16 @@ def build_line(manifest: Manifest) -> str:
     return f"{state} ({build.command or 'a merge'})"
 
 
+def regeneration_line(md: DatasetMetadata) -> str:
+    """Whether turns were regenerated, and the ids an answer is cut at (stop) and refused for (structure)."""
+    record = md.regeneration
+    if record is None:
+        return "no (the source's assistant turns)"
+    stop = None if record.stop_token_ids is None else list(record.stop_token_ids)
+    structure = "not recorded" if record.structure_token_ids is None else list(record.structure_token_ids)
+    return f"max_new_tokens {record.max_new_tokens}; stop ids {stop}; structure ids {structure}"
+
+
 def describe(manifest: Manifest) -> str:
     """A human-readable summary of a manifest."""
     md = manifest.metadata
@@ -83,6 +93,7 @@ def describe(manifest: Manifest) -> str:
         f"final state      {md.final_state} (norm eps {norm.eps}, weight in {norm.weight_file})",
         f"dtype / hidden   {md.dtype} / {md.hidden_size}; stored as {manifest.state_encoding}",
         f"tokenizer        {None if md.tokenizer is None else md.tokenizer.to_json()}",
+        f"regenerated      {regeneration_line(md)}",
         f"samples          {manifest.num_samples}",
         f"tokens           {manifest.num_tokens}",
         f"shards           {len(manifest.shards)}",

@@ -1,11 +1,13 @@
-"""The manifest's claims that no hash covers: the aux layer ids and the capture dtype.
+"""The manifest's claims that no hash covers: the aux layer ids, the capture dtype, the regeneration's token ids.
 
 Why here: shard hashes prove the shards' bytes, and the identity hash proves the
 metadata was not edited after the capture, but a manifest written (and hashed) with a
 wrong claim passes both. Aux layer ids of ``[2, 2, 2]`` or ``[4, 3, 2]`` would make a
 drafter read one layer three times or the layers in the wrong order, ids past the
 model's layers name states no model has, and a ``metadata.dtype`` the shards do not
-store would make readers and exporters decode them as something else. These checks
+store would make readers and exporters decode them as something else. The stop and
+structure ids a regeneration recorded (``metadata.regeneration``) must be token ids of the
+model, and no id both: a stop id ends an answer, a structure id refuses it. These checks
 are cheap (no shard is read), so they run wherever a manifest is parsed: ``verify``,
 every reader, remote datasets and followers.
 
@@ -17,7 +19,7 @@ ties ``metadata.dtype`` to those encodings, so the chain reaches the headers.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hs_dataset.codecs.registry import get_encoding
@@ -25,39 +27,66 @@ from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary, vocab_size_of
 
-__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim"]
+__all__ = [
+    "MAX_NUM_HIDDEN_LAYERS",
+    "aux_layer_ids_problem",
+    "check_aux_layer_ids",
+    "check_claims",
+    "check_dtype_claim",
+    "check_regeneration_ids",
+]
 
 _FIX = "restore the manifest from a copy or rebuild the dataset"
+# The deepest model a config may describe (model/model_config.py's bound on num_hidden_layers; formats cannot import
+# model): where a model's depth is not known, no aux id reaches it.
+MAX_NUM_HIDDEN_LAYERS = 1024
 
 
 def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: str) -> None:
     """Every claim of this module; the first wrong one is a FormatError naming ``where`` and the field."""
     check_aux_layer_ids(metadata, where)
     check_dtype_claim(metadata, tensors, where)
+    check_regeneration_ids(metadata, where)
 
 
 def check_aux_layer_ids(metadata: DatasetMetadata, where: str) -> None:
-    """Aux ids strictly increasing, non-negative, and below ``num_hidden_layers`` where the metadata records it.
+    """Aux ids strictly increasing, non-negative, and below ``num_hidden_layers`` (:func:`aux_layer_ids_problem`)."""
+    ids = metadata.aux_layer_ids or ()
+    problem = aux_layer_ids_problem(ids, metadata.num_hidden_layers, layers_field="metadata.num_hidden_layers")
+    if problem is not None:
+        raise FormatError(f"{where}: metadata.aux_layer_ids {problem}; {_FIX}")
+
+
+def aux_layer_ids_problem(ids: Sequence[int], num_hidden_layers: int | None, *, layers_field: str = "num_hidden_layers") -> str | None:
+    """Why ``ids`` cannot be a model's aux layer ids, starting with the ids (None: they can); the one check of a
+    manifest's claim and an import's ids.
 
     Id ``L`` (= ``num_hidden_layers``) is HF's post-norm final state, stored apart and
-    never an aux id (``capture/serve/layer_ids.py`` refuses it at capture). A manifest
-    without ``num_hidden_layers`` (older imports) gets the order and sign checks only:
-    the model's depth is not known, so no upper bound can be proved.
+    never an aux id (``capture/serve/layer_ids.py`` refuses it at capture). Where the
+    model's depth is not known (``num_hidden_layers`` None: older imports), ids are
+    bounded by :data:`MAX_NUM_HIDDEN_LAYERS`, the deepest model a config may describe.
+    ``layers_field``: how the message names the depth.
     """
-    ids = list(metadata.aux_layer_ids or ())
+    ids = list(ids)
     if any(i < 0 for i in ids):
-        raise FormatError(f"{where}: metadata.aux_layer_ids {ids} holds a negative id (ids index HF hidden_states from 0); {_FIX}")
+        return f"{ids} holds a negative id (ids index HF hidden_states from 0)"
     if any(b <= a for a, b in itertools.pairwise(ids)):
-        raise FormatError(
-            f"{where}: metadata.aux_layer_ids {ids} is not strictly increasing (each layer is captured once, in order); {_FIX}"
+        return f"{ids} is not strictly increasing (each layer is captured once, in order)"
+    if not ids:
+        return None
+    if num_hidden_layers is not None and ids[-1] >= num_hidden_layers:
+        return (
+            f"{ids} reaches id {ids[-1]}, past the model's {layers_field} {num_hidden_layers} "
+            f"(aux ids are 0..{num_hidden_layers - 1}; id {num_hidden_layers} is the final state)"
         )
-    layers = metadata.num_hidden_layers
-    if layers is not None and ids and ids[-1] >= layers:
-        raise FormatError(
-            f"{where}: metadata.aux_layer_ids {ids} reaches id {ids[-1]}, past the model's metadata.num_hidden_layers {layers} "
-            f"(aux ids are 0..{layers - 1}; id {layers} is the final state); {_FIX}"
+    if num_hidden_layers is None and ids[-1] >= MAX_NUM_HIDDEN_LAYERS:
+        return (
+            f"{ids} reaches id {ids[-1]}, past {MAX_NUM_HIDDEN_LAYERS - 1}, the last aux id of the deepest model a config "
+            f"may describe ({MAX_NUM_HIDDEN_LAYERS} layers; no {layers_field} is known to bound them closer)"
         )
+    return None
 
 
 def check_dtype_claim(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: str) -> None:
@@ -84,4 +113,29 @@ def check_dtype_claim(metadata: DatasetMetadata, tensors: Mapping[str, Any], whe
         raise FormatError(
             f"{where}: metadata.dtype {claimed!r} disagrees with the shards, which store {encoding.decoded} "
             f"(tensors.{FINAL_KEY}.encoding {encoding.name!r}); {_FIX}"
+        )
+
+
+def check_regeneration_ids(metadata: DatasetMetadata, where: str) -> None:
+    """``metadata.regeneration``'s stop and structure ids inside the vocabulary the metadata records, and no id in both.
+
+    A stop id outside the vocabulary never ends an answer and a structure id outside it never
+    refuses one, so such a record describes rules no build applied; an id in both lists would be
+    cut at and refused at once. A record without structure ids (written before they were
+    recorded) is judged on its stop ids alone.
+    """
+    record = metadata.regeneration
+    if record is None:
+        return
+    size = vocab_size_of(metadata)
+    for name in ("stop_token_ids", "structure_token_ids"):
+        ids = getattr(record, name) or ()
+        found = outside_vocabulary(list(ids), size)
+        if found is not None:
+            raise FormatError(f"{where}: {describe_outside(found, size, f'metadata.regeneration.{name}')}; {_FIX}")
+    both = sorted(set(record.stop_token_ids or ()) & set(record.structure_token_ids or ()))
+    if both:
+        raise FormatError(
+            f"{where}: metadata.regeneration.structure_token_ids holds stop id(s) {both[:5]} of metadata.regeneration.stop_token_ids "
+            f"(an answer is cut at a stop id, never refused for it); {_FIX}"
         )

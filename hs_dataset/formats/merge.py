@@ -37,6 +37,9 @@ _RUN_REPORT = "run_report.json"
 # Regeneration metadata that may differ between parts of one build: file names, and where each node's servers were.
 _PER_PART_KEYS = ("file", "files")
 _PER_PART_GENERATOR_KEYS = ("servers", "served_model", "concurrency", "concurrency_from")  # where, and how many requests at once
+# Recorded only by newer builds and derived from the chat template (which the identity compares): a part that does not
+# record them is compared on the rest, not refused as another build.
+_RECORDED_SINCE_KEYS = ("structure_token_ids",)
 
 __all__ = ["check_compatible", "merge_datasets"]
 
@@ -120,6 +123,11 @@ def _regeneration_params(manifest: Manifest) -> dict[str, Any] | None:
 def _check_same_regeneration(path: Path, manifest: Manifest, first_path: Path, first: Manifest) -> None:
     """Parts whose turns were written differently (or not at all) are not one dataset; name the first field that differs."""
     mine, theirs = _regeneration_params(manifest), _regeneration_params(first)
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for key in _RECORDED_SINCE_KEYS:
+            if mine.get(key) is None or theirs.get(key) is None:
+                mine.pop(key, None)
+                theirs.pop(key, None)
     if mine == theirs:
         return
     if not isinstance(mine, dict) or not isinstance(theirs, dict):

@@ -76,9 +76,11 @@ def _bool(value: Any, where: str, name: str) -> bool:
     return value
 
 
-def _int_tuple(value: Any, where: str, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise _bad(where, name, "a list of integers", value)
+def _token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
+    """Token ids as a build records them (stop and structure ids): integers 0 or more; the vocabulary bound is a claim
+    (``formats/claims.py``), since it needs the metadata's ``vocab_size``."""
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise _bad(where, name, "a list of token ids (integers 0 or more)", value)
     return tuple(value)
 
 
@@ -307,6 +309,9 @@ def _files(value: Any, where: str, name: str) -> dict[str, RegeneratedFile]:
 class RegenerationRecord(MetadataRecord):
     """How the assistant turns were regenerated (generation parameters, engine) and the files holding them.
 
+    ``stop_token_ids``: where an answer is cut (kept, it ends the turn); ``structure_token_ids``: the chat
+    template's role markers and turn separators, which no stored answer holds (one that does is refused as
+    malformed, ``regenerate/answers.py``); None where a build did not record them (written before they were).
     ``file`` names this build's file; ``files`` (name -> :class:`RegeneratedFile`) is
     filled in by the writer when the build ends; a merge keeps ``files`` only.
     """
@@ -317,6 +322,7 @@ class RegenerationRecord(MetadataRecord):
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    structure_token_ids: tuple[int, ...] | None = None
     thinking: str | None = None
     turns: int | None = None
     policy: str | None = None
@@ -331,6 +337,7 @@ class RegenerationRecord(MetadataRecord):
         "top_p",
         "seed",
         "stop_token_ids",
+        "structure_token_ids",
         "thinking",
         "turns",
         "policy",
@@ -343,7 +350,8 @@ class RegenerationRecord(MetadataRecord):
         "temperature": _number,
         "top_p": _number,
         "seed": _int,
-        "stop_token_ids": _int_tuple,
+        "stop_token_ids": _token_ids,
+        "structure_token_ids": _token_ids,
         "thinking": _str,
         "turns": _int,
         "policy": _str,

@@ -45,8 +45,12 @@ def _chunk_records(line: bytes, where: str, number: int, vocab_size: int | None 
     return chunk["records"]
 
 
-def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) -> dict[str, dict[str, Any]]:
+def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None, vocab_size: int | None = None) -> dict[str, dict[str, Any]]:
     """The finished file's records by sample id, once its sha256 is the one ``what`` records (a finished build leaves no torn line).
+
+    ``vocab_size``: the vocabulary the manifest records (``formats/vocabulary.vocab_size_of``): a re-hashed file
+    with an id just above the model's vocabulary is self-consistent, so its ids are checked against the model's
+    bound, not only the largest any model may have (None: that bound).
 
     Raises FileNotFoundError when missing, UnsafePathError when not a regular file,
     IntegrityError on another sha256, FormatError on a damaged line or a sample id stored twice.
@@ -62,7 +66,7 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) 
         for number, line in enumerate(iter(lambda: f.readline(MAX_CHUNK_BYTES + 1), b""), 1):
             if not line.endswith(b"\n"):
                 raise damaged(str(path), f"line {number}", f"is cut off (no newline) or longer than {MAX_CHUNK_BYTES} bytes")
-            for record in _chunk_records(line, str(path), number):
+            for record in _chunk_records(line, str(path), number, vocab_size):
                 if record["sample_id"] in records:
                     raise damaged(str(path), f"line {number}", f"stores sample {record['sample_id']!r} a second time")
                 records[record["sample_id"]] = record

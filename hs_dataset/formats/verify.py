@@ -205,7 +205,7 @@ def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, sto
     for name, info in files.items():
         field = f"metadata.regeneration.files[{name!r}]"
         try:
-            path, records = _read_listed(root, name, info, field, where)
+            path, records = _read_listed(root, name, info, field, where, vocab_size_of(manifest.metadata))
         except (HsDatasetError, OSError) as exc:
             result.problems.append(str(exc))
             continue
@@ -219,11 +219,14 @@ def _check_regenerated(root: Path, manifest: Manifest, result: VerifyResult, sto
             _check_stored(root, manifest, name, path, records, stored, result)
 
 
-def _read_listed(root: Path, name: str, info: RegeneratedFile, field: str, where: str) -> tuple[Path, dict[str, dict]]:
-    """The file's records after checking its path, sha256 and record count against the manifest."""
+def _read_listed(
+    root: Path, name: str, info: RegeneratedFile, field: str, where: str, vocab_size: int | None
+) -> tuple[Path, dict[str, dict]]:
+    """The file's records after checking its path, sha256, record count and ids (against ``vocab_size``, the
+    vocabulary the manifest records) against the manifest."""
     path = resolve_member(root, name, what=field, where=where)
     try:
-        records = read_regenerated(path, what=field, sha256=info.sha256)
+        records = read_regenerated(path, what=field, sha256=info.sha256, vocab_size=vocab_size)
     except FileNotFoundError:
         raise IntegrityError(
             f"{path}: {field} names a file that is missing; restore it (its sha256 is in {where}) or rebuild with --regenerate"

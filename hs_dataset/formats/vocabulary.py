@@ -21,7 +21,16 @@ import torch
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 
-__all__ = ["MAX_VOCAB_SIZE", "Outside", "check_token_ids", "first_outside", "outside_vocabulary", "vocab_end", "vocab_size_of"]
+__all__ = [
+    "MAX_VOCAB_SIZE",
+    "Outside",
+    "check_token_ids",
+    "describe_outside",
+    "first_outside",
+    "outside_vocabulary",
+    "vocab_end",
+    "vocab_size_of",
+]
 
 MAX_VOCAB_SIZE = 16_777_216  # model_config.py's bound on a config's vocab_size
 
@@ -51,8 +60,9 @@ def outside_vocabulary(ids: Any, vocab_size: int | None) -> Outside | None:
     """The ids outside ``[0, vocab_end(vocab_size))``, None when all are inside; ids may be a tensor, an array or a
     list of ints (Python ints of any size: an answer from a server is not yet int64).
 
-    The one comparison every path uses (shards, imports, regeneration records, pre-tokenized sources, ``/generate``
-    answers), so a bound cannot drift between them. Arrays are checked in one vectorized pass.
+    The one comparison every path uses (shards, imports, regeneration records, pre-tokenized and rendered source
+    rows, ``/generate`` answers, the in-process capture), so a bound cannot drift between them. Arrays are checked
+    in one vectorized pass; a list whose smallest and largest ids are inside is passed without a Python loop.
     """
     end = vocab_end(vocab_size)
     if isinstance(ids, torch.Tensor):
@@ -60,6 +70,8 @@ def outside_vocabulary(ids: Any, vocab_size: int | None) -> Outside | None:
     if isinstance(ids, np.ndarray):
         bad = np.flatnonzero((ids < 0) | (ids >= end))
         return Outside(int(bad.size), int(bad[0]), int(ids.flat[bad[0]])) if bad.size else None
+    if not len(ids) or (min(ids) >= 0 and max(ids) < end):
+        return None
     bad_list = [(k, int(t)) for k, t in enumerate(ids) if not 0 <= t < end]
     return Outside(len(bad_list), *bad_list[0]) if bad_list else None
 
@@ -71,6 +83,16 @@ def first_outside(ids: Any, vocab_size: int | None) -> tuple[int, int] | None:
     return (found.position, found.token) if found is not None else None
 
 
+def describe_outside(found: Outside, vocab_size: int | None, name: str = "input_ids") -> str:
+    """The one wording of ids outside the vocabulary, for every path's message: ``name`` (the field), the first bad id's
+    position and value, the bound (and that it is the ceiling where no vocab_size is known), and how many there are."""
+    bound = f"the vocabulary [0, {vocab_end(vocab_size)})"
+    if vocab_size is None:
+        bound += " (no vocab_size known: the largest a model may have)"
+    more = f" ({found.total} ids outside it)" if found.total > 1 else ""
+    return f"{name}[{found.position}] = {found.token} is outside {bound}{more}"
+
+
 def check_token_ids(
     ids: Sequence[int] | torch.Tensor | np.ndarray, vocab_size: int | None, *, where: str, sample: str, fix: str, name: str = "input_ids"
 ) -> None:
@@ -79,10 +101,6 @@ def check_token_ids(
 
     ``vocab_size`` None (not known): ids are checked against :data:`MAX_VOCAB_SIZE`.
     """
-    end = vocab_end(vocab_size)
-    found = first_outside(ids, vocab_size)
-    if found is None:
-        return
-    position, token = found
-    bound = f"the vocabulary [0, {end})" + ("" if vocab_size is not None else " (no vocab_size recorded: the largest a model may have)")
-    raise FormatError(f"{where}: sample {sample!r}: {name}[{position}] = {token} is outside {bound}; {fix}")
+    found = outside_vocabulary(ids, vocab_size)
+    if found is not None:
+        raise FormatError(f"{where}: sample {sample!r}: {describe_outside(found, vocab_size, name)}; {fix}")

@@ -18,7 +18,10 @@ Where the layer ids come from, first match wins: :attr:`~hs_dataset.interop.sett
 ``hs_dataset_export.json`` record if the directory is one of our exports; the config
 card named by ``config`` (if it is a card); speculators'/SpecForge's default from
 ``num_hidden_layers`` (:func:`~hs_dataset.interop.common.trainer_default_aux_layer_ids`).
-Contradictions between these, or with the files, are refused.
+Contradictions between these, or with the files, are refused. The ids are the manifest's
+claim (``formats/claims.py``), checked before anything is written: below the model's depth
+(``num_hidden_layers``, ``--model-path``'s config, the export record), else below
+:data:`~hs_dataset.formats.claims.MAX_NUM_HIDDEN_LAYERS`.
 
 Inconsistent files are refused by name (:class:`ImportDataError`): missing keys, shape
 mismatches between tensors or with the first file, token_ids != input_ids, mixed dtypes.
@@ -44,6 +47,7 @@ import torch
 
 from hs_dataset.dtypes import state_dtype_name
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.claims import aux_layer_ids_problem
 from hs_dataset.formats.metadata import HF_HIDDEN_STATES_INDEX, BackendRecord, DatasetMetadata, FinalNorm, ModelRecord
 from hs_dataset.formats.vocabulary import check_token_ids
 from hs_dataset.interop.common import (
@@ -302,6 +306,16 @@ _IMPORT_KEYS = (
 )
 
 
+def _check_aux_layer_ids(ids: list[int], num_hidden_layers: int | None) -> None:
+    """The manifest's claim (``formats/claims.py``), refused before anything is written: ids below the model's depth
+    (given, from ``--model-path``'s config or the export record), else below the deepest a model config may describe."""
+    problem = aux_layer_ids_problem(ids, num_hidden_layers)
+    if problem is None:
+        return
+    depth = "" if num_hidden_layers is not None else ", or give the model's depth with --num-hidden-layers L or --model-path DIR"
+    raise ImportDataError(f"aux layer ids {problem}; pass --aux-layer-ids as HF hidden_states indexes of the model{depth}")
+
+
 def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: int, dtype: torch.dtype, where: str) -> DatasetMetadata:
     ids = resolved.aux_layer_ids
     if ids is None:
@@ -311,10 +325,7 @@ def _metadata(resolved: ResolvedImport, fmt: str, src: Path, *, k: int, hidden: 
         )
     if len(ids) != k:
         raise ImportDataError(f"{where}: the files hold {k} aux layers but the layer ids are {ids} ({len(ids)} layers)")
-    if sorted(set(ids)) != ids or min(ids, default=0) < 0:
-        raise ImportDataError(f"aux layer ids {ids} must be ascending, distinct, non-negative HF hidden_states indexes")
-    if resolved.num_hidden_layers is not None and max(ids, default=-1) >= resolved.num_hidden_layers:
-        raise ImportDataError(f"aux layer ids {ids} reach past the {resolved.num_hidden_layers} decoder layers (id L is the final state)")
+    _check_aux_layer_ids(ids, resolved.num_hidden_layers)
     try:
         dtype_name = state_dtype_name(dtype)
     except ValueError:

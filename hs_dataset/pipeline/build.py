@@ -23,6 +23,7 @@ from hs_dataset.config.run import BuildOptions, parse_options
 from hs_dataset.dataset_access import output_dir
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.build_state import BuildState
+from hs_dataset.formats.vocabulary import vocab_size_of
 from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.pipeline.resume import interrupted_message, running_state
 from hs_dataset.pipeline.run_report import RunReport, save_run_report
@@ -92,7 +93,8 @@ def _open_regeneration(session: CaptureSession, out_dir: Path, opts: BuildOption
     card, backend = session.card, session.backend
     generator = backend.generator(card.regenerate, session.tokenizer)
     burst = backend.capture_burst(card.backend.batch_size)
-    return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=burst, vocab_size=session.info.vocab_size)
+    vocab_size = vocab_size_of(session.metadata)  # the bound the manifest records, and verify checks: the model's, else the tokenizer's
+    return Regeneration(card, generator, session.tokenizer, out_dir, name, burst=burst, vocab_size=vocab_size)
 
 
 def _build(

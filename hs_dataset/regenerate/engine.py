@@ -60,7 +60,8 @@ class Regeneration:
     ) -> None:
         """``burst``: (tokens, samples) finished conversations gather to before going on to capture (``sample.bursts``).
 
-        ``vocab_size``: the model's; the records a resumed build reads back are checked against it, since they are
+        ``vocab_size``: the vocabulary the manifest records (the model's, else the tokenizer's; the bound ``verify``
+        checks the file against); the records a resumed build reads back are checked against it, since they are
         captured as stored.
         """
         section = card.regenerate
@@ -92,6 +93,7 @@ class Regeneration:
             top_p=p.top_p,
             seed=p.seed,
             stop_token_ids=tuple(p.stop_token_ids),
+            structure_token_ids=tuple(sorted(self.rules.structure)),
             thinking=s.thinking,
             turns=s.turns,
             policy=s.policy,

@@ -18,6 +18,7 @@ import torch
 
 from hs_dataset.config import LimitsSection
 from hs_dataset.errors import SourceError
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary
 from hs_dataset.model.tokenizer import load_tokenizer
 from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.char_cap import conversation_chars, encode_capped, output_char_cap, row_char_cap
@@ -239,14 +240,14 @@ class _Run:
         return self.fit(row_index, sid, ids, mask, meta)
 
     def check_vocab(self, ids: list[int]) -> None:
-        """Rendered ids must fit the model too: a tokenizer may know more tokens than the model embeds."""
+        """Rendered ids must fit the model too: a tokenizer may know more tokens than the model embeds (the ids kept
+        after ``max_length`` are checked, by the package's one vocabulary check)."""
         vocab = self.rules.vocab_size
-        window = ids[: self.rules.max_length]
-        if vocab is not None and window and max(window) >= vocab:
-            pos = next(i for i, t in enumerate(window) if t >= vocab)
+        found = outside_vocabulary(ids[: self.rules.max_length], vocab) if vocab is not None else None
+        if found is not None:
             raise MalformedRowError(
-                f"token id {window[pos]} at position {pos} is outside the model's vocabulary [0, {vocab}) "
-                "(the tokenizer has more tokens than the model embeds; use the model's own tokenizer)"
+                f"{describe_outside(found, vocab)} of the model: the tokenizer has more tokens than the model embeds; "
+                "use the model's own tokenizer"
             )
 
     def fit(self, row_index: int, sid: str, ids: list[int], mask: list[bool], meta: dict[str, Any]) -> TokenizedSample:

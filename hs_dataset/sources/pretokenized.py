@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hs_dataset.formats.vocabulary import outside_vocabulary
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary
 from hs_dataset.sources.report import MalformedRowError
 
 __all__ = ["MissingMaskPolicy", "is_pretokenized", "read_pretokenized"]
@@ -48,11 +48,9 @@ def read_pretokenized(
         raise MalformedRowError("input_ids: must hold integers, got booleans")
     if ids.size == 0:
         raise MalformedRowError("input_ids: is empty")
-    bad = outside_vocabulary(ids, vocab_size)  # the package's one vocabulary check
+    bad = outside_vocabulary(ids, vocab_size)  # the package's one vocabulary check, and its wording
     if bad is not None:
-        raise MalformedRowError(
-            f"input_ids: {bad.total} id(s) outside the vocabulary [0, {vocab_size}), first {bad.token} at position {bad.position}"
-        )
+        raise MalformedRowError(describe_outside(bad, vocab_size))
     raw_mask = row.get("loss_mask")
     if raw_mask is None:
         if missing_mask == "reject":

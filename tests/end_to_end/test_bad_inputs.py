@@ -171,12 +171,12 @@ BUILD_CASES: dict[str, BuildCase] = {
     "token id == vocab size": BuildCase(
         [{"id": "bad", "input_ids": [1, 2, VOCAB], "loss_mask": [0, 1, 1]}],
         "malformed",
-        f"outside the vocabulary [0, {VOCAB}), first {VOCAB} at position 2",
+        f"input_ids[2] = {VOCAB} is outside the vocabulary [0, {VOCAB})",
     ),
     "token id 10 million": BuildCase(
         [{"id": "bad", "input_ids": [10_000_000, 2], "loss_mask": [1, 1]}], "malformed", "outside the vocabulary"
     ),
-    "negative token id": BuildCase([{"id": "bad", "input_ids": [3, -1], "loss_mask": [1, 1]}], "malformed", "first -1 at position 1"),
+    "negative token id": BuildCase([{"id": "bad", "input_ids": [3, -1], "loss_mask": [1, 1]}], "malformed", "input_ids[1] = -1 is outside"),
     "float token ids": BuildCase([{"id": "bad", "input_ids": [1.5, 2.0], "loss_mask": [1, 1]}], "malformed", "must hold integers"),
     "empty input_ids": BuildCase([{"id": "bad", "input_ids": [], "loss_mask": []}], "malformed", "input_ids: is empty"),
     "loss_mask length mismatch": BuildCase(
@@ -247,7 +247,7 @@ BUILD_CASES: dict[str, BuildCase] = {
     "token ids a string": BuildCase([{"id": "bad", "input_ids": "1 2 3"}], "malformed", "input_ids"),
     "token ids booleans": BuildCase([{"id": "bad", "input_ids": [True, False], "loss_mask": [1, 1]}], "malformed", "got booleans"),
     "most negative int64 id": BuildCase(
-        [{"id": "bad", "input_ids": [-(2**63), 5], "loss_mask": [1, 1]}], "malformed", f"first {-(2**63)} at position 0"
+        [{"id": "bad", "input_ids": [-(2**63), 5], "loss_mask": [1, 1]}], "malformed", f"input_ids[0] = {-(2**63)} is outside"
     ),
 }
 
@@ -569,7 +569,9 @@ def test_tokenizer_ids_beyond_the_model_vocab_are_counted(tiny_model_dir):
     top = max(tok.convert_tokens_to_ids(["<|im_end|>"]))
     samples, report = load_samples(rows, tok, SampleRules(max_length=1024, vocab_size=top))  # the model "embeds" ids < <|im_end|>
     assert [s.sample_id for s in samples] == [] and len(report.issues) == 2
-    assert all("outside the model's vocabulary" in i.reason for i in report.issues)
+    assert all(
+        "outside the vocabulary" in i.reason and "the tokenizer has more tokens than the model embeds" in i.reason for i in report.issues
+    )
 
 
 # ---------------------------------------------------------------------------- memory bounds

@@ -99,6 +99,7 @@ def test_a_set_field_is_appended_as_the_dict_update_did():
         top_p=1.0,
         seed=0,
         stop_token_ids=(1, 2),
+        structure_token_ids=(5, 6),
         thinking=None,
         turns=None,
         policy="drop",
@@ -115,6 +116,7 @@ def test_a_set_field_is_appended_as_the_dict_update_did():
             "top_p": 1.0,
             "seed": 0,
             "stop_token_ids": [1, 2],
+            "structure_token_ids": [5, 6],
             "thinking": None,
             "turns": None,
             "policy": "drop",
@@ -166,6 +168,9 @@ def test_null_and_absent_keys_stay_as_they_were():
         ("tokenizer", {"class": 1}, "metadata.tokenizer.class"),
         ("stream_cache", "yes", "metadata.stream_cache"),
         ("regeneration", {"files": {"r.jsonl": {"records": "2"}}}, r"metadata.regeneration.files\['r.jsonl'\].records"),
+        ("regeneration", {"structure_token_ids": [3, -1]}, "metadata.regeneration.structure_token_ids"),
+        ("regeneration", {"structure_token_ids": ["<|im_user|>"]}, "metadata.regeneration.structure_token_ids"),
+        ("regeneration", {"stop_token_ids": [True]}, "metadata.regeneration.stop_token_ids"),
     ],
 )
 def test_a_known_key_of_the_wrong_type_is_refused_by_name(field, value, named):
@@ -206,6 +211,7 @@ _known = {
             "file": _optional_str,
             "seed": st.integers(0, 9),
             "stop_token_ids": st.lists(st.integers(0, 9), max_size=3),
+            "structure_token_ids": st.lists(st.integers(10, 19), max_size=3),
             "files": st.dictionaries(_names, st.fixed_dictionaries({"sha256": _optional_str, "records": st.integers(0, 9)}), max_size=2),
         },
     ),
@@ -233,6 +239,17 @@ def test_any_metadata_json_round_trips_with_its_key_order(raw):
 # ---------------------------------------------------------------------------- the writer owns the manifest
 def _regeneration(file: str) -> RegenerationRecord:
     return RegenerationRecord(file=file, max_new_tokens=8, seed=0, generator={"engine": "transformers"})
+
+
+def test_a_regeneration_record_without_structure_ids_reads_and_writes_back_without_them():
+    """Manifests written before the structure ids were recorded: read as None (not recorded), never given a null key."""
+    raw = {**BUILD_JSON, "regeneration": {"file": "r.jsonl", "max_new_tokens": 8, "stop_token_ids": [7, 9], "thinking": None}}
+    metadata = DatasetMetadata.from_json(raw, "m.json")
+    assert metadata.regeneration.stop_token_ids == (7, 9) and metadata.regeneration.structure_token_ids is None
+    assert _dumped(metadata.to_json()) == _dumped(raw)
+    recorded = replace(metadata, regeneration=replace(metadata.regeneration, structure_token_ids=(3, 4)))
+    assert list(recorded.to_json()["regeneration"].items())[-1] == ("structure_token_ids", [3, 4])
+    assert identity_fingerprint(recorded) == identity_fingerprint(raw)  # derived from the template, which the identity holds
 
 
 def test_the_regenerated_file_reaches_the_manifest_through_the_writer(tmp_path):

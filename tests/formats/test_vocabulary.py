@@ -2,7 +2,9 @@
 
 Proved here: the check names the file, the sample, the field, the id and the bound (the
 manifest's vocab_size, or the largest vocabulary a model may have when none is recorded);
-a re-hashed shard holding 10**12 or -7 fails ``verify`` and is not exported; a specforge
+every other path where ids enter (``/generate`` answers, pre-tokenized and rendered source rows,
+the in-process capture) uses the same comparison and words; a re-hashed shard holding 10**12 or
+-7 fails ``verify`` and is not exported; a specforge
 file holding 10**12 is not imported; an edited regeneration record holding 10**12 is
 refused when a build resumes from it, naming the file and the line.
 """
@@ -17,8 +19,9 @@ import pytest
 import torch
 
 from hs_dataset.errors import FormatError, HsDatasetError
+from hs_dataset.formats.hashing import sha256_file
 from hs_dataset.formats.metadata import DatasetMetadata
-from hs_dataset.formats.regenerated import RegeneratedStore
+from hs_dataset.formats.regenerated import RegeneratedStore, read_regenerated
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, Outside, check_token_ids, outside_vocabulary, vocab_size_of
 from tests.fixtures.damage import rewrite_shard
@@ -35,29 +38,62 @@ def test_an_id_outside_the_vocabulary_is_one_line_naming_it_and_the_bound(ids):
 
 def test_without_a_recorded_vocabulary_ids_are_bounded_by_the_largest_a_model_may_have():
     check_token_ids([MAX_VOCAB_SIZE - 1], None, where="f", sample="s", fix="x")
-    with pytest.raises(FormatError, match=r"input_ids\[0\] = -7 is outside the vocabulary \[0, 16777216\) \(no vocab_size recorded"):
+    with pytest.raises(FormatError, match=r"input_ids\[0\] = -7 is outside the vocabulary \[0, 16777216\) \(no vocab_size known"):
         check_token_ids([-7], None, where="f", sample="s", fix="x")
     assert vocab_size_of(DatasetMetadata(vocab_size=32000)) == 32000
     assert vocab_size_of(DatasetMetadata.from_json({"tokenizer": {"vocab_size": 100}}, "m")) == 100
     assert vocab_size_of(DatasetMetadata()) is None
 
 
-def test_the_sglang_answer_and_pretokenized_checks_are_the_one_vocabulary_check():
-    """The /generate answer check and the pre-tokenized source check share its comparison and bound."""
+def test_every_path_where_ids_enter_uses_the_one_check_and_its_wording():
+    """The /generate answer check, the pre-tokenized and rendered source checks and the in-process capture share the
+    comparison, the bound and the words of verify, imports and regeneration records (formats/vocabulary.py)."""
     import numpy as np
 
-    from hs_dataset.capture.sglang.generate import _bad_ids
+    from hs_dataset.capture.sglang.generate import _bad_ids, parse_output
+    from hs_dataset.regenerate.generator import GenerationParams
     from hs_dataset.sources.pretokenized import read_pretokenized
     from hs_dataset.sources.report import MalformedRowError
 
     assert outside_vocabulary([1, 1000, -1, 2], 1000) == Outside(2, 1, 1000)
     assert outside_vocabulary(np.array([5, 7], dtype=np.uint64), 6) == Outside(1, 1, 7)
+    assert outside_vocabulary([], 6) is None and outside_vocabulary([0, 5], 6) is None
     assert _bad_ids([5, 999], 1000) is None
     assert _bad_ids([5, 1000], 1000) == "output_ids[1] = 1000 is outside the vocabulary [0, 1000)"
-    assert _bad_ids([MAX_VOCAB_SIZE], None) == f"output_ids[0] = {MAX_VOCAB_SIZE} is outside the vocabulary [0, {MAX_VOCAB_SIZE})"
+    assert _bad_ids([MAX_VOCAB_SIZE], None) == (
+        f"output_ids[0] = {MAX_VOCAB_SIZE} is outside the vocabulary [0, {MAX_VOCAB_SIZE}) (no vocab_size known: the largest a model may have)"
+    )
     assert _bad_ids([2**70], None) is not None  # never stored: it would not fit an int64 tensor either
-    with pytest.raises(MalformedRowError, match=r"input_ids: 2 id\(s\) outside the vocabulary \[0, 10\), first 10 at position 1"):
+    failed = parse_output({"output_ids": [3, 1000, 1001]}, GenerationParams(max_new_tokens=4), 1000)
+    assert failed.finish == "failed"
+    assert (
+        failed.error == "the server's answer is not token ids: output_ids[1] = 1000 is outside the vocabulary [0, 1000) (2 ids outside it)"
+    )
+    with pytest.raises(MalformedRowError) as caught:
         read_pretokenized({"input_ids": [1, 10, 11]}, vocab_size=10)
+    assert str(caught.value) == "input_ids[1] = 10 is outside the vocabulary [0, 10) (2 ids outside it)"
+
+
+def test_rendered_rows_and_the_in_process_capture_use_the_one_check(tiny_model_dir, hf_backend):
+    """Ids a tokenizer renders past the model's embedding, and a sample the HF capture is handed with such ids."""
+    from transformers import AutoTokenizer
+
+    from hs_dataset.sources.iterate import SampleRules, load_samples
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "fine"}]}]
+    samples, report = load_samples(rows, tok, SampleRules(max_length=64, vocab_size=5))
+    assert samples == [] and len(report.issues) == 1
+    reason = report.issues[0].reason
+    assert reason.startswith("input_ids[0] = ") and "is outside the vocabulary [0, 5) (" in reason
+    assert reason.endswith("of the model: the tokenizer has more tokens than the model embeds; use the model's own tokenizer")
+    from hs_dataset.capture.base import CaptureFailure
+    from hs_dataset.sample import TokenizedSample
+
+    vocab = hf_backend.info().vocab_size
+    far = TokenizedSample("far", torch.tensor([1, vocab, -3]), torch.tensor([True, True, True]))
+    [result] = hf_backend.capture_batch([far])
+    assert result == CaptureFailure("far", f"input_ids[1] = {vocab} is outside the vocabulary [0, {vocab}) (2 ids outside it) of the model")
 
 
 def _set_first_id(value: int):
@@ -83,7 +119,7 @@ def test_a_rehashed_shard_with_an_out_of_vocabulary_id_fails_verify_and_is_not_e
     shard = json.loads((root / "manifest.json").read_text())["shards"][0]["file"]
     assert problems == [
         f"{root / shard}: sample 's0': input_ids[0] = {value} is outside the vocabulary [0, 16777216) "
-        "(no vocab_size recorded: the largest a model may have); the shard was altered after capture: restore it from the build or rebuild it"
+        "(no vocab_size known: the largest a model may have); the shard was altered after capture: restore it from the build or rebuild it"
     ]
     with pytest.raises(FormatError, match=rf"sample 's0': input_ids\[0\] = {value} is outside"):
         export_speculators(root, tmp_path / "exp")
@@ -131,8 +167,9 @@ def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_
         RegeneratedStore(tmp_path)
 
 
-def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
-    """A resuming build opens the store with the model's vocab_size: an id of vocab_size + 1 is refused, not only 10**12."""
+def test_a_store_or_a_finished_file_read_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
+    """A resuming build opens the store, and verify reads a finished file, with the vocabulary the manifest records: an id
+    of vocab_size + 1 is refused, not only 10**12."""
     record = {
         "sample_id": "a",
         "row_index": 0,
@@ -150,3 +187,7 @@ def test_a_store_opened_with_the_models_vocabulary_refuses_an_id_just_above_it(t
     with pytest.raises(FormatError) as caught:
         RegeneratedStore(tmp_path, vocab_size=1000)
     assert str(caught.value).startswith(f"{path}: line 1 records[0]: sample 'a': input_ids[3] = 1001 is outside the vocabulary [0, 1000);")
+    digest = sha256_file(path)
+    assert "a" in read_regenerated(path, what="m", sha256=digest)  # a tool without the model: the ceiling only
+    with pytest.raises(FormatError, match=r"sample 'a': input_ids\[3\] = 1001 is outside the vocabulary \[0, 1000\);"):
+        read_regenerated(path, what="m", sha256=digest, vocab_size=1000)  # verify: the manifest's vocabulary

@@ -96,6 +96,28 @@ def test_every_turn_regenerated_and_counted(regenerated):
     assert meta["files"]["regenerated.jsonl"]["sha256"] == sha256_file(out / "regenerated.jsonl")
 
 
+def test_the_manifest_records_the_structure_ids_beside_the_stop_ids_and_info_shows_them(regenerated, tiny_model_dir):
+    """The ids an answer is refused for are the ones the run used (the template's role markers and separators)."""
+    from transformers import AutoTokenizer
+
+    from hs_dataset.cli.info import describe
+    from hs_dataset.formats.manifest import Manifest
+    from hs_dataset.regenerate.answers import structure_tokens
+    from hs_dataset.sources.chat import ChatTokenizer
+    from hs_dataset.sources.masking import resolve_mask_rule
+
+    out, _ = regenerated
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    chat = ChatTokenizer(tok, resolve_mask_rule(tok))
+    raw = json.loads((out / "manifest.json").read_text())["metadata"]["regeneration"]
+    expected = sorted(structure_tokens(chat, raw["stop_token_ids"]))
+    assert expected and raw["structure_token_ids"] == expected
+    assert list(raw)[list(raw).index("stop_token_ids") + 1] == "structure_token_ids"  # same section, beside the stop ids
+    assert {tok.convert_ids_to_tokens(i) for i in expected} >= {"<|im_user|>", "<|im_assistant|>"}
+    shown = describe(Manifest.load(out))
+    assert f"stop ids {raw['stop_token_ids']}; structure ids {expected}" in shown
+
+
 def test_turns_equal_plain_model_generate(regenerated, hf_backend):
     from hs_dataset.regenerate.generator import GenerationParams, hf_generate_kwargs
 
@@ -226,6 +248,29 @@ def test_resume_refuses_a_record_with_an_id_just_above_the_models_vocabulary(tmp
     assert f"input_ids[0] = {vocab + 1} is outside the vocabulary [0, {vocab});" in message and "\n" not in message
 
 
+def test_verify_refuses_a_rehashed_record_with_an_id_just_above_the_models_vocabulary(tmp_path, regenerated):
+    """A record edited to the model's vocab_size + 1 and its sha256 re-recorded is self-consistent: verify checks its ids
+    against the vocabulary the manifest records, not only the 16,777,216 ceiling."""
+    from hs_dataset.formats.hashing import sha256_file
+    from hs_dataset.formats.manifest import Manifest
+
+    path = tampered_copy(regenerated[0], tmp_path / "ds")
+    vocab = Manifest.load(path.parent).metadata.vocab_size
+    lines = path.read_text().splitlines(keepends=True)
+    chunk = json.loads(lines[0])
+    chunk["records"][0]["turns"][0]["token_ids"][0] = vocab + 1
+    lines[0] = json.dumps(chunk) + "\n"
+    path.write_text("".join(lines))
+    manifest = Manifest.load(path.parent)
+    entry = manifest.metadata.regeneration
+    fixed = entry.with_file("regenerated.jsonl", replace(entry.files["regenerated.jsonl"], sha256=sha256_file(path)))
+    manifest.metadata = replace(manifest.metadata, regeneration=fixed)
+    manifest.save(path.parent)
+    text = problems(path.parent)
+    sid = chunk["records"][0]["sample_id"]
+    assert f"{path}: line 1 records[0]: sample {sid!r}: turns[0].token_ids[0] = {vocab + 1} is outside the vocabulary [0, {vocab})" in text
+
+
 def test_push_publishes_the_regenerated_conversations(regenerated):
     from hs_dataset.formats.manifest import Manifest
     from hs_dataset.hub.upload import _regenerated_files
@@ -353,6 +398,35 @@ def test_merge_of_regenerated_ranks_verifies_and_keeps_every_record(tmp_path, ra
         part, _, base = name.partition("/")
         merged.update(RegeneratedStore(tmp_path / "merged" / part, base).records)
     assert sorted(merged) == sorted(records(regenerated[0]))
+
+
+def _part_like(src: Path, dst: Path, change) -> Path:
+    """A copy of part ``src`` whose regeneration record is ``change(record)``, identity recomputed (as a build wrote it)."""
+    import shutil
+
+    from hs_dataset.formats.identity import identity_fingerprint
+    from hs_dataset.formats.manifest import Manifest
+
+    shutil.copytree(src, dst)
+    manifest = Manifest.load(dst)
+    manifest.metadata = replace(manifest.metadata, regeneration=change(manifest.metadata.regeneration))
+    manifest.identity = identity_fingerprint(manifest.metadata)
+    manifest.save(dst)
+    return dst
+
+
+def test_merge_takes_a_part_that_predates_structure_ids_but_refuses_other_ones(tmp_path, rank_parts):
+    """Structure ids follow from the chat template (in the identity): a part that does not record them still merges,
+    a part that records others does not."""
+    from hs_dataset.errors import ForeignDatasetError
+    from hs_dataset.formats.merge import merge_datasets
+
+    older = _part_like(rank_parts[1], tmp_path / "older", lambda entry: entry.without("structure_token_ids"))
+    merged = merge_datasets([rank_parts[0], older], tmp_path / "merged")
+    assert merged.metadata.regeneration.structure_token_ids  # the first part's record
+    other = _part_like(rank_parts[1], tmp_path / "other", lambda entry: replace(entry, structure_token_ids=entry.structure_token_ids[1:]))
+    with pytest.raises(ForeignDatasetError, match="metadata.regeneration.structure_token_ids"):
+        merge_datasets([rank_parts[0], other], tmp_path / "out")
 
 
 @pytest.mark.parametrize("change", ["max_new_tokens", "seed", "temperature", "model_fingerprint", "no regeneration"])

@@ -42,6 +42,7 @@ __all__ = [
     "check_dump",
     "delete_staged",
     "encoding_problem",
+    "metadata_problem",
     "prune_mappings",
     "read_dump",
     "scaled_encoding",
@@ -223,7 +224,8 @@ def check_dump(path: str, key: str, sample: TokenizedSample, expected: ExpectedD
     sid = sample.sample_id
     try:
         meta, tensors = read_dump(
-            path, lambda specs, meta: _metadata_problem(meta, key, expected) or _header_problem(specs, meta, key, sample, expected)
+            path,
+            lambda specs, meta: metadata_problem(meta, f"dump {key}", key, expected) or _header_problem(specs, meta, key, sample, expected),
         )
     except HeaderRefused as exc:
         return CaptureFailure(sid, str(exc))
@@ -256,21 +258,27 @@ def scaled_encoding(meta: dict[str, str]) -> Encoding | None:
     return encoding if encoding is not None and encoding.scaled else None
 
 
-def _metadata_problem(meta: dict[str, str], key: str, expected: ExpectedDump) -> str | None:
-    """Format, request id, final-state kind and layers of the dump's header."""
+def metadata_problem(meta: dict[str, str], what: str, rid: str, expected: ExpectedDump, capture_path: str | None = None) -> str | None:
+    """What is wrong with a dump's or a one-pass piece's header metadata (None: nothing), before any tensor is read:
+    its format, the request it names (and, for a piece, ``capture_path``), the final state's kind and the layers.
+
+    The one check of both files' metadata; ``what`` names the file in the message (``dump KEY``,
+    ``one-pass piece NAME``).
+    """
     if meta.get("format") != DUMP_FORMAT or meta.get("version") != DUMP_VERSION:
-        return f"dump {key} has format {meta.get('format')!r} v{meta.get('version')!r}, expected {DUMP_FORMAT} v{DUMP_VERSION}: update hs_dataset on the server"
-    if meta.get("rid") != key:
-        return f"dump {key} names request {meta.get('rid')!r}"
+        found = f"{meta.get('format')!r} v{meta.get('version')!r}"
+        return f"{what} has format {found}, expected {DUMP_FORMAT} v{DUMP_VERSION}: update hs_dataset on the server"
+    if meta.get("rid") != rid or (capture_path is not None and meta.get("capture_path") != capture_path):
+        path = "" if capture_path is None else f" ({meta.get('capture_path')!r})"
+        return f"{what} names request {meta.get('rid')!r}{path}, not {rid}"
     if meta.get("final_state") != "pre_norm":
-        return f"dump {key} holds a {meta.get('final_state')!r} final state, expected pre_norm"
+        return f"{what} holds a {meta.get('final_state')!r} final state, expected pre_norm"
     try:
-        ids_meta = json.loads(meta.get("hf_aux_layer_ids", "null"))
+        layers = json.loads(meta.get("hf_aux_layer_ids", "null"))
     except ValueError:
-        ids_meta = None
-    wanted = list(expected.aux_layer_ids)
-    if ids_meta != wanted:
-        return f"dump {key} holds HF layers {ids_meta}, expected {wanted}"
+        layers = None
+    if layers != list(expected.aux_layer_ids):
+        return f"{what} holds HF layers {layers}, expected {list(expected.aux_layer_ids)}"
     return None
 
 

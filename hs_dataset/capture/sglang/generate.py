@@ -31,7 +31,7 @@ from hs_dataset.capture.sglang.http import (
     post_json,
 )
 from hs_dataset.capture.sglang.recheck import recheck_endpoint
-from hs_dataset.formats.vocabulary import first_outside, vocab_end
+from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary
 from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, OnePassTrace, StreamingGenerator, finish_of
 from hs_dataset.server_patch.contract.rid import make_one_pass_rid
 
@@ -243,18 +243,16 @@ def _cached_tokens(out: Any) -> int | None:
 def _bad_ids(ids: Any, vocab_size: int | None) -> str | None:
     """Why ``output_ids`` are not token ids of this model, or None.
 
-    The range is the package's one vocabulary check (``formats/vocabulary.py``): without a known
-    ``vocab_size`` ids stay below the largest vocabulary a model may have, which also keeps them in int64.
+    The range and its wording are the package's one vocabulary check (``formats/vocabulary.py``): without a
+    known ``vocab_size`` ids stay below the largest vocabulary a model may have, which also keeps them in int64.
     """
     if not isinstance(ids, list):
         return f"output_ids is a {type(ids).__name__}, not a list"
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool):
             return f"output_ids[{i}] is a {type(t).__name__} ({t!r:.20}), not a token id"
-    found = first_outside(ids, vocab_size)
-    if found is not None:
-        return f"output_ids[{found[0]}] = {found[1]} is outside the vocabulary [0, {vocab_end(vocab_size)})"
-    return None
+    found = outside_vocabulary(ids, vocab_size)
+    return None if found is None else describe_outside(found, vocab_size, "output_ids")
 
 
 def parse_output(out: Any, params: GenerationParams, vocab_size: int | None = None) -> GenerationResult:

@@ -10,18 +10,25 @@ fails any check is never used: the conversation is then captured by prefill (``o
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
 
 import torch
 
-from hs_dataset.capture.sglang.dumps import MAX_HIDDEN, ExpectedDump, encoding_problem, read_dump, scaled_encoding
+from hs_dataset.capture.sglang.dumps import (
+    MAX_HIDDEN,
+    ExpectedDump,
+    HeaderRefused,
+    encoding_problem,
+    metadata_problem,
+    read_dump,
+    scaled_encoding,
+)
 from hs_dataset.codecs.fp8 import SCALE_SUFFIX, STATE_ENCODING_KEY
 from hs_dataset.codecs.safetensors_layout import TensorSpec
 from hs_dataset.errors import CaptureError
-from hs_dataset.server_patch.contract.dump import DUMP_FORMAT, DUMP_VERSION, ONE_PASS_PATH, parse_piece_name, piece_number
+from hs_dataset.server_patch.contract.dump import ONE_PASS_PATH, parse_piece_name, piece_number
 
 __all__ = ["MAX_REPEATS", "Piece", "PieceError", "PieceListing", "list_pieces", "read_piece"]
 
@@ -99,7 +106,9 @@ def read_piece(path: str, rid: str, ids: torch.Tensor, expected: ExpectedDump) -
         meta, tensors = read_dump(path, lambda specs, meta: _header_problem(specs, meta, name, rid, len(ids), expected))
     except PieceError:
         raise
-    except Exception as exc:  # HeaderRefused, StagedFileError, a torn or planted file
+    except HeaderRefused as exc:  # the header check's words name the piece already
+        raise PieceError(str(exc)) from None
+    except Exception as exc:  # StagedFileError, a torn or planted file
         raise PieceError(f"one-pass piece {name}: {exc}") from None
     problem = _rows_problem(tensors, ids, name) or encoding_problem(meta, tensors, name, expected)
     if problem:
@@ -111,20 +120,10 @@ def read_piece(path: str, rid: str, ids: torch.Tensor, expected: ExpectedDump) -
 def _header_problem(
     specs: dict[str, TensorSpec], meta: dict[str, str], name: str, rid: str, length: int, expected: ExpectedDump
 ) -> str | None:
-    """The header names this request and declares rows of its width, before a byte of data is read."""
-    if meta.get("format") != DUMP_FORMAT or meta.get("version") != DUMP_VERSION:
-        return f"one-pass piece {name} has format {meta.get('format')!r} v{meta.get('version')!r}: update hs_dataset on the server"
-    if meta.get("rid") != rid or meta.get("capture_path") != ONE_PASS_PATH:
-        return f"one-pass piece {name} names request {meta.get('rid')!r} ({meta.get('capture_path')!r}), not {rid}"
-    if meta.get("final_state") != "pre_norm":
-        return f"one-pass piece {name} holds a {meta.get('final_state')!r} final state, expected pre_norm"
-    try:
-        layers = json.loads(meta.get("hf_aux_layer_ids", "null"))
-    except ValueError:
-        layers = None
-    if layers != list(expected.aux_layer_ids):
-        return f"one-pass piece {name} holds HF layers {layers}, expected {list(expected.aux_layer_ids)}"
-    return _shapes_problem(specs, meta, name, length, expected)
+    """The header names this request (the metadata check dumps share) and declares rows of its width, before a byte
+    of data is read."""
+    problem = metadata_problem(meta, f"one-pass piece {name}", rid, expected, capture_path=ONE_PASS_PATH)
+    return problem or _shapes_problem(specs, meta, name, length, expected)
 
 
 def _shapes_problem(specs: dict[str, TensorSpec], meta: dict[str, str], name: str, length: int, expected: ExpectedDump) -> str | None:

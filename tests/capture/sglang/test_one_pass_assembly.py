@@ -32,7 +32,8 @@ def states_for(ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor
 
 
 def plant(stage: Path, rid: str, k: int, ids: torch.Tensor, positions: list[int], **changes) -> Path:
-    """A piece file as the server writes it; ``changes``: header metadata to change, ``tensors`` to replace."""
+    """A piece file as the server writes it; ``changes``: header metadata to change (None: leave the key out),
+    ``tensors`` to replace."""
     changes = dict(changes.pop("meta", {}), **changes)
     pos = torch.tensor(positions, dtype=torch.int64)
     inside = pos.clamp(max=len(ids) - 1)
@@ -50,7 +51,7 @@ def plant(stage: Path, rid: str, k: int, ids: torch.Tensor, positions: list[int]
         "capture_path": ONE_PASS_PATH,
         "piece": str(k),
     }
-    meta.update(changes)
+    meta = {key: value for key, value in {**meta, **changes}.items() if value is not None}
     path = stage / piece_name(rid, k)
     save_file(tensors, str(path), metadata=meta)
     return path
@@ -121,6 +122,39 @@ def test_a_piece_that_is_not_its_requests_rows_is_refused(tmp_path, change, word
         Assembly(sample, EXPECTED).take(src, str(path))
     assert "\n" not in str(err.value) and piece_name(rid, 0) in str(err.value)
     assert not path.exists()  # handed back whatever it held
+
+
+@pytest.mark.parametrize(
+    "meta, says",
+    [
+        ({"version": "0"}, "has format 'hs_dataset.dump' v'0', expected hs_dataset.dump v1: update hs_dataset on the server"),
+        ({"rid": "hs-r1-2-g5"}, "names request 'hs-r1-2-g5' ('one_pass'), not {rid}"),
+        ({"final_state": "post_norm"}, "holds a 'post_norm' final state, expected pre_norm"),
+        ({"hf_aux_layer_ids": "[1, 3]"}, "holds HF layers [1, 3], expected [1, 2]"),
+    ],
+    ids=["format", "request", "final-state", "layers"],
+)
+def test_a_piece_and_a_dump_share_one_header_metadata_check_and_its_words(tmp_path, meta, says):
+    """The one-pass piece and the prefill dump are checked by one function (``dumps.metadata_problem``): the same
+    words after each file's name."""
+    from hs_dataset.capture.base import CaptureFailure
+    from hs_dataset.capture.sglang.dumps import check_dump
+    from hs_dataset.server_patch.contract.dump import dump_name
+
+    ids = [1, 2, 3, 4, 5]
+    rid = make_one_pass_rid("r1", 1, 5)
+    sample = sample_of(ids)
+    src = Source.of_generation(generation(rid, ids, 0), str(tmp_path), sample.input_ids)
+    path = plant(tmp_path, rid, 0, sample.input_ids, [0, 1, 2], meta=meta)
+    with pytest.raises(PieceError) as err:
+        Assembly(sample, EXPECTED).take(src, str(path))
+    assert str(err.value) == f"one-pass piece {piece_name(rid, 0)} {says.format(rid=rid)}"  # named once
+    key = "hs-r1-1-5"  # a prefill request's dump with the same header metadata
+    dump = plant(tmp_path, key, 0, sample.input_ids, [0, 1, 2, 3, 4], meta={"rid": key, "capture_path": None, "piece": None, **meta})
+    dump = dump.rename(tmp_path / dump_name(key))
+    failed = check_dump(str(dump), key, sample, EXPECTED)
+    wording = says.replace(" ('one_pass')", "").format(rid=key)
+    assert isinstance(failed, CaptureFailure) and failed.reason == f"dump {key} {wording}"
 
 
 def test_a_piece_declaring_more_rows_than_its_request_can_hold_is_refused_unread(tmp_path):
