@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.paths import make_directory
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -385,7 +386,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         raise ExportError(f"destination {dest} exists and is not a directory")
     entries = sorted(os.listdir(dest)) if dest.exists() else []
     if not entries:
-        dest.mkdir(parents=True, exist_ok=True)
+        make_directory(dest, what="the export destination")
         return False
     record = read_export_record(dest)
     if record is not None:

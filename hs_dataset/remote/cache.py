@@ -44,7 +44,7 @@ from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly,
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.held_temps import create_held, is_abandoned
 from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
-from hs_dataset.formats.paths import check_local_path, open_regular
+from hs_dataset.formats.paths import check_local_path, make_directory, open_regular
 from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.remote import verified
 from hs_dataset.remote.cache_dir import cache_writes
@@ -96,12 +96,7 @@ class ShardCache:
         if self.directory.exists() and not self.directory.is_dir():
             raise UsageError(f"{self.directory}: cache_dir is a file, not a directory; give a directory (or HS_DATASET_CACHE_DIR)")
         with cache_writes(self.directory):
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError):
-                raise UsageError(
-                    f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory"
-                ) from None
+            make_directory(self.directory, what="cache_dir")
             if not os.path.lexists(self.directory / INDEX_NAME):
                 self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
             lock = _lock(self.directory)

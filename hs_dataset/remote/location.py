@@ -148,6 +148,9 @@ def open_location(url: str | os.PathLike, options: RemoteOptions | None = None) 
     scheme = url_scheme(text)
     if scheme is None:
         raise UsageError(f"{text}: not a URL (scheme://...); local directories are opened as they are")
+    if "\x00" in text:
+        raise UsageError(f"{text!r:.200}: the URL holds a NUL byte, which no object or file name may hold; give it without")
+    text = scheme + text[len(scheme) :]  # schemes are case-insensitive (RFC 3986), fsspec knows them in lower case
     if "://" not in text:
         raise UsageError(f"{text}: a {scheme}:// URL that lost a '/' (a pathlib.Path folds '//'); pass the URL as a string")
     if "::" in text:
