@@ -278,8 +278,10 @@ class ShardCache:
             if verified.signature(now) != verified.signature(st):
                 changed = True  # changed while it was hashed: look again
             elif whole:
-                if stat.S_IMODE(now.st_mode) != _READ_ONLY:
-                    os.chmod(path, _READ_ONLY)  # moves the ctime: the signature remembered is the one after
+                if stat.S_IMODE(now.st_mode) != _READ_ONLY and now.st_nlink == 1:
+                    # moves the ctime: the signature remembered is the one after. Never for a file with other names (a
+                    # user's file hard-linked in): its mode is that file's too, and the cache changes nothing of a user's
+                    os.chmod(path, _READ_ONLY)
                     now = os.lstat(path)
                 files[path.name] = _entry(now)
                 self._write_index(files)
