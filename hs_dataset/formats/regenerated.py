@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import write_all
@@ -35,9 +36,11 @@ MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (conversations stored together);
 def _chunk_records(line: bytes, where: str, number: int, vocab_size: int | None = None) -> list[dict[str, Any]]:
     """One line's records, checked (ids against ``vocab_size`` when known); FormatError names the line and the field."""
     try:
-        chunk = json.loads(line)
+        chunk = strict_json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise damaged(where, f"line {number}", f"is not JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:
+        raise damaged(where, f"line {number}", "is JSON nested too deeply to read") from None
     if not isinstance(chunk, dict) or not isinstance(chunk.get("records"), list):
         raise damaged(where, f"line {number}", 'must be an object {"records": [...]}')
     for index, record in enumerate(chunk["records"]):

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.hashing import file_digests
@@ -197,7 +198,7 @@ class ShardCache:
         try:
             with open_regular(path, what="cache index") as f:
                 data = f.read(_MAX_INDEX_BYTES + 1)
-            raw = json.loads(data.decode("utf-8")) if len(data) <= _MAX_INDEX_BYTES else None
+            raw = strict_json.loads(data.decode("utf-8")) if len(data) <= _MAX_INDEX_BYTES else None
         except FileNotFoundError:
             raise ForeignDatasetError(f"{path}: the cache's index was removed while the cache was in use; reopen the dataset") from None
         except (OSError, ValueError, RecursionError, IntegrityError):
