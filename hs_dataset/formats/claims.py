@@ -1,4 +1,4 @@
-"""The manifest's claims that no hash covers: the aux layer ids and the capture dtype.
+"""The manifest's claims that no hash covers: the aux layer ids, the capture dtype, the vocabulary, the norm's eps.
 
 Why here: shard hashes prove the shards' bytes, and the identity hash proves the
 metadata was not edited after the capture, but a manifest written (and hashed) with a
@@ -17,6 +17,7 @@ ties ``metadata.dtype`` to those encodings, so the chain reaches the headers.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +26,9 @@ from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
+from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE
 
-__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim"]
+__all__ = ["check_aux_layer_ids", "check_claims", "check_dtype_claim", "check_norm_eps", "check_vocab_sizes"]
 
 _FIX = "restore the manifest from a copy or rebuild the dataset"
 
@@ -35,6 +37,8 @@ def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: s
     """Every claim of this module; the first wrong one is a FormatError naming ``where`` and the field."""
     check_aux_layer_ids(metadata, where)
     check_dtype_claim(metadata, tensors, where)
+    check_vocab_sizes(metadata, where)
+    check_norm_eps(metadata, where)
 
 
 def check_aux_layer_ids(metadata: DatasetMetadata, where: str) -> None:
@@ -85,3 +89,27 @@ def check_dtype_claim(metadata: DatasetMetadata, tensors: Mapping[str, Any], whe
             f"{where}: metadata.dtype {claimed!r} disagrees with the shards, which store {encoding.decoded} "
             f"(tensors.{FINAL_KEY}.encoding {encoding.name!r}); {_FIX}"
         )
+
+
+def check_vocab_sizes(metadata: DatasetMetadata, where: str) -> None:
+    """``vocab_size`` (the model's) and ``tokenizer.vocab_size``, where recorded, are in ``[1, MAX_VOCAB_SIZE]``.
+
+    They are the bound every token id is checked against (``formats/vocabulary.py``), so a
+    claim outside what a model config may have would switch that check off or make it refuse everything.
+    """
+    tokenizer = metadata.tokenizer
+    claims = (("vocab_size", metadata.vocab_size), ("tokenizer.vocab_size", tokenizer.vocab_size if tokenizer is not None else None))
+    for name, size in claims:
+        if size is not None and not 1 <= size <= MAX_VOCAB_SIZE:
+            raise FormatError(
+                f"{where}: metadata.{name} {size} is outside [1, {MAX_VOCAB_SIZE}] (no model has such a vocabulary, "
+                f"and token ids are checked against it); {_FIX}"
+            )
+
+
+def check_norm_eps(metadata: DatasetMetadata, where: str) -> None:
+    """``final_norm.eps``, where recorded, is a finite number in ``[0, 1)``: the RMSNorm's epsilon, as imports require."""
+    norm = metadata.final_norm
+    eps = norm.eps if norm is not None else None
+    if eps is not None and not (math.isfinite(eps) and 0 <= eps < 1):
+        raise FormatError(f"{where}: metadata.final_norm.eps {eps} is not a small non-negative number (an RMSNorm epsilon); {_FIX}")
