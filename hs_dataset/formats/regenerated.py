@@ -48,6 +48,15 @@ def _chunk_records(line: bytes, where: str, number: int, vocab_size: int | None 
     return chunk["records"]
 
 
+def _stored_twice(where: str, number: int, sample_id: str) -> Exception:
+    """A sample id on two lines: a build appends a conversation once, so the file was edited (or two were joined).
+
+    Refused on resume as on reading a finished file: taking either record silently would
+    store one of two conversations under the id without a word.
+    """
+    return damaged(where, f"line {number}", f"stores sample {sample_id!r} a second time")
+
+
 def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) -> dict[str, dict[str, Any]]:
     """The finished file's records by sample id, once its sha256 is the one ``what`` records (a finished build leaves no torn line).
 
@@ -67,7 +76,7 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None) 
                 raise damaged(str(path), f"line {number}", f"is cut off (no newline) or longer than {MAX_CHUNK_BYTES} bytes")
             for record in _chunk_records(line, str(path), number):
                 if record["sample_id"] in records:
-                    raise damaged(str(path), f"line {number}", f"stores sample {record['sample_id']!r} a second time")
+                    raise _stored_twice(str(path), number, record["sample_id"])
                 records[record["sample_id"]] = record
     return records
 
@@ -100,6 +109,8 @@ class RegeneratedStore:
                         raise damaged(str(self.path), f"line {number}", f"is longer than {MAX_CHUNK_BYTES} bytes")
                     break  # a kill mid-append leaves at most one partial last line
                 for record in _chunk_records(line, str(self.path), number, self.vocab_size):
+                    if record["sample_id"] in self._lines:  # never appended twice: an edit, resumed from would be one of two
+                        raise _stored_twice(str(self.path), number, record["sample_id"])
                     self._lines[record["sample_id"]] = offset
                 offset += len(line)
         self._end = offset
