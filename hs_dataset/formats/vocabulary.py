@@ -21,7 +21,16 @@ import torch
 from hs_dataset.errors import FormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 
-__all__ = ["MAX_VOCAB_SIZE", "Outside", "check_token_ids", "first_outside", "outside_vocabulary", "vocab_end", "vocab_size_of"]
+__all__ = [
+    "MAX_VOCAB_SIZE",
+    "Outside",
+    "check_token_ids",
+    "first_outside",
+    "non_integer_dtype",
+    "outside_vocabulary",
+    "vocab_end",
+    "vocab_size_of",
+]
 
 MAX_VOCAB_SIZE = 16_777_216  # model_config.py's bound on a config's vocab_size
 
@@ -71,14 +80,32 @@ def first_outside(ids: Any, vocab_size: int | None) -> tuple[int, int] | None:
     return (found.position, found.token) if found is not None else None
 
 
+def non_integer_dtype(ids: Any) -> str | None:
+    """The dtype of a tensor or array of ids that is not an integer type (bool, float, complex), else None.
+
+    Why: converting such ids to int64 (as every writer does) truncates 5.7 to 5, makes True
+    a 1 and drops an imaginary part, so a file of float ids would be stored as other, valid
+    looking tokens. Lists are typed per element where they are read (JSON records, answers).
+    """
+    if isinstance(ids, torch.Tensor):
+        bad = ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex
+        return str(ids.dtype).removeprefix("torch.") if bad else None
+    if isinstance(ids, np.ndarray):
+        return None if np.issubdtype(ids.dtype, np.integer) else str(ids.dtype)
+    return None
+
+
 def check_token_ids(
     ids: Sequence[int] | torch.Tensor | np.ndarray, vocab_size: int | None, *, where: str, sample: str, fix: str, name: str = "input_ids"
 ) -> None:
     """Raise a one-line FormatError naming ``where``, the sample, the field (``name``), the first id outside the
-    vocabulary and the bound; ``fix``: what to do.
+    vocabulary and the bound (or the dtype of a tensor or array that holds no integers); ``fix``: what to do.
 
     ``vocab_size`` None (not known): ids are checked against :data:`MAX_VOCAB_SIZE`.
     """
+    kind = non_integer_dtype(ids)
+    if kind is not None:
+        raise FormatError(f"{where}: sample {sample!r}: {name} holds {kind} values, not integer token ids; {fix}")
     end = vocab_end(vocab_size)
     found = first_outside(ids, vocab_size)
     if found is None:

@@ -45,7 +45,7 @@ from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES
 from hs_dataset.formats.writer_resume import WriteTarget, open_or_resume
 from hs_dataset.formats.writer_session import WriterReport, WriterSession
 from hs_dataset.host_buffers import HostBufferPool, lease_pool
-from hs_dataset.sample import MAX_SAMPLE_ID_CHARS, CapturedSample
+from hs_dataset.sample import CapturedSample, sample_id_problem
 
 __all__ = ["ShardWriter"]
 
@@ -181,9 +181,9 @@ class ShardWriter:
         if self._closed:
             raise RuntimeError("ShardWriter is closed")
         sid = sample.sample_id
-        if not isinstance(sid, str) or not sid or len(sid) > MAX_SAMPLE_ID_CHARS:
-            shown = f"{sid[:80]!r}... ({len(sid)} chars)" if isinstance(sid, str) and len(sid) > 80 else repr(sid)
-            raise SampleError(f"sample id must be a non-empty string of at most {MAX_SAMPLE_ID_CHARS} chars, got {shown}")
+        problem = sample_id_problem(sid)
+        if problem is not None:
+            raise SampleError(problem)
         if not self._session.is_new(sid):
             return False
         encoded = self._checked_and_encoded(sample)
