@@ -7,9 +7,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MAX_SAMPLE_ID_CHARS", "CapturedSample", "TokenizedSample", "batches"]
+__all__ = ["MAX_SAMPLE_ID_CHARS", "CapturedSample", "TokenizedSample", "batches", "sample_id_problem"]
 
 MAX_SAMPLE_ID_CHARS = 1024  # a shard header lists every id: a longer one is a malformed row, skipped and counted
+
+
+def sample_id_problem(sid: object) -> str | None:
+    """Why ``sid`` cannot be stored as a sample id (the one rule: the writer's, and the imports' for ids files carry), or None."""
+    if isinstance(sid, str) and sid and len(sid) <= MAX_SAMPLE_ID_CHARS:
+        return None
+    shown = f"{sid[:80]!r}... ({len(sid)} chars)" if isinstance(sid, str) and len(sid) > 80 else repr(sid)[:120]
+    return f"sample id must be a non-empty string of at most {MAX_SAMPLE_ID_CHARS} chars, got {shown}"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ INTEGRATION_MODULES = frozenset(
         "end_to_end/test_input_bounds.py",
         "end_to_end/test_kill_resume.py",
         "end_to_end/test_pipeline.py",
+        "end_to_end/test_round_five.py",
         "end_to_end/test_served_integrity.py",
         "end_to_end/test_unfinished_build.py",
         "formats/test_crash_resume.py",

@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from hs_dataset import strict_json
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 
 __all__ = ["DTYPE_SIZES", "MAX_HEADER_BYTES", "TensorSpec", "parse_header", "read_header"]
@@ -61,14 +62,6 @@ class TensorSpec:
         return self.end - self.begin
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """A key given twice would mean one tensor to us and another to a different parser: refuse it."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise json.JSONDecodeError("a key appears twice", "", 0)
-    return out
-
-
 def parse_header(
     prefix: bytes, file_size: int, where: str, max_header_bytes: int = MAX_HEADER_BYTES
 ) -> tuple[dict[str, TensorSpec], dict[str, str], int]:
@@ -86,7 +79,7 @@ def parse_header(
     if 8 + n > file_size:
         raise FormatError(f"{where}: header length {n} does not fit in a {file_size}-byte file (truncated or not safetensors)")
     try:
-        raw = json.loads(prefix[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        raw = strict_json.loads(prefix[8 : 8 + n].decode("utf-8"))  # a key twice: one tensor to us, another to other readers
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{where}: header is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(raw, dict):

@@ -73,9 +73,15 @@ def publish(temp: Path, final: Path) -> None:
 
 
 def remove_quietly(path: Path) -> None:
+    """Unlink ``path`` (a temp or a file of ours) if it is there.
+
+    A directory under the name is left alone: hs_dataset never makes one under a temp or
+    file name it removes, so it is someone else's, and unlinking it raised a bare
+    ``IsADirectoryError`` that stopped every reader of a cache holding one.
+    """
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         pass
 
 

@@ -1,4 +1,5 @@
-"""The manifest's claims that no hash covers: the aux layer ids, the capture dtype, the regeneration's token ids.
+"""The manifest's claims that no hash covers: the aux layer ids, the capture dtype, the vocabulary, the norm's eps,
+the regeneration's token ids.
 
 Why here: shard hashes prove the shards' bytes, and the identity hash proves the
 metadata was not edited after the capture, but a manifest written (and hashed) with a
@@ -19,6 +20,7 @@ ties ``metadata.dtype`` to those encodings, so the chain reaches the headers.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +29,7 @@ from hs_dataset.dtypes import STATE_DTYPES
 from hs_dataset.errors import FormatError, UnsupportedFormatError
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.shard_layout import AUX_KEY, FINAL_KEY
-from hs_dataset.formats.vocabulary import describe_outside, outside_vocabulary, vocab_size_of
+from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, describe_outside, outside_vocabulary, vocab_size_of
 
 __all__ = [
     "MAX_NUM_HIDDEN_LAYERS",
@@ -35,7 +37,9 @@ __all__ = [
     "check_aux_layer_ids",
     "check_claims",
     "check_dtype_claim",
+    "check_norm_eps",
     "check_regeneration_ids",
+    "check_vocab_sizes",
 ]
 
 _FIX = "restore the manifest from a copy or rebuild the dataset"
@@ -48,6 +52,8 @@ def check_claims(metadata: DatasetMetadata, tensors: Mapping[str, Any], where: s
     """Every claim of this module; the first wrong one is a FormatError naming ``where`` and the field."""
     check_aux_layer_ids(metadata, where)
     check_dtype_claim(metadata, tensors, where)
+    check_vocab_sizes(metadata, where)
+    check_norm_eps(metadata, where)
     check_regeneration_ids(metadata, where)
 
 
@@ -139,3 +145,27 @@ def check_regeneration_ids(metadata: DatasetMetadata, where: str) -> None:
             f"{where}: metadata.regeneration.structure_token_ids holds stop id(s) {both[:5]} of metadata.regeneration.stop_token_ids "
             f"(an answer is cut at a stop id, never refused for it); {_FIX}"
         )
+
+
+def check_vocab_sizes(metadata: DatasetMetadata, where: str) -> None:
+    """``vocab_size`` (the model's) and ``tokenizer.vocab_size``, where recorded, are in ``[1, MAX_VOCAB_SIZE]``.
+
+    They are the bound every token id is checked against (``formats/vocabulary.py``), so a
+    claim outside what a model config may have would switch that check off or make it refuse everything.
+    """
+    tokenizer = metadata.tokenizer
+    claims = (("vocab_size", metadata.vocab_size), ("tokenizer.vocab_size", tokenizer.vocab_size if tokenizer is not None else None))
+    for name, size in claims:
+        if size is not None and not 1 <= size <= MAX_VOCAB_SIZE:
+            raise FormatError(
+                f"{where}: metadata.{name} {size} is outside [1, {MAX_VOCAB_SIZE}] (no model has such a vocabulary, "
+                f"and token ids are checked against it); {_FIX}"
+            )
+
+
+def check_norm_eps(metadata: DatasetMetadata, where: str) -> None:
+    """``final_norm.eps``, where recorded, is a finite number in ``[0, 1)``: the RMSNorm's epsilon, as imports require."""
+    norm = metadata.final_norm
+    eps = norm.eps if norm is not None else None
+    if eps is not None and not (math.isfinite(eps) and 0 <= eps < 1):
+        raise FormatError(f"{where}: metadata.final_norm.eps {eps} is not a small non-negative number (an RMSNorm epsilon); {_FIX}")

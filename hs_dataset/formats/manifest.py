@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, UnsupportedFormatError
 from hs_dataset.formats.atomic import atomic_write_bytes
 from hs_dataset.formats.build_state import BuildState
@@ -254,7 +255,7 @@ class Manifest:
     def load(cls, root: Path) -> Manifest:
         path = check_local_path(root, what="dataset") / MANIFEST_NAME
         try:
-            raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
+            raw = strict_json.loads(read_manifest_bytes(root).decode("utf-8"))
         except FileNotFoundError:
             raise FormatError(f"{root}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was written yet)") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -282,7 +283,7 @@ def is_dataset_dir(root: str | os.PathLike) -> bool:
     if not os.path.lexists(path):
         return False
     try:
-        raw = json.loads(read_manifest_bytes(root).decode("utf-8"))
+        raw = strict_json.loads(read_manifest_bytes(root).decode("utf-8"))
     except (HsDatasetError, OSError, ValueError, RecursionError):
         return True  # unreadable: assume the worst, a damaged dataset is still someone's data
     return isinstance(raw, dict) and raw.get("format") == FORMAT_NAME

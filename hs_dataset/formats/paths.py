@@ -11,6 +11,7 @@ files (a FIFO would hang a reader, a device would feed it endless bytes).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -25,6 +26,7 @@ __all__ = [
     "check_local_path",
     "check_member_name",
     "check_plain_name",
+    "make_directory",
     "open_member",
     "open_regular",
     "resolve_member",
@@ -54,11 +56,43 @@ def url_scheme(path: object) -> str | None:
 
 
 def check_local_path(path: str | os.PathLike, *, what: str) -> Path:
-    """``path`` as a local Path; a URL is refused in one line (it would become a directory named ``s3:``)."""
+    """``path`` as a local Path; a URL is refused in one line (it would become a directory named ``s3:``).
+
+    A NUL byte is refused too: every system call would fail on it with a bare ValueError
+    ("embedded null byte") that names neither the argument nor the path.
+    """
     scheme = url_scheme(path)
     if scheme is not None:
         raise UsageError(f"{os.fspath(path)}: {what} is a {scheme}:// URL, but this takes a local directory; {URL_HINT}")
+    if "\x00" in str(os.fspath(path)):
+        raise UsageError(f"{str(os.fspath(path))!r:.200}: {what} holds a NUL byte, which no file name may hold; give the path without it")
     return Path(path)
+
+
+def make_directory(path: Path, *, what: str) -> None:
+    """Create ``path`` (and its parents) as a directory, or keep the one there; one UsageError line when it cannot be made.
+
+    Why: ``Path.mkdir`` fails with a bare OSError (``[Errno 20] Not a directory``) that names
+    no argument and says nothing of the fix. A read-only or full disk (EROFS, EACCES,
+    EPERM, ENOSPC) is left to the caller, which names it in its own terms (the cache's
+    ``ReadOnlyError``, the writer's ``DiskFullError``).
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        dangling = path.is_symlink() and not path.exists()
+        kind = "a symbolic link that leads nowhere (dangling, or a loop)" if dangling else "a file, not a directory"
+        raise UsageError(f"{path}: {what} is {kind}; give a directory (new or empty)") from None
+    except NotADirectoryError:
+        raise UsageError(f"{path}: {what} cannot be created: a part of its path is a file; give another directory") from None
+    except OSError as exc:
+        if exc.errno in _LEFT_TO_CALLER:
+            raise
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{path}: {what} cannot be created ({reason}); give a directory on a writable local file system") from None
+
+
+_LEFT_TO_CALLER = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 def check_member_name(name: object, *, what: str, where: str) -> str:

@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import IntegrityError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import write_all
@@ -35,14 +36,25 @@ MAX_CHUNK_BYTES = 256 * 1024 * 1024  # one line (conversations stored together);
 def _chunk_records(line: bytes, where: str, number: int, vocab_size: int | None = None) -> list[dict[str, Any]]:
     """One line's records, checked (ids against ``vocab_size`` when known); FormatError names the line and the field."""
     try:
-        chunk = json.loads(line)
+        chunk = strict_json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise damaged(where, f"line {number}", f"is not JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:
+        raise damaged(where, f"line {number}", "is JSON nested too deeply to read") from None
     if not isinstance(chunk, dict) or not isinstance(chunk.get("records"), list):
         raise damaged(where, f"line {number}", 'must be an object {"records": [...]}')
     for index, record in enumerate(chunk["records"]):
         check_record(record, where, f"line {number} records[{index}]", vocab_size)
     return chunk["records"]
+
+
+def _stored_twice(where: str, number: int, sample_id: str) -> Exception:
+    """A sample id on two lines: a build appends a conversation once, so the file was edited (or two were joined).
+
+    Refused on resume as on reading a finished file: taking either record silently would
+    store one of two conversations under the id without a word.
+    """
+    return damaged(where, f"line {number}", f"stores sample {sample_id!r} a second time")
 
 
 def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None, vocab_size: int | None = None) -> dict[str, dict[str, Any]]:
@@ -68,7 +80,7 @@ def read_regenerated(path: str | os.PathLike, *, what: str, sha256: str | None, 
                 raise damaged(str(path), f"line {number}", f"is cut off (no newline) or longer than {MAX_CHUNK_BYTES} bytes")
             for record in _chunk_records(line, str(path), number, vocab_size):
                 if record["sample_id"] in records:
-                    raise damaged(str(path), f"line {number}", f"stores sample {record['sample_id']!r} a second time")
+                    raise _stored_twice(str(path), number, record["sample_id"])
                 records[record["sample_id"]] = record
     return records
 
@@ -101,6 +113,8 @@ class RegeneratedStore:
                         raise damaged(str(self.path), f"line {number}", f"is longer than {MAX_CHUNK_BYTES} bytes")
                     break  # a kill mid-append leaves at most one partial last line
                 for record in _chunk_records(line, str(self.path), number, self.vocab_size):
+                    if record["sample_id"] in self._lines:  # never appended twice: an edit, resumed from would be one of two
+                        raise _stored_twice(str(self.path), number, record["sample_id"])
                     self._lines[record["sample_id"]] = offset
                 offset += len(line)
         self._end = offset

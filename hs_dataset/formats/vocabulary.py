@@ -27,6 +27,7 @@ __all__ = [
     "check_token_ids",
     "describe_outside",
     "first_outside",
+    "non_integer_dtype",
     "outside_vocabulary",
     "vocab_end",
     "vocab_size_of",
@@ -93,14 +94,32 @@ def describe_outside(found: Outside, vocab_size: int | None, name: str = "input_
     return f"{name}[{found.position}] = {found.token} is outside {bound}{more}"
 
 
+def non_integer_dtype(ids: Any) -> str | None:
+    """The dtype of a tensor or array of ids that is not an integer type (bool, float, complex), else None.
+
+    Why: converting such ids to int64 (as every writer does) truncates 5.7 to 5, makes True
+    a 1 and drops an imaginary part, so a file of float ids would be stored as other, valid
+    looking tokens. Lists are typed per element where they are read (JSON records, answers).
+    """
+    if isinstance(ids, torch.Tensor):
+        bad = ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex
+        return str(ids.dtype).removeprefix("torch.") if bad else None
+    if isinstance(ids, np.ndarray):
+        return None if np.issubdtype(ids.dtype, np.integer) else str(ids.dtype)
+    return None
+
+
 def check_token_ids(
     ids: Sequence[int] | torch.Tensor | np.ndarray, vocab_size: int | None, *, where: str, sample: str, fix: str, name: str = "input_ids"
 ) -> None:
     """Raise a one-line FormatError naming ``where``, the sample, the field (``name``), the first id outside the
-    vocabulary and the bound; ``fix``: what to do.
+    vocabulary and the bound (or the dtype of a tensor or array that holds no integers); ``fix``: what to do.
 
     ``vocab_size`` None (not known): ids are checked against :data:`MAX_VOCAB_SIZE`.
     """
+    kind = non_integer_dtype(ids)
+    if kind is not None:
+        raise FormatError(f"{where}: sample {sample!r}: {name} holds {kind} values, not integer token ids; {fix}")
     found = outside_vocabulary(ids, vocab_size)
     if found is not None:
         raise FormatError(f"{where}: sample {sample!r}: {describe_outside(found, vocab_size, name)}; {fix}")

@@ -37,7 +37,7 @@ from hs_dataset.formats.build_state import BuildState
 from hs_dataset.formats.dirlock import LOCK_NAME, acquire_dir_lock
 from hs_dataset.formats.manifest import Manifest, is_dataset_dir
 from hs_dataset.formats.metadata import DatasetMetadata, RegeneratedFile, RegenerationRecord
-from hs_dataset.formats.paths import check_local_path
+from hs_dataset.formats.paths import check_local_path, make_directory
 from hs_dataset.formats.sample_encoder import SampleEncoder
 from hs_dataset.formats.shard_file import EncodedSample
 from hs_dataset.formats.shard_flusher import ShardFlusher
@@ -45,7 +45,7 @@ from hs_dataset.formats.shard_layout import DEFAULT_SHARD_BYTES
 from hs_dataset.formats.writer_resume import WriteTarget, open_or_resume
 from hs_dataset.formats.writer_session import WriterReport, WriterSession
 from hs_dataset.host_buffers import HostBufferPool, lease_pool
-from hs_dataset.sample import MAX_SAMPLE_ID_CHARS, CapturedSample
+from hs_dataset.sample import CapturedSample, sample_id_problem
 
 __all__ = ["ShardWriter"]
 
@@ -181,9 +181,9 @@ class ShardWriter:
         if self._closed:
             raise RuntimeError("ShardWriter is closed")
         sid = sample.sample_id
-        if not isinstance(sid, str) or not sid or len(sid) > MAX_SAMPLE_ID_CHARS:
-            shown = f"{sid[:80]!r}... ({len(sid)} chars)" if isinstance(sid, str) and len(sid) > 80 else repr(sid)
-            raise SampleError(f"sample id must be a non-empty string of at most {MAX_SAMPLE_ID_CHARS} chars, got {shown}")
+        problem = sample_id_problem(sid)
+        if problem is not None:
+            raise SampleError(problem)
         if not self._session.is_new(sid):
             return False
         encoded = self._checked_and_encoded(sample)
@@ -323,11 +323,8 @@ class ShardWriter:
 
 
 def _make_output_dir(root: Path) -> None:
-    """``root`` created as a directory, or one already; a file (or a link to one) there is refused in one line."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise UsageError(f"{root}: exists and is not a directory; pass a directory (new or empty) as the output") from None
+    """``root`` created as a directory, or one already; a file (or a link to one) there, or a file among its parents, is refused in one line."""
+    make_directory(root, what="the output")
 
 
 def _check_options(metadata: DatasetMetadata, shard_bytes: int, nonfinite: str, writer_threads: int, shard_prefix: str) -> None:

@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import HsDatasetError
+from hs_dataset.formats.paths import make_directory
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -254,7 +256,7 @@ def read_export_record(dest: str | os.PathLike) -> dict[str, Any] | None:
         return None
     try:  # the record of a directory we are handed is untrusted: no links, bounded size
         with open_member(dest, EXPORT_RECORD_NAME, what="export record") as f:
-            record = json.loads(f.read(_MAX_RECORD_BYTES).decode("utf-8"))
+            record = strict_json.loads(f.read(_MAX_RECORD_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or record.get("format") != EXPORT_RECORD_FORMAT:
@@ -385,7 +387,7 @@ def prepare_destination(src: Path, dest: Path, *, target: str, resume_key: dict[
         raise ExportError(f"destination {dest} exists and is not a directory")
     entries = sorted(os.listdir(dest)) if dest.exists() else []
     if not entries:
-        dest.mkdir(parents=True, exist_ok=True)
+        make_directory(dest, what="the export destination")
         return False
     record = read_export_record(dest)
     if record is not None:

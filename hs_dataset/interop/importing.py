@@ -59,6 +59,7 @@ from hs_dataset.interop.common import (
 )
 from hs_dataset.interop.settings import ImportSettings
 from hs_dataset.progress.task import task
+from hs_dataset.sample import sample_id_problem
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -67,6 +68,7 @@ __all__ = [
     "ResolvedImport",
     "SampleItem",
     "check_declared_tokens",
+    "check_file_sample_id",
     "check_mask",
     "prepare_import_dest",
     "resolve_settings",
@@ -460,6 +462,15 @@ def run_import(
     if writer is None and not report.skipped_missing:
         raise ImportDataError(f"{src}: no {fmt} sample files found")
     return report
+
+
+def check_file_sample_id(sid: object, where: str) -> str:
+    """A sample id a file states (an export's ``sample_id``, an Arrow ``sample_id`` column), refused naming ``where``
+    when the writer could not store it (``sample.sample_id_problem``): None, a number, empty, or over the length bound."""
+    problem = sample_id_problem(sid)
+    if problem is not None:
+        raise ImportDataError(f"{where}: {problem}; fix the file's sample_id or remove the file")
+    return sid  # type: ignore[return-value]
 
 
 def check_mask(mask: torch.Tensor, t: int, where: str) -> torch.Tensor:

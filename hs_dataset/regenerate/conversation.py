@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hs_dataset.errors import FormatError
+from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.regenerated_record import NOT_REGENERABLE, ConversationRecord, Finish, TurnOutcome
 from hs_dataset.regenerate.answers import cut_answer, first_structure_token
 from hs_dataset.regenerate.generator import ONE_PASS_META, GenerationParams, GenerationResult, TracedGeneration
@@ -21,7 +23,7 @@ from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.report import MalformedRowError
 from hs_dataset.sources.template_guard import RowBudget
 
-__all__ = ["MALFORMED", "Conversation", "Finished", "TurnRules"]
+__all__ = ["MALFORMED", "Conversation", "Finished", "TurnRules", "stored_record"]
 
 log = logging.getLogger(__name__)
 MALFORMED = "malformed answer"  # the start of a dropped conversation's reason when one of its answers was refused
@@ -170,3 +172,46 @@ def _spans(mask: list[bool]) -> list[list[int]]:
         elif bit:
             spans[-1][1] = i + 1
     return spans
+
+
+def stored_record(store: RegeneratedStore, sample: TokenizedSample) -> ConversationRecord:
+    """The record ``store`` holds for ``sample``, once it is shown to be of this sample's conversation.
+
+    Why: a resumed build takes a stored record by sample id alone and captures its ids as
+    they are. A record whose id is right but whose conversation is another row's (the
+    source file edited or reordered between runs under position ids, or records swapped
+    in the file: both hash-consistent) would be stored as this sample without a word. The
+    prompts a record holds (every message but the assistant's, in order) are the source
+    row's own up to its last regenerated turn, so they must equal the row's; any other
+    record is refused, naming the file, the sample and the first message that differs.
+    """
+    record = ConversationRecord.from_json(store.get(sample.sample_id))  # type: ignore[arg-type]
+    source = sample.meta.get("conversation")
+    if source is not None:
+        problem = _other_prompts(record.messages, source.messages)
+        if problem is not None:
+            raise FormatError(
+                f"{store.path}: sample {sample.sample_id!r}: the stored record is of another conversation than the source row's "
+                f"({problem}); the source changed since the build stored it, or the file was edited: restore the source, "
+                f"or delete {store.path} to regenerate every conversation"
+            )
+    return record
+
+
+def _prompts(messages: list[Any]) -> list[tuple[Any, Any]]:
+    """(role, content) of every message that is not the assistant's: what regeneration keeps of a row as it was."""
+    return [(m.get("role"), m.get("content")) if isinstance(m, dict) else (None, m) for m in messages if not _is_answer(m)]
+
+
+def _is_answer(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
+
+
+def _other_prompts(stored: list[Any], source: list[dict[str, Any]]) -> str | None:
+    """Where the stored messages' prompts stop being the source's (a prefix of them), or None when they are."""
+    mine, theirs = _prompts(stored), _prompts(source)
+    for k, message in enumerate(mine):
+        if k >= len(theirs) or message != theirs[k]:
+            given = f"{theirs[k][0]} {str(theirs[k][1])[:40]!r}" if k < len(theirs) else "none"
+            return f"prompt message {k}: {message[0]} {str(message[1])[:40]!r} stored, {given} in the source"
+    return None

@@ -28,8 +28,7 @@ from typing import Any
 
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
-from hs_dataset.formats.regenerated_record import ConversationRecord
-from hs_dataset.regenerate.conversation import Conversation, Finished, TurnRules
+from hs_dataset.regenerate.conversation import Conversation, Finished, TurnRules, stored_record
 from hs_dataset.regenerate.generator import GenerationResult, StreamingGenerator
 from hs_dataset.sample import TokenizedSample
 
@@ -163,7 +162,7 @@ class ConversationPump:
         loop = asyncio.get_running_loop()
         while (sample := (await self._todo.get())[-1]) is not None:
             if sample.sample_id in self.store:
-                await self._ready.put((sample, ConversationRecord.from_json(self.store.get(sample.sample_id)), False))
+                await self._ready.put((sample, stored_record(self.store, sample), False))
                 continue
             conv = self.rules.start(sample)
             prompt = await loop.run_in_executor(self._render, self._advance, conv, None, None)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.regenerated_record import ConversationRecord
-from hs_dataset.regenerate.conversation import Finished, TurnRules
+from hs_dataset.regenerate.conversation import Finished, TurnRules, stored_record
 from hs_dataset.regenerate.generator import Generator
 from hs_dataset.sample import TokenizedSample, batches
 
@@ -42,7 +42,7 @@ def regenerate_in_windows(
             fresh = {r.sample_id: r for r in records}
         for sample in window:
             record = fresh.get(sample.sample_id)
-            yield sample, record or ConversationRecord.from_json(store.get(sample.sample_id)), record is not None
+            yield sample, record or stored_record(store, sample), record is not None
 
 
 def _regenerate_window(

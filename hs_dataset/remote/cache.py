@@ -39,12 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
 from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.held_temps import create_held, is_abandoned
 from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
-from hs_dataset.formats.paths import check_local_path, open_regular
+from hs_dataset.formats.paths import check_local_path, make_directory, open_regular
 from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.remote import verified
 from hs_dataset.remote.cache_dir import cache_writes
@@ -96,12 +97,7 @@ class ShardCache:
         if self.directory.exists() and not self.directory.is_dir():
             raise UsageError(f"{self.directory}: cache_dir is a file, not a directory; give a directory (or HS_DATASET_CACHE_DIR)")
         with cache_writes(self.directory):
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError):
-                raise UsageError(
-                    f"{self.directory}: cache_dir cannot be created (a part of its path is a file); give another directory"
-                ) from None
+            make_directory(self.directory, what="cache_dir")
             if not os.path.lexists(self.directory / INDEX_NAME):
                 self._refuse_foreign()  # before the lock file is created: a refused directory is left as it was
             lock = _lock(self.directory)
@@ -202,7 +198,7 @@ class ShardCache:
         try:
             with open_regular(path, what="cache index") as f:
                 data = f.read(_MAX_INDEX_BYTES + 1)
-            raw = json.loads(data.decode("utf-8")) if len(data) <= _MAX_INDEX_BYTES else None
+            raw = strict_json.loads(data.decode("utf-8")) if len(data) <= _MAX_INDEX_BYTES else None
         except FileNotFoundError:
             raise ForeignDatasetError(f"{path}: the cache's index was removed while the cache was in use; reopen the dataset") from None
         except (OSError, ValueError, RecursionError, IntegrityError):
@@ -283,8 +279,10 @@ class ShardCache:
             if verified.signature(now) != verified.signature(st):
                 changed = True  # changed while it was hashed: look again
             elif whole:
-                if stat.S_IMODE(now.st_mode) != _READ_ONLY:
-                    os.chmod(path, _READ_ONLY)  # moves the ctime: the signature remembered is the one after
+                if stat.S_IMODE(now.st_mode) != _READ_ONLY and now.st_nlink == 1:
+                    # moves the ctime: the signature remembered is the one after. Never for a file with other names (a
+                    # user's file hard-linked in): its mode is that file's too, and the cache changes nothing of a user's
+                    os.chmod(path, _READ_ONLY)
                     now = os.lstat(path)
                 files[path.name] = _entry(now)
                 self._write_index(files)

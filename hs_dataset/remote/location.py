@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from hs_dataset import strict_json
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import FormatError, HsDatasetError, RemoteError, UsageError
 from hs_dataset.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
@@ -129,7 +130,7 @@ class RemoteLocation:
             return None
         where = f"{self.url}/{MANIFEST_NAME}"
         try:
-            raw = json.loads(data.decode("utf-8"))
+            raw = strict_json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise FormatError(f"{where}: not valid JSON ({type(exc).__name__}); the object was edited or damaged") from None
         return Manifest.from_json(raw, where), bytes(data)
@@ -148,6 +149,9 @@ def open_location(url: str | os.PathLike, options: RemoteOptions | None = None) 
     scheme = url_scheme(text)
     if scheme is None:
         raise UsageError(f"{text}: not a URL (scheme://...); local directories are opened as they are")
+    if "\x00" in text:
+        raise UsageError(f"{text!r:.200}: the URL holds a NUL byte, which no object or file name may hold; give it without")
+    text = scheme + text[len(scheme) :]  # schemes are case-insensitive (RFC 3986), fsspec knows them in lower case
     if "://" not in text:
         raise UsageError(f"{text}: a {scheme}:// URL that lost a '/' (a pathlib.Path folds '//'); pass the URL as a string")
     if "::" in text:

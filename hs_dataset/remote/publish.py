@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hs_dataset import strict_json
 from hs_dataset.errors import ForeignDatasetError, HsDatasetError, IntegrityError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.atomic import is_temp_name
@@ -54,7 +55,7 @@ def publish_dataset(local: str | Path, loc: RemoteLocation) -> PublishReport:
     """Upload what ``local``'s manifest lists and ``loc``'s does not, then ``local``'s manifest itself."""
     local = Path(local)
     data = read_manifest_bytes(local)  # one snapshot: the writer may publish more meanwhile
-    manifest = Manifest.from_json(json.loads(data.decode("utf-8")), str(local / MANIFEST_NAME))
+    manifest = Manifest.from_json(strict_json.loads(data.decode("utf-8")), str(local / MANIFEST_NAME))
     remote = loc.manifest()
     if remote is None:
         _claim(loc, manifest.dataset_id)

@@ -24,7 +24,7 @@ from hs_dataset.errors import FormatError, HsDatasetError, IntegrityError, Usage
 from hs_dataset.formats.atomic import is_temp_name
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
-from hs_dataset.formats.paths import check_local_path, open_regular
+from hs_dataset.formats.paths import check_local_path, make_directory, open_regular
 from hs_dataset.formats.shard_layout import SHARD_NAME_RE
 from hs_dataset.formats.verify import VerifyResult, check_finite
 from hs_dataset.remote.cache import INDEX_NAME, cache_name
@@ -44,13 +44,8 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
     result = VerifyResult()
     parent = check_local_path(options.cache_dir, what="cache_dir").parent
     with cache_writes(options.cache_dir):
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise UsageError(
-                f"{options.cache_dir}: cache_dir cannot be created (a part of its path is a file); give another directory"
-            ) from None
-        private = tempfile.mkdtemp(prefix=f".{options.cache_dir.name}-verify-", dir=parent)  # beside the shared cache
+        make_directory(parent, what=f"the directory of cache_dir {options.cache_dir}")
+        private = _private_cache(options.cache_dir, parent)
     try:
         data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))
     except HsDatasetError as exc:
@@ -67,6 +62,21 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
         data.close()
         shutil.rmtree(private, ignore_errors=True)
     return result
+
+
+def _private_cache(cache_dir: Path, parent: Path) -> str:
+    """A new directory beside ``cache_dir`` for verify's own downloads (removed when verify ends).
+
+    A file system that refuses to make one for another reason than a read-only or full
+    disk (``cache_writes`` names those), such as /proc, is a UsageError naming cache_dir,
+    not a bare OSError.
+    """
+    try:
+        return tempfile.mkdtemp(prefix=f".{cache_dir.name}-verify-", dir=parent)  # beside the shared cache
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise UsageError(
+            f"{cache_dir}: cache_dir cannot be created ({exc.strerror}); give a directory on a writable local file system"
+        ) from None
 
 
 def _check_shards(data: RemoteDataset, check_values: bool, max_problems: int, result: VerifyResult) -> None:

@@ -13,6 +13,7 @@ import json
 import threading
 from typing import Any
 
+from hs_dataset import strict_json
 from hs_dataset.errors import CaptureError
 
 __all__ = [
@@ -116,7 +117,7 @@ def parse_json(data: bytes, content_type: str, where: str) -> Any:
     if content_type not in _JSON_TYPES and not content_type.endswith("+json"):
         raise BadResponseError(f"{where}: answered content type {content_type!r}, not JSON; is this an SGLang server?")
     try:
-        return json.loads(data.decode("utf-8"))
+        return strict_json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadResponseError(f"{where}: the answer is not UTF-8 (byte {exc.start}); is this an SGLang server?") from None
     except json.JSONDecodeError as exc:

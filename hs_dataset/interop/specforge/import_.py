@@ -31,6 +31,7 @@ from hs_dataset.interop.importing import (
     ResolvedImport,
     SampleItem,
     check_declared_tokens,
+    check_file_sample_id,
     check_mask,
     prepare_import_dest,
     resolve_settings,
@@ -68,8 +69,8 @@ def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: 
             sid = f"specforge-{number:08d}"
             if (src / "hs_dataset_export.json").exists():
                 stored = _load_ckpt(path).get("sample_id")
-                if isinstance(stored, str) and stored:
-                    sid = stored
+                if stored is not None:
+                    sid = check_file_sample_id(stored, str(path))
 
             def load(path: Path = path) -> tuple[torch.Tensor, ...]:
                 return _sample_of(_load_ckpt(path), path, hidden_hint, resolved)
@@ -80,11 +81,21 @@ def import_specforge(src: str | os.PathLike, dest: str | os.PathLike, settings: 
 
 
 def _specforge_files(src: Path) -> list[tuple[int | None, Path]]:
-    files = [
-        p for p in src.rglob("*") if p.is_file() and (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not is_temp_name(p.name)
-    ]
-    for p in files:  # a link among the files could lead the import outside the source
+    """Every SpecForge file under ``src`` (with its sample index, when all are ``data_N``), in import order.
+
+    Whatever bears a SpecForge file name must be a regular file: a link (dangling, looping or
+    not: it could lead the import outside the source), a FIFO or a directory under such a name
+    is refused by name, not skipped: skipping it would import the other samples and lose that
+    one without a word.
+    """
+    files = [p for p in src.rglob("*") if (p.name.endswith(".ckpt") or p.name.endswith(".ckpt.gz")) and not is_temp_name(p.name)]
+    for p in files:
         resolve_member(src, p.relative_to(src).as_posix(), what="SpecForge file", where=str(src))
+        if not p.is_file():
+            raise ImportDataError(
+                f"{p}: not a regular file (a directory, FIFO or device under a SpecForge file name); "
+                "replace it with the data file, or move it out of the source directory"
+            )
     indexed = [(int(m.group(1)) if (m := _DATA_RE.match(p.name)) else None, p) for p in files]
     if indexed and all(i is not None for i, _ in indexed):
         seen: dict[int, Path] = {}
@@ -157,4 +168,4 @@ def _sample_of(raw: dict[str, Any], path: Path, hidden_hint: list[int], resolved
     hidden_hint[:] = [hidden]
     mask = check_mask(raw["loss_mask"], t, str(path))
     k = int(aux.shape[1]) // hidden
-    return ids.to(torch.int64), mask, aux.reshape(t, k, hidden), final
+    return ids, mask, aux.reshape(t, k, hidden), final  # ids as stored: the import checks their dtype before int64

@@ -19,12 +19,14 @@ from typing import Any
 import torch
 
 from hs_dataset.formats.paths import resolve_member
+from hs_dataset.formats.vocabulary import non_integer_dtype
 from hs_dataset.interop.importing import (
     ImportDataError,
     ImportReport,
     ResolvedImport,
     SampleItem,
     check_declared_tokens,
+    check_file_sample_id,
     check_mask,
     prepare_import_dest,
     resolve_settings,
@@ -68,7 +70,7 @@ def import_speculators(
     def items() -> Iterator[SampleItem]:
         for idx in range(len(data)):
             path = resolve_member(hs_root, f"{hs_prefix}hs_{idx}.safetensors", what="hidden states file", where=str(hs_root))
-            sid = sample_ids[idx] if sample_ids is not None else f"speculators-{idx:08d}"
+            sid = check_file_sample_id(sample_ids[idx], f"{src} row {idx}") if sample_ids is not None else f"speculators-{idx:08d}"
             if not path.is_file():
                 if skip_missing:
                     report.skipped_missing.append(str(path))
@@ -87,7 +89,7 @@ def _load_sample(
 
     row_ids = row["input_ids"]
     check_declared_tokens(int(row_ids.numel()), resolved, where=f"{src} row {idx}", tensor="input_ids", shape=tuple(row_ids.shape))
-    input_ids = row_ids.reshape(-1).to(torch.int64)
+    input_ids = row_ids.reshape(-1)  # as stored: the import checks their dtype before int64
     t = int(input_ids.shape[0])
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -107,8 +109,11 @@ def _load_sample(
         raise ImportDataError(
             f"{path}: hidden_states has {hs.shape[0]} tokens, token_ids {token_ids.numel()}, Arrow row {idx} input_ids {t}"
         )
-    if not torch.equal(token_ids.reshape(-1).to(torch.int64), input_ids):
-        bad = int((token_ids.reshape(-1).to(torch.int64) != input_ids).nonzero()[0])
+    kind = non_integer_dtype(token_ids)
+    if kind is not None:
+        raise ImportDataError(f"{path}: token_ids holds {kind} values, not integer token ids; the file is not speculators data")
+    if not torch.equal(token_ids.reshape(-1).to(torch.int64), input_ids.to(torch.int64)):
+        bad = int((token_ids.reshape(-1).to(torch.int64) != input_ids.to(torch.int64)).nonzero()[0])
         raise ImportDataError(
             f"{path}: token_ids differ from Arrow row {idx}'s input_ids (first at token {bad}); the states belong to another prompt"
         )
