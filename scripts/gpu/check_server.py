@@ -405,11 +405,58 @@ def _token_errors(a, b):
     return ((a.double() - b.double()).norm(dim=-1) / b.double().norm(dim=-1).clamp_min(1e-30)).cpu()
 
 
+LAYERS = [f"aux hidden_states[{i}]" for i in AUX] + ["final (pre-norm)"]
+SLACK = 1.5  # the server's error may be this many times transformers' own capture-dtype error
+
+
+def load_transformers(model_dir: Path, device: str, dtype: str):
+    """transformers' float32 model and its ``dtype`` twin (the same object when ``dtype`` is float32), on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def load(d):
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=d, local_files_only=True).to(device).eval()
+
+    fp32 = load(torch.float32)
+    return fp32, (fp32 if getattr(torch, dtype) == torch.float32 else load(getattr(torch, dtype)))
+
+
+def references(fp32, low, ids) -> tuple[tuple, tuple]:
+    """:func:`_reference` of ``ids`` by the float32 model and by its capture-dtype twin (one forward when they are one)."""
+    ref = _reference(fp32, ids)
+    return ref, (ref if low is fp32 else _reference(low, ids))
+
+
+def new_errors() -> dict[str, dict[str, list]]:
+    """Per layer of :data:`LAYERS`: the server's, transformers' capture-dtype, the previous and the next layer's errors."""
+    return {n: {"server": [], "hf_low": [], "prev": [], "next": []} for n in LAYERS}
+
+
+def add_errors(errs: dict, refs: tuple[tuple, tuple], aux, final, rows=slice(None), stored=lambda x: x) -> None:
+    """The per-token errors of stored states ``aux [N, K, H]``, ``final [N, H]`` (on the references' device) to the
+    float32 :func:`references` ``refs`` at sequence positions ``rows``, appended to ``errs`` (:func:`new_errors`):
+    beside them transformers' own capture-dtype states (put through ``stored``), the neighbouring layers, and for
+    the pre-norm final the last layer's input and the post-norm final."""
+    (ref, ref_pre), (low_hs, low_pre) = refs
+    ref, ref_pre = [h[rows] for h in ref], ref_pre[rows]
+    low_hs, low_pre = [h[rows] for h in low_hs], low_pre[rows]
+    for k, i in enumerate(AUX):
+        e = errs[LAYERS[k]]
+        e["server"].append(_token_errors(aux[:, k], ref[i]))
+        e["hf_low"].append(_token_errors(stored(low_hs[i]), ref[i]))
+        e["prev"].append(_token_errors(aux[:, k], ref[i - 1]))
+        e["next"].append(_token_errors(aux[:, k], ref[i + 1]))
+    e = errs[LAYERS[-1]]
+    e["server"].append(_token_errors(final, ref_pre))
+    e["hf_low"].append(_token_errors(stored(low_pre), ref_pre))
+    e["prev"].append(_token_errors(final, ref[-2]))  # the last layer's input, one layer early
+    e["next"].append(_token_errors(final, ref[-1]))  # post-norm, what a pre/post-norm mix-up would store
+
+
 def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str, storage: str = "native") -> dict:
     """Per-layer errors of the stored states to float32 transformers; with a ``storage`` encoding, transformers'
     own capture-dtype states are put through the same encoding (the host reference quantizer) before comparing."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hs_dataset.codecs.registry import get_encoding, state_encoding_for
     from hs_dataset.formats.encoding import decode_state, encode_state
@@ -423,29 +470,15 @@ def compare(dataset_dir: Path, model_dir: Path, device: str, dtype: str, storage
             decode_state(*encode_state(x.to(getattr(torch, dtype)).cpu(), encoding), encoding).to(device).float() if encoding.scaled else x
         )
 
-    fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device).eval()
-    low = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
-    names = [f"aux hidden_states[{i}]" for i in AUX] + ["final (pre-norm)"]
-    errs: dict[str, dict[str, list]] = {n: {"server": [], "hf_low": [], "prev": [], "next": []} for n in names}
+    fp32, low = load_transformers(model_dir, device, dtype)
+    errs = new_errors()
     tokens = 0
     for row in ds:
         ids = row["input_ids"].to(device)
         tokens += int(ids.numel())
-        ref, ref_pre = _reference(fp32, ids)
-        low_hs, low_pre = _reference(low, ids)
         aux = row["aux_hidden_states"].to(device).float()
         final = row["final_hidden_state"].to(device).float()
-        for k, i in enumerate(AUX):
-            e = errs[names[k]]
-            e["server"].append(_token_errors(aux[:, k], ref[i]))
-            e["hf_low"].append(_token_errors(stored(low_hs[i]), ref[i]))
-            e["prev"].append(_token_errors(aux[:, k], ref[i - 1]))
-            e["next"].append(_token_errors(aux[:, k], ref[i + 1]))
-        e = errs[names[-1]]
-        e["server"].append(_token_errors(final, ref_pre))
-        e["hf_low"].append(_token_errors(stored(low_pre), ref_pre))
-        e["prev"].append(_token_errors(final, ref[-2]))  # the last layer's input, one layer early
-        e["next"].append(_token_errors(final, ref[-1]))  # post-norm, what a pre/post-norm mix-up would store
+        add_errors(errs, references(fp32, low, ids), aux, final, stored=stored)
     return {"samples": len(ds), "tokens": tokens, "storage": encoding.name, "layers": {n: _summary(e) for n, e in errs.items()}}
 
 
@@ -462,14 +495,20 @@ def _summary(e: dict[str, list]) -> dict[str, dict[str, float]]:
 FLOAT32_LIMIT = 1e-6  # a float32 capture is compared with float32 transformers: rounding only
 
 
-def judge(result: dict, slack: float, neighbour_factor: float = 10.0) -> list[str]:
-    """Server errors within ``slack`` x transformers' own capture-dtype errors (float32: within 1e-6), neighbours
-    ``neighbour_factor`` x off (10; an encoded storage's own error, ~0.09 for nf4, leaves the neighbours closer)."""
+def error_limit(hf_low: float, slack: float) -> float:
+    """The most a server error may be: ``slack`` x transformers' own capture-dtype error, at least :data:`FLOAT32_LIMIT`."""
+    return max(hf_low * slack, FLOAT32_LIMIT)
+
+
+def judge(result: dict, slack: float, neighbour_factor: float = 10.0, stats: tuple[str, ...] = ("median", "max")) -> list[str]:
+    """Server errors within ``slack`` x transformers' own capture-dtype errors (float32: within 1e-6), for each of
+    ``stats``; neighbours ``neighbour_factor`` x off (10; an encoded storage's own error, ~0.09 for nf4, leaves the
+    neighbours closer)."""
     problems = []
     for name, s in result["layers"].items():
         server, low = s["server"], s["hf_low"]
-        for stat in ("median", "max"):
-            limit = max(low[stat] * slack, FLOAT32_LIMIT)
+        for stat in stats:
+            limit = error_limit(low[stat], slack)
             if server[stat] > limit:
                 problems.append(
                     f"{name}: server {stat} error {server[stat]:.3g} > {limit:.3g} ({slack} x transformers' own {low[stat]:.3g})"
@@ -504,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=256, help="--chunked-prefill-size")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--long", type=int, default=8, help="long conversations added to the bundled ones")
-    p.add_argument("--slack", type=float, default=1.5)
+    p.add_argument("--slack", type=float, default=SLACK)
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
     p.add_argument("--storage", default="native", help="the card's shards.storage (fp8, nf4, mxfp4: quantized by the server on the GPU)")
     p.add_argument("--no-fail-fast", action="store_true", help="skip the two prefill-graph servers (CPU: there are no CUDA graphs)")

@@ -12,11 +12,18 @@ neighbouring position and, for the final state, the post-norm final (a row of th
 convention shows there), checks each row's token id, and prints how many decode rows came from graph replays
 (the status file's counts).
 
+Then, with the server stopped, every one-pass row (prompt and generated) against transformers' float32 forward of
+its stored sequence on the same device (issue 45's "GPU bf16" bar, ``check_server.py``'s comparison): per kind and
+layer the per-token relative error median / p99 / max, beside transformers' own capture-dtype (bf16) error on the
+same rows, the neighbouring layers and, for the pre-norm final, the post-norm final.
+
     python scripts/gpu/one_pass_check.py --out DIR                        # cuda, bf16, decode CUDA graphs on
     python scripts/gpu/one_pass_check.py --out DIR --device cpu --dtype float32 --python .sglang-venv/bin/python-0.5.19
 
-Exit status 0 only if every row is there with its token id, and the neighbours are at least 10x further than the
-claimed rows (median).
+Exit status 0 only if every row is there with its token id, the neighbours are at least 10x further than the
+claimed rows (median), and against transformers each layer's median is within ``--slack`` (check_server's 1.5) x
+transformers' own capture-dtype median (float32: check_server's FLOAT32_LIMIT, 1e-6) with the neighbouring layers
+and the post-norm final at least 10x further (check_server's judge, on the median).
 """
 
 from __future__ import annotations
@@ -158,6 +165,65 @@ def compare(runs: list[dict], staging: Path, names: list[str], norm_weight: torc
     return lines, ok
 
 
+def compare_transformers(runs: list[dict], staging: Path, model_dir: Path, device: str, dtype: str) -> dict[str, dict]:
+    """Every one-pass row against transformers' float32 forward of its stored sequence (prompt + answer but its last
+    token) on ``device``, per kind (prompt, generated) and layer: check_server's per-token errors, beside transformers'
+    own ``dtype`` error on the same rows, the neighbouring layers and, for the final state, the post-norm final.
+    The two models load once; one sequence's states are on the device at a time."""
+    fp32, low = check_server.load_transformers(model_dir, device, dtype)
+    errs = {"prompt": check_server.new_errors(), "generated": check_server.new_errors()}
+    for r in runs:
+        mine = pieces(staging, r["rid"])
+        seq = r["prompt"] + r["answer"][:-1]
+        refs = check_server.references(fp32, low, torch.tensor(seq, device=device))
+        for kind, positions in (("prompt", range(len(r["prompt"]))), ("generated", range(len(r["prompt"]), len(seq)))):
+            have = [pos for pos in positions if pos in mine]  # a missing row is counted by compare()
+            if not have:
+                continue
+            aux = torch.stack([mine[pos][1] for pos in have]).to(device)
+            final = torch.stack([mine[pos][2] for pos in have]).to(device)
+            check_server.add_errors(errs[kind], refs, aux, final, rows=torch.tensor(have, device=device))
+        del refs
+    del fp32, low
+    return {
+        kind: {
+            "rows": sum(len(t) for t in e[check_server.LAYERS[0]]["server"]),
+            "layers": {n: check_server._summary(v) for n, v in e.items()},
+        }
+        for kind, e in errs.items()
+        if e[check_server.LAYERS[0]]["server"]
+    }
+
+
+def transformers_lines(result: dict[str, dict], device: str, dtype: str, slack: float) -> tuple[list[str], bool]:
+    """The table of :func:`compare_transformers` and check_server's judge of each kind: every layer's median within
+    ``slack`` x transformers' own ``dtype`` median (float32: check_server's FLOAT32_LIMIT), neighbours 10x further."""
+    lines = [
+        f"every one-pass row against transformers float32 of its stored sequence ({device}): per-token relative error "
+        f"median / p99 / max; hf-low: transformers' own {dtype} on the same rows; limit: the median allowed "
+        f"({slack:g} x hf-low median, at least {check_server.FLOAT32_LIMIT:g}); prev / next: the neighbouring layers' "
+        "medians (final: the last layer's input / the post-norm final)",
+        f"{'kind':9} {'layer':21} {'rows':>5} {'server med':>10} {'p99':>8} {'max':>8} {'hf-low med':>10} {'p99':>8} "
+        f"{'max':>8} {'limit':>8} {'prev med':>8} {'next med':>8}",
+    ]
+    ok = True
+    for kind, part in result.items():
+        for name, s in part["layers"].items():
+            server, low = s["server"], s["hf_low"]
+            lines.append(
+                f"{kind:9} {name:21} {part['rows']:5d} {server['median']:10.3g} {server['p99']:8.3g} {server['max']:8.3g} "
+                f"{low['median']:10.3g} {low['p99']:8.3g} {low['max']:8.3g} {check_server.error_limit(low['median'], slack):8.3g} "
+                f"{s['prev']['median']:8.3g} {s['next']['median']:8.3g}"
+            )
+        for problem in check_server.judge(part, slack, NEIGHBOUR_FACTOR, stats=("median",)):
+            ok = False
+            lines.append(f"FAIL {kind} rows against transformers: {problem}")
+    if not result:
+        ok = False
+        lines.append("FAIL: no one-pass rows to compare with transformers")
+    return lines, ok
+
+
 def set_mem_fraction(card: Path, fraction: float) -> None:
     """The card's ``--mem-fraction-static`` replaced (the GPU check's CPU value leaves this model no KV cache)."""
     import yaml
@@ -179,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="most new tokens per request (each asks for tokens/2 .. tokens)")
     p.add_argument("--server-arg", action="append", default=[], help="extra SGLang argument (repeatable)")
     p.add_argument("--mem-fraction", type=float, help="the server's --mem-fraction-static instead of the GPU check's")
+    p.add_argument("--slack", type=float, default=check_server.SLACK, help="the rows' median may be this many x transformers' own")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         norm_weight = f.get_tensor("model.norm.weight").float()
     names = [f"aux{a}" for a in check_server.AUX] + ["final"]
     lines, ok = compare(runs, staging, names, norm_weight, float(config.get("rms_norm_eps", 1e-6)))
-    ok = ok and support.works and counts.get("refused", 0) == 0
+    t0 = time.monotonic()
+    hf = compare_transformers(runs, staging, model, args.device, args.dtype)
+    hf_lines, hf_ok = transformers_lines(hf, args.device, args.dtype, args.slack)
+    lines += hf_lines + [f"transformers comparison in {time.monotonic() - t0:.0f} s"]
+    ok = ok and hf_ok and support.works and counts.get("refused", 0) == 0
     text = "\n".join(header + lines + ["PASS" if ok else "FAIL"])
     print(text)
     (out / "one_pass_check.txt").write_text(text + "\n")
