@@ -82,6 +82,7 @@ INTEGRATION_MODULES = frozenset(
         "remote/test_follow.py",
         "remote/test_s3_build.py",
         "remote/test_s3_read.py",
+        "remote/test_shared_cache.py",
         "remote/test_untrusted_stores.py",
         "server_patch/legacy/test_patched_server.py",
         "server_patch/legacy/test_source_patch.py",
