@@ -79,6 +79,7 @@ INTEGRATION_MODULES = frozenset(
         "model/test_untrusted_configs.py",
         "regenerate/test_kill_resume.py",
         "regenerate/test_regenerate_build.py",
+        "regenerate/test_signals.py",
         "remote/test_bounded_reads.py",
         "remote/test_follow.py",
         "remote/test_merge_kills.py",
