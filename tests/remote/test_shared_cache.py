@@ -250,7 +250,7 @@ def test_alices_live_download_is_waited_for_never_removed(store, shared_base):
                 proc.wait()
     assert reader.returncode == 0, f"ESCAPE: {out[-800:]}{err[-2500:]}"
     got = json.loads(out.strip().splitlines()[-1])
-    assert got["rows"] == expected and got["elapsed_s"] >= 2.0, got
+    assert got["rows"] == expected and got["elapsed_s"] >= 1.5, got  # it waited for her
     assert not temp.exists(), "the dead download was left behind"
 
 
