@@ -23,8 +23,11 @@ CRASH_POINTS = (
     "regenerate.after_chunk",  # a line of finished conversations is stored, not yet captured
     "export.mid_file",  # an export file is half written
     "push.before_commit",  # a batch of shards is uploaded to the Hub's storage, its commit not made
+    "push.before_last_commit",  # every shard is committed, the commit of the manifest, index and card not made
     "remote.mid_upload",  # half of a file's bytes are sent to object storage, the upload not complete
     "remote.before_manifest",  # a rank's shards are uploaded, its manifest not yet
+    "merge.after_copy",  # a remote merge copied one more shard of a part elsewhere, its manifest not written
+    "merge.before_manifest",  # a remote merge copied everything, its manifest not written
 )
 
 _spec = os.environ.get("HS_DATASET_CRASH_AT", "")

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Sequence
 
 from hs_dataset.cli.progress import progress_settings
+from hs_dataset.cli.signals import ignore_further_stops
 from hs_dataset.cli.style import HelpFormatter, Parser, add_global_flags, add_subcommand
 from hs_dataset.errors import HsDatasetError
 from hs_dataset.progress.settings import showing
@@ -140,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with showing(progress_settings(args)):  # every command's long loops show progress the same way
             return int(module.run(args) or 0)
     except _KNOWN_ERRORS as exc:
+        if isinstance(exc, KeyboardInterrupt) and argv is None:  # the program itself: a second Ctrl-C must not change its status
+            ignore_further_stops()
         return _report_error(args.command, exc, _debug_wanted(args))
     except Exception as exc:  # noqa: BLE001 -- the boundary: anything else is a bug
         return _report_bug(args.command, exc)

@@ -11,6 +11,12 @@ temp is waited for only while the pid its name gives is alive *and* the file is 
 the kernel drops the lock when the writer's process ends, however it ends, and nobody
 can make a dead pid hold one. A temp that fails either test is a leftover (removed, its
 file downloaded again), whatever its times say.
+
+Shared directories: a temp is created 0o666 less the umask, so another user of the
+directory can open it to test its lock. One this user cannot open (another user's, under a
+umask that hides it from the group) cannot be judged: while its pid lives that is a
+PermissionError for the caller to name, never taken for a leftover (removing a live
+download would break its writer) nor waited on (the pid may be reused: a wait without end).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ def create_held(path: Path) -> int:
     Create and lock are two calls: the caller makes them under the lock that other
     judges of the temp take too (the cache's directory lock), so none sees the file unheld.
     """
-    fd = open_for_writing(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
+    fd = open_for_writing(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
@@ -45,7 +51,10 @@ def create_held(path: Path) -> int:
 
 
 def is_abandoned(path: Path) -> bool:
-    """Nobody writes this temp: its name gives no live pid, or no process holds its lock (or it is no regular file, or gone)."""
+    """Nobody writes this temp: its name gives no live pid, or no process holds its lock (or it is no regular file, or gone).
+
+    PermissionError where the pid lives and this user may not open the file to test its lock (see the module docstring).
+    """
     pid = temp_writer_pid(path.name)
     if pid is None or not pid_alive(pid):
         return True
@@ -53,6 +62,8 @@ def is_abandoned(path: Path) -> bool:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return True  # a link, FIFO or directory under a temp name: nobody's download
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+    except PermissionError:
+        raise  # another user's, hidden from this one: not judged (a live download must not be removed)
     except OSError:  # gone (nothing to wait for), or swapped for a link meanwhile
         return True
     try:

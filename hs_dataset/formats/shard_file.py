@@ -37,6 +37,7 @@ from hs_dataset.formats.shard_layout import (
     OFFSETS_KEY,
     SHARD_FORMAT,
 )
+from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.libc import start_writeback
 
 __all__ = ["WRITEBACK_BYTES", "EarlyWriteback", "EncodedSample", "capture_counts", "shard_sample_ids", "write_shard"]
@@ -161,7 +162,7 @@ def write_shard(final: Path, name: str, batch: list[EncodedSample], dataset_id: 
     hasher = _Hasher()
     hasher.start()
     size = 0
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    fd = open_for_writing(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     total = sum(v.nbytes for v in views)
     writeback = EarlyWriteback(fd)
     try:

@@ -16,7 +16,12 @@ The dataset goes into a dataset repository, one folder per config (the layout is
   files left under ``<config>/`` by an older push. Until that commit lands the repo
   shows the previous state: a manifest never lists a shard the repo lacks. An
   interrupted push (network, crash) is resumed by running it again; LFS objects
-  uploaded by the interrupted run are not sent twice (the Hub deduplicates by oid).
+  uploaded by the interrupted run are not sent twice (the Hub deduplicates by oid);
+* a push that replaces a file the repo holds under the same name (another build of the
+  config, pushed over an earlier one) first deletes the repo's manifest in a commit of its
+  own: from then until the last commit a reader sees no dataset, never a manifest whose
+  shards have other bytes than it records (a kill in between leaves it so until the push
+  is run again).
 
 The README carries the metadata of the config card that built the dataset
 (:mod:`hs_dataset.hub.config_card`).
@@ -40,7 +45,7 @@ from hs_dataset.config import Card
 from hs_dataset.errors import IntegrityError, UsageError
 from hs_dataset.faults import crash_point
 from hs_dataset.formats.build_state import refuse_unfinished
-from hs_dataset.formats.manifest import Manifest
+from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
 from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.paths import open_regular, resolve_member
 from hs_dataset.hub.config_card import CardChoice, card_for_push, card_model_name
@@ -256,6 +261,7 @@ def _commit_data_files(
             report.skipped.append(f.repo_path)
         else:
             pending.append(f)
+    _withdraw_manifest(target, pending, remote, report)
     todo = list(batches(pending, opts.commit_bytes, opts.commit_files))
     shown = task("push", "commits", len(todo), verb="uploaded")
     for number, batch in enumerate(shown.track(todo, nbytes=lambda b: sum(f.size for f in b)), 1):
@@ -265,6 +271,20 @@ def _commit_data_files(
         report.uploaded.extend(f.repo_path for f in batch)
         report.bytes_uploaded += sum(f.size for f in batch)
         logger.info("committed %d file(s) of %s (%d/%d)", len(batch), target.config, number, len(todo))
+
+
+def _withdraw_manifest(target: _Target, pending: list[LocalFile], remote: dict[str, RemoteFile], report: PushReport) -> None:
+    """Delete the repo's manifest before a file it may list is replaced under its name; the last commit adds the new one."""
+    from huggingface_hub import CommitOperationDelete
+
+    manifest = f"{target.shards_prefix}/{MANIFEST_NAME}"
+    if manifest not in remote or not any(f.repo_path in remote for f in pending):
+        return
+    report.commits.append(
+        target.commit([CommitOperationDelete(path_in_repo=manifest)], f"hs_dataset: {target.config} withdrawn while replaced")
+    )
+    del remote[manifest]  # the last commit adds it again
+    logger.info("withdrew %s: this push replaces files it lists", manifest)
 
 
 def _uploaded_batch(target: _Target, batch: list[LocalFile]) -> list[Any]:
@@ -352,6 +372,7 @@ def _commit_last(
     stale = sorted(p for p in remote if p not in keep)
     ops.extend(CommitOperationDelete(path_in_repo=p) for p in stale)
     if ops:
+        crash_point("push.before_last_commit")
         report.commits.append(target.commit(ops, f"hs_dataset: {target.config} manifest, index and card"))
         report.uploaded.extend(op.path_in_repo for op in ops if isinstance(op, CommitOperationAdd))
         report.deleted.extend(stale)

@@ -23,7 +23,11 @@ and is never evicted (in any process on the node), so the bound holds for bytes 
 A download in flight holds an exclusive ``flock`` on its temp file: others wait for it
 only while that lock is held (``formats/held_temps.py``), never judging it by its times.
 Every write here goes through ``remote/cache_dir.py``: a read-only or full cache
-directory is one named line, not a raw OSError.
+directory is one named line, not a raw OSError. That module also sets the modes of what
+the cache creates (the umask's, for a cache a group shares): a user who may not write
+another's lock or index still takes the lock (read-only descriptor) and replaces the
+index by rename; a file this user may not remove (a sticky directory) is left in place,
+counted toward the bound.
 """
 
 from __future__ import annotations
@@ -40,15 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from hs_dataset import strict_json
-from hs_dataset.errors import ForeignDatasetError, IntegrityError, UsageError
+from hs_dataset.errors import ForeignDatasetError, IntegrityError, ReadOnlyError, UsageError
 from hs_dataset.formats.atomic import TEMP_PREFIX, is_temp_name, remove_quietly, temp_path_for, write_all
+from hs_dataset.formats.dirlock import open_lock_file
 from hs_dataset.formats.hashing import file_digests
 from hs_dataset.formats.held_temps import create_held, is_abandoned
 from hs_dataset.formats.manifest import MANIFEST_NAME, ShardRecord
 from hs_dataset.formats.paths import check_local_path, make_directory, open_regular
 from hs_dataset.formats.writable import open_for_writing
 from hs_dataset.remote import verified
-from hs_dataset.remote.cache_dir import cache_writes
+from hs_dataset.remote.cache_dir import cache_writes, make_subdirs, without_write_bits
 from hs_dataset.remote.location import RemoteLocation
 from hs_dataset.remote.transfer import Expected, receive_file
 
@@ -61,12 +66,12 @@ _FORMAT = "hs_dataset-cache"
 _MAX_INDEX_BYTES = 64 * 1024 * 1024
 _NAME_RE = re.compile(r"^(blake3|sha256)-[0-9a-f]{64}\.safetensors$")
 _WAIT_S = 0.02  # poll interval while another thread or process downloads the same shard
-_READ_ONLY = 0o444
 _BLOCK = 4096  # a file's allocation unit here
 _ENTRY_BYTES = 200  # one more index entry, at most
 _USE_NOTE_NS = 10**10  # a hit notes its use in the index at most every 10 s per shard: eviction order, not a rewrite per open
 
 _log = logging.getLogger("hs_dataset.remote")
+_unremovable: set[Path] = set()  # files another user left that this process may not remove, already warned about
 Entry = dict[str, int]  # ino, size, mtime_ns, boot; used (ns, optional: older indexes lack it)
 
 
@@ -77,15 +82,16 @@ def cache_name(record: ShardRecord) -> str:
 
 def disk_usage(directory: Path) -> int:
     """Bytes the files under ``directory`` hold on disk (allocated blocks, or size where larger)."""
-    total = 0
-    for base, _dirs, files in os.walk(directory):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(base, name))
-            except FileNotFoundError:
-                continue
-            total += max(st.st_size, st.st_blocks * 512)
-    return total
+    return sum(_size_on_disk(Path(base, name)) for base, _dirs, files in os.walk(directory) for name in files)
+
+
+def _size_on_disk(path: Path) -> int:
+    """Allocated blocks, or the size where larger; 0 for a file gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    return max(st.st_size, st.st_blocks * 512)
 
 
 class ShardCache:
@@ -142,7 +148,7 @@ class ShardCache:
             temp, held = reserved
             try:
                 receive_file(loc, name, temp, expected, durable=False)
-                dest.parent.mkdir(parents=True, exist_ok=True)
+                make_subdirs(self.directory, dest.parent)
                 os.replace(temp, dest)
             finally:
                 os.close(held)
@@ -217,8 +223,15 @@ class ShardCache:
         then hashed again before use, none is lost or served unchecked.
         """
         data = json.dumps({"format": _FORMAT, "version": 1, "files": files}).encode()
+        path = self.directory / INDEX_NAME
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = open_for_writing(self.directory / INDEX_NAME, flags)
+        try:
+            fd = open_for_writing(path, flags, 0o666)
+        except ReadOnlyError:
+            if not os.path.isfile(path):
+                raise
+            _replace_index(path, data)  # another user's index (umask 022): replaced, which needs only the directory
+            return
         try:
             write_all(fd, memoryview(data))  # from offset 0: the fd is new
             os.ftruncate(fd, len(data))
@@ -279,10 +292,11 @@ class ShardCache:
             if verified.signature(now) != verified.signature(st):
                 changed = True  # changed while it was hashed: look again
             elif whole:
-                if stat.S_IMODE(now.st_mode) != _READ_ONLY and now.st_nlink == 1:
-                    # moves the ctime: the signature remembered is the one after. Never for a file with other names (a
-                    # user's file hard-linked in): its mode is that file's too, and the cache changes nothing of a user's
-                    os.chmod(path, _READ_ONLY)
+                if now.st_mode & 0o222 and now.st_uid == os.geteuid() and now.st_nlink == 1:
+                    # moves the ctime: the signature remembered is the one after. Another user's file is left as it is (the
+                    # hash vouches), and so is a file with other names (a user's file hard-linked in): its mode is that
+                    # file's too, and the cache changes nothing of a user's
+                    without_write_bits(path, now)
                     now = os.lstat(path)
                 files[path.name] = _entry(now)
                 self._write_index(files)
@@ -313,7 +327,7 @@ class ShardCache:
             if os.path.lexists(path):  # another process placed it meanwhile (or a file was planted: _hit decides)
                 remove_quietly(temp)
                 return
-            os.chmod(temp, _READ_ONLY)
+            without_write_bits(temp, os.lstat(temp))
             os.replace(temp, path)
             placed = os.lstat(path)
             files[path.name] = _entry(placed)
@@ -344,11 +358,7 @@ class ShardCache:
             if len(files) != listed:
                 self._write_index(files)
             if used + size > self.max_bytes:
-                raise UsageError(
-                    f"{self.directory}: the cache bound {self.max_bytes} bytes cannot hold {url}'s next shard ({size} bytes) beside "
-                    f"the {used} bytes of shards in use or downloading (and of files the cache did not write); raise max_cache_bytes "
-                    "(HS_DATASET_CACHE_BYTES), read with fewer prefetch_shards / processes, or remove files you put there"
-                )
+                raise self._bound_error(url, size, used)
             temp = self.directory / temp_path_for(path).name  # in the cache root, where dead downloads are found
             fd = create_held(temp)  # under the directory lock: no judge of temps sees it unheld
             try:
@@ -360,6 +370,20 @@ class ShardCache:
             return temp, fd
         finally:
             os.close(lock)
+
+    def _bound_error(self, url: str, size: int, used: int) -> UsageError:
+        """The bound cannot hold the next download: what holds the room, the other users' files this user may not remove among it."""
+        stuck = sum(_size_on_disk(path) for path in _unremovable if path.parent == self.directory)
+        theirs = (
+            f", {stuck} of them another user's files this user may not remove (a sticky directory: that user's reads evict them)"
+            if stuck
+            else ""
+        )
+        return UsageError(
+            f"{self.directory}: the cache bound {self.max_bytes} bytes cannot hold {url}'s next shard ({size} bytes) beside "
+            f"the {used} bytes of shards in use or downloading (and of files the cache did not write{theirs}); raise max_cache_bytes "
+            "(HS_DATASET_CACHE_BYTES), read with fewer prefetch_shards / processes, or remove files you put there"
+        )
 
     def _index_headroom(self) -> int:
         """Room the index's next entry may take (a block where it crosses one): the index counts toward the bound too."""
@@ -394,7 +418,8 @@ class ShardCache:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0  # in use by a reader
-            remove_quietly(path)
+            if not _removed(path):
+                return 0  # another user's, in a sticky directory: listed still, counted toward the bound
             files.pop(path.name, None)
             return max(st.st_size, st.st_blocks * 512)
         finally:
@@ -407,7 +432,7 @@ class ShardCache:
             if not name.startswith(TEMP_PREFIX):
                 continue
             if is_abandoned(self.directory / name):
-                remove_quietly(self.directory / name)
+                _removed(self.directory / name)  # one this user may not remove stays, counted toward the bound
             elif name.endswith("-" + wanted):
                 busy = True
         return busy
@@ -433,9 +458,28 @@ def _least_recent_first(files: dict[str, Entry]) -> list[str]:
     return sorted(files, key=lambda name: files[name].get("used", 0))
 
 
+def _replace_index(path: Path, data: bytes) -> None:
+    """Write the index as a new file renamed over the old: for a user who may write the directory but not the index.
+
+    Called under the exclusive lock, so no reservation measures the copy meanwhile; a
+    crash leaves a temp nobody holds, removed as a dead download.
+    """
+    temp = temp_path_for(path)
+    fd = open_for_writing(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        write_all(fd, memoryview(data))
+    finally:
+        os.close(fd)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        remove_quietly(temp)
+        raise
+
+
 def _lock(directory: Path, *, shared: bool = False) -> int:
     """The cache's ``.lock`` (shared: to read the index), waiting for another process's reservation (held for milliseconds)."""
-    fd = open_for_writing(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = open_lock_file(directory / _LOCK_NAME)
     fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
     return fd
 
@@ -448,6 +492,18 @@ def _boot_time() -> int:
             return int(next(line.split()[1] for line in f if line.startswith("btime ")))
     except (OSError, StopIteration, ValueError, IndexError):
         return 0
+
+
+def _removed(path: Path) -> bool:
+    """Unlink ``path``; False where this user may not (another user's file in a sticky directory), logged once per file."""
+    try:
+        remove_quietly(path)
+    except PermissionError:
+        if path not in _unremovable:
+            _unremovable.add(path)
+            _log.warning("%s: another user's file the cache cannot remove (sticky directory); it stays, counted toward the bound", path)
+        return False
+    return True
 
 
 def _same_hash(path: Path, record: ShardRecord) -> bool:

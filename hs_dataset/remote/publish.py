@@ -33,7 +33,16 @@ from hs_dataset.formats.paths import check_plain_name, resolve_member
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.transfer import Expected, put_bytes, upload_file
 
-__all__ = ["CLAIM_NAME", "PublishReport", "foreign_objects", "publish_dataset", "refuse_foreign"]
+__all__ = [
+    "CLAIM_NAME",
+    "PublishReport",
+    "claimed_by",
+    "foreign_objects",
+    "publish_dataset",
+    "refuse_foreign",
+    "remove_claim",
+    "write_claim",
+]
 
 _log = logging.getLogger("hs_dataset.remote")
 _RUN_REPORT = "run_report.json"
@@ -102,7 +111,7 @@ def refuse_foreign(loc: RemoteLocation, dataset_id: str | None) -> None:
     foreign = foreign_objects(loc)
     if not foreign:
         return
-    claimed = _claimed_by(loc) if CLAIM_NAME in foreign else None
+    claimed = claimed_by(loc) if CLAIM_NAME in foreign else None
     if claimed is not None and dataset_id in (None, claimed):
         return
     if claimed is not None:
@@ -116,8 +125,8 @@ def refuse_foreign(loc: RemoteLocation, dataset_id: str | None) -> None:
     )
 
 
-def _claimed_by(loc: RemoteLocation) -> str | None:
-    """The dataset id the prefix's claim names; None when it is not one hs_dataset wrote."""
+def claimed_by(loc: RemoteLocation) -> str | None:
+    """The dataset id (or merge) the prefix's claim names; None when there is none, or not one hs_dataset wrote."""
     try:
         raw = json.loads(bytes(loc.read_bytes(CLAIM_NAME, 4096) or b"").decode("utf-8"))
         if isinstance(raw, dict) and raw.get("format") == _CLAIM_FORMAT:
@@ -130,7 +139,21 @@ def _claimed_by(loc: RemoteLocation) -> str | None:
 def _claim(loc: RemoteLocation, dataset_id: str) -> None:
     """A prefix becomes this dataset's before any shard is written there: its claim names the dataset id."""
     refuse_foreign(loc, dataset_id)
-    put_bytes(loc, CLAIM_NAME, json.dumps({"format": _CLAIM_FORMAT, "dataset_id": dataset_id}).encode())
+    write_claim(loc, dataset_id)
+
+
+def write_claim(loc: RemoteLocation, owner: str) -> None:
+    """The claim object naming ``owner`` (a dataset id, or a remote merge's name): what a rerun after a kill finds its leftovers by."""
+    put_bytes(loc, CLAIM_NAME, json.dumps({"format": _CLAIM_FORMAT, "dataset_id": owner}).encode())
+
+
+def remove_claim(loc: RemoteLocation) -> None:
+    """Delete the claim once a manifest owns the prefix (a remote merge's; best effort: a claim beside a manifest is never read)."""
+    try:
+        with storage_errors(loc.url):
+            loc.call("rm", loc.key(CLAIM_NAME))
+    except (FileNotFoundError, HsDatasetError):
+        pass
 
 
 def _remote_shards(local: Path, manifest: Manifest, remote: Manifest | None, loc: RemoteLocation) -> dict[str, str]:

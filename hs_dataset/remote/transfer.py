@@ -31,7 +31,7 @@ from hs_dataset.formats.paths import open_regular
 from hs_dataset.remote.location import RemoteLocation, storage_errors
 from hs_dataset.remote.reads import CHUNK_BYTES, object_chunks
 
-__all__ = ["Expected", "download_file", "put_bytes", "receive_file", "upload_file"]
+__all__ = ["Expected", "download_file", "put_bytes", "receive_file", "temp_key", "upload_file"]
 
 _BUFFERS = 3  # receive buffers per download: one filling, one being hashed and written, one spare
 
@@ -53,7 +53,7 @@ def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expec
     """Write ``chunks`` to ``name``; delete what was written when it is not ``expected``."""
     key = loc.key(name)
     local = loc.is_local
-    target = f"{key.rpartition('/')[0]}/{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{key.rpartition('/')[2]}" if local else key
+    target = temp_key(key) if local else key
     hasher = new_hasher(expected.algorithm) if expected.algorithm else None
     sent = 0
     with storage_errors(f"{loc.url}/{name}"):
@@ -79,6 +79,12 @@ def _write_object(loc: RemoteLocation, name: str, chunks: Iterable[bytes], expec
             raise
         if local:
             loc.fs.mv(target, key)
+
+
+def temp_key(key: str) -> str:
+    """A temp name beside ``key`` in a ``file://`` store, renamed over it once whole (a plain directory publishes nothing atomically)."""
+    head, _, tail = key.rpartition("/")
+    return f"{head}/{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{tail}"
 
 
 def _remove(loc: RemoteLocation, key: str) -> None:

@@ -1,7 +1,8 @@
 """``hs-dataset verify URL``: the checks of a local verify, on a dataset in object storage, within the cache bound.
 
 Each shard is downloaded, even one the cache holds (the store's bytes are verified),
-into a private cache directory of the same bound beside the shared one, removed after (size
+into a private cache directory of the same bound beside the shared one (in the temp dir where only the
+shared one's parent may not be written: a group's cache), removed after (size
 and hash checked on the bytes that arrive, so hashes are always checked here), then opened by the one reader (header,
 dataset id, dtypes, shapes, offsets) and scanned for NaN/inf; sample ids must be unique
 across shards, the final-norm weight must match its sha256, and no shard-named or temp
@@ -42,10 +43,7 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
     if loc.size(MANIFEST_NAME) is None:
         raise FormatError(f"{url}: no {MANIFEST_NAME}; this is not an hs_dataset dataset (or nothing was uploaded yet)")
     result = VerifyResult()
-    parent = check_local_path(options.cache_dir, what="cache_dir").parent
-    with cache_writes(options.cache_dir):
-        make_directory(parent, what=f"the directory of cache_dir {options.cache_dir}")
-        private = _private_cache(options.cache_dir, parent)
+    private = _private_cache(check_local_path(options.cache_dir, what="cache_dir"))
     try:
         data = RemoteDataset(url, options=options.model_copy(update={"cache_dir": Path(private)}))
     except HsDatasetError as exc:
@@ -64,19 +62,28 @@ def verify_remote(url: str, *, check_values: bool = True, options: RemoteOptions
     return result
 
 
-def _private_cache(cache_dir: Path, parent: Path) -> str:
-    """A new directory beside ``cache_dir`` for verify's own downloads (removed when verify ends).
+def _private_cache(cache_dir: Path) -> str:
+    """A new directory for the downloads: beside ``cache_dir`` (its disk), else, for an existing cache_dir, in the temp dir.
 
-    A file system that refuses to make one for another reason than a read-only or full
-    disk (``cache_writes`` names those), such as /proc, is a UsageError naming cache_dir,
-    not a bare OSError.
+    Why the fallback: a cache a group shares (``/data/cache``, group-writable) often lies in
+    a directory only its admin may write; its users could not verify a URL at all. A
+    cache_dir that does not exist and cannot be created stays an error: it names a mistake.
+    A file system that refuses a directory for another reason than a read-only or full disk
+    (``cache_writes`` names those), such as /proc, is a UsageError naming cache_dir, not a bare OSError.
     """
-    try:
-        return tempfile.mkdtemp(prefix=f".{cache_dir.name}-verify-", dir=parent)  # beside the shared cache
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise UsageError(
-            f"{cache_dir}: cache_dir cannot be created ({exc.strerror}); give a directory on a writable local file system"
-        ) from None
+    parent = cache_dir.parent
+    with cache_writes(cache_dir):
+        make_directory(parent, what=f"the directory of cache_dir {cache_dir}")
+        try:
+            return tempfile.mkdtemp(prefix=f".{cache_dir.name}-verify-", dir=parent)
+        except PermissionError:
+            if not cache_dir.is_dir():
+                raise
+            return tempfile.mkdtemp(prefix=f"hs-dataset-verify-{cache_dir.name}-")
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise UsageError(
+                f"{cache_dir}: cache_dir cannot be created ({exc.strerror}); give a directory on a writable local file system"
+            ) from None
 
 
 def _check_shards(data: RemoteDataset, check_values: bool, max_problems: int, result: VerifyResult) -> None:

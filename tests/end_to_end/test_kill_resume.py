@@ -282,10 +282,15 @@ def test_build_crash_points_are_all_known():
     named = {c.split(":")[0] for c in CHAIN if c != "random"}
     assert named <= set(CRASH_POINTS)
     assert set(BUILD_POINTS) <= named
-    # export chains below; push in tests/hub/test_upload_download.py; regeneration in tests/regenerate/test_regenerate_build.py and tests/regenerate/test_kill_resume.py; uploads in tests/remote/test_s3_build.py
+    # export chains below; push in tests/hub/test_upload_download.py and tests/hub/test_push_kills.py; regeneration in
+    # tests/regenerate/test_regenerate_build.py and tests/regenerate/test_kill_resume.py; uploads in tests/remote/test_s3_build.py;
+    # remote merges in tests/remote/test_merge_kills.py
     assert set(CRASH_POINTS) - set(BUILD_POINTS) == {
         "export.mid_file",
+        "merge.after_copy",
+        "merge.before_manifest",
         "push.before_commit",
+        "push.before_last_commit",
         "regenerate.after_chunk",
         "regenerate.after_turn",
         "regenerate.mid_chunk",
@@ -390,8 +395,11 @@ def test_speculators_export_killed_while_moving_its_arrow_index(forkserver, refe
     assert leftovers(dest) == [], f"left behind by the killed export: {leftovers(dest)}"
 
 
-def test_push_kill_points_are_exercised():
-    """Push kill points run in tests/hub/test_upload_download.py (they need the stand-in Hub fixture)."""
+def test_push_and_merge_kill_points_are_exercised():
+    """Push kill points run in tests/hub/ (they need the stand-in Hub fixture), remote merge ones in tests/remote/test_merge_kills.py."""
     hub_points = [p for p in CRASH_POINTS if p.startswith("push.")]
-    assert hub_points == ["push.before_commit"]
-    assert "push.before_commit" in (REPO / "tests" / "hub" / "test_upload_download.py").read_text()
+    assert hub_points == ["push.before_commit", "push.before_last_commit"]
+    pushes = (REPO / "tests" / "hub" / "test_upload_download.py").read_text() + (REPO / "tests" / "hub" / "test_push_kills.py").read_text()
+    assert all(point in pushes for point in hub_points)
+    merges = (REPO / "tests" / "remote" / "test_merge_kills.py").read_text()
+    assert all(point in merges for point in CRASH_POINTS if point.startswith("merge."))

@@ -283,6 +283,9 @@ class SGLangBackend(CaptureBackend):
         self.stats["requests"] += 1
         try:
             outcome = await self._request(ep, rid, key, sample, ids)
+        except asyncio.CancelledError:  # a stopped build: the server may still write this request's dump
+            self._abandon(ep, key)
+            raise
         finally:
             ep.inflight -= 1
         if isinstance(outcome, Verdict):
@@ -580,6 +583,7 @@ class SGLangBackend(CaptureBackend):
     def close(self) -> None:
         if self._loop is None:
             return
+        self._loop.cancel_pending()  # requests still in flight (a stopped build) unwind before the session goes
         for ep, key in self._abandoned:
             delete_staged(ep.staging_dir, key)
         self._abandoned.clear()

@@ -223,6 +223,7 @@ class SGLangGenerator(StreamingGenerator):
     def close(self) -> None:
         if self._loop is None:
             return
+        self._loop.cancel_pending()  # generations still in flight (a stopped build) unwind before the session goes
         if self._session is not None:
             try:
                 self._loop.run(self._session.close(), timeout=10)
