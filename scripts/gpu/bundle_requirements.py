@@ -240,6 +240,9 @@ NOT_NEEDED = set(
         [
             "flash-attn-4",
             "flashinfer-cubin",
+            # SGLang 0.5.15's models/deepseek_v2.py imports cutlass when it loads (jit_kernel/dsa/__init__.py): without it
+            # 0.5.15 serves a DeepSeek model through its Transformers fallback, which dies on the MLA cache, and
+            # `hs-dataset serve` refuses it (capture/serve/model_import.py). Its libraries (74 MB) do not fit a transfer.
             "nvidia-cutlass-dsl",
             "nvidia-mathdx",
             "tilelang",

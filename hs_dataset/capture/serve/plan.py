@@ -8,7 +8,8 @@ prefill-graph flag. :func:`hs_dataset.capture.sglang.support.verification` says 
 ran that release; :mod:`hs_dataset.capture.serve.process` starts it and waits for health.
 
 :func:`plan_server` goes step by step: where the server runs and what it serves
-(:func:`_target`), the probe of its Python, the mechanism and the layer ids
+(:func:`_target`), the probe of its Python, whether SGLang can load its own class for the
+model there (:mod:`hs_dataset.capture.serve.model_import`), the mechanism and the layer ids
 (:func:`_capture`), the hook config and specs, the argv, the environment.
 
 Card keys read (``sglang:`` section unless noted; all optional except where said):
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_dataset.capture.serve import cpu_ranks, mechanisms, probe
+from hs_dataset.capture.serve import cpu_ranks, mechanisms, model_import, probe
 from hs_dataset.capture.serve.errors import ServeError
 from hs_dataset.capture.serve.facts import SGLangFacts, read_facts
 from hs_dataset.capture.serve.layer_ids import LayerIdError, model_family, sglang_eagle3_ids, validate_hf_ids
@@ -295,6 +296,15 @@ class _Capture:
 def _capture(card: Card, target: _Target, info: dict, extra_args: Sequence[str], notes: list[str]) -> _Capture:
     facts = read_facts(info.get("sglang_dir"), info["sglang"])
     notes.append(f"SGLang {facts.version} {facts.describe()}")
+    # before anything is started: a model SGLang would serve through its Transformers fallback is refused
+    model_import.refuse_unloadable_model(
+        facts.version,
+        info.get("sglang_dir"),
+        target.architectures,
+        info.get("absent") or (),
+        python=target.python,
+        device=card.sglang.device,
+    )
     try:
         hf_ids = validate_hf_ids(card.aux_layers_for(target.num_layers), target.num_layers)
     except LayerIdError as exc:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hs_dataset.capture.serve.errors import ServeError
+from hs_dataset.capture.serve.model_import import WATCHED
 
 __all__ = ["check_processor_in_server", "installed_source", "probe_server_env"]
 
@@ -25,12 +26,14 @@ _PROBE = (
     "out['hs_dataset'] = u.find_spec('hs_dataset') is not None\n"
     "s = u.find_spec('sgl_kernel')\nout['sgl_kernel'] = s.origin if s else None\n"
     "s = u.find_spec('sglang')\nout['sglang_dir'] = os.path.dirname(s.origin) if s and s.origin else None\n"
+    f"out['absent'] = [n for n in {sorted(WATCHED)!r} if u.find_spec(n) is None]\n"
     "print(json.dumps(out))\n"
 )
 
 
 def probe_server_env(python: str) -> dict:
-    """``{"sglang": version, "hs_dataset": importable, "sgl_kernel": path or None, "sglang_dir": path or None}``.
+    """``{"sglang": version, "hs_dataset": importable, "sgl_kernel": path or None, "sglang_dir": path or None,
+    "absent": [the modules of model_import.WATCHED it cannot find]}`` (found, never imported).
 
     :class:`ServeError` where the interpreter is missing, fails, or has no SGLang.
     """
