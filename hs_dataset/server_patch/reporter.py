@@ -6,6 +6,12 @@ the file when something changed, at most every ``STATUS_INTERVAL_S``, and at lea
 ``STATUS_HEARTBEAT_S`` even when nothing did: ``counted_at`` is taken when the counters are
 copied, so a reader knows which passes the file can speak for -- "no prefill reached the
 hooks since my request" needs a reading taken after it, which a quiet server must still give.
+
+Each write also carries the CPU time of capture's own threads (``cpu_ms_<thread>``, the
+threads that name themselves ``hs-...``) and of the whole process (``cpu_ms_process``), as
+counts: they share the process, and its GIL, with SGLang's scheduler, so a benchmark reads
+what capture cost the server from two readings. They do not count as a change: a quiet
+server's file is still rewritten only at the heartbeat.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 from hs_dataset.server_patch.contract.status import RECENT_IDS, STATUS_HEARTBEAT_S, STATUS_INTERVAL_S, write_status
 
-__all__ = ["StatusReporter"]
+__all__ = ["StatusReporter", "cpu_ms"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -69,7 +75,7 @@ class StatusReporter:
             {
                 **self._static,
                 "counted_at": time.time(),
-                "counts": counts,
+                "counts": {**counts, **cpu_ms()},
                 "recent_foreign": list(lists[0]),
                 "recent_dumps": list(lists[1]),
                 "recent_refused": list(lists[2]),
@@ -103,3 +109,36 @@ class StatusReporter:
             self.write()
         except OSError as exc:  # a full or vanished staging dir: the dumps will say so; the status must not stop capture
             logger.warning("hs_dataset capture: cannot write the status file in %s: %s", self.staging_dir, exc)
+
+
+_THREAD_PREFIX = "hs-"  # capture's threads name themselves so (libc.name_os_thread)
+
+
+def cpu_ms() -> dict[str, int]:
+    """CPU milliseconds of this process and of each of capture's threads by name (Linux /proc; elsewhere the process's only)."""
+    found = {"cpu_ms_process": int(sum(os.times()[:2]) * 1000)}
+    try:
+        tasks = list(os.scandir("/proc/self/task"))
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):  # not Linux
+        return found
+    for task in tasks:
+        reading = _thread_cpu(task.path, tick)
+        if reading is not None:
+            key = f"cpu_ms_{reading[0]}"
+            found[key] = found.get(key, 0) + reading[1]
+    return found
+
+
+def _thread_cpu(task: str, tick: int) -> tuple[str, int] | None:
+    """(name, CPU ms) of one of capture's threads; None for another thread, or one gone while read."""
+    try:
+        with open(f"{task}/comm") as f:
+            name = f.read().strip()
+        if not name.startswith(_THREAD_PREFIX):
+            return None
+        with open(f"{task}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        return name, (int(fields[11]) + int(fields[12])) * 1000 // tick
+    except (OSError, ValueError, IndexError):
+        return None

@@ -116,7 +116,7 @@ def counters(staging: str) -> dict:
     found: dict = {}
     for status in read_statuses(staging):
         for key, value in (status.get("counts") or {}).items():
-            if key in keep and isinstance(value, (int, float)):
+            if (key in keep or key.startswith("cpu_ms_")) and isinstance(value, (int, float)):  # cpu_ms_: capture's threads, the process
                 found[key] = found.get(key, 0) + value
     return found
 
