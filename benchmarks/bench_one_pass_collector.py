@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hs_dataset.server_patch.budget import StagingBudget  # noqa: E402
-from hs_dataset.server_patch.copier import HostPiece  # noqa: E402
-from hs_dataset.server_patch.one_pass import PieceCollector, _Block  # noqa: E402
+from hs_dataset.server_patch.budget import StagingBudget
+from hs_dataset.server_patch.copier import HostPiece
+from hs_dataset.server_patch.one_pass import PieceCollector, _Block
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
 TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select")
