@@ -123,7 +123,9 @@ def main() -> int:
             f"{pieces} pieces; one copy of the step's rows {base:.2f} ms",
             flush=True,
         )
-    print(f"best of {args.rounds}: collector {best_collector:.2f} ms a step, {best_collector / best_copy:.1f}x one copy ({best_copy:.2f} ms)")
+    print(
+        f"best of {args.rounds}: collector {best_collector:.2f} ms a step, {best_collector / best_copy:.1f}x one copy ({best_copy:.2f} ms)"
+    )
     return 0
 
 
