@@ -533,7 +533,7 @@ def test_damaged_dataset_is_refused_naming_the_file(tmp_path, clean_dataset, oth
 
 def test_case_count():
     build, read = len(BUILD_CASES), len(READ_CASES)
-    extra = 2  # newer manifest at build time, foreign orphan shard at resume
+    extra = 3  # newer manifest at build time, foreign orphan shard at resume, merge into another dataset
     strict = sum(1 for c in BUILD_CASES.values() if c.kind in ("malformed", "no_supervised_token"))
     limits = 2 + 2 + 1 + 1  # memory: 50 MB line, gzip bomb; unreadable gz x2; resume past bad rows; model-vocab ids
     fs = len(READ_ONLY_COMMANDS) + len(WRITE_COMMANDS)
@@ -751,8 +751,10 @@ def test_writing_to_a_read_only_directory_is_one_clear_error(tmp_path, clean_dat
 
     command, code = WRITE_COMMANDS[name]
     target = tmp_path / "target"
-    if command == "import":
-        target.mkdir()  # an empty directory on the read-only medium
+    if command in ("import", "merge"):
+        # an empty directory on the read-only medium (a merge into a dataset that is not a merge of its parts is
+        # refused before anything is written, read-only or not: test_merge_into_another_dataset_is_refused_unchanged)
+        target.mkdir()
     else:
         shutil.copytree(clean_dataset, target)
     before = _snapshot(target)
@@ -774,6 +776,19 @@ def test_writing_to_a_read_only_directory_is_one_clear_error(tmp_path, clean_dat
     err = errors[0]
     assert f"hs-dataset {command}: error: {target}" in err and code in err and "writable file system" in err, err
     assert _snapshot(target) == before, "LOST: a refused write changed the dataset"
+
+
+def test_merge_into_another_dataset_is_refused_unchanged(tmp_path, clean_dataset, capsys):
+    """A merge whose output directory holds a dataset that is not a merge of these parts: one line, nothing written."""
+    from hs_dataset.cli.main import main
+
+    target = tmp_path / "target"
+    shutil.copytree(clean_dataset, target)
+    before = _snapshot(target)
+    assert main(["merge", str(clean_dataset), str(target)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hs-dataset ")]
+    assert len(errors) == 1 and "already holds another dataset" in errors[0] and "merge into a new directory" in errors[0], errors
+    assert _snapshot(target) == before, "LOST: a refused merge changed the dataset there"
 
 
 # ---------------------------------------------------------------------------- network failures
