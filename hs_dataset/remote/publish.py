@@ -128,10 +128,10 @@ def refuse_foreign(loc: RemoteLocation, dataset_id: str | None) -> None:
 def claimed_by(loc: RemoteLocation) -> str | None:
     """The dataset id (or merge) the prefix's claim names; None when there is none, or not one hs_dataset wrote."""
     try:
-        raw = json.loads(bytes(loc.read_bytes(CLAIM_NAME, 4096) or b"").decode("utf-8"))
+        raw = strict_json.loads(bytes(loc.read_bytes(CLAIM_NAME, 4096) or b"").decode("utf-8"))
         if isinstance(raw, dict) and raw.get("format") == _CLAIM_FORMAT:
             return check_plain_name(raw.get("dataset_id"), what="dataset_id", where=f"{loc.url}/{CLAIM_NAME}")
-    except (ValueError, HsDatasetError):
+    except (ValueError, RecursionError, HsDatasetError):  # a claim nested past the parser's depth is no claim of ours either
         pass
     return None
 

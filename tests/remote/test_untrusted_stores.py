@@ -31,14 +31,11 @@ from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import CLAIM_NAME, publish_dataset
 from tests.fixtures.assertions import one_line
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import make_metadata, make_sample, write_small_dataset
 
 
 def write_dataset(root: Path, n: int = 8, *, first: int = 0) -> Path:
-    with ShardWriter(root, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(first, first + n):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
-    return root
+    return write_small_dataset(root, n, first=first)
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -386,6 +383,26 @@ def test_a_prefix_claimed_by_another_build_is_refused(tmp_path):
     assert tree(tmp_path / "bucket") == before, "LOST: a build wrote into another build's prefix"
     publish_dataset(first, open_location(url))  # the build that claimed it finishes its upload
     assert open_location(url).require_manifest().num_samples == 2
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "[" * 2000,  # nested past the parser's depth: a RecursionError
+        '{"format": "hs_dataset-upload", "dataset_id": "a", "dataset_id": "b"}',  # two owners, one per parser
+    ],
+    ids=["nested 2000 deep", "dataset_id twice"],
+)
+def test_a_claim_hs_dataset_did_not_write_is_foreign_not_a_traceback(tmp_path, claim):
+    url = f"file://{tmp_path}/bucket/proj"
+    local = write_dataset(tmp_path / "a", 2)
+    (tmp_path / "bucket" / "proj").mkdir(parents=True)
+    (tmp_path / "bucket" / "proj" / CLAIM_NAME).write_text(claim)
+    before = tree(tmp_path / "bucket")
+    with pytest.raises(ForeignDatasetError) as err:
+        publish_dataset(local, open_location(url))
+    assert CLAIM_NAME in one_line(err.value), err.value
+    assert tree(tmp_path / "bucket") == before, "LOST: a build wrote beside a claim it did not write"
 
 
 def test_a_stage_of_another_dataset_is_refused_before_any_capture(published, tmp_path):

@@ -112,8 +112,9 @@ def _load_sample(
     kind = non_integer_dtype(token_ids)
     if kind is not None:
         raise ImportDataError(f"{path}: token_ids holds {kind} values, not integer token ids; the file is not speculators data")
-    if not torch.equal(token_ids.reshape(-1).to(torch.int64), input_ids.to(torch.int64)):
-        bad = int((token_ids.reshape(-1).to(torch.int64) != input_ids.to(torch.int64)).nonzero()[0])
+    stated, rows = token_ids.reshape(-1).to(torch.int64), input_ids.to(torch.int64)
+    if not torch.equal(stated, rows):
+        bad = int((stated != rows).nonzero()[0])
         raise ImportDataError(
             f"{path}: token_ids differ from Arrow row {idx}'s input_ids (first at token {bad}); the states belong to another prompt"
         )
