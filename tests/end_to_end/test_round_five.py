@@ -43,7 +43,6 @@ from hs_dataset.formats.metadata import DatasetMetadata
 from hs_dataset.formats.reader import open_dataset
 from hs_dataset.formats.regenerated import RegeneratedStore
 from hs_dataset.formats.verify import verify_dataset
-from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.interop import ImportSettings, export_specforge, export_speculators, import_specforge, import_speculators
 from hs_dataset.regenerate.answers import CUT_AFTER_STOP, CUT_AT_MAX_NEW_TOKENS, structure_tokens
 from hs_dataset.regenerate.conversation import TurnRules
@@ -51,7 +50,7 @@ from hs_dataset.regenerate.generator import GenerationParams, GenerationResult, 
 from hs_dataset.regenerate.pump import ConversationPump
 from hs_dataset.regenerate.turns import TurnRenderer
 from hs_dataset.regenerate.windows import regenerate_in_windows
-from hs_dataset.remote.cache import INDEX_NAME, ShardCache
+from hs_dataset.remote.cache import INDEX_NAME, ShardCache, cache_name
 from hs_dataset.remote.follow import follow_dataset
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
@@ -59,7 +58,7 @@ from hs_dataset.sample import TokenizedSample
 from hs_dataset.sources.messages import Conversation
 from tests.fixtures.assertions import one_line
 from tests.fixtures.damage import rewrite_shard
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import regenerated_record, write_small_dataset
 from tests.fixtures.untrusted_dataset import SECRET, build, load_manifest, save_manifest, snapshot, split_header
 
 MAX_NEW = 8
@@ -124,14 +123,8 @@ def cli(argv: list[str], capsys) -> tuple[int, str]:
 
 # ============================================================================ A. a server's answers are training targets
 @pytest.fixture(scope="module")
-def chat(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from hs_dataset.sources.chat import ChatTokenizer
-    from hs_dataset.sources.masking import resolve_mask_rule
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
-    return ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
+def chat(tiny_chat):
+    return tiny_chat
 
 
 @pytest.fixture(scope="module")
@@ -669,25 +662,14 @@ def test_an_output_that_cannot_be_a_directory_is_exit_2_in_one_line(name, base, 
 
 
 # ============================================================================ G. regeneration records a build resumes from
-GOOD = {
-    "sample_id": "a",
-    "row_index": 0,
-    "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
-    "messages": [],
-    "tools": None,
-    "input_ids": [1, 2, 5, 6],
-    "loss_spans": [[2, 4]],
-    "supervised_turns": [True],
-    "dropped": None,
-}
+GOOD = regenerated_record()
 
 
 def line(*records: dict) -> bytes:
     return (json.dumps({"records": list(records)}) + "\n").encode()
 
 
-def good(**fields: object) -> dict:
-    return {**GOOD, **fields}
+good = regenerated_record
 
 
 # name -> (the file's bytes, what the refusal says; None: read, with the sample ids kept)
@@ -770,17 +752,15 @@ def published(tmp_path_factory) -> tuple[str, Path]:
     """(url, local dataset): 8 samples in 4 shards published to a file:// prefix (the code of s3://), read by every cache case."""
     root = tmp_path_factory.mktemp("round5-store")
     local = root / "local"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(8):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    write_small_dataset(local)
     url = f"file://{root}/bucket/ds"
     publish_dataset(local, open_location(url))
     return url, local
 
 
 def cache_name_of(local: Path) -> str:
-    record = hs_dataset.open_dataset(local).manifest.shards[0]
-    return f"{record.hash_algorithm}-{record.digest}.safetensors"
+    """The name the cache keeps the dataset's first shard under (the cache's own naming)."""
+    return cache_name(hs_dataset.open_dataset(local).manifest.shards[0])
 
 
 def user_copy(local: Path, user: Path, flip: bool = False) -> Path:

@@ -25,6 +25,7 @@ from hs_dataset.formats.regenerated import RegeneratedStore, read_regenerated
 from hs_dataset.formats.verify import verify_dataset
 from hs_dataset.formats.vocabulary import MAX_VOCAB_SIZE, Outside, check_token_ids, outside_vocabulary, vocab_size_of
 from tests.fixtures.damage import rewrite_shard
+from tests.fixtures.samples import regenerated_record
 from tests.fixtures.untrusted_dataset import build, split_header
 
 
@@ -142,17 +143,7 @@ def test_import_specforge_refuses_a_file_with_an_out_of_vocabulary_id(tmp_path):
 
 
 def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_line(tmp_path):
-    good = {
-        "sample_id": "a",
-        "row_index": 0,
-        "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
-        "messages": [],
-        "tools": None,
-        "input_ids": [1, 2, 5, 6],
-        "loss_spans": [[2, 4]],
-        "supervised_turns": [True],
-        "dropped": None,
-    }
+    good = regenerated_record()
     bad = {**good, "sample_id": "b", "input_ids": [1, 2, 10**12, 6]}
     path = Path(tmp_path) / "regenerated.jsonl"
     path.write_text(json.dumps({"records": [good]}) + "\n" + json.dumps({"records": [bad]}) + "\n")

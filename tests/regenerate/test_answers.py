@@ -44,14 +44,8 @@ def test_the_cut_keeps_nothing_after_the_first_stop_id_and_never_more_than_max_n
 
 
 @pytest.fixture(scope="module")
-def chat(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from hs_dataset.sources.chat import ChatTokenizer
-    from hs_dataset.sources.masking import resolve_mask_rule
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
-    return ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
+def chat(tiny_chat):
+    return tiny_chat
 
 
 @pytest.fixture(scope="module")

@@ -27,23 +27,17 @@ import pytest
 
 from hs_dataset.capture.sglang.backend import SGLangBackend
 from hs_dataset.formats.regenerated import RegeneratedStore
+from tests.fixtures.chat_rows import multi_turn_chats
 from tests.fixtures.sglang_server import staged_files
 
 pytestmark = pytest.mark.sglang
 
 NEW_TOKENS = 8
-WORDS = ["red", "blue", "green", "one", "two", "three", "sun", "moon", "tea", "milk", "cat", "dog", "sea", "sky"]
 
 
 def conversations() -> list[dict]:
     """14 chats of 1 to 3 user turns, each answered (the answers are rewritten)."""
-    rows = []
-    for k, word in enumerate(WORDS):
-        messages = []
-        for turn in range(1 + k % 3):
-            messages += [{"role": "user", "content": f"Say {word} {turn}."}, {"role": "assistant", "content": "ok"}]
-        rows.append({"id": f"chat-{k:02d}", "messages": messages})
-    return rows
+    return multi_turn_chats(14)
 
 
 def regen_card(tiny_model: str):

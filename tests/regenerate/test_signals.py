@@ -30,24 +30,18 @@ from hs_dataset.cli.main import main as cli_main
 from hs_dataset.config import load_card
 from hs_dataset.formats.manifest import MANIFEST_NAME, Manifest
 from hs_dataset.formats.regenerated import RegeneratedStore
+from tests.fixtures.chat_rows import multi_turn_chats
 from tests.fixtures.paths import REPO
 from tests.fixtures.sglang_server import staged_files
 
 pytestmark = pytest.mark.sglang
 
-WORDS = ["red", "blue", "green", "one", "two", "three", "sun", "moon", "tea", "milk", "cat", "dog", "sea", "sky", "salt", "rain"]
 NEW_TOKENS = 8
 
 
 def conversations() -> list[dict]:
     """16 chats of 1 to 3 user turns, each answered (the answers are rewritten)."""
-    rows = []
-    for k, word in enumerate(WORDS):
-        messages = []
-        for turn in range(1 + k % 3):
-            messages += [{"role": "user", "content": f"Say {word} {turn}."}, {"role": "assistant", "content": "ok"}]
-        rows.append({"id": f"chat-{k:02d}", "messages": messages})
-    return rows
+    return multi_turn_chats(16)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,8 @@ from hs_dataset.regenerate.turns import TurnRenderer
 
 
 @pytest.fixture(scope="module")
-def chat(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from hs_dataset.sources.chat import ChatTokenizer
-    from hs_dataset.sources.masking import resolve_mask_rule
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
-    chat = ChatTokenizer(tokenizer, resolve_mask_rule(tokenizer))
+def chat(tiny_chat):
+    chat = tiny_chat
     assert chat.sanitizes and chat._control_text is not None, "this tokenizer no longer exercises the fast path"
     return chat
 

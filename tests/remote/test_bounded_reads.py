@@ -14,16 +14,14 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 import hs_dataset
 from hs_dataset.cli.main import main as cli_main
 from hs_dataset.errors import HsDatasetError, RemoteError, UsageError
-from hs_dataset.formats.writer import ShardWriter
 from tests.fixtures.assertions import one_line
 from tests.fixtures.child_memory import run_child
 from tests.fixtures.hostile_store import HostileStore, SilentServer
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import write_small_dataset
 
 GROWTH_MB = 300  # what one hostile store may add to a reader's resident memory
 SHARD = "shard-000001.safetensors"
@@ -33,9 +31,7 @@ SHARD = "shard-000001.safetensors"
 def objects(tmp_path_factory) -> dict[str, bytes]:
     """A dataset's files (8 samples, 4 shards) as a store serves them."""
     local = tmp_path_factory.mktemp("served") / "ds"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(8):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    write_small_dataset(local)
     return {p.name: p.read_bytes() for p in local.iterdir() if p.is_file() and not p.name.startswith(".")}
 
 

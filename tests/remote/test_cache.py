@@ -17,16 +17,14 @@ from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.cache import INDEX_NAME, ShardCache, disk_usage
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import make_metadata, make_sample, write_small_dataset
 
 
 @pytest.fixture
 def remote(tmp_path):
     """(location, manifest): 12 samples in 6 shards, published to file://tmp/bucket/ds."""
     local = tmp_path / "local"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(12):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    write_small_dataset(local, 12)
     loc = open_location(f"file://{tmp_path}/bucket/ds")
     publish_dataset(local, loc)
     assert not [n for n in os.listdir(tmp_path / "bucket" / "ds") if n.startswith(TEMP_PREFIX)]

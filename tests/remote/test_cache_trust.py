@@ -24,7 +24,6 @@ import hs_dataset
 from hs_dataset.config.remote import RemoteOptions
 from hs_dataset.errors import DiskFullError, ReadOnlyError
 from hs_dataset.formats.atomic import TEMP_PREFIX
-from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.cache import ShardCache
 from hs_dataset.remote.cache_dir import cache_writes
 from hs_dataset.remote.follow import follow_dataset
@@ -32,7 +31,7 @@ from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
 from hs_dataset.remote.verify import verify_remote
 from tests.fixtures.assertions import one_line
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import write_small_dataset
 
 _READ = """
 import sys, torch, hs_dataset
@@ -45,9 +44,7 @@ torch.save([data[i]["aux_hidden_states"] for i in range(data.manifest.shards[0].
 def published(tmp_path):
     """(url, local dataset): 8 samples in 4 shards, published to file://tmp/bucket/ds."""
     local = tmp_path / "local"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(8):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    write_small_dataset(local)
     url = f"file://{tmp_path}/bucket/ds"
     publish_dataset(local, open_location(url))
     return url, local

@@ -24,13 +24,12 @@ import pytest
 import torch
 
 import hs_dataset
-from hs_dataset.formats.writer import ShardWriter
 from hs_dataset.remote.cache import INDEX_NAME, META_DIR, cache_name
 from hs_dataset.remote.location import open_location
 from hs_dataset.remote.publish import publish_dataset
 from tests.fixtures import other_user
 from tests.fixtures.other_user import alice, bob, named_error, readable_by_all, shared_dir, succeeded
-from tests.fixtures.samples import make_metadata, make_sample
+from tests.fixtures.samples import write_small_dataset
 
 BOUND = 1 << 24
 # every sample of the URL, as {sample_id: sha256 of its aux states}; then the final norm is fetched (a side file under meta/)
@@ -65,9 +64,7 @@ def shared_base():
 def store(shared_base):
     """(url, {sample_id: digest}, shard cache names): 8 samples in 4 shards under file://<base>/bucket/ds, readable by all."""
     local = shared_base / "local"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(8):
-            writer.add(make_sample(f"s{i:02d}", 30 + i))
+    write_small_dataset(local)
     url = f"file://{shared_base}/bucket/ds"
     publish_dataset(local, open_location(url))
     readable_by_all(shared_base / "bucket")
@@ -177,9 +174,7 @@ def test_a_sticky_shared_dir_under_umask_002_serves_bob_and_never_evicts_alices_
 def _other_dataset(base: Path) -> str:
     """A second dataset (other samples, so other shard hashes) under file://<base>/bucket/other, readable by all."""
     local = base / "local-other"
-    with ShardWriter(local, make_metadata(), final_norm_weight=torch.ones(16), shard_bytes=8_000) as writer:
-        for i in range(8):
-            writer.add(make_sample(f"o{i:02d}", 40 + i))
+    write_small_dataset(local, prefix="o", base_tokens=40)
     url = f"file://{base}/bucket/other"
     publish_dataset(local, open_location(url))
     readable_by_all(base / "bucket")
