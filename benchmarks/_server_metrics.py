@@ -8,6 +8,11 @@ works:
   ``sglang:cached_tokens_total``, summed over their label sets (0.5.14-0.5.23 have both; SGLang counts them when a
   request finishes, so they are complete once every answer of the run has arrived);
 * the server's log: the ``#new-token: N`` of every ``Prefill batch`` line written during the run.
+
+Where the log is given, its ``Decode batch`` lines of the run are summarized beside (:func:`decode_summary`): the
+requests the server itself was decoding, its own generation rate, and how many of those steps ran in a CUDA graph.
+They tell a slower server (fewer tokens a second at as many running requests, or graphs off) from a client that
+keeps fewer requests at it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Counters", "PrefillMeter", "log_new_tokens", "parse_metrics"]
+__all__ = ["Counters", "PrefillMeter", "decode_summary", "log_new_tokens", "parse_metrics"]
 
 _PROMPT, _CACHED, _GENERATED = "sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:generation_tokens_total"
 _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 _NEW_TOKEN = re.compile(r"Prefill batch.*?#new-token: (\d+)")
+# SGLang 0.5.14-0.5.23: "Decode batch, #running-req: 72, ..., cuda graph: True, gen throughput (token/s): 4603.12, ..."
+_DECODE = re.compile(r"Decode batch.*?#running-req: (\d+).*?graph: (True|False).*?gen throughput \(token/s\): ([0-9.]+)")
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,17 @@ def log_new_tokens(path: Path, offset: int) -> tuple[int, int]:
     return sum(int(n) for n in _NEW_TOKEN.findall(text.decode(errors="replace"))), offset + len(text)
 
 
+def decode_summary(text: str) -> str:
+    """The ``Decode batch`` lines of ``text`` in one phrase: their count, mean running requests and rate, graph share."""
+    lines = [(int(n), graph == "True", float(rate)) for n, graph, rate in _DECODE.findall(text)]
+    if not lines:
+        return "no 'Decode batch' lines"
+    running = sum(n for n, _, _ in lines) / len(lines)
+    rate = sum(r for _, _, r in lines) / len(lines)
+    graphs = sum(g for _, g, _ in lines)
+    return f"{len(lines)} 'Decode batch' lines: {running:.1f} running, {rate:.0f} tok/s (means), CUDA graph in {graphs} of them"
+
+
 def _read_metrics(url: str) -> Counters | None:
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
@@ -73,6 +91,8 @@ class PrefillMeter:
         self.log_path = log_path
         self._before: Counters | None = None
         self._offset = 0
+        self._decode_from = 0  # where the log stood at start: the run's decode lines follow
+        self.decode = ""  # the run's decode lines summarized (stop), empty without a log
 
     @property
     def source(self) -> str:
@@ -84,11 +104,19 @@ class PrefillMeter:
 
     def start(self) -> None:
         self._before = _read_metrics(self.url)
-        if self._before is None and self.log_path is not None:
-            self._offset = self.log_path.stat().st_size
+        if self.log_path is not None:
+            self._offset = self._decode_from = self.log_path.stat().st_size
+
+    def _decode_lines(self) -> str:
+        if self.log_path is None:
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._decode_from)
+            return decode_summary(f.read().decode(errors="replace"))
 
     def stop(self) -> int | None:
-        """Tokens prefilled since :meth:`start`; None where neither source answers."""
+        """Tokens prefilled since :meth:`start`; None where neither source answers. Sets :attr:`decode`."""
+        self.decode = self._decode_lines()
         if self._before is not None:
             after = _read_metrics(self.url)
             return after.prefilled_since(self._before) if after is not None else None

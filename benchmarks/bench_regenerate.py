@@ -117,6 +117,10 @@ def drawn_lengths(tokenizer: Any, span: Span) -> Any:
             span.answered(len(result.token_ids))
             return result
 
+        def _traced(self, result, out, rid, url):
+            span.served(out.get("meta_info") if isinstance(out, dict) else None)
+            return super()._traced(result, out, rid, url)
+
     return DrawnLengths
 
 
@@ -315,19 +319,21 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
             runs.peak_rss.append(peak)
         generated, rate = span.tokens, span.rate()
         rss = f"; peak RSS {peak / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
-        extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average{rss}"
+        extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average ({span.at_server()}){rss}"
         if name == "build":
             extra += f"; captured by {captured_by(ctx['work'] / name)}"
     else:
         client = turn_order if name == "turn-order" else independent
         outcome: Outcome = client(meter.url, ctx["convs"] if name == "turn-order" else ctx["turns"], ctx["in_flight"], span)
         seconds, generated, rate = outcome.seconds, outcome.tokens, outcome.tokens / outcome.seconds
-        extra = f"{generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average"
+        extra = f"{generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average ({span.at_server()})"
         if name == "turn-order":
             extra += f"; later turns sent with the client's own history {outcome.own_history}, as stored {outcome.stored_prompt}"
     prefilled = meter.stop()
     runs.record(name, seconds, rate, generated, prefilled)
     extra += f"; prefilled {prefilled if prefilled is not None else 'unknown'} prompt tokens"
+    if meter.decode:
+        extra += f"; the server's {meter.decode}"
     runs.say(f"round {r + 1} {name:11s} {seconds:7.1f} s  {extra}; this process {_cpu_s() - cpu:.1f} CPU s")
 
 
@@ -337,16 +343,17 @@ def summarize(runs: Runs, rounds: int, in_flight: int) -> None:
     best_rate = {k: max(v) for k, v in runs.rate.items()}
     paired = [b / t for b, t in zip(runs.wall["build"], runs.wall["turn-order"])]
     figure = best_wall["build"] / best_wall["turn-order"]
+    independent = f"; independent-turn client {best_wall['independent']:.1f} s" if "independent" in best_wall else ""
     runs.say(
         f"build --regenerate wall / turn-order client wall on the plain server, {in_flight} conversations in flight: "
         f"**{figure:.2f}x** (best of {rounds}: {best_wall['build']:.1f} s / {best_wall['turn-order']:.1f} s; "
-        f"per round {', '.join(f'{p:.2f}' for p in paired)}); independent-turn client {best_wall['independent']:.1f} s"
+        f"per round {', '.join(f'{p:.2f}' for p in paired)}){independent}"
     )
     isolated = f", build without capture {best_rate['isolated']:.1f}" if "isolated" in best_rate else ""
+    independent = f", independent-turn client {best_rate['independent']:.1f}" if "independent" in best_rate else ""
     runs.say(
         f"generation tok/s (best): build {best_rate['build']:.1f}, turn-order client {best_rate['turn-order']:.1f} "
-        f"(build / turn-order {best_rate['build'] / best_rate['turn-order']:.2f}), independent-turn client "
-        f"{best_rate['independent']:.1f}{isolated}"
+        f"(build / turn-order {best_rate['build'] / best_rate['turn-order']:.2f}){independent}{isolated}"
     )
     extra = _extra_prefill(runs)
     runs.say(f"prompt tokens prefilled beyond generation's (build's server - plain server's turn-order run, per round): {extra[0]}")
@@ -406,7 +413,8 @@ def measure(args: argparse.Namespace, urls: tuple[str, str], card: Any, tokenize
     names = ["build", "turn-order", "independent"] + (["isolated"] if args.isolate else [])
     for r in range(args.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            run_one(name, r, runs, ctx)
+            if name != "independent" or args.independent_rounds is None or r < args.independent_rounds:
+                run_one(name, r, runs, ctx)
     summarize(runs, args.rounds, in_flight)
     return runs.lines
 
@@ -434,6 +442,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=None, help="cap on an answer, the card's max_new_tokens (default 6x the mean)")
     ap.add_argument("--multi-turn", type=float, default=0.4, help="share of conversations with 2-4 turns (at least 1/3; default 0.4)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--independent-rounds",
+        type=int,
+        default=None,
+        help="the independent-turn client (the second line) only in the first N rounds (default: every round); "
+        "on the lent GPU three full rounds and both servers' start do not fit one 600 s call",
+    )
     ap.add_argument("--isolate", action="store_true", help="add a run per round: the build with capture left out (regeneration alone)")
     ap.add_argument(
         "--card-override", type=_override, action="append", default=[], help="KEY=VALUE for the build's card (dotted key, YAML value)"

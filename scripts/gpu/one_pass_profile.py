@@ -172,7 +172,7 @@ def main() -> int:
             per_step = delta.get("hook_wall_ns", 0) / max(steps, 1) / 1e6
             print(
                 f"round {r + 1} {name:9s} {seconds:6.1f} s; generation {span.seconds():6.1f} s, {span.rate():7.1f} tok/s, "
-                f"{span.mean_in_flight():.1f} in flight; captured by {how}; hooks {per_step:.3f} ms of forward thread per decode step "
+                f"{span.mean_in_flight():.1f} in flight ({span.at_server()}); captured by {how}; hooks {per_step:.3f} ms of forward thread per decode step "
                 f"over {steps} steps; {json.dumps(delta, sort_keys=True)}",
                 flush=True,
             )
