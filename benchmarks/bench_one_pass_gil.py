@@ -78,7 +78,7 @@ def run_loop(args: argparse.Namespace, core: CaptureCore | None, rows: dict[str,
     owners = [(rid, i, 1) for i, rid in enumerate(rids)]
     row_bytes = sum(t[0].numel() * t.element_size() for t in rows.values())
     times = []
-    for step in range(args.steps):
+    for _ in range(args.steps):
         started = time.perf_counter()
         scheduler_step(args.ops, work, args.python_items)
         if core is not None:
