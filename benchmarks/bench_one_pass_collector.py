@@ -34,7 +34,7 @@ from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.one_pass import PieceCollector, _Block
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
-TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select")
+TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select", "index_copy_")
 
 
 class CountingWriter:
@@ -61,7 +61,7 @@ def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
     writer = CountingWriter()
     collector = PieceCollector(
         budget=StagingBudget(1 << 50, 1 << 30, lambda: (0, 0)), writer=writer, stats={}, refuse=lambda rid, why: None,
-        piece_rows=args.piece_rows, max_held_bytes=1 << 40, max_wait_s=1.0, start_thread=False,
+        piece_rows=args.piece_rows, max_held_bytes=2 << 30, max_wait_s=1.0, start_thread=False,
     )  # fmt: skip
     rows = step_rows(args.requests, args.hidden)
     row_bytes = sum(t[0].numel() * t.element_size() for t in rows.values())

@@ -63,9 +63,10 @@ class CaptureConfig:
     sweep_interval_s: float = 15.0
     content_keys: bool = True
     storage: str = "native"
-    # One-pass rows wait in plain host memory until a piece is written: at most piece_rows per request, and
-    # held_bytes in all (then every request's rows go out). 256 rows of Kimi-K2.5's 3 aux layers and final
-    # state in bf16 are 14.7 MB; 2 GiB holds 128 running requests' pieces about 140 rows deep.
+    # One-pass rows wait in plain host memory until a piece is written: one slot of piece_rows rows per request,
+    # held_bytes for all slots (a request that finds none free has the fullest written first). 256 rows of
+    # Kimi-K2.5's 3 aux layers and final state in bf16 are 14.7 MB, so 2 GiB is 146 slots: more than the 128
+    # requests a Kimi server runs; nf4 rows are 0.28 of that (over 500 slots).
     one_pass_piece_rows: int = 256
     one_pass_held_bytes: int = 2 * _GiB
 
