@@ -372,8 +372,8 @@ class PieceCollector:
             self.held_bytes += take * store.row_bytes
             self._write(rid)
             start, rows = start + take, rows - take
-        while rows >= per_piece:  # the pass's own rows (a copy of the pinned ones, ours alone), no copy more
-            self._emit(rid, {name: t[start : start + per_piece] for name, t in tensors.items()}, per_piece, store.state_dtype)
+        while rows >= per_piece:  # whole pieces, copied out of the pass (its pinned memory goes back once filed)
+            self._emit(rid, {name: t[start : start + per_piece].clone() for name, t in tensors.items()}, per_piece, store.state_dtype)
             start, rows = start + per_piece, rows - per_piece
         if rows and not self.refused(rid):
             slot = self._slot_of.get(rid)
