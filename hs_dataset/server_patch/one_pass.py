@@ -170,6 +170,7 @@ class PieceCollector:
         self._refused: OrderedDict[str, None] = OrderedDict()
         self._refused_lock = threading.Lock()
         self._pieces = itertools.count()  # piece numbers: unique within this process, whatever the rid
+        self.refusals = 0  # requests refused so far: a plan made before a refusal is stale (the forward thread's cache)
         self._decoding: set[str] = set()  # forward thread: one-pass rids of the last decode step
         self._extended: set[str] = set()  # forward thread: one-pass rids with prefill rows since that step
         self._last_stale_check = time.monotonic()
@@ -193,6 +194,7 @@ class PieceCollector:
             if rid in self._refused:
                 return
             self._refused[rid] = None
+            self.refusals += 1
             while len(self._refused) > _REFUSED_REMEMBERED:
                 self._refused.popitem(last=False)
         self.stats["one_pass_refused"] += 1
