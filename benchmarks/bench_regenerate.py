@@ -131,8 +131,13 @@ def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report
     return iter(())
 
 
-def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: Any, capture: bool = True) -> tuple[float, Any]:
-    """``build_dataset`` with the lengths drawn (``capture`` False: regeneration only); wall time, run report."""
+def run_build(
+    card: Any, source: Path, out: Path, server: str, generator_cls: Any, capture: bool = True, times: dict | None = None
+) -> tuple[float, Any]:
+    """``build_dataset`` with the lengths drawn (``capture`` False: regeneration only); wall time, run report.
+
+    ``times``: filled with the build's ``started`` and ``ended`` (``time.perf_counter``), to set beside its span.
+    """
     import hs_dataset.pipeline.build as build
     from hs_dataset.capture.sglang.backend import SGLangBackend
 
@@ -150,7 +155,10 @@ def run_build(card: Any, source: Path, out: Path, server: str, generator_cls: An
     try:
         t0 = time.perf_counter()
         report = build.build_dataset(card, out, source=str(source), servers=[server])
-        return time.perf_counter() - t0, report
+        t1 = time.perf_counter()
+        if times is not None:
+            times.update(started=t0, ended=t1)
+        return t1 - t0, report
     finally:
         SGLangBackend.generator = backend_generator
         build._capture = saved
@@ -312,7 +320,10 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
     span.__init__()
     if name in BUILDS:
         exact = _reset_peak_rss()
-        seconds, report = run_build(ctx["card"], ctx["source"], ctx["work"] / name, meter.url, ctx["generator"], capture=name == "build")
+        times: dict = {}
+        seconds, report = run_build(
+            ctx["card"], ctx["source"], ctx["work"] / name, meter.url, ctx["generator"], capture=name == "build", times=times
+        )
         assert report.regeneration["failed"] == 0 and not report.capture_failures, report.summary()
         peak, runs.peak_exact = _peak_rss(), runs.peak_exact and exact
         if name == "build":
@@ -320,6 +331,10 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
         generated, rate = span.tokens, span.rate()
         rss = f"; peak RSS {peak / 2**20:.0f} MiB{'' if exact else ' (since start)'}"
         extra = f"generation {span.seconds():6.1f} s, {generated} tokens, {rate:7.1f} tok/s, {span.mean_in_flight():.1f} in flight on average ({span.at_server()}){rss}"
+        if span.start is not None:  # what the build spends outside generation: its start, and its end after the last answer
+            extra += (
+                f"; {span.start - times['started']:.2f} s before the first request, {times['ended'] - span.end:.2f} s after the last answer"
+            )
         if name == "build":
             extra += f"; captured by {captured_by(ctx['work'] / name)}"
     else:

@@ -339,19 +339,32 @@ class SGLangBackend(CaptureBackend):
             return self._one_pass_fallback(sample, "a generation ran on a server this backend does not capture on", [])
         sources = [Source.of_generation(g, str(by_url[g.trace.url].staging_dir), sample.input_ids) for g in traced]
         assembly = Assembly(sample, self._expected())
+        ep = by_url[traced[-1].trace.url]  # the last generation's server: its prefix cache holds the sample
+        n = sample.num_tokens
+        # The last token's state: no generation computes it (sampled, never fed back), so its repair goes out at once,
+        # beside the wait for the generations' pieces, not after it (one round trip less at the end of every sample).
+        repairs = [asyncio.ensure_future(self._repair(assembly, sources, ep, n - 1, n))] if n > 1 else []
         try:
-            problem = await self._gather(assembly, sources)
-            ep = by_url[traced[-1].trace.url]  # the last generation's server: its prefix cache holds the sample
+            problem = await self._gather(assembly, list(sources))  # the generations' pieces (each repair takes its own)
+            ranges = []
             for start, stop in [] if problem else assembly.missing():
+                if repairs:  # the last token's repair is under way
+                    if start >= n - 1:
+                        continue
+                    stop = min(stop, n - 1)
                 if self._shared_prefixes.fill(assembly, start, stop):
                     self.stats["one_pass_shared_tokens"] += stop - start
                     continue
-                problem = await self._repair(assembly, sources, ep, start, stop)
-                if problem:
-                    break
+                ranges.append((start, stop))
+            repairs += [asyncio.ensure_future(self._repair(assembly, sources, ep, a, b)) for a, b in ranges]  # at once
+            problems = await asyncio.gather(*repairs)
+            problem = problem or next((p for p in problems if p), None)
         except (PieceError, ValueError) as exc:
             problem = str(exc)
         finally:
+            for task in repairs:  # a piece that failed its check: the repairs still under way are not waited for
+                task.cancel()
+            await asyncio.gather(*repairs, return_exceptions=True)
             await asyncio.get_running_loop().run_in_executor(None, _clear, sources)
         if problem or assembly.missing():
             return self._one_pass_fallback(sample, problem or f"positions {assembly.missing()[:3]} never arrived", sources)
@@ -372,6 +385,7 @@ class SGLangBackend(CaptureBackend):
         while True:
             for source in sources:
                 for path in source.new_pieces(self._listing(source.staging_dir)):
+                    source.seen.add(path)  # taken here, before the await: no other gather of this sample takes it too
                     await loop.run_in_executor(None, assembly.take, source, path)
                 if os.path.lexists(source.refusal_path()):
                     return f"the server refused {source.rid}: {take_refusal(source.refusal_path()).reason}"
@@ -398,11 +412,11 @@ class SGLangBackend(CaptureBackend):
             await self._post_generate(ep, rid, ids.tolist(), recompute_from=start)
         except (HTTPStatusError, BadResponseError, *connection_errors()) as exc:
             return f"the repair request for positions [{start}, {stop}) failed: {exc}"
-        before = assembly.rows_taken
         problem = await self._gather(assembly, [repair])
         self.stats["one_pass_repair_tokens"] += stop - start
         if problem is None and not bool(assembly.filled[start:stop].all()):
-            return f"the repair of positions [{start}, {stop}) delivered {assembly.rows_taken - before} rows in {self.section.dump_timeout_s:.0f} s"
+            filled = int(assembly.filled[start:stop].sum())
+            return f"the repair of positions [{start}, {stop}) filled {filled} of them in {self.section.dump_timeout_s:.0f} s"
         return problem
 
     def _one_pass_fallback(self, sample: TokenizedSample, reason: str, sources: Sequence[Source]) -> None:

@@ -85,12 +85,19 @@ async def _cancel_others() -> int:
     return len(tasks)
 
 
+# An idle connection is closed by us before the server closes it: SGLang's uvicorn closes one idle for 5 s
+# (SGLANG_TIMEOUT_KEEP_ALIVE, 0.5.14-0.5.23), aiohttp keeps one for 15 s by default, and a request sent on a
+# connection the server is closing fails with "Server disconnected" (seen on the CPU server: the final-token
+# repairs of a build's last conversations, on the connections its probe had opened, failed so).
+KEEPALIVE_S = 2.0
+
+
 def new_session(concurrency: int, timeout_s: float) -> Any:
     """An aiohttp session sized for ``concurrency`` requests in flight (twice that many sockets)."""
     import aiohttp
 
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max(8, concurrency * 2)),
+        connector=aiohttp.TCPConnector(limit=max(8, concurrency * 2), keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
     )
 

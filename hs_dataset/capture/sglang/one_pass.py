@@ -25,6 +25,7 @@ one pass for this conversation, and the caller captures it by prefill as before.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class Assembly:
         self.encoding: str | None = None
         self.dtype: str | None = None
         self.rows_taken = 0
+        self._lock = threading.Lock()  # repairs of one sample run at once: their pieces are taken on executor threads
 
     def take(self, source: Source, path: str) -> None:
         """Read piece ``path`` of ``source``, fill the positions it holds that are still empty, hand the file back.
@@ -119,7 +121,8 @@ class Assembly:
             piece = read_piece(path, source.rid, source.ids, self.expected)
         finally:
             hand_back_dump(path)  # read into our memory (or refused): the server may write over it
-        self._fill(piece, source.usable)
+        with self._lock:
+            self._fill(piece, source.usable)
 
     def _fill(self, piece: Piece, usable: int) -> None:
         if self.encoding is None:
@@ -145,6 +148,15 @@ class Assembly:
             buf[pos] = piece.tensors[name][rows]
         self.filled[pos] = True
         self.rows_taken += len(pos)
+
+    def fill_range(self, rows: dict[str, torch.Tensor], encoding: str | None, dtype: str | None, start: int, stop: int) -> None:
+        """Positions ``[start, stop)`` from ``rows`` (indexed by position, of this encoding), whatever was there."""
+        with self._lock:  # a repair's piece may be being taken meanwhile
+            if self.encoding is None:
+                self.adopt_layout(rows, encoding, dtype)
+            for name, buf in self.tensors.items():
+                buf[start:stop] = rows[name][start:stop]
+            self.filled[start:stop] = True
 
     def adopt_layout(self, rows: dict[str, torch.Tensor], encoding: str | None, dtype: str | None) -> None:
         """Allocate the sample's buffers like ``rows`` (the first rows that arrive decide the encoding)."""
@@ -209,11 +221,7 @@ class SharedPrefixes:
                 continue
             if assembly.encoding is not None and (encoding, dtype) != (assembly.encoding, assembly.dtype):
                 continue
-            if assembly.encoding is None:
-                assembly.adopt_layout(rows, encoding, dtype)
-            for name, buf in assembly.tensors.items():
-                buf[start:stop] = rows[name][start:stop]
-            assembly.filled[start:stop] = True
+            assembly.fill_range(rows, encoding, dtype, start, stop)
             self._held.move_to_end(key)
             return True
         return False
