@@ -128,7 +128,10 @@ async def _generate(session: Any, url: str, prompt: list[int], length: int, span
 def _session(in_flight: int, timeout_s: float) -> Any:
     import aiohttp
 
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=in_flight * 2), timeout=aiohttp.ClientTimeout(total=timeout_s))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=in_flight * 2, keepalive_timeout=2.0),  # before SGLang's 5 s keep-alive closes it
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    )
 
 
 async def _turn_order(url: str, convs: list[list[StoredTurn]], in_flight: int, timeout_s: float, span: Span) -> Outcome:
