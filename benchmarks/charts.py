@@ -455,7 +455,7 @@ def draw_regenerate(runs: Sequence[RegenRun], out: Path) -> Path:
     bottom.legend(fontsize=7, loc="center left")
     bottom.set_xticks(range(len(done)), [run.label for run, _ in done], fontsize=7)
     skipped = [run for run in runs if not run.summary]
-    note = "; left out (no summary lines): " + ", ".join(f"{r.source} {r.date}" for r in skipped) if skipped else ""
+    note = "; left out (no (a)/(b) summary lines): " + ", ".join(f"{r.source} {r.date}" for r in skipped) if skipped else ""
     sources = ", ".join(dict.fromkeys(f"benchmarks/results/{run.source}" for run, _ in done))
     fig.suptitle(f"Regeneration vs the plain client: {sources}\nruns {done[0][0].date} to {done[-1][0].date}{note}", fontsize=9)
     fig.tight_layout()

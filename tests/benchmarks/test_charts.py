@@ -99,9 +99,11 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
         ("2026-12-02 01:20", "H200"),  # 'the same, one round with --isolate': the machine of the run before
         ("2026-12-02 03:58", "H200"),
         ("2026-12-06 21:02", "H100"),
+        ("2026-12-07 04:51", "H100"),
     ]
     assert gpu[2].summary is not None and (gpu[2].summary.end_to_end, gpu[2].summary.old_tok_s) == (1.09, None)
     assert gpu[3].summary is None  # ran out of its device call in round 3: no summary lines
+    assert gpu[4].summary is None  # against the turn-order client: no (a)/(b) lines for this chart
 
 
 def test_drawing_writes_small_non_empty_pngs(tmp_path: Path) -> None:
