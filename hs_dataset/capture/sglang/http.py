@@ -23,7 +23,6 @@ __all__ = [
     "LoopThread",
     "connection_errors",
     "get_json",
-    "get_status",
     "new_session",
     "parse_json",
     "post_generate",
@@ -162,14 +161,6 @@ def parse_json(data: bytes, content_type: str, where: str) -> Any:
         raise BadResponseError(f"{where}: the answer is not JSON ({exc.msg} at byte {exc.pos}); is this an SGLang server?") from None
     except RecursionError:
         raise BadResponseError(f"{where}: the answer is JSON nested too deeply to read; is this an SGLang server?") from None
-
-
-async def get_status(session: Any, url: str, timeout_s: float) -> int:
-    """The HTTP status of a GET (its body is not read)."""
-    import aiohttp
-
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-        return resp.status
 
 
 async def _json_answer(resp: Any, where: str, max_bytes: int) -> Any:
