@@ -293,9 +293,16 @@ class PieceCollector:
         self._write_all()
         self._store = _SlotStore(tensors, self.piece_rows, self.max_held_bytes, state_dtype)
 
+    @property
+    def _slots(self) -> _SlotStore:
+        """The slot store: made by the first pass filed (:meth:`_ensure_store`), before any path that uses it."""
+        if self._store is None:
+            raise RuntimeError("hs_dataset capture: one-pass rows used before any pass was filed")
+        return self._store
+
     def _place(self, block: _Block, tensors: dict[str, torch.Tensor]) -> None:
         """Each owner's rows into its slot: gathered into one ``index_copy_`` per tensor (a decode step: one row each)."""
-        store = self._store
+        store = self._slots
         per_piece = store.piece_rows
         now = time.monotonic()
         src: list[int] = []
@@ -334,7 +341,7 @@ class PieceCollector:
 
     def _take_slot(self, rid: str, tensors: dict[str, torch.Tensor], src: list[int], dst: list[int]) -> int:
         """A free slot for ``rid``; with none free the fullest is written first (the pass's copies gathered so far land before)."""
-        store = self._store
+        store = self._slots
         if not store.free:
             self._copy(tensors, src, dst)
             src.clear()
@@ -352,7 +359,7 @@ class PieceCollector:
         src_run, dst_run = src == list(range(a, a + n)), dst == list(range(b, b + n))
         src_t = None if src_run else torch.tensor(src, dtype=torch.int64)
         dst_t = None if dst_run else torch.tensor(dst, dtype=torch.int64)
-        for name, flat in self._store.flat.items():
+        for name, flat in self._slots.flat.items():
             rows = as_words(tensors[name])
             rows = rows[a : a + n] if src_t is None else rows.index_select(0, src_t)
             if dst_t is None:
@@ -363,7 +370,7 @@ class PieceCollector:
     def _spill(self, rid: str, slot: int, tensors: dict[str, torch.Tensor], start: int, rows: int) -> None:
         """More rows of ``rid`` than its slot has room for: the slot topped up and written, whole pieces straight from
         the pass, the rest into a slot."""
-        store = self._store
+        store = self._slots
         per_piece = store.piece_rows
         filled = store.fill[slot]
         if filled:
@@ -378,12 +385,11 @@ class PieceCollector:
             self._emit(rid, {name: t[start : start + per_piece].clone() for name, t in tensors.items()}, per_piece, store.state_dtype)
             start, rows = start + per_piece, rows - per_piece
         if rows and not self.refused(rid):
-            slot = self._slot_of.get(rid)
-            if slot is None:
-                slot = self._take_slot(rid, tensors, [], [])
+            held = self._slot_of.get(rid)
+            rest = held if held is not None else self._take_slot(rid, tensors, [], [])
             for name, t in store.tensors.items():
-                t[slot, :rows].copy_(tensors[name][start : start + rows])
-            store.fill[slot] = rows
+                t[rest, :rows].copy_(tensors[name][start : start + rows])
+            store.fill[rest] = rows
             self.held_bytes += rows * store.row_bytes
             self._updated[rid] = time.monotonic()
         self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
@@ -406,7 +412,7 @@ class PieceCollector:
         slot = self._slot_of.pop(rid, None)
         if slot is None:
             return None
-        store = self._store
+        store = self._slots
         rows = store.rows(slot) if store.fill[slot] else None
         self.held_bytes -= store.fill[slot] * store.row_bytes
         store.fill[slot] = 0
@@ -417,7 +423,7 @@ class PieceCollector:
         """A request's held rows as its next piece (room reserved first; none in time refuses the request)."""
         rows = self._drop(rid)
         if rows:
-            self._emit(rid, rows, next(iter(rows.values())).shape[0], self._store.state_dtype)
+            self._emit(rid, rows, next(iter(rows.values())).shape[0], self._slots.state_dtype)
 
     def _emit(self, rid: str, tensors: dict[str, torch.Tensor], rows: int, state_dtype: str) -> None:
         """``tensors`` (``rows`` rows of ``rid``) to the writer as the request's next piece, room reserved first."""
