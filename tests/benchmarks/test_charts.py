@@ -84,8 +84,9 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
         "best of 3: generation tok/s new 190.0, old 112.2, client 137.3; wall s new 19.1, old 30.8, client 23.8 + prefill 1.4",
     )
     cpu = parse_regenerate(RESULTS / "bench_regenerate_cpu.txt")
-    assert len(cpu) == 8 and {run.device for run in cpu} == {"CPU"}
-    last = cpu[-1]
+    assert len(cpu) == 9 and {run.device for run in cpu} == {"CPU"}
+    assert cpu[-1].date == "2026-12-07 05:46" and cpu[-1].summary is None  # against the turn-order client: no (a)/(b) lines
+    last = cpu[-2]
     assert last.date == "2026-12-02 01:31" and last.summary is not None
     assert (last.summary.new_tok_s, last.summary.old_tok_s, last.summary.client_tok_s) == (190.0, 112.2, 137.3)
     assert (last.summary.new_wall_s, last.summary.client_wall_s, last.summary.prefill_wall_s) == (19.1, 23.8, 1.4)
