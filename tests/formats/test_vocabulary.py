@@ -161,17 +161,7 @@ def test_an_edited_regeneration_record_is_refused_on_resume_naming_the_file_and_
 def test_a_store_or_a_finished_file_read_with_the_models_vocabulary_refuses_an_id_just_above_it(tmp_path):
     """A resuming build opens the store, and verify reads a finished file, with the vocabulary the manifest records: an id
     of vocab_size + 1 is refused, not only 10**12."""
-    record = {
-        "sample_id": "a",
-        "row_index": 0,
-        "turns": [{"prompt_tokens": 2, "token_ids": [5, 6], "finish": "stop", "empty": False, "error": ""}],
-        "messages": [],
-        "tools": None,
-        "input_ids": [1, 2, 5, 1001],
-        "loss_spans": [[2, 4]],
-        "supervised_turns": [True],
-        "dropped": None,
-    }
+    record = regenerated_record(input_ids=[1, 2, 5, 1001])
     path = Path(tmp_path) / "regenerated.jsonl"
     path.write_text(json.dumps({"records": [record]}) + "\n")
     assert "a" in RegeneratedStore(tmp_path)  # no model known: only the ceiling applies
