@@ -101,12 +101,15 @@ class _SlotStore:
         self.row_bytes = max(1, sum(t[0].numel() * t.element_size() for t in tensors.values()))
         self.piece_rows = max(1, min(piece_rows, max_bytes // self.row_bytes))  # a slot alone never passes the bound
         self.slots = max(1, min(MAX_SLOTS, max_bytes // (self.row_bytes * self.piece_rows)))
-        piece_rows = self.piece_rows
         self.state_dtype = state_dtype
-        self.tensors = {name: t.new_empty((self.slots, piece_rows, *t.shape[1:])) for name, t in tensors.items()}
-        self.flat = {name: as_words(t.view(self.slots * piece_rows, *t.shape[2:])) for name, t in self.tensors.items()}
+        self.tensors = {name: t.new_empty((self.slots, self.piece_rows, *t.shape[1:])) for name, t in tensors.items()}
+        self.flat = {name: as_words(t.view(-1, *t.shape[2:])) for name, t in self.tensors.items()}
         self.fill = [0] * self.slots  # rows held in each slot
         self.free = list(range(self.slots - 1, -1, -1))  # slots with no request (popped from the end: lowest first)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self.fill) * self.row_bytes
 
     def rows(self, slot: int) -> dict[str, torch.Tensor]:
         """A copy of the rows held in ``slot`` (the slot is then free to take others)."""
@@ -162,7 +165,6 @@ class PieceCollector:
         self.piece_rows = int(piece_rows)
         self.max_held_bytes = int(max_held_bytes)
         self.max_wait_s = float(max_wait_s)
-        self.held_bytes = 0
         self._queue: queue.Queue[_Block | _Gone | _Barrier | None] = queue.Queue()
         self._store: _SlotStore | None = None
         self._slot_of: dict[str, int] = {}  # the requests whose rows are held, and their slots
@@ -294,6 +296,11 @@ class PieceCollector:
         self._store = _SlotStore(tensors, self.piece_rows, self.max_held_bytes, state_dtype)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of the rows held now, all requests together (within ``max_held_bytes``)."""
+        return 0 if self._store is None else self._store.held_bytes
+
+    @property
     def _slots(self) -> _SlotStore:
         """The slot store: made by the first pass filed (:meth:`_ensure_store`), before any path that uses it."""
         if self._store is None:
@@ -329,7 +336,6 @@ class PieceCollector:
             src.extend(range(start, start + rows))
             dst.extend(range(base, base + rows))
             store.fill[slot] = filled + rows
-            self.held_bytes += rows * store.row_bytes
             if filled + rows == per_piece:
                 full.append(rid)
         self._copy(tensors, src, dst)
@@ -378,7 +384,6 @@ class PieceCollector:
             for name, t in store.tensors.items():
                 t[slot, filled:per_piece].copy_(tensors[name][start : start + take])
             store.fill[slot] = per_piece
-            self.held_bytes += take * store.row_bytes
             self._write(rid)
             start, rows = start + take, rows - take
         while rows >= per_piece:  # whole pieces, copied out of the pass (its pinned memory goes back once filed)
@@ -390,7 +395,6 @@ class PieceCollector:
             for name, t in store.tensors.items():
                 t[rest, :rows].copy_(tensors[name][start : start + rows])
             store.fill[rest] = rows
-            self.held_bytes += rows * store.row_bytes
             self._updated[rid] = time.monotonic()
         self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
 
@@ -414,7 +418,6 @@ class PieceCollector:
             return None
         store = self._slots
         rows = store.rows(slot) if store.fill[slot] else None
-        self.held_bytes -= store.fill[slot] * store.row_bytes
         store.fill[slot] = 0
         store.free.append(slot)
         return rows

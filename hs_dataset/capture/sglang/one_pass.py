@@ -108,7 +108,6 @@ class Assembly:
         self.tensors: dict[str, torch.Tensor] = {}
         self.encoding: str | None = None
         self.dtype: str | None = None
-        self.rows_taken = 0
         self._lock = threading.Lock()  # repairs of one sample run at once: their pieces are taken on executor threads
 
     def take(self, source: Source, path: str) -> None:
@@ -147,7 +146,6 @@ class Assembly:
         for name, buf in self.tensors.items():
             buf[pos] = piece.tensors[name][rows]
         self.filled[pos] = True
-        self.rows_taken += len(pos)
 
     def fill_range(self, rows: dict[str, torch.Tensor], encoding: str | None, dtype: str | None, start: int, stop: int) -> None:
         """Positions ``[start, stop)`` from ``rows`` (indexed by position, of this encoding), whatever was there."""

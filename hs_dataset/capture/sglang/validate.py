@@ -44,8 +44,8 @@ async def check_server(
     No ``/health``: SGLang's (0.5.14-0.5.23) sends a one-token generation and sleeps a whole second before it looks
     for the answer, so it cost every build a second before its first request (on the CPU server it took 1.0 s of
     the 1.1 s before the first request; on the lent H100 that wait was 1.1 s too, of a 34 s job). The probe
-    request that follows these checks is a real generation
-    through the capture hooks, which says more of the server's health than ``/health`` can.
+    request that follows these checks is a real generation through the capture hooks, which says more of the
+    server's health than ``/health`` can.
     """
     info = await read_server_info(ep.url, session, section.max_response_bytes)
     ep.server_info = info
