@@ -118,6 +118,32 @@ class _RequestRows:
         self.cpu_started_ns = cpu_started_ns  # time.thread_time_ns() when the request's own part began
 
 
+class _BlockLayout:
+    """Where one-pass requests' rows lie in a pass (a slice where they are one run, else an index on the device), and
+    where each request's rows lie in the block copied to the host: ``(rid, first row, rows)``."""
+
+    __slots__ = ("owners", "rows")
+
+    def __init__(self, rows: slice | torch.Tensor, owners: list[tuple[str, int, int]]) -> None:
+        self.rows = rows
+        self.owners = owners
+
+    @classmethod
+    def of(cls, slices: list[RequestSlice], device: torch.device) -> _BlockLayout:
+        index = [row for request in slices for row in range(request.offset, request.offset + request.length)]
+        contiguous = index == list(range(index[0], index[0] + len(index)))
+        rows = slice(index[0], index[0] + len(index)) if contiguous else torch.tensor(index, device=device)
+        owners, start = [], 0
+        for request in slices:
+            owners.append((request.key, start, request.length))
+            start += request.length
+        return cls(rows, owners)
+
+    def on(self, device: torch.device) -> bool:
+        """Whether its row index can select rows of a pass on ``device``."""
+        return isinstance(self.rows, slice) or self.rows.device == device
+
+
 class _DecodePlan:
     """How the last decode step's rows map to one-pass requests, reused while the next step is the same batch.
 
@@ -129,15 +155,14 @@ class _DecodePlan:
     step's own batch.
     """
 
-    __slots__ = ("kept", "owners", "refusals", "rids", "rows", "split")
+    __slots__ = ("kept", "layout", "refusals", "rids", "split")
 
     def __init__(self, rids: list, refusals: int, split: BatchSplit, kept: list[RequestSlice]) -> None:
         self.rids = rids
         self.refusals = refusals
         self.split = split
         self.kept = kept  # the one-pass requests whose rows are kept (the refused left out)
-        self.rows: slice | torch.Tensor | None = None  # their rows in the pass (a slice where they are a run)
-        self.owners: list[tuple[str, int, int]] | None = None  # (rid, first row in the block, rows)
+        self.layout: _BlockLayout | None = None  # where their rows are, made at the first step that copies them
 
 
 class CaptureCore:
@@ -359,14 +384,12 @@ class CaptureCore:
         collector's thread files the rows by request.
         """
         device = next(iter(states.values())).device
-        if plan is not None and plan.rows is not None and (isinstance(plan.rows, slice) or plan.rows.device == device):
-            rows = plan.rows
-        else:
-            index = [row for request in slices for row in range(request.offset, request.offset + request.length)]
-            contiguous = index == list(range(index[0], index[0] + len(index)))
-            rows = slice(index[0], index[0] + len(index)) if contiguous else torch.tensor(index, device=device)
+        layout = plan.layout if plan is not None else None
+        if layout is None or not layout.on(device):
+            layout = _BlockLayout.of(slices, device)
             if plan is not None:
-                plan.rows = rows
+                plan.layout = layout
+        rows, owners = layout.rows, layout.owners
         contiguous = isinstance(rows, slice)
 
         def take(t: torch.Tensor) -> torch.Tensor:
@@ -396,14 +419,6 @@ class CaptureCore:
                 self.collector.refuse(request.key, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
             return
         row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
-        owners = plan.owners if plan is not None else None
-        if owners is None:
-            owners, start = [], 0
-            for request in slices:
-                owners.append((request.key, start, request.length))
-                start += request.length
-            if plan is not None:
-                plan.owners = owners
         self.collector.take(piece, owners, row_bytes, pass_.state_dtype)
 
     def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
