@@ -128,8 +128,10 @@ async def _generate(session: Any, url: str, prompt: list[int], length: int, span
 def _session(in_flight: int, timeout_s: float) -> Any:
     import aiohttp
 
+    from hs_dataset.capture.sglang.http import KEEPALIVE_S  # idle connections closed before SGLang's keep-alive closes them
+
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=in_flight * 2, keepalive_timeout=2.0),  # before SGLang's 5 s keep-alive closes it
+        connector=aiohttp.TCPConnector(limit=in_flight * 2, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
     )
 

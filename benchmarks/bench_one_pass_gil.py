@@ -36,6 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_one_pass_collector import step_rows  # a decode step's rows: the collector bench's
+
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.core import CaptureCore
@@ -47,15 +49,6 @@ def scheduler_step(ops: int, work: list[torch.Tensor], python_items: int) -> Non
     for i in range(ops):
         acc += sum(range(python_items))  # the scheduler's bookkeeping between calls
         work[i % len(work)].add_(1)  # a torch call: lets go of the GIL and takes it back
-
-
-def step_rows(requests: int, hidden: int, step: int) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": torch.zeros(requests, dtype=torch.int64),
-        "positions": torch.full((requests,), 100 + step, dtype=torch.int64),
-        "aux": torch.randn(requests, 3, hidden).to(torch.bfloat16),
-        "final": torch.randn(requests, hidden).to(torch.bfloat16),
-    }
 
 
 class Drain(threading.Thread):
@@ -117,7 +110,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="hs-gil-", dir=args.staging))
-    rows = step_rows(args.requests, args.hidden, 0)
+    rows = step_rows(args.requests, args.hidden)
     cfg = CaptureConfig.from_sources(
         {"staging_dir": str(root / "stage"), "hf_aux_layer_ids": [1, 2, 3], "max_wait_s": 5.0, "sweep_interval_s": 3600,
          "max_staging_bytes": 8 << 30},
