@@ -90,8 +90,7 @@ class PrefillMeter:
         self.url = url.rstrip("/")
         self.log_path = log_path
         self._before: Counters | None = None
-        self._offset = 0
-        self._decode_from = 0  # where the log stood at start: the run's decode lines follow
+        self._offset = 0  # where the log stood at start: the run's lines follow
         self.decode = ""  # the run's decode lines summarized (stop), empty without a log
 
     @property
@@ -105,13 +104,13 @@ class PrefillMeter:
     def start(self) -> None:
         self._before = _read_metrics(self.url)
         if self.log_path is not None:
-            self._offset = self._decode_from = self.log_path.stat().st_size
+            self._offset = self.log_path.stat().st_size
 
     def _decode_lines(self) -> str:
         if self.log_path is None:
             return ""
         with open(self.log_path, "rb") as f:
-            f.seek(self._decode_from)
+            f.seek(self._offset)
             return decode_summary(f.read().decode(errors="replace"))
 
     def stop(self) -> int | None:
