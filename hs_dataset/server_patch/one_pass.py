@@ -197,9 +197,9 @@ class PieceCollector:
                 return
             self._refused[rid] = None
             self.refusals += 1
+            self.stats["one_pass_refused"] = self.refusals  # the status file's count is this one
             while len(self._refused) > _REFUSED_REMEMBERED:
                 self._refused.popitem(last=False)
-        self.stats["one_pass_refused"] += 1
         self._refuse(rid, reason)
 
     def take(self, piece: HostPiece, owners: list[tuple[str, int, int]], row_bytes: int, state_dtype: str) -> None:
