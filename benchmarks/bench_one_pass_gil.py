@@ -106,9 +106,12 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=1500, help="torch calls in the stand-in scheduler's step")
     ap.add_argument("--python-items", type=int, default=40, help="Python between two of them (sum over a range this long)")
     ap.add_argument("--gpu-ms", type=float, default=4.0, help="the step's wait without the GIL")
+    ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the run (s; Python's default 0.005)")
     ap.add_argument("--staging", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     root = Path(tempfile.mkdtemp(prefix="hs-gil-", dir=args.staging))
     rows = step_rows(args.requests, args.hidden)
     cfg = CaptureConfig.from_sources(
@@ -122,7 +125,7 @@ def main() -> int:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; stand-in step: {args.ops} torch calls, {args.gpu_ms} ms without the GIL; "
         f"{args.requests} one-pass requests, hidden {args.hidden}, bf16, pieces of {cfg.one_pass_piece_rows} rows, "
-        f"{cfg.writer_threads} writers; load average {os.getloadavg()[0]:.2f}",
+        f"{cfg.writer_threads} writers; switch interval {sys.getswitchinterval() * 1e3:g} ms; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     best = float("inf")

@@ -108,6 +108,41 @@ class Sampler:
         return "\n".join(lines)
 
 
+def torch_profile(server: str, trace_dir: Path, delay: float, steps: int) -> threading.Thread:
+    """SGLang's torch profiler (CPU and GPU) on for ``steps`` forward passes, ``delay`` s into a build (steady decode).
+
+    Why: whether a decode step's GPU sits idle waiting for the scheduler's CPU (capture's Python on the forward
+    thread, the GIL) or runs longer kernels (capture's device work) shows in the trace, not in py-spy.
+    """
+    import urllib.request
+
+    body = json.dumps({"output_dir": str(trace_dir), "num_steps": steps, "activities": ["CPU", "GPU"], "with_stack": False})
+
+    def run() -> None:
+        time.sleep(delay)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        request = urllib.request.Request(server + "/start_profile", data=body.encode(), headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=300).read()  # returns once the profile is written
+        except OSError as exc:
+            print(f"torch profile: {type(exc).__name__}: {exc}", flush=True)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def trace_report(trace_dir: Path, out: Path, name: str) -> None:
+    """The trace reduced to where the steps' time went (``benchmarks/_trace_summary.py``), printed and kept in ``out``."""
+    from _trace_summary import summarize_trace
+
+    traces = sorted(trace_dir.rglob("*.json*"))
+    summary = summarize_trace(traces[0]) if traces else {"error": f"no trace written in {trace_dir}"}
+    (out / f"trace-{name}.json").write_text(json.dumps(summary, indent=1))
+    short = {k: summary.get(k) for k in ("window_ms", "kernel_busy_ms", "gpu_idle_share", "error") if k in summary}
+    print(f"torch profile {name}: {json.dumps(short)}; top runtime {json.dumps(summary.get('runtime', [])[:5])}", flush=True)
+
+
 def counters(staging: str) -> dict:
     from hs_dataset.server_patch.contract.status import read_statuses
 
@@ -132,6 +167,7 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=256)
     ap.add_argument("--mean-tokens", type=float, default=500)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--torch-profile-steps", type=int, default=0, help="SGLang's torch profile of this many steps of each round-1 build")
     ap.add_argument("--only-one-pass", action="store_true", help="no build with capture left out (an A/B's second server)")
     ap.add_argument("--no-reference", action="store_true", help="no warm-up build first (an A/B's second server, to save time)")
     args = ap.parse_args()
@@ -162,6 +198,8 @@ def main() -> int:
             span.__init__()
             before = counters(staging)
             watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
+            trace_dir = work / f"trace-{name}"
+            profiler = torch_profile(args.server, trace_dir, 8, args.torch_profile_steps) if args.torch_profile_steps and r == 0 else None
             print(f"round {r + 1} {name} starts at {time.strftime('%H:%M:%S')}", flush=True)  # to find it in decode-log.txt
             with Sampler() as sampler:
                 seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
@@ -180,6 +218,9 @@ def main() -> int:
                 print(sampler.report(), flush=True)
             if watcher:
                 watcher.join(60)
+            if profiler:
+                profiler.join(120)
+                trace_report(trace_dir, args.out, name)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
