@@ -147,7 +147,7 @@ def counters(staging: str) -> dict:
     from hs_dataset.server_patch.contract.status import read_statuses
 
     keep = ("hook_wall_ns", "decode_passes", "graph_decode_passes", "graph_decode_rows", "extend_passes", "one_pass_rows")
-    keep += ("one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes", "pinned_peak_bytes")
+    keep += ("one_pass_run_steps", "one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes", "pinned_peak_bytes")
     found: dict = {}
     for status in read_statuses(staging):
         for key, value in (status.get("counts") or {}).items():

@@ -79,12 +79,13 @@ class ReusedPiece(HostPiece):
         super().release()
 
 
-def block(rows: list[tuple[str, int, int]]) -> _Block:
+def block(rows: list[tuple[str, int, int]], owners: list | None = None) -> _Block:
     """One pass: (rid, first position, rows) per request; each row's token is its position + 1000 * request, its
-    state the same value (so a row in the wrong place shows)."""
-    owners, ids, pos, start = [], [], [], 0
+    state the same value (so a row in the wrong place shows). ``owners``: the owner list to hand over (the forward
+    thread hands the same list object for every step of one decode batch); else a new one."""
+    made, ids, pos, start = [], [], [], 0
     for rid, first, n in rows:
-        owners.append((rid, start, n))
+        made.append((rid, start, n))
         ids += [p + 1000 * int(rid.split("-")[2]) for p in range(first, first + n)]
         pos += list(range(first, first + n))
         start += n
@@ -96,7 +97,9 @@ def block(rows: list[tuple[str, int, int]]) -> _Block:
         "final": ids_t.float().view(-1, 1).expand(-1, HIDDEN).contiguous(),
     }
     row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
-    return _Block(ReusedPiece(tensors), owners, row_bytes, "float32")
+    if owners is not None:
+        assert owners == made
+    return _Block(ReusedPiece(tensors), made if owners is None else owners, row_bytes, "float32")
 
 
 def rid(k: int) -> str:
@@ -207,6 +210,66 @@ def test_every_row_comes_out_once_in_its_requests_pieces_in_order(piece_rows, sl
     for r, rows in got.items():  # within a request, pieces in order and each piece's rows in order
         assert [p for p, _, _ in rows] == sorted(p for p, _, _ in rows), r
     assert all(0 < len(j.pieces[0].wait()["positions"]) <= piece_rows for j in writer.jobs)
+
+
+def decode_batches(c: PieceCollector, batches, refusals, *, same_owners: bool) -> None:
+    """Decode steps of a few batches (rids, steps): each batch's steps share one owner list where ``same_owners`` (as
+    the forward thread's plan hands them over); the requests a batch drops are gone; ``refusals``: (batch, step, k)."""
+    pos: dict[int, int] = {}
+    last: set[str] = set()
+    for b, (ks, steps) in enumerate(batches):
+        rids = {rid(k) for k in ks}
+        if last - rids:
+            c._handle(_Gone(frozenset(last - rids)))
+        last = rids
+        owners = [(rid(k), i, 1) for i, k in enumerate(ks)]
+        for step in range(steps):
+            for k in [k for bb, s, k in refusals if (bb, s) == (b, step)]:
+                c.refuse(rid(k), "test")
+            c._handle(block([(rid(k), pos.get(k, 0), 1) for k in ks], owners if same_owners else None))
+            for k in ks:
+                pos[k] = pos.get(k, 0) + 1
+    c._write_all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    piece_rows=st.integers(1, 6),
+    slots=st.integers(1, 7),
+    batches=st.lists(
+        st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=5, unique=True), st.integers(1, 15)), min_size=1, max_size=4
+    ),
+    refusals=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 14), st.integers(0, 6)), max_size=2),
+)
+def test_a_decode_batch_filed_as_a_run_writes_the_very_pieces_of_filing_request_by_request(piece_rows, slots, batches, refusals):
+    """The run (one copy a step while the forward thread hands over the same batch) against filing each request's
+    row by itself: each request gets the same pieces, in the same order, with the same rows; the memory bound holds.
+    (Requests' pieces may interleave otherwise: a run takes a slot again as it writes one, not at the next step.)"""
+    row_bytes = block([(rid(0), 0, 1)]).row_bytes
+    bound = slots * piece_rows * row_bytes
+    (run, run_writer), (each, each_writer) = filing(piece_rows, bound), filing(piece_rows, bound)
+    decode_batches(run, batches, refusals, same_owners=True)
+    decode_batches(each, batches, refusals, same_owners=False)
+    assert each.stats["one_pass_run_steps"] == 0
+
+    def by_request(writer: Pieces) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for j in writer.jobs:
+            out.setdefault(j.rid, []).append([t.tolist() for t in j.pieces[0].wait().values()])
+        return out
+
+    assert by_request(run_writer) == by_request(each_writer)
+    assert run.stats["one_pass_rows"] == each.stats["one_pass_rows"]
+    assert run.stats["one_pass_held_peak_bytes"] <= bound and run.held_bytes == 0
+
+
+def test_a_steady_decode_batch_is_filed_as_a_run_across_full_slots():
+    c, writer = filing(piece_rows=4)
+    decode_batches(c, [([0, 1, 2], 11)], [], same_owners=True)
+    assert c.stats["one_pass_run_steps"] == 10  # every step after the first (slots written and taken again within the run)
+    rows = writer.rows_of()
+    assert all(rows[rid(k)] == expected_rows(k, range(11)) for k in range(3))
+    assert [len(j.pieces[0].wait()["positions"]) for j in writer.jobs] == [4] * 6 + [3] * 3
 
 
 @pytest.mark.parametrize("threaded", [False, True])
