@@ -136,10 +136,28 @@ def run_build(
 ) -> tuple[float, Any]:
     """``build_dataset`` with the lengths drawn (``capture`` False: regeneration only); wall time, run report.
 
-    ``times``: filled with the build's ``started`` and ``ended`` (``time.perf_counter``), to set beside its span.
+    ``times``: filled with the build's ``started`` and ``ended`` (``time.perf_counter``), to set beside its span, and
+    when it stored its last sample (``stored``) and how long the writer's close took (``close_s``): where the time after
+    the last answer goes.
     """
     import hs_dataset.pipeline.build as build
     from hs_dataset.capture.sglang.backend import SGLangBackend
+    from hs_dataset.formats.writer import ShardWriter
+
+    times = {} if times is None else times
+    add, close = ShardWriter.add, ShardWriter.close
+
+    def timed_add(self: ShardWriter, sample: Any) -> bool:
+        stored = add(self, sample)
+        times["stored"] = time.perf_counter()
+        return stored
+
+    def timed_close(self: ShardWriter) -> Any:
+        t = time.perf_counter()
+        try:
+            return close(self)
+        finally:
+            times["close_s"] = times.get("close_s", 0.0) + time.perf_counter() - t
 
     backend_generator = SGLangBackend.generator
 
@@ -151,17 +169,18 @@ def run_build(
     saved = build._capture
     SGLangBackend.generator = make
     build._capture = build._capture if capture else _no_capture
+    ShardWriter.add, ShardWriter.close = timed_add, timed_close  # type: ignore[method-assign]
     shutil.rmtree(out, ignore_errors=True)
     try:
         t0 = time.perf_counter()
         report = build.build_dataset(card, out, source=str(source), servers=[server])
         t1 = time.perf_counter()
-        if times is not None:
-            times.update(started=t0, ended=t1)
+        times.update(started=t0, ended=t1)
         return t1 - t0, report
     finally:
         SGLangBackend.generator = backend_generator
         build._capture = saved
+        ShardWriter.add, ShardWriter.close = add, close  # type: ignore[method-assign]
 
 
 def captured_by(out: Path) -> str:
@@ -335,6 +354,11 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
             extra += (
                 f"; {span.start - times['started']:.2f} s before the first request, {times['ended'] - span.end:.2f} s after the last answer"
             )
+            if "stored" in times:  # of which: until the last sample was stored, the writer's close, the rest
+                extra += (
+                    f" ({times['stored'] - span.end:.2f} s to the last sample stored, writer close {times.get('close_s', 0.0):.2f} s, "
+                    f"then {times['ended'] - times['stored'] - times.get('close_s', 0.0):.2f} s)"
+                )
         if name == "build":
             extra += f"; captured by {captured_by(ctx['work'] / name)}"
     else:
