@@ -124,7 +124,7 @@ def drawn_lengths(tokenizer: Any, span: Span) -> Any:
     return DrawnLengths
 
 
-def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report: Any) -> Any:
+def _no_capture(backend: Any, samples: Any, batch_size: int, writer: Any, report: Any, task: Any) -> Any:
     """In place of the build's capture (``--isolate``): take every regenerated sample, capture none."""
     for _ in samples:
         report.samples_considered += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _plain_server import plain_argv, plain_env, with_mem_fraction
 from _regen_clients import StoredTurn, follow_on, stored_turns
 from _server_metrics import Counters, log_new_tokens, parse_metrics
-from bench_regenerate import common_head, conversations, cv
+from bench_regenerate import _no_capture, common_head, conversations, cv
 
 from hs_dataset.capture.serve.plan import CPU_MLA_FACTORY, ServerPlan
 from hs_dataset.config import load_card
@@ -106,3 +107,11 @@ def test_the_second_server_on_a_gpu_gets_its_own_memory_fraction() -> None:
 def test_the_common_head_is_what_every_prompt_starts_with() -> None:
     assert common_head([[1, 2, 3, 4], [1, 2, 3], [1, 2, 9, 4]]) == [1, 2]
     assert common_head([[5, 6], [7]]) == [] and common_head([]) == []
+
+
+def test_the_capture_free_stand_in_takes_what_the_builds_capture_takes() -> None:
+    """``--isolate`` swaps the build's ``_capture`` for ``_no_capture``: a parameter added to one must reach the
+    other, or the GPU profile's capture-free builds fail on the device (as on 2026-12-07, after ``task`` was added)."""
+    import hs_dataset.pipeline.build as build
+
+    assert list(inspect.signature(_no_capture).parameters) == list(inspect.signature(build._capture).parameters)
