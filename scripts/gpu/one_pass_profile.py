@@ -3,7 +3,8 @@
 Against the build's server (``hs-dataset serve``, started by ``run_one_pass_profile.sh``): the same regeneration
 build as ``benchmarks/bench_regenerate.py``, with capture left out and with one-pass capture, alternated; during
 one of the one-pass builds ``py-spy`` (if given) samples the scheduler process, every thread, and once more only
-the thread holding the GIL. Printed: each build's wall and generation rate, how its samples were captured, the
+the thread holding the GIL, reduced by ``benchmarks/_spy_summary.py`` (who held the GIL, the scheduler thread's share in
+capture's code; ``spy-summary.json``). Printed: each build's wall and generation rate, how its samples were captured, the
 hooks' counters from the status file (forward-thread time per decode step, pieces, held bytes).
 
     python scripts/gpu/one_pass_profile.py --server URL --config CARD --model-path DIR --out DIR [--py-spy BIN]
@@ -132,6 +133,15 @@ def torch_profile(server: str, trace_dir: Path, delay: float, steps: int) -> thr
     return t
 
 
+def spy_report(out: Path) -> None:
+    """Who held the scheduler process's GIL and what its scheduler thread ran (benchmarks/_spy_summary.py)."""
+    from _spy_summary import summarize
+
+    summary = summarize(out / "spy-gil.txt", out / "spy-threads.txt")
+    (out / "spy-summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"py-spy summary: {json.dumps(summary)}", flush=True)
+
+
 def trace_report(trace_dir: Path, out: Path, name: str) -> None:
     """The trace reduced to where the steps' time went (``benchmarks/_trace_summary.py``), printed and kept in ``out``."""
     from _trace_summary import summarize_trace
@@ -218,6 +228,7 @@ def main() -> int:
                 print(sampler.report(), flush=True)
             if watcher:
                 watcher.join(60)
+                spy_report(args.out)
             if profiler:
                 profiler.join(120)
                 trace_report(trace_dir, args.out, name)
