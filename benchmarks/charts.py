@@ -248,6 +248,17 @@ BEST = re.compile(
 )
 GEN_RATIO = re.compile(r"^\(a\) generation, .*?: " + NUM + r"(?: \(per round: ([\d., ]+); median " + NUM + r"\))?")
 END_TO_END = re.compile(r"^\(b\) end to end, .*?: " + NUM + "x")
+TURN_ORDER = re.compile(r"^wall_ratio=" + NUM + r" extra_prefill_pct=" + NUM + r" build_tok_s=" + NUM + r" turn_order_tok_s=" + NUM)
+
+
+@dataclass(frozen=True)
+class TurnOrderSummary:
+    """A run against the turn-order client on a plain server (one pass's benchmark): its machine-readable last line."""
+
+    wall_ratio: float
+    extra_prefill_pct: float
+    build_tok_s: float
+    turn_order_tok_s: float
 
 
 @dataclass(frozen=True)
@@ -275,6 +286,7 @@ class RegenRun:
     date: str
     device: str
     summary: RegenSummary | None
+    turn_order: TurnOrderSummary | None = None
 
     @property
     def label(self) -> str:
@@ -306,6 +318,15 @@ def parse_summary(block: Sequence[str]) -> RegenSummary | None:
     )
 
 
+def parse_turn_order(block: Sequence[str]) -> TurnOrderSummary | None:
+    """The ``wall_ratio=...`` line of a run against the turn-order client, or None (an older run, or one cut short)."""
+    for line in block:
+        m = TURN_ORDER.match(line)
+        if m:
+            return TurnOrderSummary(*(float(g) for g in m.groups()))
+    return None
+
+
 def run_blocks(lines: Sequence[str]) -> list[tuple[list[str], list[str]]]:
     """Split a results file into (comment lines before, lines of) each run: a run starts at its `$ python ...` line."""
     starts = [i for i, line in enumerate(lines) if RUN_LINE.match(line)]
@@ -328,7 +349,7 @@ def parse_regenerate(path: Path) -> list[RegenRun]:
         device = device_of("\n".join(before + body[:4]))
         if device == "?" and runs:
             device = runs[-1].device
-        runs.append(RegenRun(path.name, first_date(body[:1]) or "undated", device, parse_summary(body)))
+        runs.append(RegenRun(path.name, first_date(body[:1]) or "undated", device, parse_summary(body), parse_turn_order(body)))
     return sorted(runs, key=lambda run: run.date)
 
 
@@ -455,20 +476,54 @@ def draw_regenerate(runs: Sequence[RegenRun], out: Path) -> Path:
     bottom.legend(fontsize=7, loc="center left")
     bottom.set_xticks(range(len(done)), [run.label for run, _ in done], fontsize=7)
     skipped = [run for run in runs if not run.summary]
-    note = "; left out (no (a)/(b) summary lines): " + ", ".join(f"{r.source} {r.date}" for r in skipped) if skipped else ""
+    note = f"; {len(skipped)} runs without (a)/(b) lines left out (against the turn-order client: the next chart)" if skipped else ""
     sources = ", ".join(dict.fromkeys(f"benchmarks/results/{run.source}" for run, _ in done))
     fig.suptitle(f"Regeneration vs the plain client: {sources}\nruns {done[0][0].date} to {done[-1][0].date}{note}", fontsize=9)
     fig.tight_layout()
     return save(fig, out)
 
 
+def draw_one_pass(runs: Sequence[RegenRun], out: Path, target: float = 1.05) -> Path:
+    """Per run against the turn-order client: the build's wall over the client's (the issue's target beside it), and the
+    generation rates both reached; lines join only runs of one results file (one machine kind)."""
+    plt = pyplot()
+    done = [(run, run.turn_order) for run in runs if run.turn_order]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.0), sharex=True)
+    for n, source in enumerate(dict.fromkeys(run.source for run, _ in done)):
+        group = [(x, t) for x, (run, t) in enumerate(done) if run.source == source]
+        xs = [x for x, _ in group]
+        label = n == 0
+        top.plot(xs, [t.wall_ratio for _, t in group], "o-", color="C0", label="build wall / turn-order client wall" if label else None)
+        bottom.plot(xs, [t.build_tok_s for _, t in group], "o-", color="C0", label="build --regenerate (one pass)" if label else None)
+        bottom.plot(
+            xs, [t.turn_order_tok_s for _, t in group], "s-", color="C1", label="turn-order client, plain server" if label else None
+        )
+        if n:
+            for ax in (top, bottom):
+                ax.axvline(xs[0] - 0.5, color="grey", lw=0.6, ls=":")
+    top.axhline(1.0, color="grey", lw=0.8)
+    top.axhline(target, color="red", lw=0.8, ls="--", label=f"target {target:.2f}x")
+    top.set(ylabel="ratio")
+    top.legend(fontsize=7, loc="upper left")
+    top.margins(y=0.3)
+    bottom.set(ylabel="generation tok/s, best round (log)", yscale="log")
+    bottom.legend(fontsize=7, loc="center left")
+    bottom.set_xticks(range(len(done)), [run.label for run, _ in done], fontsize=7)
+    sources = ", ".join(dict.fromkeys(run.source for run, _ in done))
+    title = f"One pass vs the turn-order client on a plain server, runs {done[0][0].date} to {done[-1][0].date}"
+    fig.suptitle(f"{title}\nfrom benchmarks/results/: {sources}", fontsize=9)
+    fig.tight_layout()
+    return save(fig, out)
+
+
 def draw_all(results: Path, out_dir: Path) -> list[Path]:
-    """Parse the results folder and draw the three charts docs/BENCHMARKS.md carries."""
+    """Parse the results folder and draw the four charts docs/BENCHMARKS.md carries."""
     regen = parse_regenerate(results / "bench_regenerate_cpu.txt") + parse_regenerate(results / "bench_regenerate_gpu.txt")
     return [
         draw_encodings(parse_encodings(results / "bench_acceptance_encodings.txt"), out_dir / "encodings_tau.png"),
         draw_versions(version_matrix(results), out_dir / "version_matrix.png"),
         draw_regenerate(regen, out_dir / "regenerate_vs_client.png"),
+        draw_one_pass(regen, out_dir / "one_pass_vs_turn_order.png"),
     ]
 
 

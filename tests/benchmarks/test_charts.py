@@ -84,9 +84,9 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
         "best of 3: generation tok/s new 190.0, old 112.2, client 137.3; wall s new 19.1, old 30.8, client 23.8 + prefill 1.4",
     )
     cpu = parse_regenerate(RESULTS / "bench_regenerate_cpu.txt")
-    assert len(cpu) == 9 and {run.device for run in cpu} == {"CPU"}
-    assert cpu[-1].date == "2026-12-07 05:46" and cpu[-1].summary is None  # against the turn-order client: no (a)/(b) lines
-    last = cpu[-2]
+    assert len(cpu) == 10 and {run.device for run in cpu} == {"CPU"}
+    assert [(run.date, run.summary) for run in cpu[-2:]] == [("2026-12-07 05:46", None), ("2026-12-07 06:48", None)]  # turn-order client
+    last = cpu[-3]
     assert last.date == "2026-12-02 01:31" and last.summary is not None
     assert (last.summary.new_tok_s, last.summary.old_tok_s, last.summary.client_tok_s) == (190.0, 112.2, 137.3)
     assert (last.summary.new_wall_s, last.summary.client_wall_s, last.summary.prefill_wall_s) == (19.1, 23.8, 1.4)
@@ -101,16 +101,31 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
         ("2026-12-02 03:58", "H200"),
         ("2026-12-06 21:02", "H100"),
         ("2026-12-07 04:51", "H100"),
+        ("2026-12-07 12:33", "H100"),
+        ("2026-12-07 12:40", "H100"),  # 'the same warm H100': the machine of the run before
     ]
     assert gpu[2].summary is not None and (gpu[2].summary.end_to_end, gpu[2].summary.old_tok_s) == (1.09, None)
     assert gpu[3].summary is None  # ran out of its device call in round 3: no summary lines
     assert gpu[4].summary is None  # against the turn-order client: no (a)/(b) lines for this chart
 
 
+def test_runs_against_the_turn_order_client_are_read_from_their_last_line() -> None:
+    assert _has_line("bench_regenerate_gpu.txt", "wall_ratio=1.157 extra_prefill_pct=0.34 build_tok_s=6058.2 turn_order_tok_s=6792.7")
+    assert _has_line("bench_regenerate_cpu.txt", "wall_ratio=0.935 extra_prefill_pct=4.75 build_tok_s=94.7 turn_order_tok_s=86.0")
+    gpu = parse_regenerate(RESULTS / "bench_regenerate_gpu.txt")
+    read = [(run.date, run.turn_order.wall_ratio) for run in gpu if run.turn_order]
+    assert read == [("2026-12-07 04:51", 1.31), ("2026-12-07 12:33", 1.156), ("2026-12-07 12:40", 1.157)]
+    last = gpu[-1].turn_order
+    assert last is not None and (last.extra_prefill_pct, last.build_tok_s, last.turn_order_tok_s) == (0.34, 6058.2, 6792.7)
+    assert gpu[3].turn_order is None  # 2026-12-06 21:02 ran out of its device call before its last line
+    cpu = parse_regenerate(RESULTS / "bench_regenerate_cpu.txt")
+    assert [run.date for run in cpu if run.turn_order] == ["2026-12-07 05:46", "2026-12-07 06:48"]
+
+
 def test_drawing_writes_small_non_empty_pngs(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     paths = draw_all(RESULTS, tmp_path)
-    assert [p.name for p in paths] == ["encodings_tau.png", "version_matrix.png", "regenerate_vs_client.png"]
+    assert [p.name for p in paths] == ["encodings_tau.png", "version_matrix.png", "regenerate_vs_client.png", "one_pass_vs_turn_order.png"]
     for path in paths:
         data = path.read_bytes()
         assert data.startswith(b"\x89PNG") and 5_000 < len(data) < 200_000
