@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import io
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 RESULTS = REPO / "benchmarks" / "results"
 IMG = REPO / "docs" / "img"
 REDRAW = "make charts"
@@ -437,6 +438,19 @@ def draw_versions(checks: Sequence[ErrorCheck], out: Path) -> Path:
     return save(fig, out)
 
 
+def by_source(done: Sequence[tuple[RegenRun, T]], axes: Sequence[Any]) -> Iterator[tuple[bool, list[int], list[T]]]:
+    """``done``'s runs grouped by results file (one machine kind each), with their x positions: (first group?, xs,
+    items). Each group after the first gets a dotted line before it on every axis, and series are drawn per group, so
+    no line joins a CPU run to an H200 run: side by side they are not a trend."""
+    for n, source in enumerate(dict.fromkeys(run.source for run, _ in done)):
+        group = [(x, item) for x, (run, item) in enumerate(done) if run.source == source]
+        xs = [x for x, _ in group]
+        if n:
+            for ax in axes:
+                ax.axvline(xs[0] - 0.5, color="grey", lw=0.6, ls=":")
+        yield n == 0, xs, [item for _, item in group]
+
+
 def draw_regenerate(runs: Sequence[RegenRun], out: Path) -> Path:
     """Per recorded run: build vs the plain client (end to end and generation), and the generation rates they reached.
 
@@ -446,14 +460,9 @@ def draw_regenerate(runs: Sequence[RegenRun], out: Path) -> Path:
     plt = pyplot()
     done = [(run, run.summary) for run in runs if run.summary]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.4), sharex=True)
-    for n, source in enumerate(dict.fromkeys(run.source for run, _ in done)):
-        group = [(x, s) for x, (run, s) in enumerate(done) if run.source == source]
-        xs = [x for x, _ in group]
-        label = n == 0  # one legend entry per series
-        top.plot(
-            xs, [s.end_to_end for _, s in group], "o-", color="C0", label="(b) build wall / (client wall + prefill)" if label else None
-        )
-        gen = [s.generation_median or s.generation_ratio for _, s in group]
+    for label, xs, group in by_source(done, (top, bottom)):  # label: one legend entry per series
+        top.plot(xs, [s.end_to_end for s in group], "o-", color="C0", label="(b) build wall / (client wall + prefill)" if label else None)
+        gen = [s.generation_median or s.generation_ratio for s in group]
         top.plot(
             xs,
             gen,
@@ -461,13 +470,10 @@ def draw_regenerate(runs: Sequence[RegenRun], out: Path) -> Path:
             color="C1",
             label="(a) build / client generation, per-round median (best round where none recorded)" if label else None,
         )
-        bottom.plot(xs, [s.new_tok_s for _, s in group], "o-", color="C0", label="build --regenerate" if label else None)
-        bottom.plot(xs, [s.client_tok_s for _, s in group], "s-", color="C1", label="plain client" if label else None)
-        olds = [(x, s.old_tok_s) for x, s in group if s.old_tok_s]
+        bottom.plot(xs, [s.new_tok_s for s in group], "o-", color="C0", label="build --regenerate" if label else None)
+        bottom.plot(xs, [s.client_tok_s for s in group], "s-", color="C1", label="plain client" if label else None)
+        olds = [(x, s.old_tok_s) for x, s in zip(xs, group) if s.old_tok_s]
         bottom.plot([x for x, _ in olds], [v for _, v in olds], "^", color="C2", label="old windowed engine" if label else None)
-        if n:
-            for ax in (top, bottom):
-                ax.axvline(xs[0] - 0.5, color="grey", lw=0.6, ls=":")
     top.axhline(1.0, color="grey", lw=0.8)
     top.set(ylabel="ratio")
     top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 1.0), ncol=1, framealpha=0.8)
@@ -489,18 +495,10 @@ def draw_one_pass(runs: Sequence[RegenRun], out: Path, target: float = 1.05) -> 
     plt = pyplot()
     done = [(run, run.turn_order) for run in runs if run.turn_order]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.0), sharex=True)
-    for n, source in enumerate(dict.fromkeys(run.source for run, _ in done)):
-        group = [(x, t) for x, (run, t) in enumerate(done) if run.source == source]
-        xs = [x for x, _ in group]
-        label = n == 0
-        top.plot(xs, [t.wall_ratio for _, t in group], "o-", color="C0", label="build wall / turn-order client wall" if label else None)
-        bottom.plot(xs, [t.build_tok_s for _, t in group], "o-", color="C0", label="build --regenerate (one pass)" if label else None)
-        bottom.plot(
-            xs, [t.turn_order_tok_s for _, t in group], "s-", color="C1", label="turn-order client, plain server" if label else None
-        )
-        if n:
-            for ax in (top, bottom):
-                ax.axvline(xs[0] - 0.5, color="grey", lw=0.6, ls=":")
+    for label, xs, group in by_source(done, (top, bottom)):
+        top.plot(xs, [t.wall_ratio for t in group], "o-", color="C0", label="build wall / turn-order client wall" if label else None)
+        bottom.plot(xs, [t.build_tok_s for t in group], "o-", color="C0", label="build --regenerate (one pass)" if label else None)
+        bottom.plot(xs, [t.turn_order_tok_s for t in group], "s-", color="C1", label="turn-order client, plain server" if label else None)
     top.axhline(1.0, color="grey", lw=0.8)
     top.axhline(target, color="red", lw=0.8, ls="--", label=f"target {target:.2f}x")
     top.set(ylabel="ratio")

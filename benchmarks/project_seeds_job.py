@@ -31,11 +31,12 @@ sys.path.insert(0, str(REPO))
 
 from hs_dataset.codecs.registry import ENCODINGS  # noqa: E402
 from hs_dataset.config import load_card  # noqa: E402
+from hs_dataset.dtypes import dtype_info  # noqa: E402
 
 GPU_RESULTS = REPO / "benchmarks" / "results" / "bench_regenerate_gpu.txt"
 KIMI_CARD = REPO / "cards" / "kimi-k25-sglang.yaml"
 KIMI_HIDDEN = 7168  # Kimi-K2.5's text model (shared/reference: the real config)
-IDS_MASK_BYTES = 8 + 1  # input_ids int64 and loss_mask bool a token
+IDS_MASK_BYTES = dtype_info("int64").itemsize + dtype_info("bool").itemsize  # a token's input_ids and loss_mask (sample.py)
 STATE_ENCODINGS = ("bf16", "fp8_e4m3_per_token", "nf4_g32", "mxfp4_e2m1_g32")
 
 
