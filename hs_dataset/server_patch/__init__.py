@@ -21,6 +21,9 @@ it. The package ``__init__`` imports nothing.
 * :mod:`.staging` -- the private staging directory: atomic writes, spares, refusals, sweeping;
 * :mod:`.budget` -- the bounded staging budget and its background meter;
 * :mod:`.copier`, :mod:`.copy_pump` -- device -> host copies (pinned slab, slices on a side stream);
+* :mod:`.one_pass` -- one-pass capture: each generated token's row filed by request, written as pieces;
+* :mod:`.graph_capture`, :mod:`.graph_buffers`, :mod:`.row_record` -- one pass inside decode CUDA graphs:
+  the hooks registered before capture, their static rows packed one record a row, read after each replay;
 * :mod:`.reporter` -- the status file the client reads when a dump is late;
 * :mod:`.legacy` -- the source patch of SGLang <= 0.5.5 and the hook it calls (the same core);
 * :mod:`.cpu_support` -- what every CPU server needs (an ``sgl_kernel`` stand-in, shims, the MLA handler);

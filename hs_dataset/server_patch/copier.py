@@ -11,6 +11,16 @@
   forward's wait budget the caller refuses the request instead of blocking.
 * Tensors the caller made for this copy (``owned``, e.g. the fp8 states the capture
   core quantized on the device) skip the device snapshot: nothing else writes them.
+* A decode step's rows (``on_stream``, at most :data:`DIRECT_MAX_BYTES`) skip both the
+  snapshot and the pump: the copy is queued on the current stream straight into pinned
+  memory, so anything later on that stream (the next step's writes into the same
+  static buffers) waits for it, and a blocking-sync event tells the waiting thread
+  when it landed. Why: a decode step's snapshot, its pump job and the pump thread's
+  Python cost the scheduler process more than the copy itself (the 2026-12-07 GPU
+  profile, docs/GPU.md); a copy of a few MB holds back the next kernels on the stream
+  for tens of microseconds, in a decode loop whose GPU waits for the CPU anyway. Not
+  for prefill passes: their states (up to GBs) would hold back the pass's own sampled
+  tokens, which is what the pump is for.
 
 :func:`host_bytes` exposes a host tensor's memory as a memoryview without a copy, so
 the dump writer can hand the pinned buffer straight to ``os.writev``.
@@ -32,6 +42,7 @@ from hs_dataset.server_patch.copy_pump import CopyPump
 __all__ = ["HostCopier", "HostPiece", "PinnedPool", "host_bytes"]
 
 _ALIGN = 256
+DIRECT_MAX_BYTES = 16 << 20  # on_stream copies up to this size go on the current stream (see the module docstring)
 
 
 def _round(n: int, to: int) -> int:
@@ -267,11 +278,14 @@ class HostCopier:
             pump = self._pumps[device] = CopyPump(device, name_thread=name_os_thread)
         return pump
 
-    def snapshot(self, tensors: Mapping[str, torch.Tensor], timeout: float, *, owned: Collection[str] = ()) -> HostPiece | None:
+    def snapshot(
+        self, tensors: Mapping[str, torch.Tensor], timeout: float, *, owned: Collection[str] = (), on_stream: bool = False
+    ) -> HostPiece | None:
         """Return a :class:`HostPiece`, or None when no pinned memory freed up within ``timeout``.
 
         ``owned``: names of tensors that were made for this copy (no later kernel
-        writes them), copied without a device snapshot first.
+        writes them), copied without a device snapshot first. ``on_stream``: a decode
+        step's rows, copied on the current stream where small (see the module docstring).
         """
         devices = {t.device for t in tensors.values()}
         if all(d.type == "cpu" for d in devices):
@@ -286,6 +300,8 @@ class HostCopier:
         buf = self._pool.acquire(offset, timeout)
         if buf is None:
             return None
+        if on_stream and offset <= DIRECT_MAX_BYTES:
+            return self._direct(tensors, layout, buf)
         snapshots = {  # on the current stream, before anything the next forward writes
             k: t.detach().contiguous() if k in owned else t.detach().contiguous().clone() for k, t in tensors.items()
         }
@@ -297,3 +313,14 @@ class HostCopier:
             pairs.append((src, host[name]))
         done = self._pump(device).submit(pairs)
         return HostPiece(host, event=done, pool=self._pool, buf=buf)
+
+    def _direct(self, tensors: Mapping[str, torch.Tensor], layout: list[tuple[str, int, int]], buf: torch.Tensor) -> HostPiece:
+        """A small copy queued on the current stream straight into ``buf`` (pinned), no device snapshot, no pump."""
+        host: dict[str, torch.Tensor] = {}
+        for name, off, nbytes in layout:
+            src = tensors[name].detach()
+            host[name] = dst = buf[off : off + nbytes].view(src.dtype).view(src.shape)
+            dst.copy_(src, non_blocking=True)
+        landed = torch.cuda.Event(blocking=True)  # the thread that waits sleeps instead of spinning
+        landed.record()
+        return HostPiece(host, event=landed, pool=self._pool, buf=buf)

@@ -11,6 +11,10 @@ under a millisecond, and the copy engine still runs back to back.
 
 The thread waits on CUDA events (which releases the GIL) and holds the device tensors
 of each job until its last slice has landed, so their memory cannot be reused early.
+The events are blocking-sync ones, so the wait sleeps: with spinning ones the pump took
+20-22 s of CPU per 50-59 s build in the 2026-12-07 GPU profile (docs/GPU.md). Tensors
+smaller than a slice share one: a job records an event per ``slice_bytes`` copied, not
+one per tensor.
 """
 
 from __future__ import annotations
@@ -108,17 +112,27 @@ class CopyPump:
 
     def _copy(self, job: _Job) -> None:
         pending: deque = deque()
+        queued = 0  # bytes copied since the last event
         self._stream.wait_event(job.ready)
         with torch.cuda.stream(self._stream):
             for src, dst in job.pairs:
                 src_bytes, dst_bytes = src.reshape(-1).view(torch.uint8), dst.reshape(-1).view(torch.uint8)
                 for start in range(0, src_bytes.numel(), self.slice_bytes):
-                    stop = start + self.slice_bytes
+                    stop = min(start + self.slice_bytes, src_bytes.numel())
+                    if queued and queued + stop - start > self.slice_bytes:  # no more than a slice between events
+                        queued = self._landed(pending)
                     dst_bytes[start:stop].copy_(src_bytes[start:stop], non_blocking=True)
-                    landed = torch.cuda.Event()
-                    landed.record(self._stream)
-                    pending.append(landed)
-                    if len(pending) >= self.in_flight:
-                        pending.popleft().synchronize()
+                    queued += stop - start
+            if queued:
+                self._landed(pending)
         while pending:
             pending.popleft().synchronize()
+
+    def _landed(self, pending: deque) -> int:
+        """An event after the copies queued so far; waits for the oldest while ``in_flight`` are pending. Returns 0 (bytes queued since)."""
+        landed = torch.cuda.Event(blocking=True)
+        landed.record(self._stream)
+        pending.append(landed)
+        if len(pending) >= self.in_flight:
+            pending.popleft().synchronize()
+        return 0

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -65,6 +65,7 @@ from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.one_pass import PieceCollector
 from hs_dataset.server_patch.reporter import StatusReporter
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout
 from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.states import UnusableStates, normalize_states, pass_states
 
@@ -343,6 +344,22 @@ class CaptureCore:
             share = pass_cpu * length // max(rows_ours, 1)
             self._handle_request(_RequestRows(key, total, pre, length, tensors, share, time.thread_time_ns()), pass_)
 
+    def process_record(self, batch: BatchView, record: torch.Tensor, layout: RecordLayout, state_dtype: str) -> None:
+        """Handle a decode step replayed in a CUDA graph: ``record [B, row_bytes]``, one packed row per request of ``batch``.
+
+        Each row holds the request's token id, position and (encoded) states
+        (:mod:`.row_record`), packed by the graph. The one-pass requests' rows go to the
+        host as one copy; the collector files them as it files any step's.
+        """
+        self.stats["passes_seen"] += 1
+        self.stats["decode_passes"] += 1
+        plan = self._decode_plan(batch)
+        if not plan.kept:
+            return
+        block, owners, gathered = self._block_rows(plan.kept, {RECORD: record}, plan)
+        owned = (RECORD,) if gathered else ()  # a slice of the static record: the next replay overwrites it
+        self._hand_over(plan.kept, owners, block, owned, self.config.max_wait_s, layout.row_bytes, state_dtype, layout, on_stream=True)
+
     # ------------------------------------------------------------------ one-pass requests (generations)
 
     def _decode_plan(self, batch: BatchView) -> _DecodePlan:
@@ -383,43 +400,64 @@ class CaptureCore:
         them all costs the forward thread one snapshot instead of one per request; the
         collector's thread files the rows by request.
         """
-        device = next(iter(states.values())).device
+        if batch.input_ids is None or (batch.positions is None and batch.mode == DECODE_MODE):
+            for request in slices:
+                self.collector.refuse(request.key, "the pass carries no token ids or positions: its rows cannot be placed")
+            return
+        pass_rows = {"input_ids": batch.input_ids, **({"positions": batch.positions} if batch.positions is not None else {}), **states}
+        block, owners, gathered = self._block_rows(slices, pass_rows, plan)
+        if batch.positions is None:  # an extend pass: each request's rows follow its cached prefix
+            device = block["input_ids"].device
+            block["positions"] = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
+        tensors = {"input_ids": block.pop("input_ids").to(torch.int64), "positions": block.pop("positions").to(torch.int64), **block}
+        owned = tuple(tensors) if gathered else pass_.owned  # gathered rows are new tensors; a slice is the pass's own
+        row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
+        self._hand_over(slices, owners, tensors, owned, pass_.deadline - time.monotonic(), row_bytes, pass_.state_dtype)
+
+    def _block_rows(
+        self, slices: list[RequestSlice], tensors: Mapping[str, torch.Tensor], plan: _DecodePlan | None
+    ) -> tuple[dict[str, torch.Tensor], list[tuple[str, int, int]], bool]:
+        """The one-pass requests' rows of each of a pass's ``tensors``, their owners in the block, and whether gathered.
+
+        A slice where the rows are one run, else gathered on the device. A decode step's
+        plan keeps where they lie while it holds (:class:`_DecodePlan`): the same owner
+        list, which tells the collector the step is its last one's batch.
+        """
+        device = next(iter(tensors.values())).device
         layout = plan.layout if plan is not None else None
         if layout is None or not layout.on(device):
             layout = _BlockLayout.of(slices, device)
             if plan is not None:
                 plan.layout = layout
-        rows, owners = layout.rows, layout.owners
-        contiguous = isinstance(rows, slice)
+        rows = layout.rows
+        if isinstance(rows, slice):
+            return {k: t[rows] for k, t in tensors.items()}, layout.owners, False
+        return {k: t.index_select(0, rows) for k, t in tensors.items()}, layout.owners, True
 
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t[rows] if contiguous else t.index_select(0, rows)
+    def _hand_over(
+        self,
+        slices: list[RequestSlice],
+        owners: list[tuple[str, int, int]],
+        tensors: dict[str, torch.Tensor],
+        owned: Collection[str],
+        wait_s: float,
+        row_bytes: int,
+        state_dtype: str,
+        columns: RecordLayout | None = None,
+        *,
+        on_stream: bool = False,
+    ) -> None:
+        """Start the host copy of a pass's one-pass rows and give it to the collector; no host memory in ``wait_s`` refuses them.
 
-        if batch.positions is not None:
-            positions = take(batch.positions)
-        elif batch.mode != DECODE_MODE:  # an extend pass: each request's rows follow its cached prefix
-            positions = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
-        else:
-            positions = None
-        if positions is None or batch.input_ids is None:
-            for request in slices:
-                self.collector.refuse(request.key, "the pass carries no token ids or positions: its rows cannot be placed")
-            return
-        tensors = {
-            "input_ids": take(batch.input_ids).to(torch.int64),
-            "positions": positions.to(torch.int64),
-            **{k: take(t) for k, t in states.items()},
-        }
-        owned = tuple(tensors) if not contiguous else pass_.owned  # gathered rows are new tensors; a slice is the pass's own
-        left = max(0.0, pass_.deadline - time.monotonic())
-        piece = self.copier.snapshot(tensors, left, owned=owned)
+        ``columns``: the rows are packed records of this layout; ``on_stream``: a decode step's (see :meth:`HostCopier.snapshot`).
+        """
+        piece = self.copier.snapshot(tensors, max(0.0, wait_s), owned=owned, on_stream=on_stream)
         self.stats["pinned_peak_bytes"] = max(self.stats["pinned_peak_bytes"], self.copier.peak_bytes)
         if piece is None:
             for request in slices:
                 self.collector.refuse(request.key, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
             return
-        row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
-        self.collector.take(piece, owners, row_bytes, pass_.state_dtype)
+        self.collector.take(piece, owners, row_bytes, state_dtype, columns)
 
     def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
         """Our requests' prompt rows, each with its prompt's token count; decode tails dropped and counted.

@@ -8,12 +8,23 @@ captures its decode graphs largest batch first, so the first capture sizes them;
 smaller graph writes their first rows. After a replay, the first ``batch_size`` rows are
 that step's states (a graph runs a padded batch: the rows past the real ones are padding).
 
-Imports torch only.
+At the end of each capture the model hook also records the packing of those rows, with each
+row's token id and position and quantized where the card stores fp8 or 4-bit states, into one
+static ``[R, row_bytes]`` record (:mod:`.row_record`): a replay then leaves the step's rows as
+one contiguous block, which the forward thread copies to the host in one copy, its Python
+(the quantizer's launch, a copy per tensor) left in the graph.
+
+Imports torch and this package's server side only.
 """
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
+
+from hs_dataset.server_patch.row_record import RecordLayout
+from hs_dataset.server_patch.states import pass_states
 
 __all__ = ["GraphBuffers"]
 
@@ -21,10 +32,15 @@ __all__ = ["GraphBuffers"]
 class GraphBuffers:
     """The two static buffers of one model's decode graphs, and what went wrong filling them (a reason, or None)."""
 
-    def __init__(self, aux_layers: int) -> None:
+    def __init__(self, aux_layers: int, encoding: str | None = None) -> None:
         self.aux_layers = aux_layers
+        self.encoding = encoding  # the card's state encoding (None: the states as computed)
         self.aux: torch.Tensor | None = None  # [R, K, H]
         self.final: torch.Tensor | None = None  # [R, H]
+        self.record: torch.Tensor | None = None  # [R, row_bytes]: each row's id, position and (encoded) states
+        self.layout: RecordLayout | None = None  # the record's columns, the same for every captured batch size
+        self.state_dtype = ""  # the dtype the model computed the states in
+        self._capture_rows = 0  # rows of the capture under way (its final state's)
         self.captures = 0  # graph captures the model hook saw (one per captured batch size)
         self.final_written = False  # the norm hook recorded its copy in the capture under way
         self.layers_written: set[int] = set()  # ... and the aux slots the layer hooks recorded
@@ -35,7 +51,7 @@ class GraphBuffers:
         return 0 if self.final is None else int(self.final.shape[0])
 
     def _static(self, name: str, rows: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-        """Buffer ``name`` (``aux`` or ``final``), made at the first (largest) capture; None once it cannot hold these rows."""
+        """Buffer ``name`` (``aux``, ``final`` or ``record``), made at the first (largest) capture; None once it cannot hold these rows."""
         buf = getattr(self, name)
         if buf is None:
             buf = torch.zeros((rows, *shape), dtype=dtype, device=device)
@@ -68,6 +84,7 @@ class GraphBuffers:
         if buf is not None:
             buf[:rows].copy_(prenorm)
             self.final_written = True
+            self._capture_rows = rows
 
     def captured(self) -> None:
         """One graph's capture ended (the model hook): it must have recorded the final state and every aux layer."""
@@ -82,13 +99,42 @@ class GraphBuffers:
         if self.problem is None:
             self.problem = reason
 
-    def replayed(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the first ``batch_size`` rows: the replayed step's aux and final states (the next replay overwrites them).
+    def keep_record(self, input_ids: object, positions: object) -> None:
+        """Record the packing of the capture's rows into the static record (the model hook, after :meth:`captured`).
 
-        With no aux layer (the final state only) the aux part is an empty ``[B, 0, H]``.
+        ``input_ids`` and ``positions``: what the model was handed (the graph's static
+        inputs), so a replay packs each row's own token and position beside its states.
         """
-        if self.final is None or batch_size > self.rows:
-            raise ValueError(f"a replayed decode batch of {batch_size} rows does not fit the static buffer ({self.rows} rows)")
-        final = self.final[:batch_size]
-        aux = self.aux[:batch_size] if self.aux is not None else final.new_empty((batch_size, 0, final.shape[-1]))
-        return aux, final
+        rows = self._capture_rows
+        if self.problem is not None or self.final is None or not rows:
+            return
+        if not (_row_index(input_ids, rows) and _row_index(positions, rows)):
+            self.fail(
+                "the model was not handed the token ids and positions as its first two arguments while a decode graph was "
+                "captured: the replayed rows cannot be placed"
+            )
+            return
+        final = self.final[:rows]
+        aux = self.aux[:rows] if self.aux is not None else final.new_empty((rows, 0, final.shape[-1]))
+        states, _ = pass_states(aux, final, rows, self.encoding)  # the quantizer's kernels are recorded too
+        tensors = {"input_ids": input_ids[:rows].to(torch.int64), "positions": positions[:rows].to(torch.int64), **states}
+        layout = RecordLayout.of(tensors)
+        if self.layout is not None and layout != self.layout:
+            self.fail(f"a decode graph's rows pack as {layout}, an earlier one's as {self.layout}")
+            return
+        record = self._static("record", rows, (layout.row_bytes,), torch.uint8, final.device)
+        if record is None:
+            return
+        self.layout, self.state_dtype = layout, str(aux.dtype).replace("torch.", "")
+        layout.pack(record[:rows], tensors)
+
+    def replayed(self, batch_size: int) -> tuple[torch.Tensor, RecordLayout]:
+        """The replayed step's first ``batch_size`` record rows (a view the next replay overwrites), and their layout."""
+        if self.record is None or self.layout is None or batch_size > self.record.shape[0]:
+            raise ValueError(f"a replayed decode batch of {batch_size} rows does not fit the static record ({self.rows} rows)")
+        return self.record[:batch_size], self.layout
+
+
+def _row_index(t: object, rows: int) -> TypeGuard[torch.Tensor]:
+    """Whether ``t`` is one value a row (token ids, positions) for at least ``rows`` rows."""
+    return isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] >= rows

@@ -108,7 +108,7 @@ class _Runtime:
             decode_capture.DECODE_CAPTURE: _decode_capture_fact(args),
         }
         # the static rows decode graphs write, where the hooks are registered before those graphs are captured
-        self.graph = GraphBuffers(len(self.config.hf_aux_layer_ids)) if decode_route.ROUTE.early else None
+        self.graph = GraphBuffers(len(self.config.hf_aux_layer_ids), self.config.state_encoding) if decode_route.ROUTE.early else None
         problems = check_server_args(args, self.config.mechanism)
         if self.facts["prefill_cuda_graph"] == "on" and os.environ.get(ALLOW_PREFILL_GRAPH_ENV) != "1":
             problems.append(
@@ -230,7 +230,7 @@ class _Runtime:
     def on_model(self, inputs, output) -> None:
         taken = self._take_pass()
         if self.graph is not None and _capturing():
-            self._graph_captured()
+            self._graph_captured(inputs)
             return
         final = taken.final
         fb = next((x for x in inputs if hasattr(x, "forward_mode") and hasattr(x, "batch_size")), None)
@@ -252,11 +252,17 @@ class _Runtime:
 
     # decode CUDA graphs ------------------------------------------------------
 
-    def _graph_captured(self) -> None:
-        """The model hook at the end of one graph's capture: nothing to hand over (the replays are read instead)."""
+    def _graph_captured(self, inputs) -> None:
+        """The model hook at the end of one graph's capture: the rows' packing recorded (the replays are read instead).
+
+        ``inputs``: the model's arguments, ``(input_ids, positions, forward_batch, ...)`` in
+        every release with this route (the graph's static inputs while it is captured).
+        """
         if self.aux_slot and not self.mechanism.takes_layer_hooks:
             self.graph.fail(f"mechanism {self.config.mechanism} returns the aux states from the model, not into the static rows")
         self.graph.captured()
+        input_ids, positions = (tuple(inputs) + (None, None))[:2]
+        self.graph.keep_record(input_ids, positions)
 
     def graphs_captured(self, captured: bool) -> None:
         """After SGLang captured its graphs with these hooks on (the route calls it): the fact, confirmed or withdrawn.
@@ -290,28 +296,26 @@ class _Runtime:
             self.core.reporter.fact(decode_capture.DECODE_CAPTURE, fact)
 
     def on_graph_replay(self, fb) -> None:
-        """A decode graph was replayed for ``fb``: its first ``batch_size`` static rows are the step's states.
+        """A decode graph was replayed for ``fb``: its first ``batch_size`` record rows are the step's rows.
 
-        The rows follow ``fb.rids`` at ``fb.positions`` (the real batch; the graph's padding
-        rows are past them). They are views the next replay overwrites, so the core
-        snapshots them (``aux_owned=False``) before the forward thread goes on.
+        The rows follow ``fb.rids`` (the real batch; the graph's padding rows are past them),
+        each with its own token id and position. They are a view the next replay
+        overwrites: the core copies them before anything later on the stream writes them.
         """
         graph = self.graph
         if graph is None or getattr(fb.forward_mode, "name", None) != DECODE_MODE or not self.writes():
             return
         rows = int(fb.batch_size)
         batch = BatchView.from_forward_batch(fb)
-        batch.rids = batch.rids[:rows] if batch.rids is not None else None
-        batch.positions = batch.positions[:rows] if batch.positions is not None else None
-        batch.input_ids = batch.input_ids[:rows] if batch.input_ids is not None else None
+        batch.rids = batch.rids[:rows] if batch.rids is not None else None  # (ids and positions: the record's own)
         self.core.stats["graph_decode_passes"] += 1
         self.core.stats["graph_decode_rows"] += rows
         if graph.problem is not None or rows > graph.rows:
             reason = graph.problem or f"a replayed decode batch of {rows} rows is larger than the static buffer ({graph.rows})"
             self.core.process(batch, aux=None, final_prenorm=None, missing_reason=reason)
             return
-        aux, final = graph.replayed(rows)
-        self.core.process(batch, aux=aux, final_prenorm=final, aux_owned=False)
+        record, layout = graph.replayed(rows)
+        self.core.process_record(batch, record, layout, graph.state_dtype)
 
     def _aux_states(self, output, taken: PassCapture) -> tuple[Any, str | None]:
         """(aux states, why there are none) of the pass, as the mechanism obtains them.

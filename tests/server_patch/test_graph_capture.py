@@ -200,7 +200,7 @@ class FakeModelRunner:
 class Server:
     """A fake server process: the model, its runner, its hooks' staging dir."""
 
-    def __init__(self, monkeypatch, tmp_path, *, device="cuda", disable_cuda_graph=False, install=True, route=None) -> None:
+    def __init__(self, monkeypatch, tmp_path, *, device="cuda", disable_cuda_graph=False, install=True, route=None, encoding=None) -> None:
         self.config = {
             "staging_dir": str(tmp_path / "stage"),
             "hf_aux_layer_ids": IDS,
@@ -208,6 +208,7 @@ class Server:
             "architectures": ["DeepseekV3ForCausalLM"],
             "max_wait_s": 2.0,
             "sweep_interval_s": 3600,
+            **({"storage": encoding} if encoding else {}),
         }
         self.specs = hook_specs(self.config)
         self.args = SimpleNamespace(device=device, disable_cuda_graph=disable_cuda_graph, forward_hooks=self.specs)
@@ -255,6 +256,17 @@ class Server:
 
     def decode(self, rids, ids, positions):
         self.runner.forward(decode_batch(rids, ids, positions))
+
+    def piece_tensors(self, rid):
+        """Every tensor of ``rid``'s pieces, the pieces' rows joined in position order."""
+        stage = self.config["staging_dir"]
+        parts = []
+        for name in os.listdir(stage):
+            if piece_number(rid, name) is not None:
+                with safe_open(os.path.join(stage, name), "pt") as f:
+                    parts.append({k: f.get_tensor(k) for k in f.keys()})
+        parts.sort(key=lambda t: int(t["positions"][0]))
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {}
 
     def pieces(self, rid):
         """All rows of ``rid``'s pieces: {position: (input id, aux [K, H], final [H])}."""
@@ -422,8 +434,35 @@ def test_static_rows_a_capture_cannot_fit_or_a_capture_missing_a_layer_are_probl
     final_only = GraphBuffers(aux_layers=0)
     final_only.keep_final(torch.arange(3 * H, dtype=torch.float32).view(3, H))
     final_only.captured()
-    got_aux, final = final_only.replayed(2)
-    assert got_aux.shape == (2, 0, H) and torch.equal(final, torch.arange(2 * H, dtype=torch.float32).view(2, H))
+    final_only.keep_record(torch.tensor([7, 8, 9], dtype=torch.int32), torch.tensor([4, 5, 6]))
+    record, layout = final_only.replayed(2)
+    rows = layout.split(record)
+    assert rows["aux"].shape == (2, 0, H) and torch.equal(rows["final"], torch.arange(2 * H, dtype=torch.float32).view(2, H))
+    assert rows["input_ids"].tolist() == [7, 8] and rows["input_ids"].dtype == torch.int64 and rows["positions"].tolist() == [4, 5]
+    no_inputs = GraphBuffers(aux_layers=0)
+    no_inputs.keep_final(torch.ones(2, H))
+    no_inputs.captured()
+    no_inputs.keep_record(None, torch.arange(2))
+    assert "token ids and positions" in no_inputs.problem
+
+
+@pytest.mark.parametrize("encoding", [None, "fp8", "nf4", "mxfp4"])
+def test_a_replayed_step_packed_in_the_graph_stores_the_bytes_an_eager_step_stores(monkeypatch, tmp_path, encoding):
+    """The graph's packed record (ids, positions, states quantized in the graph) against the eager route's tensors."""
+    stored = {}
+    for route, disable in (("graph", False), ("eager", True)):
+        server = Server(monkeypatch, tmp_path / route, disable_cuda_graph=disable, encoding=encoding)
+        seqs = generate(server, [[11, 12, 13], [21, 22, 23, 24, 25], [31, 32]], steps=[6, 3, 5])
+        server.core.flush()
+        stored[route] = {rid: server.piece_tensors(rid) for rid in seqs}
+        assert server.core.stats["graph_decode_passes"] == (6 if route == "graph" else 0)
+        server.core.close()
+    assert stored["graph"].keys() == stored["eager"].keys()
+    for rid, tensors in stored["graph"].items():
+        assert tensors.keys() == stored["eager"][rid].keys(), rid
+        for name, t in tensors.items():
+            other = stored["eager"][rid][name]
+            assert t.dtype == other.dtype and torch.equal(t.view(torch.uint8), other.view(torch.uint8)), (rid, name)
 
 
 def test_a_problem_during_capture_makes_the_fact_off_and_refuses(monkeypatch, tmp_path):
