@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.one_pass import PieceCollector, _Block
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
 TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select", "index_copy_")
@@ -56,6 +57,15 @@ def step_rows(requests: int, hidden: int) -> dict[str, torch.Tensor]:
     }
 
 
+def step_record(requests: int, hidden: int) -> tuple[RecordLayout, torch.Tensor]:
+    """A decode step's rows as the forward thread hands them over: one packed record a row."""
+    rows = step_rows(requests, hidden)
+    columns = RecordLayout.of(rows)
+    record = torch.empty((requests, columns.row_bytes), dtype=torch.uint8)
+    columns.pack(record, rows)
+    return columns, record
+
+
 def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
     """(CPU ms a step, share of it in Python, pieces) of the collector filing ``args.steps`` decode steps."""
     writer = CountingWriter()
@@ -63,13 +73,12 @@ def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
         budget=StagingBudget(1 << 50, 1 << 30, lambda: (0, 0)), writer=writer, stats={}, refuse=lambda rid, why: None,
         piece_rows=args.piece_rows, max_held_bytes=2 << 30, max_wait_s=1.0, start_thread=False,
     )  # fmt: skip
-    rows = step_rows(args.requests, args.hidden)
-    row_bytes = sum(t[0].numel() * t.element_size() for t in rows.values())
+    columns, record = step_record(args.requests, args.hidden)
     owners = [(f"hs-bench-{i}-g100", i, 1) for i in range(args.requests)]
 
     def steps(n: int) -> None:
         for _ in range(n):
-            collector._handle(_Block(HostPiece(dict(rows)), owners, row_bytes, "bfloat16"))
+            collector._handle(_Block(HostPiece({RECORD: record}), owners, columns, "bfloat16"))
 
     steps(args.piece_rows)  # warm: every request holds rows, pieces go out from here on
     started = time.thread_time()

@@ -41,6 +41,7 @@ from bench_one_pass_collector import step_rows  # a decode step's rows: the coll
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.core import CaptureCore
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout
 
 
 def scheduler_step(ops: int, work: list[torch.Tensor], python_items: int) -> None:
@@ -72,14 +73,16 @@ def run_loop(args: argparse.Namespace, core: CaptureCore | None, rows: dict[str,
     work = [torch.zeros(4) for _ in range(8)]
     rids = [f"hs-bench-{i}-g100" for i in range(args.requests)]
     owners = [(rid, i, 1) for i, rid in enumerate(rids)]
-    row_bytes = sum(t[0].numel() * t.element_size() for t in rows.values())
+    columns = RecordLayout.of(rows)
+    record = torch.empty((args.requests, columns.row_bytes), dtype=torch.uint8)
+    columns.pack(record, rows)
     times = []
     for _ in range(args.steps):
         started = time.perf_counter()
         scheduler_step(args.ops, work, args.python_items)
         if core is not None:
             core.collector.decode_step(rids)
-            core.collector.take(HostPiece(dict(rows)), owners, row_bytes, "bfloat16")
+            core.collector.take(HostPiece({RECORD: record}), owners, columns, "bfloat16")
         times.append(1e3 * (time.perf_counter() - started))
         time.sleep(args.gpu_ms / 1e3)
     return times

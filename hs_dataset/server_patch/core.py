@@ -358,7 +358,7 @@ class CaptureCore:
             return
         block, owners, gathered = self._block_rows(plan.kept, {RECORD: record}, plan)
         owned = (RECORD,) if gathered else ()  # a slice of the static record: the next replay overwrites it
-        self._hand_over(plan.kept, owners, block, owned, self.config.max_wait_s, layout.row_bytes, state_dtype, layout, on_stream=True)
+        self._hand_over(plan.kept, owners, block[RECORD], owned, self.config.max_wait_s, layout, state_dtype, on_stream=True)
 
     # ------------------------------------------------------------------ one-pass requests (generations)
 
@@ -394,25 +394,28 @@ class CaptureCore:
         pass_: _PassInfo,
         plan: _DecodePlan | None = None,
     ) -> None:
-        """Copy the pass's rows of one-pass requests to the host as one block, with each row's id and position.
+        """Copy the pass's rows of one-pass requests to the host as one block of records, each row's id, position and states.
 
         Why one block per pass: a decode step holds one row per request, and one copy of
         them all costs the forward thread one snapshot instead of one per request; the
-        collector's thread files the rows by request.
+        collector's thread files the rows by request. Why records (:mod:`.row_record`):
+        one tensor to copy and to file, as a decode graph's replay hands over.
         """
         if batch.input_ids is None or (batch.positions is None and batch.mode == DECODE_MODE):
             for request in slices:
                 self.collector.refuse(request.key, "the pass carries no token ids or positions: its rows cannot be placed")
             return
         pass_rows = {"input_ids": batch.input_ids, **({"positions": batch.positions} if batch.positions is not None else {}), **states}
-        block, owners, gathered = self._block_rows(slices, pass_rows, plan)
+        block, owners, _ = self._block_rows(slices, pass_rows, plan)
         if batch.positions is None:  # an extend pass: each request's rows follow its cached prefix
             device = block["input_ids"].device
             block["positions"] = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
         tensors = {"input_ids": block.pop("input_ids").to(torch.int64), "positions": block.pop("positions").to(torch.int64), **block}
-        owned = tuple(tensors) if gathered else pass_.owned  # gathered rows are new tensors; a slice is the pass's own
-        row_bytes = sum(t[0].numel() * t.element_size() for t in tensors.values())
-        self._hand_over(slices, owners, tensors, owned, pass_.deadline - time.monotonic(), row_bytes, pass_.state_dtype)
+        columns = RecordLayout.of(tensors)
+        record = torch.empty((owners[-1][1] + owners[-1][2], columns.row_bytes), dtype=torch.uint8, device=tensors["input_ids"].device)
+        columns.pack(record, tensors)  # made for this copy: no snapshot needed
+        wait_s = pass_.deadline - time.monotonic()
+        self._hand_over(slices, owners, record, (RECORD,), wait_s, columns, pass_.state_dtype, on_stream=batch.mode == DECODE_MODE)
 
     def _block_rows(
         self, slices: list[RequestSlice], tensors: Mapping[str, torch.Tensor], plan: _DecodePlan | None
@@ -438,26 +441,24 @@ class CaptureCore:
         self,
         slices: list[RequestSlice],
         owners: list[tuple[str, int, int]],
-        tensors: dict[str, torch.Tensor],
+        record: torch.Tensor,
         owned: Collection[str],
         wait_s: float,
-        row_bytes: int,
+        columns: RecordLayout,
         state_dtype: str,
-        columns: RecordLayout | None = None,
         *,
-        on_stream: bool = False,
+        on_stream: bool,
     ) -> None:
-        """Start the host copy of a pass's one-pass rows and give it to the collector; no host memory in ``wait_s`` refuses them.
-
-        ``columns``: the rows are packed records of this layout; ``on_stream``: a decode step's (see :meth:`HostCopier.snapshot`).
+        """Start the host copy of a pass's one-pass rows (``record``: one row each, ``columns`` their layout) and give it to the
+        collector; no host memory within ``wait_s`` refuses them. ``on_stream``: a decode step's (see :meth:`HostCopier.snapshot`).
         """
-        piece = self.copier.snapshot(tensors, max(0.0, wait_s), owned=owned, on_stream=on_stream)
+        piece = self.copier.snapshot({RECORD: record}, max(0.0, wait_s), owned=owned, on_stream=on_stream)
         self.stats["pinned_peak_bytes"] = max(self.stats["pinned_peak_bytes"], self.copier.peak_bytes)
         if piece is None:
             for request in slices:
                 self.collector.refuse(request.key, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
             return
-        self.collector.take(piece, owners, row_bytes, state_dtype, columns)
+        self.collector.take(piece, owners, columns, state_dtype)
 
     def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
         """Our requests' prompt rows, each with its prompt's token count; decode tails dropped and counted.

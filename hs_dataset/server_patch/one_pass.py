@@ -14,11 +14,13 @@ row's position) when
   at least ``IDLE_FLUSH_S``: a quiet server, a prefill-only request), or no row of the request for ``STALE_S``,
 * a request needs a slot and none is free (then the fullest slot is written: the memory bound).
 
-Rows are held in one store allocated once, ``[slots, piece_rows]`` rows per tensor (:class:`_SlotStore`): each
-request being held owns a slot, and a pass's rows go into their requests' slots with one ``index_copy_`` per
-tensor. Why: filing each row by request in Python and joining a piece's rows with ``cat`` cost the scheduler
-process about 1 ms of Python a decode step at 128 requests (``benchmarks/bench_one_pass_collector.py``), under the
-GIL that SGLang's own loop needs; now a step costs one dictionary lookup per request and a few tensor copies.
+A pass's rows come as one packed record a row (:mod:`.row_record`: token id, position, states). They are held
+in one store allocated once, ``[slots, piece_rows]`` records (:class:`_SlotStore`): each request being held owns
+a slot, and a pass's rows go into their requests' slots with one ``index_copy_``; a piece is split back into
+its named tensors when written. Why: filing each row by request in Python and joining a piece's rows with
+``cat`` cost the scheduler process about 1 ms of Python a decode step at 128 requests
+(``benchmarks/bench_one_pass_collector.py``), under the GIL that SGLang's own loop needs; now a step costs one
+dictionary lookup per request and a tensor copy.
 The slots fill at most ``max_held_bytes``; a request that finds none free first has the fullest slot written.
 
 A piece reserves its staging room first (the same budget as dumps); none within ``max_wait_s`` refuses
@@ -68,13 +70,12 @@ _REFUSED_REMEMBERED = 65536  # refused rids whose later rows are dropped (oldest
 
 @dataclass
 class _Block:
-    """One pass's rows of one-pass requests, copied to the host as one piece."""
+    """One pass's rows of one-pass requests, one packed record a row (:mod:`.row_record`), copied to the host as one piece."""
 
-    piece: HostPiece
+    piece: HostPiece  # its one tensor: RECORD, [rows, columns.row_bytes] bytes
     owners: list[tuple[str, int, int]]  # (rid, first row in the block, rows)
-    row_bytes: int  # bytes of one row's states, ids and position
+    columns: RecordLayout  # each row's token id, position and states within its record
     state_dtype: str
-    columns: RecordLayout | None = None  # the block is one packed record a row (a graph's decode step): its tensors
 
 
 @dataclass
@@ -92,20 +93,21 @@ class _Barrier:
 
 
 class _SlotStore:
-    """Rows of the requests being held: ``[slots, piece_rows, *row]`` per tensor, one slot per request.
+    """Records of the requests being held: ``[slots, piece_rows, row_bytes]``, one slot per request.
 
-    Allocated at the first pass (``torch.empty``: pages are touched as rows arrive), for one layout of
-    tensors (names, dtypes, row shapes); a pass of another layout empties it first.
+    Allocated at the first pass (``torch.empty``: pages are touched as rows arrive), for one record layout;
+    a pass of another layout empties it first. Why records, not a tensor per name: a step's rows are filed
+    with one ``index_copy_``, not one per tensor (Python under the GIL SGLang's scheduler needs).
     """
 
-    def __init__(self, tensors: dict[str, torch.Tensor], piece_rows: int, max_bytes: int, state_dtype: str) -> None:
-        self.layout = _layout_of(tensors)
-        self.row_bytes = max(1, sum(t[0].numel() * t.element_size() for t in tensors.values()))
+    def __init__(self, columns: RecordLayout, piece_rows: int, max_bytes: int, state_dtype: str) -> None:
+        self.columns = columns
+        self.row_bytes = columns.row_bytes
         self.piece_rows = max(1, min(piece_rows, max_bytes // self.row_bytes))  # a slot alone never passes the bound
         self.slots = max(1, min(MAX_SLOTS, max_bytes // (self.row_bytes * self.piece_rows)))
         self.state_dtype = state_dtype
-        self.tensors = {name: t.new_empty((self.slots, self.piece_rows, *t.shape[1:])) for name, t in tensors.items()}
-        self.flat = {name: as_words(t.view(-1, *t.shape[2:])) for name, t in self.tensors.items()}
+        self.records = torch.empty((self.slots, self.piece_rows, self.row_bytes), dtype=torch.uint8)
+        self.flat = as_words(self.records.view(-1, self.row_bytes))
         self.fill = [0] * self.slots  # rows held in each slot
         self.free = list(range(self.slots - 1, -1, -1))  # slots with no request (popped from the end: lowest first)
 
@@ -113,10 +115,13 @@ class _SlotStore:
     def held_bytes(self) -> int:
         return sum(self.fill) * self.row_bytes
 
+    def named(self, records: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``records [n, row_bytes]`` as a contiguous copy of each named tensor (a piece for the writer)."""
+        return {name: t.clone(memory_format=torch.contiguous_format) for name, t in self.columns.split(records).items()}
+
     def rows(self, slot: int) -> dict[str, torch.Tensor]:
-        """A copy of the rows held in ``slot`` (the slot is then free to take others)."""
-        n = self.fill[slot]
-        return {name: t[slot, :n].clone() for name, t in self.tensors.items()}
+        """A copy of the rows held in ``slot``, by name (the slot is then free to take others)."""
+        return self.named(self.records[slot, : self.fill[slot]])
 
 
 class _Run:
@@ -125,11 +130,11 @@ class _Run:
     Why: a decode step holds the same requests, in the same order, for many steps in a row (the forward thread hands
     over the same owner list while its plan holds), one row each; each step's rows then go one row further into the
     same slots. Filing them request by request cost the collector's thread about 0.3 ms of Python a step at 128
-    requests, under the GIL SGLang's scheduler needs; a run files a step with one ``index_copy_`` per tensor and a
+    requests, under the GIL SGLang's scheduler needs; a run files a step with one ``index_copy_`` and a
     loop of additions. It ends when the owner list changes, a request is refused or one of its slots is freed.
     """
 
-    __slots__ = ("dst", "headroom", "owners", "refusals", "rids", "slots", "updated")
+    __slots__ = ("dst", "headroom", "owners", "refusals", "rids", "slots", "steps", "updated")
 
     def __init__(self, owners: list[tuple[str, int, int]], slots: list[int], store: _SlotStore, refusals: int, now: float) -> None:
         self.owners = owners  # the block's owner list (the forward thread's object: compared by identity)
@@ -139,6 +144,7 @@ class _Run:
         self.headroom = store.piece_rows - max(store.fill[slot] for slot in slots)  # steps before a slot is full
         self.refusals = refusals
         self.updated = now  # when its requests last had a row (they all have one each step)
+        self.steps = 0  # steps filed and not yet added to the slots' fill (:meth:`PieceCollector._settle`)
 
     @staticmethod
     def fits(owners: list[tuple[str, int, int]]) -> bool:
@@ -168,10 +174,6 @@ def as_words(t: torch.Tensor) -> torch.Tensor:
         if raw.shape[1] % word.itemsize == 0 and raw.data_ptr() % word.itemsize == 0:
             return raw.view(word)
     return raw
-
-
-def _layout_of(tensors: dict[str, torch.Tensor]) -> tuple:
-    return tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in tensors.items())
 
 
 class PieceCollector:
@@ -235,14 +237,9 @@ class PieceCollector:
                 self._refused.popitem(last=False)
         self._refuse(rid, reason)
 
-    def take(
-        self, piece: HostPiece, owners: list[tuple[str, int, int]], row_bytes: int, state_dtype: str, columns: RecordLayout | None = None
-    ) -> None:
-        """A pass's rows of one-pass requests (already being copied to ``piece``): filed on the collector's thread.
-
-        ``columns``: the piece is one record a row (:mod:`.row_record`), whose named tensors these are.
-        """
-        self._queue.put(_Block(piece, owners, row_bytes, state_dtype, columns))
+    def take(self, piece: HostPiece, owners: list[tuple[str, int, int]], columns: RecordLayout, state_dtype: str) -> None:
+        """A pass's rows of one-pass requests, one record a row (already being copied to ``piece``): filed on the collector's thread."""
+        self._queue.put(_Block(piece, owners, columns, state_dtype))
 
     def extended(self, rids: Iterable[str]) -> None:
         """One-pass rids that had prefill rows in a pass (gone if the next decode step lacks them)."""
@@ -319,26 +316,27 @@ class PieceCollector:
     def _file(self, block: _Block) -> None:
         """File a block's rows into their requests' slots; the pinned copy goes back at once (its rows are copied out)."""
         try:
-            tensors = dict(block.piece.wait())
-            if block.columns is not None:
-                tensors = block.columns.split(tensors[RECORD])
-            self._ensure_store(tensors, block.state_dtype)
-            self._place(block, tensors)
+            records = block.piece.wait()[RECORD]
+            self._ensure_store(block.columns, block.state_dtype)
+            self._place(block, records)
         finally:
             block.piece.release()
 
-    def _ensure_store(self, tensors: dict[str, torch.Tensor], state_dtype: str) -> None:
-        """The store for this layout of rows (a store of another layout is written out and replaced)."""
+    def _ensure_store(self, columns: RecordLayout, state_dtype: str) -> None:
+        """The store for this record layout (a store of another layout is written out and replaced)."""
         store = self._store
-        if store is not None and store.layout == _layout_of(tensors) and store.state_dtype == state_dtype:
+        if store is not None and (store.columns is columns or store.columns == columns) and store.state_dtype == state_dtype:
             return
         self._write_all()
-        self._store = _SlotStore(tensors, self.piece_rows, self.max_held_bytes, state_dtype)
+        self._store = _SlotStore(columns, self.piece_rows, self.max_held_bytes, state_dtype)
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the rows held now, all requests together (within ``max_held_bytes``)."""
-        return 0 if self._store is None else self._store.held_bytes
+        if self._store is None:
+            return 0
+        pending = self._run.steps * len(self._run.slots) if self._run is not None else 0  # a run's steps not yet settled
+        return self._store.held_bytes + pending * self._store.row_bytes
 
     @property
     def _slots(self) -> _SlotStore:
@@ -347,13 +345,13 @@ class PieceCollector:
             raise RuntimeError("hs_dataset capture: one-pass rows used before any pass was filed")
         return self._store
 
-    def _place(self, block: _Block, tensors: dict[str, torch.Tensor]) -> None:
-        """Each owner's rows into its slot: gathered into one ``index_copy_`` per tensor (a decode step: one row each)."""
+    def _place(self, block: _Block, records: torch.Tensor) -> None:
+        """Each owner's rows into its slot: gathered into one ``index_copy_`` (a decode step: one row each)."""
         run = self._run
         if run is not None and block.owners is run.owners and run.refusals == self.refusals:
-            self._advance(run, tensors)
+            self._advance(run, records)
             return
-        self._run = None
+        self._end_run()
         store = self._slots
         per_piece = store.piece_rows
         now = time.monotonic()
@@ -369,13 +367,13 @@ class PieceCollector:
             self.stats["one_pass_rows"] += rows
             slot = self._slot_of.get(rid)
             if slot is None:
-                slot = self._take_slot(rid, tensors, src, dst)
+                slot = self._take_slot(rid, records, src, dst)
             filled = store.fill[slot]
             if filled + rows > per_piece:  # more rows than the slot has room for (a long prefill): the copies so far land first
-                self._copy(tensors, src, dst)
+                self._copy(records, src, dst)
                 src.clear()
                 dst.clear()
-                self._spill(rid, slot, tensors, start, rows)
+                self._spill(rid, slot, records, start, rows)
                 continue
             base = slot * per_piece + filled
             src.extend(range(start, start + rows))
@@ -383,7 +381,7 @@ class PieceCollector:
             store.fill[slot] = filled + rows
             if filled + rows == per_piece:
                 full.append(rid)
-        self._copy(tensors, src, dst)
+        self._copy(records, src, dst)
         self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
         for rid in full:
             slot = self._slot_of.get(rid)
@@ -404,26 +402,24 @@ class PieceCollector:
         if run.headroom > 0:
             self._run = run
 
-    def _advance(self, run: _Run, tensors: dict[str, torch.Tensor]) -> None:
+    def _advance(self, run: _Run, records: torch.Tensor) -> None:
         """One more step of the run: each request's row one further into its slot; full slots written and taken again."""
         store = self._slots
         n = len(run.slots)
-        for name, flat in store.flat.items():
-            flat.index_copy_(0, run.dst, as_words(tensors[name])[:n])
+        store.flat.index_copy_(0, run.dst, as_words(records[:n]))
         run.dst += 1
-        fill = store.fill
-        for slot in run.slots:
-            fill[slot] += 1
+        run.steps += 1  # the slots' fill is brought up to date when the run ends or is renewed: no loop over them here
         run.headroom -= 1
         run.updated = time.monotonic()
         self.stats["one_pass_rows"] += n
         self.stats["one_pass_run_steps"] += 1
-        self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], store.held_bytes)
+        self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
         if run.headroom == 0:
             self._renew(run)
 
     def _renew(self, run: _Run) -> None:
         """The run's full slots written as pieces, each request given a slot again; the run goes on if its slots have room."""
+        self._settle(run)
         store = self._slots
         per_piece = store.piece_rows
         full = [i for i, slot in enumerate(run.slots) if store.fill[slot] >= per_piece]
@@ -444,11 +440,25 @@ class PieceCollector:
         if run.refusals == self.refusals and run.headroom > 0:
             self._run = run
 
-    def _take_slot(self, rid: str, tensors: dict[str, torch.Tensor], src: list[int], dst: list[int]) -> int:
+    def _settle(self, run: _Run) -> None:
+        """Add the run's steps filed since the last settling to its slots' fill."""
+        if run.steps:
+            fill = self._slots.fill
+            for slot in run.slots:
+                fill[slot] += run.steps
+            run.steps = 0
+
+    def _end_run(self) -> None:
+        """No decode batch is filed as a run from now on (its steps are settled first)."""
+        if self._run is not None:
+            self._settle(self._run)
+            self._run = None
+
+    def _take_slot(self, rid: str, records: torch.Tensor, src: list[int], dst: list[int]) -> int:
         """A free slot for ``rid``; with none free the fullest is written first (the pass's copies gathered so far land before)."""
         store = self._slots
         if not store.free:
-            self._copy(tensors, src, dst)
+            self._copy(records, src, dst)
             src.clear()
             dst.clear()
             self._write(max(self._slot_of, key=lambda r: store.fill[self._slot_of[r]]))
@@ -456,23 +466,20 @@ class PieceCollector:
         self._slot_of[rid] = slot
         return slot
 
-    def _copy(self, tensors: dict[str, torch.Tensor], src: list[int], dst: list[int]) -> None:
+    def _copy(self, records: torch.Tensor, src: list[int], dst: list[int]) -> None:
         """Rows ``src`` of the pass into the store's flat rows ``dst`` (as words; a slice where either is a run)."""
         if not src:
             return
         n, a, b = len(src), src[0], dst[0]
-        src_run, dst_run = src == list(range(a, a + n)), dst == list(range(b, b + n))
-        src_t = None if src_run else torch.tensor(src, dtype=torch.int64)
-        dst_t = None if dst_run else torch.tensor(dst, dtype=torch.int64)
-        for name, flat in self._slots.flat.items():
-            rows = as_words(tensors[name])
-            rows = rows[a : a + n] if src_t is None else rows.index_select(0, src_t)
-            if dst_t is None:
-                flat[b : b + n].copy_(rows)
-            else:
-                flat.index_copy_(0, dst_t, rows)
+        rows = as_words(records)
+        rows = rows[a : a + n] if src == list(range(a, a + n)) else rows.index_select(0, torch.tensor(src, dtype=torch.int64))
+        flat = self._slots.flat
+        if dst == list(range(b, b + n)):
+            flat[b : b + n].copy_(rows)
+        else:
+            flat.index_copy_(0, torch.tensor(dst, dtype=torch.int64), rows)
 
-    def _spill(self, rid: str, slot: int, tensors: dict[str, torch.Tensor], start: int, rows: int) -> None:
+    def _spill(self, rid: str, slot: int, records: torch.Tensor, start: int, rows: int) -> None:
         """More rows of ``rid`` than its slot has room for: the slot topped up and written, whole pieces straight from
         the pass, the rest into a slot."""
         store = self._slots
@@ -480,20 +487,17 @@ class PieceCollector:
         filled = store.fill[slot]
         if filled:
             take = per_piece - filled
-            for name, t in store.tensors.items():
-                t[slot, filled:per_piece].copy_(tensors[name][start : start + take])
+            store.records[slot, filled:per_piece].copy_(records[start : start + take])
             store.fill[slot] = per_piece
             self._write(rid)
             start, rows = start + take, rows - take
         while rows >= per_piece:  # whole pieces, copied out of the pass (its pinned memory goes back once filed)
-            pieces = {name: t[start : start + per_piece].clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
-            self._emit(rid, pieces, per_piece, store.state_dtype)
+            self._emit(rid, store.named(records[start : start + per_piece]), per_piece, store.state_dtype)
             start, rows = start + per_piece, rows - per_piece
         if rows and not self.refused(rid):
             held = self._slot_of.get(rid)
-            rest = held if held is not None else self._take_slot(rid, tensors, [], [])
-            for name, t in store.tensors.items():
-                t[rest, :rows].copy_(tensors[name][start : start + rows])
+            rest = held if held is not None else self._take_slot(rid, records, [], [])
+            store.records[rest, :rows].copy_(records[start : start + rows])
             store.fill[rest] = rows
             self._updated[rid] = time.monotonic()
         self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
@@ -520,7 +524,7 @@ class PieceCollector:
         if slot is None:
             return None
         if self._run is not None and slot in self._run.slots:  # the run's slots are no longer all its own
-            self._run = None
+            self._end_run()
         store = self._slots
         rows = store.rows(slot) if store.fill[slot] else None
         store.fill[slot] = 0
