@@ -28,7 +28,7 @@ lint: install
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
 
 test: install lint sglang-env sglang-overlays fetch-sglang-sources interop-env
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q --durations=30 tests
 
 test-unit: install
 	$(VPY) -m pytest -q tests -m unit
