@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.one_pass import PieceCollector, _Block
-from hs_dataset.server_patch.row_record import RECORD, RecordLayout
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout, packed
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
 TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select", "index_copy_")
@@ -59,11 +59,7 @@ def step_rows(requests: int, hidden: int) -> dict[str, torch.Tensor]:
 
 def step_record(requests: int, hidden: int) -> tuple[RecordLayout, torch.Tensor]:
     """A decode step's rows as the forward thread hands them over: one packed record a row."""
-    rows = step_rows(requests, hidden)
-    columns = RecordLayout.of(rows)
-    record = torch.empty((requests, columns.row_bytes), dtype=torch.uint8)
-    columns.pack(record, rows)
-    return columns, record
+    return packed(step_rows(requests, hidden))
 
 
 def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:

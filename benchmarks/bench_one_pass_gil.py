@@ -41,7 +41,7 @@ from bench_one_pass_collector import step_rows  # a decode step's rows: the coll
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.core import CaptureCore
-from hs_dataset.server_patch.row_record import RECORD, RecordLayout
+from hs_dataset.server_patch.row_record import RECORD, packed
 
 
 def scheduler_step(ops: int, work: list[torch.Tensor], python_items: int) -> None:
@@ -73,9 +73,7 @@ def run_loop(args: argparse.Namespace, core: CaptureCore | None, rows: dict[str,
     work = [torch.zeros(4) for _ in range(8)]
     rids = [f"hs-bench-{i}-g100" for i in range(args.requests)]
     owners = [(rid, i, 1) for i, rid in enumerate(rids)]
-    columns = RecordLayout.of(rows)
-    record = torch.empty((args.requests, columns.row_bytes), dtype=torch.uint8)
-    columns.pack(record, rows)
+    columns, record = packed(rows)
     times = []
     for _ in range(args.steps):
         started = time.perf_counter()

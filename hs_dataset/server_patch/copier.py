@@ -67,6 +67,11 @@ def host_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(array).cast("B")
 
 
+def _host_view(buf: torch.Tensor, offset: int, nbytes: int, like: torch.Tensor) -> torch.Tensor:
+    """``nbytes`` of the byte buffer ``buf`` from ``offset`` as a tensor of ``like``'s dtype and shape."""
+    return buf[offset : offset + nbytes].view(like.dtype).view(like.shape)
+
+
 def _layout(tensors: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, int, int]], int]:
     """(name, offset, nbytes) of each tensor in one buffer, each aligned; and the buffer's size."""
     layout, offset = [], 0
@@ -264,7 +269,7 @@ class HostCopier:
         host: dict[str, torch.Tensor] = {}
         for name, off, nbytes in layout:
             src = tensors[name].detach()
-            dst = buf[off : off + nbytes].view(src.dtype).view(src.shape)
+            dst = _host_view(buf, off, nbytes, src)
             if not src.is_contiguous():
                 dst.copy_(src)
             elif nbytes:
@@ -309,7 +314,7 @@ class HostCopier:
         pairs = []
         for name, off, nbytes in layout:
             src = snapshots[name]
-            host[name] = buf[off : off + nbytes].view(src.dtype).view(src.shape)
+            host[name] = _host_view(buf, off, nbytes, src)
             pairs.append((src, host[name]))
         done = self._pump(device).submit(pairs)
         return HostPiece(host, event=done, pool=self._pool, buf=buf)
@@ -319,7 +324,7 @@ class HostCopier:
         host: dict[str, torch.Tensor] = {}
         for name, off, nbytes in layout:
             src = tensors[name].detach()
-            host[name] = dst = buf[off : off + nbytes].view(src.dtype).view(src.shape)
+            host[name] = dst = _host_view(buf, off, nbytes, src)
             dst.copy_(src, non_blocking=True)
         landed = torch.cuda.Event(blocking=True)  # the thread that waits sleeps instead of spinning
         landed.record()

@@ -120,7 +120,8 @@ class CopyPump:
                 for start in range(0, src_bytes.numel(), self.slice_bytes):
                     stop = min(start + self.slice_bytes, src_bytes.numel())
                     if queued and queued + stop - start > self.slice_bytes:  # no more than a slice between events
-                        queued = self._landed(pending)
+                        self._landed(pending)
+                        queued = 0
                     dst_bytes[start:stop].copy_(src_bytes[start:stop], non_blocking=True)
                     queued += stop - start
             if queued:
@@ -128,11 +129,10 @@ class CopyPump:
         while pending:
             pending.popleft().synchronize()
 
-    def _landed(self, pending: deque) -> int:
-        """An event after the copies queued so far; waits for the oldest while ``in_flight`` are pending. Returns 0 (bytes queued since)."""
+    def _landed(self, pending: deque) -> None:
+        """An event after the copies queued so far; waits for the oldest while ``in_flight`` are pending."""
         landed = torch.cuda.Event(blocking=True)
         landed.record(self._stream)
         pending.append(landed)
         if len(pending) >= self.in_flight:
             pending.popleft().synchronize()
-        return 0

@@ -65,7 +65,7 @@ from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.one_pass import PieceCollector
 from hs_dataset.server_patch.reporter import StatusReporter
-from hs_dataset.server_patch.row_record import RECORD, RecordLayout
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout, packed, row_columns
 from hs_dataset.server_patch.staging import StagingDir
 from hs_dataset.server_patch.states import UnusableStates, normalize_states, pass_states
 
@@ -410,10 +410,7 @@ class CaptureCore:
         if batch.positions is None:  # an extend pass: each request's rows follow its cached prefix
             device = block["input_ids"].device
             block["positions"] = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
-        tensors = {"input_ids": block.pop("input_ids").to(torch.int64), "positions": block.pop("positions").to(torch.int64), **block}
-        columns = RecordLayout.of(tensors)
-        record = torch.empty((owners[-1][1] + owners[-1][2], columns.row_bytes), dtype=torch.uint8, device=tensors["input_ids"].device)
-        columns.pack(record, tensors)  # made for this copy: no snapshot needed
+        columns, record = packed(row_columns(block.pop("input_ids"), block.pop("positions"), block))  # made for this copy: no snapshot
         wait_s = pass_.deadline - time.monotonic()
         self._hand_over(slices, owners, record, (RECORD,), wait_s, columns, pass_.state_dtype, on_stream=batch.mode == DECODE_MODE)
 

@@ -23,7 +23,7 @@ from typing import TypeGuard
 
 import torch
 
-from hs_dataset.server_patch.row_record import RecordLayout
+from hs_dataset.server_patch.row_record import RecordLayout, row_columns
 from hs_dataset.server_patch.states import pass_states
 
 __all__ = ["GraphBuffers"]
@@ -117,7 +117,7 @@ class GraphBuffers:
         final = self.final[:rows]
         aux = self.aux[:rows] if self.aux is not None else final.new_empty((rows, 0, final.shape[-1]))
         states, _ = pass_states(aux, final, rows, self.encoding)  # the quantizer's kernels are recorded too
-        tensors = {"input_ids": input_ids[:rows].to(torch.int64), "positions": positions[:rows].to(torch.int64), **states}
+        tensors = row_columns(input_ids[:rows], positions[:rows], states)
         layout = RecordLayout.of(tensors)
         if self.layout is not None and layout != self.layout:
             self.fail(f"a decode graph's rows pack as {layout}, an earlier one's as {self.layout}")

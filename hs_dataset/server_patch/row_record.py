@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ALIGN", "RECORD", "Column", "RecordLayout"]
+__all__ = ["ALIGN", "RECORD", "Column", "RecordLayout", "packed", "row_columns"]
 
 ALIGN = 16  # bytes: the widest word the collector moves rows as (complex128)
 RECORD = "record"  # the name a record block travels under to the collector
@@ -82,3 +82,21 @@ class RecordLayout:
         if not column.nbytes:
             return torch.empty((rows, *column.shape), dtype=column.dtype, device=record.device)
         return record[:, column.offset : column.offset + column.nbytes].view(column.dtype).view(rows, *column.shape)
+
+
+def row_columns(input_ids: torch.Tensor, positions: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A pass's one-pass rows as the record's columns, in their one order: token id and position as int64, then the states.
+
+    Both routes (the decode graph's static record and the eager pass's) take their columns from here, so their
+    layouts are equal and the collector keeps one store for both.
+    """
+    return {"input_ids": input_ids.to(torch.int64), "positions": positions.to(torch.int64), **states}
+
+
+def packed(tensors: Mapping[str, torch.Tensor]) -> tuple[RecordLayout, torch.Tensor]:
+    """``tensors`` (``rows`` rows each) packed into a new ``[rows, row_bytes]`` record on their device, and its layout."""
+    layout = RecordLayout.of(tensors)
+    first = next(iter(tensors.values()))
+    record = torch.empty((first.shape[0], layout.row_bytes), dtype=torch.uint8, device=first.device)
+    layout.pack(record, tensors)
+    return layout, record

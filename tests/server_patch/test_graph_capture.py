@@ -270,16 +270,13 @@ class Server:
 
     def pieces(self, rid):
         """All rows of ``rid``'s pieces: {position: (input id, aux [K, H], final [H])}."""
-        rows = {}
-        stage = self.config["staging_dir"]
-        for name in sorted(os.listdir(stage)):
-            if piece_number(rid, name) is None:
-                continue
-            with safe_open(os.path.join(stage, name), "pt") as f:
-                t = {k: f.get_tensor(k) for k in f.keys()}
-            for j, pos in enumerate(t["positions"].tolist()):
-                rows[pos] = (int(t["input_ids"][j]), t["aux_hidden_states"][j], t["final_hidden_state"][j])
-        return rows
+        t = self.piece_tensors(rid)
+        if not t:
+            return {}
+        return {
+            pos: (int(t["input_ids"][j]), t["aux_hidden_states"][j], t["final_hidden_state"][j])
+            for j, pos in enumerate(t["positions"].tolist())
+        }
 
 
 def hook_counts(model):

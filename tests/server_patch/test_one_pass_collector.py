@@ -13,7 +13,7 @@ from hypothesis import example, given, settings, strategies as st
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.one_pass import _MAX_IDLE_S, IDLE_FLUSH_S, IDLE_PASSES, PieceCollector, _Block, _Gone, as_words
-from hs_dataset.server_patch.row_record import RECORD, RecordLayout
+from hs_dataset.server_patch.row_record import RECORD, packed
 
 
 def collector() -> PieceCollector:
@@ -98,9 +98,7 @@ def block(rows: list[tuple[str, int, int]], owners: list | None = None, dtype: t
         "aux": ids_t.to(dtype).view(-1, 1, 1).expand(-1, 3, HIDDEN).contiguous(),
         "final": ids_t.to(dtype).view(-1, 1).expand(-1, HIDDEN).contiguous(),
     }
-    columns = RecordLayout.of(tensors)
-    record = torch.empty((start, columns.row_bytes), dtype=torch.uint8)
-    columns.pack(record, tensors)
+    columns, record = packed(tensors)
     if owners is not None:
         assert owners == made
     return _Block(ReusedPiece({RECORD: record}), made if owners is None else owners, columns, "float32")
