@@ -13,7 +13,9 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["StagingBudget"]
+__all__ = ["FAR_SCANS", "StagingBudget"]
+
+FAR_SCANS = 4  # the meter's interval, in rescan intervals, while less than half of either bound is used
 
 
 class StagingBudget:
@@ -26,8 +28,10 @@ class StagingBudget:
     processes, e.g. other DP ranks, may share it and the client deletes files).
 
     Who re-reads it: with :meth:`start_meter`, a background thread, every
-    ``rescan_interval_s``, and at once (then at most every ``poll_s``) while a
-    reservation waits for room, so the forward thread never scans. A scan stats every
+    ``rescan_interval_s`` (every ``FAR_SCANS`` of them while less than half of either bound
+    is used: what another process may add meanwhile is then far from filling it), and at
+    once (then at most every ``poll_s``) while a reservation waits for room, so the
+    forward thread never scans. A scan stats every
     file waiting in the directory, each stat handing the GIL back -- time the forward
     pass would wait, long once another thread wants the GIL (see docs/BENCHMARKS.md).
     Without the meter (unit tests, tools) ``reserve`` scans itself.
@@ -85,7 +89,7 @@ class StagingBudget:
         name_thread("hs-staging-meter")
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._meter_stop or self._rescan_wanted, timeout=self._rescan_interval_s)
+                self._cond.wait_for(lambda: self._meter_stop or self._rescan_wanted, timeout=self._meter_interval_locked())
                 # at most one scan per poll_s, however often a waiting reservation asks
                 self._cond.wait_for(lambda: self._meter_stop, timeout=max(0.0, self._scanned_at + self._poll_s - time.monotonic()))
                 if self._meter_stop:
@@ -94,6 +98,11 @@ class StagingBudget:
                 self.refresh()
             except OSError:  # the directory is gone or closing: the figures stay as they were
                 pass
+
+    def _meter_interval_locked(self) -> float:
+        """The time to the meter's next scan: longer while the directory is far from its bounds (the scans cost the GIL)."""
+        far = 2 * (self._disk_bytes + self._inflight_bytes) < self.max_bytes and 2 * (self._disk_files + self._inflight_files) < self.max_files
+        return self._rescan_interval_s * (FAR_SCANS if far else 1)
 
     def refresh(self) -> None:
         """Re-read the usage on disk without holding the lock, so reservations and commits go on meanwhile.

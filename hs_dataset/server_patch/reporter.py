@@ -26,7 +26,7 @@ from typing import Any
 
 from hs_dataset.server_patch.contract.status import RECENT_IDS, STATUS_HEARTBEAT_S, STATUS_INTERVAL_S, write_status
 
-__all__ = ["StatusReporter", "cpu_ms"]
+__all__ = ["StatusReporter", "ThreadCpu", "cpu_ms"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -48,6 +48,7 @@ class StatusReporter:
         self.last_unusable: str | None = None  # why the last prefill pass's states could not be used
         self._last: tuple | None = None
         self._written_at = 0.0
+        self._cpu = ThreadCpu()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,7 +76,7 @@ class StatusReporter:
             {
                 **self._static,
                 "counted_at": time.time(),
-                "counts": {**counts, **cpu_ms()},
+                "counts": {**counts, **self._cpu.read()},
                 "recent_foreign": list(lists[0]),
                 "recent_dumps": list(lists[1]),
                 "recent_refused": list(lists[2]),
@@ -112,33 +113,65 @@ class StatusReporter:
 
 
 _THREAD_PREFIX = "hs-"  # capture's threads name themselves so (libc.name_os_thread)
+NAMES_REFRESH_S = 5.0  # every thread's name is read again this often (a thread may name itself after it was first read)
+
+
+class ThreadCpu:
+    """The CPU time of the process and of capture's threads, reading ``/proc`` for capture's threads only.
+
+    Why a cache: an SGLang scheduler process runs dozens of threads, and reading every one's
+    name at each status write (every ``STATUS_INTERVAL_S``) cost the reporter about 1% of a core
+    and 2% of the samples holding the GIL in the lent H100's profile (docs/GPU.md). Names are read
+    once per thread id, and every ``NAMES_REFRESH_S`` again, so a thread that names itself after
+    its first reading is counted from then on (its CPU count is cumulative: nothing is lost).
+    """
+
+    def __init__(self, refresh_s: float = NAMES_REFRESH_S) -> None:
+        self._refresh_s = refresh_s
+        self._names: dict[str, str | None] = {}  # task dir -> capture thread's name, None for another thread
+        self._read_at = float("-inf")
+
+    def read(self) -> dict[str, int]:
+        """``cpu_ms_process`` and ``cpu_ms_<name>`` of each of capture's threads by name (Linux; elsewhere the process's only)."""
+        found = {"cpu_ms_process": int(sum(os.times()[:2]) * 1000)}
+        try:
+            tasks = [task.path for task in os.scandir("/proc/self/task")]
+            tick = os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):  # not Linux
+            return found
+        now = time.monotonic()
+        if now - self._read_at >= self._refresh_s:
+            self._names, self._read_at = {}, now
+        names = {task: self._names[task] if task in self._names else _capture_thread_name(task) for task in tasks}
+        self._names = names  # threads gone since are forgotten
+        for task, name in names.items():
+            ms = _thread_cpu_ms(task, tick) if name is not None else None
+            if ms is not None:
+                key = f"cpu_ms_{name}"
+                found[key] = found.get(key, 0) + ms
+        return found
 
 
 def cpu_ms() -> dict[str, int]:
-    """CPU milliseconds of this process and of each of capture's threads by name (Linux /proc; elsewhere the process's only)."""
-    found = {"cpu_ms_process": int(sum(os.times()[:2]) * 1000)}
-    try:
-        tasks = list(os.scandir("/proc/self/task"))
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):  # not Linux
-        return found
-    for task in tasks:
-        reading = _thread_cpu(task.path, tick)
-        if reading is not None:
-            key = f"cpu_ms_{reading[0]}"
-            found[key] = found.get(key, 0) + reading[1]
-    return found
+    """One reading of :class:`ThreadCpu` (every name read afresh)."""
+    return ThreadCpu().read()
 
 
-def _thread_cpu(task: str, tick: int) -> tuple[str, int] | None:
-    """(name, CPU ms) of one of capture's threads; None for another thread, or one gone while read."""
+def _capture_thread_name(task: str) -> str | None:
+    """The name of one of capture's threads; None for another thread, or one gone while read."""
     try:
         with open(f"{task}/comm") as f:
             name = f.read().strip()
-        if not name.startswith(_THREAD_PREFIX):
-            return None
+    except OSError:
+        return None
+    return name if name.startswith(_THREAD_PREFIX) else None
+
+
+def _thread_cpu_ms(task: str, tick: int) -> int | None:
+    """CPU ms of one thread (user + system); None for a thread gone while read."""
+    try:
         with open(f"{task}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
-        return name, (int(fields[11]) + int(fields[12])) * 1000 // tick
+        return (int(fields[11]) + int(fields[12])) * 1000 // tick
     except (OSError, ValueError, IndexError):
         return None

@@ -212,6 +212,26 @@ def test_a_metered_budget_never_scans_on_the_reserving_thread():
     assert not [t for t in set(threading.enumerate()) - before if t.name == "hs-staging-meter"]
 
 
+def test_the_meter_scans_less_often_while_the_directory_is_far_from_its_bounds():
+    """Under half of either bound, what another process adds between scans cannot fill it: the meter waits longer."""
+    from hs_dataset.server_patch.budget import FAR_SCANS
+
+    usage = [0, 0]
+    budget = StagingBudget(100, 10, lambda: tuple(usage), rescan_interval_s=0.25)
+    budget.refresh()
+    assert budget._meter_interval_locked() == 0.25 * FAR_SCANS
+    usage[:] = [50, 1]  # half the bytes
+    budget.refresh()
+    assert budget._meter_interval_locked() == 0.25
+    usage[:] = [0, 5]  # half the files
+    budget.refresh()
+    assert budget._meter_interval_locked() == 0.25
+    usage[:] = [0, 0]
+    budget.refresh()
+    assert budget.reserve(60, 0.0)  # reserved, not yet on disk: counts too
+    assert budget._meter_interval_locked() == 0.25
+
+
 def test_a_dump_committed_during_a_meter_scan_is_still_counted():
     """The scan runs without the lock; a file committed meanwhile (and missed by it) is added to what it found."""
     import threading

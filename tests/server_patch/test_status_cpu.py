@@ -60,3 +60,41 @@ def test_the_cpu_readings_are_counts_and_do_not_rewrite_a_quiet_status(tmp_path)
     reporter.write()
     (after,) = read_statuses(str(tmp_path))
     assert after["counts"]["decode_passes"] == 4 and after["counted_at"] >= first
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread CPU is read from /proc (Linux)")
+def test_names_are_read_once_per_thread_and_a_thread_named_later_is_counted_after_the_refresh(monkeypatch):
+    import hs_dataset.server_patch.reporter as reporter
+
+    name_reads: list[str] = []
+    read_name = reporter._capture_thread_name
+    monkeypatch.setattr(reporter, "_capture_thread_name", lambda task: name_reads.append(task) or read_name(task))
+    named, done = threading.Event(), threading.Event()
+    started = threading.Event()
+
+    def worker() -> None:
+        started.set()
+        named.wait()
+        name_os_thread("hs-test-late")
+        _burn(0.1)
+        done.wait()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    started.wait()
+    try:
+        cpu = reporter.ThreadCpu(refresh_s=3600)
+        first = cpu.read()
+        reads_first = len(name_reads)
+        assert reads_first >= 2 and not any("hs-test-late" in k for k in first)  # this thread and the worker, at least
+        named.set()
+        time.sleep(0.3)
+        cpu.read()
+        assert len(name_reads) == reads_first  # no name read again before the refresh
+        cpu._read_at = float("-inf")  # the refresh is due
+        later = cpu.read()
+        assert 50 <= later["cpu_ms_hs-test-late"] <= 2000, later
+    finally:
+        named.set()
+        done.set()
+        thread.join()
