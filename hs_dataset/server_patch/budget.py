@@ -101,7 +101,10 @@ class StagingBudget:
 
     def _meter_interval_locked(self) -> float:
         """The time to the meter's next scan: longer while the directory is far from its bounds (the scans cost the GIL)."""
-        far = 2 * (self._disk_bytes + self._inflight_bytes) < self.max_bytes and 2 * (self._disk_files + self._inflight_files) < self.max_files
+        far = (
+            2 * (self._disk_bytes + self._inflight_bytes) < self.max_bytes
+            and 2 * (self._disk_files + self._inflight_files) < self.max_files
+        )
         return self._rescan_interval_s * (FAR_SCANS if far else 1)
 
     def refresh(self) -> None:
