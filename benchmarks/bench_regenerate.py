@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _capture_counters import capture_counters, describe_capture_cost
 from _regen_clients import Outcome, Span, StoredTurn, independent, stored_turns, turn_order
 from _server_metrics import PrefillMeter
 from _sglang_bench_util import SERVER_PYTHON, free_port, server_python_missing, server_shm_files, start_run, stop_and_clean
@@ -340,6 +341,8 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
     if name in BUILDS:
         exact = _reset_peak_rss()
         times: dict = {}
+        staging = str(ctx["card"].sglang.staging.dir)
+        counted = capture_counters(staging)
         seconds, report = run_build(
             ctx["card"], ctx["source"], ctx["work"] / name, meter.url, ctx["generator"], capture=name == "build", times=times
         )
@@ -360,7 +363,8 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
                     f"then {times['ended'] - times['stored'] - times.get('close_s', 0.0):.2f} s)"
                 )
         if name == "build":
-            extra += f"; captured by {captured_by(ctx['work'] / name)}"
+            after = capture_counters(staging, settle=True)
+            extra += f"; captured by {captured_by(ctx['work'] / name)}; {describe_capture_cost(counted, after)}"
     else:
         client = turn_order if name == "turn-order" else independent
         outcome: Outcome = client(meter.url, ctx["convs"] if name == "turn-order" else ctx["turns"], ctx["in_flight"], span)

@@ -208,6 +208,7 @@ class CaptureCore:
             "hook_errors": 0,
             "unusable_passes": 0,
             "hook_wall_ns": 0,  # forward-thread wall time inside the hooks (all of them, waits included)
+            "replay_hook_wall_ns": 0,  # of which after decode graph replays (the rest: eager passes, prefill above all)
             "reserve_ns": 0,  # of which reserving staging room (waits for the client included: back-pressure)
             "copy_ns": 0,  # and taking host memory and issuing the copies to it (waits for a free range included)
             "staging_peak_bytes": 0,  # most staging bytes reserved or waiting at once (bound: max_staging_bytes)

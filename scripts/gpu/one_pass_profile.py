@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_regenerate as br  # noqa: E402
+from _capture_counters import capture_counters  # noqa: E402
 from _regen_clients import Span  # noqa: E402
 
 
@@ -153,19 +154,6 @@ def trace_report(trace_dir: Path, out: Path, name: str) -> None:
     print(f"torch profile {name}: {json.dumps(short)}; top runtime {json.dumps(summary.get('runtime', [])[:5])}", flush=True)
 
 
-def counters(staging: str) -> dict:
-    from hs_dataset.server_patch.contract.status import read_statuses
-
-    keep = ("hook_wall_ns", "decode_passes", "graph_decode_passes", "graph_decode_rows", "extend_passes", "one_pass_rows")
-    keep += ("one_pass_run_steps", "one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes", "pinned_peak_bytes")
-    found: dict = {}
-    for status in read_statuses(staging):
-        for key, value in (status.get("counts") or {}).items():
-            if (key in keep or key.startswith("cpu_ms_")) and isinstance(value, (int, float)):  # cpu_ms_: capture's threads, the process
-                found[key] = found.get(key, 0) + value
-    return found
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", required=True)
@@ -206,14 +194,14 @@ def main() -> int:
     for r in range(args.rounds):
         for name in ("one_pass",) if args.only_one_pass else ("isolated", "one_pass"):
             span.__init__()
-            before = counters(staging)
+            before = capture_counters(staging)
             watcher = spy(args.py_spy, pid, args.out, 12, 10) if args.py_spy and pid and r == 0 and name == "one_pass" else None
             trace_dir = work / f"trace-{name}"
             profiler = torch_profile(args.server, trace_dir, 8, args.torch_profile_steps) if args.torch_profile_steps and r == 0 else None
             print(f"round {r + 1} {name} starts at {time.strftime('%H:%M:%S')}", flush=True)  # to find it in decode-log.txt
             with Sampler() as sampler:
                 seconds, _ = br.run_build(card, source, work / name, args.server, generator, capture=name == "one_pass")
-            after = counters(staging)
+            after = capture_counters(staging)
             delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             how = br.captured_by(work / name) if name == "one_pass" else "nothing (capture left out)"
             steps = delta.get("decode_passes", 0)

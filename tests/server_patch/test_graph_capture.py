@@ -341,6 +341,7 @@ def test_replayed_rows_are_filed_by_rid_and_position_padding_dropped(monkeypatch
     stats = server.core.stats
     assert server.runner.decode_cuda_graph_runner.replays == 6
     assert stats["graph_decode_passes"] == 6 and stats["graph_decode_rows"] == 3 + 3 + 3 + 2 + 2 + 1
+    assert 0 < stats["replay_hook_wall_ns"] < stats["hook_wall_ns"]  # the replays' share of the hooks' time, apart
     server.core.close()
 
 
