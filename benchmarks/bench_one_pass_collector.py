@@ -13,6 +13,9 @@ collector that keeps the rows must spend), and the share spent in Python (the re
 tensor copies, which let go of the GIL).
 
     python benchmarks/bench_one_pass_collector.py [--requests 128] [--steps 512]
+
+It also prints the forward thread's part of a replayed decode step (the graph packed the rows) and what
+locating a prefill pass's one-pass rows costs it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.one_pass import PieceCollector, _Block
-from hs_dataset.server_patch.row_record import RECORD, RecordLayout, packed
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout, packed, row_columns
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
 TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select", "index_copy_")
@@ -90,11 +93,14 @@ def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
     return 1e3 * cpu, 1 - copying / total if total else 0.0, writer.pieces
 
 
-def forward_cpu(args: argparse.Namespace) -> float:
-    """CPU ms a decode step of the forward thread's part (``CaptureCore.process``) for ``args.requests`` one-pass requests.
+def forward_cpu(args: argparse.Namespace, *, replayed: bool = False) -> float:
+    """CPU ms a decode step of the forward thread's part for ``args.requests`` one-pass requests.
 
-    Hidden size 64: on a CPU server the forward thread also copies the rows to the host, which on a GPU is a device
-    copy; at this width that copy is negligible and what is left is the Python a GPU server's forward thread runs.
+    ``replayed`` False: an eager step (``CaptureCore.process``: the rows packed, then copied); True: a step a decode
+    graph replayed (``CaptureCore.process_record``: the graph packed the record; what is left is the plan, the
+    block and the hand-over). Hidden size 64: on a CPU server the forward thread also copies the rows to the host,
+    which on a GPU is a device copy; at this width that copy is negligible and what is left is the Python a GPU
+    server's forward thread runs (the device copy's launch and event aside).
     """
     import tempfile
 
@@ -112,9 +118,14 @@ def forward_cpu(args: argparse.Namespace) -> float:
         aux = [torch.randn(n, hidden).to(torch.bfloat16) for _ in range(3)]
         final, ids = torch.randn(n, hidden).to(torch.bfloat16), torch.zeros(n, dtype=torch.int64)
 
+        columns, record = packed(row_columns(ids, torch.full((n,), 100), {"aux": torch.stack(aux, 1), "final": final}))
+
         def step(k: int) -> None:
             batch = BatchView(mode="DECODE", extend_seq_lens=None, rids=rids, input_ids=ids, positions=torch.full((n,), 100 + k))
-            core.process(batch, aux=aux, final_prenorm=final)
+            if replayed:
+                core.process_record(batch, record, columns, "bfloat16")
+            else:
+                core.process(batch, aux=aux, final_prenorm=final)
 
         for k in range(50):
             step(k)
@@ -125,6 +136,20 @@ def forward_cpu(args: argparse.Namespace) -> float:
         core.flush(60)
         core.close()
     return 1e3 * cpu
+
+
+def locate_ms(rows: int = 8192, gap: int = 0, calls: int = 200) -> float:
+    """ms to locate the one-pass rows of a prefill pass of two requests (``rows`` in all; ``gap`` rows between them,
+    another request's, so the block is gathered) on the forward thread: ``_BlockLayout.of``."""
+    from hs_dataset.server_patch.batch import RequestSlice
+    from hs_dataset.server_patch.core import _BlockLayout
+
+    half = rows // 2
+    slices = [RequestSlice("a", 0, half, 0, True), RequestSlice("b", half + gap, rows - half, 0, True)]
+    started = time.perf_counter()
+    for _ in range(calls):
+        _BlockLayout.of(slices, torch.device("cpu"))
+    return 1e3 * (time.perf_counter() - started) / calls
 
 
 def copy_cpu(args: argparse.Namespace) -> float:
@@ -155,21 +180,25 @@ def main() -> int:
         f"bf16 ({step_mb:.1f} MB of states a step), pieces of {args.piece_rows} rows; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    best_collector = best_copy = best_forward = float("inf")
+    best_collector = best_copy = best_forward = best_replayed = float("inf")
     for r in range(args.rounds):
         ms, python_share, pieces = collector_cpu(args)
         base = copy_cpu(args)
         best_collector, best_copy = min(best_collector, ms), min(best_copy, base)
-        forward = forward_cpu(args)
-        best_forward = min(best_forward, forward)
+        forward, replayed = forward_cpu(args), forward_cpu(args, replayed=True)
+        best_forward, best_replayed = min(best_forward, forward), min(best_replayed, replayed)
         print(
             f"round {r + 1}: collector {ms:.2f} ms CPU a step ({100 * python_share:.0f}% of it in Python, profiled), "
-            f"{pieces} pieces; one copy of the step's rows {base:.2f} ms; the forward thread's part {forward:.2f} ms",
+            f"{pieces} pieces; one copy of the step's rows {base:.2f} ms; the forward thread's part {forward:.2f} ms "
+            f"(a replayed step's {replayed:.3f} ms)",
             flush=True,
         )
     print(
+        f"locating a prefill pass's one-pass rows (8,192): {locate_ms():.3f} ms one run, {locate_ms(gap=100):.3f} ms gathered", flush=True
+    )
+    print(
         f"best of {args.rounds}: collector {best_collector:.2f} ms a step, {best_collector / best_copy:.1f}x one copy ({best_copy:.2f} ms); "
-        f"the forward thread's part {best_forward:.2f} ms a step"
+        f"the forward thread's part {best_forward:.2f} ms a step, a replayed step's {best_replayed:.3f} ms"
     )
     return 0
 

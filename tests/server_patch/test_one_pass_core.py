@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import torch
+from hypothesis import example, given, settings, strategies as st
 from safetensors import safe_open
 
 from hs_dataset.server_patch.batch import BatchView
@@ -150,3 +151,27 @@ def test_a_request_prefilled_between_steps_of_the_same_batch_is_known_gone_at_th
     finally:
         core.close()
     assert pieces(core)[rid(9)] == expected(9, range(PROMPT))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), min_size=1, max_size=8))
+@settings(max_examples=200, deadline=None)
+@example([(0, 4), (0, 4)])  # one run
+@example([(1, 1), (0, 1), (2, 1)])  # a decode step with gaps
+@example([(0, 0), (3, 0)])  # no rows at all
+def test_a_passes_block_layout_selects_each_requests_rows_in_order(spans):
+    """Requests at ``gap`` rows after the last one's end, ``length`` rows each: the block is their rows, in order."""
+    from hs_dataset.server_patch.batch import RequestSlice
+    from hs_dataset.server_patch.core import _BlockLayout
+
+    slices, offset = [], 0
+    for k, (gap, length) in enumerate(spans):
+        offset += gap
+        slices.append(RequestSlice(f"r{k}", offset, length, 0, True))
+        offset += length
+    layout = _BlockLayout.of(slices, torch.device("cpu"))
+    pass_rows = torch.arange(offset + 3) * 10
+    block = pass_rows[layout.rows] if isinstance(layout.rows, slice) else pass_rows.index_select(0, layout.rows)
+    expected = [10 * row for r in slices for row in range(r.offset, r.offset + r.length)]
+    assert block.tolist() == expected
+    starts = [sum(r.length for r in slices[:k]) for k in range(len(slices))]
+    assert layout.owners == [(r.key, start, r.length) for r, start in zip(slices, starts, strict=True)]
