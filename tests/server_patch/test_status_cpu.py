@@ -68,7 +68,14 @@ def test_names_are_read_once_per_thread_and_a_thread_named_later_is_counted_afte
 
     name_reads: list[str] = []
     read_name = reporter._capture_thread_name
-    monkeypatch.setattr(reporter, "_capture_thread_name", lambda task: name_reads.append(task) or read_name(task))
+    me = threading.get_ident()  # the reporters other tests left running read names through the same function
+
+    def counted(task: str) -> str | None:
+        if threading.get_ident() == me:
+            name_reads.append(task)
+        return read_name(task)
+
+    monkeypatch.setattr(reporter, "_capture_thread_name", counted)
     named, done = threading.Event(), threading.Event()
     started = threading.Event()
 
