@@ -81,8 +81,11 @@ class ConversationPump:
             if self._error is not None:
                 raise self._error
         finally:
-            if not ended:
-                loop.call_soon_threadsafe(self._task.cancel)
+            if not ended and not loop.is_closed():  # closed: the loop's thread already ended (a signal stopped it)
+                try:
+                    loop.call_soon_threadsafe(self._task.cancel)
+                except RuntimeError:  # closed between the check and the call
+                    pass
             thread.join()
 
     def _thread(self, samples: Iterator[TokenizedSample], started: threading.Event) -> None:
