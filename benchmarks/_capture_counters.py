@@ -15,12 +15,15 @@ from collections.abc import Mapping
 __all__ = ["capture_counters", "describe_capture_cost"]
 
 _KEEP = (
+    "extend_passes",
     "hook_wall_ns",
+    "reserve_ns",
+    "copy_ns",
+    "dumps_written",
     "replay_hook_wall_ns",
     "decode_passes",
     "graph_decode_passes",
     "graph_decode_rows",
-    "extend_passes",
     "one_pass_rows",
     "one_pass_run_steps",
     "one_pass_pieces",

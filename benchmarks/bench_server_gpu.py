@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _capture_counters import capture_counters  # noqa: E402
+
 KIMI_WIDE = {
     "hidden_size": 7168,
     "intermediate_size": 18432,
@@ -244,13 +246,7 @@ def prefill_rate(log_path: str, start: int) -> float:
 
 def hook_counts(card) -> dict:
     """The hooked server's own counters (its status file): passes, and the forward-thread time its hooks took."""
-    from hs_dataset.server_patch.contract.status import read_statuses
-
-    counts: dict = {}
-    for status in read_statuses(card.sglang.staging.dir):
-        for key in ("extend_passes", "hook_wall_ns", "reserve_ns", "copy_ns", "dumps_written"):
-            counts[key] = counts.get(key, 0) + int(status.get("counts", {}).get(key, 0))
-    return counts
+    return capture_counters(str(card.sglang.staging.dir))
 
 
 def hook_cost(before: dict, after: dict) -> dict:

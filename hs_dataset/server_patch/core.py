@@ -133,7 +133,8 @@ class _BlockLayout:
     @classmethod
     def of(cls, slices: list[RequestSlice], device: torch.device) -> _BlockLayout:
         """Why no list of row numbers: a prefill pass holds thousands of rows, and listing them in Python cost the
-        forward thread 0.5 ms (one run) to 2 ms (gathered) a pass of 8,192 rows on the CI VM."""
+        forward thread 0.75 ms (one run) to 3.05 ms (gathered) a pass of 8,192 rows on the CI VM
+        (``benchmarks/bench_one_pass_collector.py``, docs/BENCHMARKS.md)."""
         owners, start = [], 0
         for request in slices:
             owners.append((request.key, start, request.length))

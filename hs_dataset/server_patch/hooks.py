@@ -328,8 +328,9 @@ class _Runtime:
         final = taken.final
         return (final.new_empty((final.shape[0], 0, final.shape[-1])) if final is not None else None), None
 
-    def guard(self, fn, *args) -> None:
-        started = time.perf_counter_ns()
+    def guard(self, fn, *args) -> int:
+        """Run one hook; a failure is counted and logged, never raised into SGLang. Returns its wall time (ns)."""
+        started = elapsed = time.perf_counter_ns()
         try:
             fn(*args)
         except Exception as exc:
@@ -341,8 +342,10 @@ class _Runtime:
             if self._errors <= 10:
                 logger.exception("hs_dataset capture: hook failed (the forward pass goes on; affected requests get no dump)")
         finally:
+            elapsed = time.perf_counter_ns() - started
             if self.core is not None:  # what the hooks cost the forward thread, in the status file (hook_wall_ns)
-                self.core.stats["hook_wall_ns"] += time.perf_counter_ns() - started
+                self.core.stats["hook_wall_ns"] += elapsed
+        return elapsed
 
 
 def get_runtime(config: Mapping[str, Any]) -> _Runtime:

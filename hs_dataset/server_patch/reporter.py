@@ -26,7 +26,7 @@ from typing import Any
 
 from hs_dataset.server_patch.contract.status import RECENT_IDS, STATUS_HEARTBEAT_S, STATUS_INTERVAL_S, write_status
 
-__all__ = ["StatusReporter", "ThreadCpu", "cpu_ms"]
+__all__ = ["StatusReporter", "ThreadCpu"]
 
 logger = logging.getLogger("hs_dataset.server_patch")
 
@@ -150,11 +150,6 @@ class ThreadCpu:
                 key = f"cpu_ms_{name}"
                 found[key] = found.get(key, 0) + ms
         return found
-
-
-def cpu_ms() -> dict[str, int]:
-    """One reading of :class:`ThreadCpu` (every name read afresh)."""
-    return ThreadCpu().read()
 
 
 def _capture_thread_name(task: str) -> str | None:

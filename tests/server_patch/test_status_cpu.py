@@ -10,7 +10,7 @@ import pytest
 
 from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.contract.status import read_statuses
-from hs_dataset.server_patch.reporter import StatusReporter, cpu_ms
+from hs_dataset.server_patch.reporter import StatusReporter, ThreadCpu
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def test_a_named_capture_threads_cpu_is_reported_and_another_threads_is_not():
         t.start()
     time.sleep(0.3)
     try:
-        found = cpu_ms()
+        found = ThreadCpu().read()
     finally:
         done.set()
         for t in threads:
