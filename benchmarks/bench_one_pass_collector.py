@@ -33,25 +33,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hs_dataset.server_patch.budget import StagingBudget
-from hs_dataset.server_patch.copier import HostCopier
-from hs_dataset.server_patch.dump_writer import DumpJob
-from hs_dataset.server_patch.one_pass import PieceCollector
-from hs_dataset.server_patch.row_record import RecordLayout, packed, row_columns
+from hs_dataset.server_patch.copier import HostPiece
+from hs_dataset.server_patch.one_pass import PieceCollector, _Block
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout, packed, row_columns
 
 # the profiler's names of the C calls that copy tensor bytes (they let go of the GIL)
 TENSOR_OPS = ("'clone'", "torch.cat", "method cat", "'copy_'", "index_select", "index_copy_")
 
 
 class CountingWriter:
-    """Takes the collector's pieces and only counts them (their host memory back to the pool at once)."""
+    """Takes the collector's pieces and only counts them."""
 
     def __init__(self) -> None:
         self.pieces = 0
 
-    def submit(self, job: DumpJob) -> None:
+    def submit(self, job: object) -> None:
         self.pieces += 1
-        for piece in job.pieces:
-            piece.release()
 
 
 def step_rows(requests: int, hidden: int) -> dict[str, torch.Tensor]:
@@ -72,8 +69,7 @@ def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
     """(CPU ms a step, share of it in Python, pieces) of the collector filing ``args.steps`` decode steps."""
     writer = CountingWriter()
     collector = PieceCollector(
-        budget=StagingBudget(1 << 50, 1 << 30, lambda: (0, 0)), writer=writer, copier=HostCopier(2 << 30), stats={},
-        refuse=lambda rid, why: None,
+        budget=StagingBudget(1 << 50, 1 << 30, lambda: (0, 0)), writer=writer, stats={}, refuse=lambda rid, why: None,
         piece_rows=args.piece_rows, max_held_bytes=2 << 30, max_wait_s=1.0, start_thread=False,
     )  # fmt: skip
     columns, record = step_record(args.requests, args.hidden)
@@ -81,7 +77,7 @@ def collector_cpu(args: argparse.Namespace) -> tuple[float, float, int]:
 
     def steps(n: int) -> None:
         for _ in range(n):
-            collector.file(record, owners, columns, "bfloat16", decode=True)
+            collector._handle(_Block(HostPiece({RECORD: record}), owners, columns, "bfloat16"))
 
     steps(args.piece_rows)  # warm: every request holds rows, pieces go out from here on
     started = time.thread_time()

@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_one_pass_collector import step_rows  # a decode step's rows: the collector bench's
 
 from hs_dataset.server_patch.config import CaptureConfig
+from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.core import CaptureCore
-from hs_dataset.server_patch.row_record import packed
+from hs_dataset.server_patch.row_record import RECORD, packed
 
 
 def scheduler_step(ops: int, work: list[torch.Tensor], python_items: int) -> None:
@@ -79,7 +80,7 @@ def run_loop(args: argparse.Namespace, core: CaptureCore | None, rows: dict[str,
         scheduler_step(args.ops, work, args.python_items)
         if core is not None:
             core.collector.decode_step(rids)
-            core.collector.file(record, owners, columns, "bfloat16", decode=True)
+            core.collector.take(HostPiece({RECORD: record}), owners, columns, "bfloat16")
         times.append(1e3 * (time.perf_counter() - started))
         time.sleep(args.gpu_ms / 1e3)
     return times

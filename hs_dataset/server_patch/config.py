@@ -37,8 +37,8 @@ class CaptureConfig:
     [HS_CAPTURE_ASSEMBLY_TTL_S], ``content_keys`` [HS_CAPTURE_CONTENT_KEYS], ``storage``
     [HS_CAPTURE_STORAGE: ``native``, ``fp8``, ``mxfp4`` or ``nf4``, quantized on the device],
     ``one_pass_piece_rows`` [HS_CAPTURE_PIECE_ROWS: rows of a one-pass request written per piece],
-    ``one_pass_held_bytes`` [HS_CAPTURE_HELD_BYTES: one-pass rows held on the passes' device (a GPU's memory, outside
-    SGLang's pools), all requests together, before all are written out]; plus
+    ``one_pass_held_bytes`` [HS_CAPTURE_HELD_BYTES: one-pass rows held in host memory, all requests
+    together, before all are written out]; plus
     ``mechanism``, ``module_path``, ``sglang_aux_layer_ids``, ``architectures``,
     ``num_hidden_layers`` (written by ``hs-dataset serve``).
     """
@@ -63,8 +63,7 @@ class CaptureConfig:
     sweep_interval_s: float = 15.0
     content_keys: bool = True
     storage: str = "native"
-    # One-pass rows wait on the passes' device until a piece is written (GPU memory beyond SGLang's own pools; where
-    # that much is not free, half as many slots until they fit): one slot of piece_rows rows per request,
+    # One-pass rows wait in plain host memory until a piece is written: one slot of piece_rows rows per request,
     # held_bytes for all slots (a request that finds none free has the fullest written first). 256 rows of
     # Kimi-K2.5's 3 aux layers and final state in bf16 are 14.7 MB, so 2 GiB is 146 slots: more than the 128
     # requests a Kimi server runs; nf4 rows are 0.28 of that (over 500 slots).

@@ -41,7 +41,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -62,7 +62,7 @@ from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
 from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
-from hs_dataset.server_patch.copier import HostCopier, HostPiece, to_device
+from hs_dataset.server_patch.copier import HostCopier, HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.one_pass import PieceCollector
 from hs_dataset.server_patch.reporter import StatusReporter
@@ -144,11 +144,11 @@ class _BlockLayout:
             first = held[0].offset if held else 0
             return cls(slice(first, first + start), owners)
         if all(request.length == 1 for request in held):  # a decode step: one row each
-            return cls(to_device(torch.tensor([request.offset for request in held]), device), owners)
+            return cls(torch.tensor([request.offset for request in held], device=device), owners)
         offsets = torch.tensor([request.offset for request in held])
         lengths = torch.tensor([request.length for request in held])
         shift = offsets - (torch.cumsum(lengths, 0) - lengths)  # row i of the block lies at i + its request's shift
-        return cls(to_device(torch.repeat_interleave(shift, lengths) + torch.arange(start), device), owners)
+        return cls((torch.repeat_interleave(shift, lengths) + torch.arange(start)).to(device), owners)
 
     def on(self, device: torch.device) -> bool:
         """Whether its row index can select rows of a pass on ``device``."""
@@ -256,7 +256,6 @@ class CaptureCore:
         self.collector = PieceCollector(
             budget=self.budget,
             writer=self.writer,
-            copier=self.copier,
             stats=self.stats,
             refuse=self._refuse,
             piece_rows=config.one_pass_piece_rows,
@@ -368,8 +367,9 @@ class CaptureCore:
         plan = self._decode_plan(batch)
         if not plan.kept:
             return
-        block, owners, _ = self._block_rows(plan.kept, {RECORD: record}, plan)
-        self._hand_over(owners, block[RECORD], layout, state_dtype, decode=True)  # filed before the next replay rewrites it
+        block, owners, gathered = self._block_rows(plan.kept, {RECORD: record}, plan)
+        owned = (RECORD,) if gathered else ()  # a slice of the static record: the next replay overwrites it
+        self._hand_over(plan.kept, owners, block[RECORD], owned, self.config.max_wait_s, layout, state_dtype, on_stream=True)
 
     # ------------------------------------------------------------------ one-pass requests (generations)
 
@@ -405,11 +405,12 @@ class CaptureCore:
         pass_: _PassInfo,
         plan: _DecodePlan | None = None,
     ) -> None:
-        """Hand the pass's rows of one-pass requests to the collector as one block of records, each row's id, position and states.
+        """Copy the pass's rows of one-pass requests to the host as one block of records, each row's id, position and states.
 
-        Why one block per pass: a decode step holds one row per request, and one block of
-        them all is filed into their requests' slots with one device copy. Why records
-        (:mod:`.row_record`): one tensor to file, as a decode graph's replay hands over.
+        Why one block per pass: a decode step holds one row per request, and one copy of
+        them all costs the forward thread one snapshot instead of one per request; the
+        collector's thread files the rows by request. Why records (:mod:`.row_record`):
+        one tensor to copy and to file, as a decode graph's replay hands over.
         """
         if batch.input_ids is None or (batch.positions is None and batch.mode == DECODE_MODE):
             for request in slices:
@@ -419,9 +420,10 @@ class CaptureCore:
         block, owners, _ = self._block_rows(slices, pass_rows, plan)
         if batch.positions is None:  # an extend pass: each request's rows follow its cached prefix
             device = block["input_ids"].device
-            block["positions"] = to_device(torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]), device)
-        columns, record = packed(row_columns(block.pop("input_ids"), block.pop("positions"), block))
-        self._hand_over(owners, record, columns, pass_.state_dtype, decode=batch.mode == DECODE_MODE)
+            block["positions"] = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
+        columns, record = packed(row_columns(block.pop("input_ids"), block.pop("positions"), block))  # made for this copy: no snapshot
+        wait_s = pass_.deadline - time.monotonic()
+        self._hand_over(slices, owners, record, (RECORD,), wait_s, columns, pass_.state_dtype, on_stream=batch.mode == DECODE_MODE)
 
     def _block_rows(
         self, slices: list[RequestSlice], tensors: Mapping[str, torch.Tensor], plan: _DecodePlan | None
@@ -444,12 +446,27 @@ class CaptureCore:
         return {k: t.index_select(0, rows) for k, t in tensors.items()}, layout.owners, True
 
     def _hand_over(
-        self, owners: list[tuple[str, int, int]], record: torch.Tensor, columns: RecordLayout, state_dtype: str, *, decode: bool
+        self,
+        slices: list[RequestSlice],
+        owners: list[tuple[str, int, int]],
+        record: torch.Tensor,
+        owned: Collection[str],
+        wait_s: float,
+        columns: RecordLayout,
+        state_dtype: str,
+        *,
+        on_stream: bool,
     ) -> None:
-        """A pass's one-pass rows (``record``: one row each, ``columns`` their layout) to the collector, which files them on
-        the device at once (:meth:`PieceCollector.file`); ``decode``: a decode step's."""
-        self.collector.file(record, owners, columns, state_dtype, decode=decode)
+        """Start the host copy of a pass's one-pass rows (``record``: one row each, ``columns`` their layout) and give it to the
+        collector; no host memory within ``wait_s`` refuses them. ``on_stream``: a decode step's (see :meth:`HostCopier.snapshot`).
+        """
+        piece = self.copier.snapshot({RECORD: record}, max(0.0, wait_s), owned=owned, on_stream=on_stream)
         self.stats["pinned_peak_bytes"] = max(self.stats["pinned_peak_bytes"], self.copier.peak_bytes)
+        if piece is None:
+            for request in slices:
+                self.collector.refuse(request.key, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
+            return
+        self.collector.take(piece, owners, columns, state_dtype)
 
     def _prompt_rows(self, ours: list[RequestSlice]) -> list[tuple[RequestSlice, int]]:
         """Our requests' prompt rows, each with its prompt's token count; decode tails dropped and counted.

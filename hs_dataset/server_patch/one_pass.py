@@ -2,62 +2,54 @@
 
 A one-pass request (:func:`~hs_dataset.server_patch.contract.rid.is_one_pass`) is a generation whose
 states are kept while the server generates it: its prompt's prefill rows (after any prefix-cache hit,
-in chunks or not), then one row per decode step. The forward thread files each pass's rows of such
-requests into their requests' slots (:meth:`PieceCollector.file`), on the pass's own device and stream,
-and goes on. A request's rows go to the host as one piece (``{rid}.{k}.safetensors``,
-:func:`~hs_dataset.server_patch.contract.dump.piece_name`, with each row's position) when
+in chunks or not), then one row per decode step. The forward thread hands each pass's rows of such
+requests over as one host copy (:meth:`PieceCollector.take`) and goes on. The collector's thread
+waits for the copy, files each row under its request, and writes a request's rows as one piece
+(``{rid}.{k}.safetensors``, :func:`~hs_dataset.server_patch.contract.dump.piece_name`, with each
+row's position) when
 
 * they reach ``piece_rows`` (a long answer goes out in pieces, so its rows are never all held),
 * the request is gone from a decode step (finished; or retracted -- a later piece continues it),
-* nothing was filed for a few passes' time (``IDLE_PASSES`` times the recent interval between passes,
+* nothing arrived for a few passes' time (``IDLE_PASSES`` times the recent interval between passes,
   at least ``IDLE_FLUSH_S``: a quiet server, a prefill-only request), or no row of the request for ``STALE_S``,
 * a request needs a slot and none is free (then the fullest slot is written: the memory bound).
 
 A pass's rows come as one packed record a row (:mod:`.row_record`: token id, position, states). They are held
-in one store allocated once on the pass's device, ``[slots, piece_rows]`` records (:class:`_SlotStore`): each
-request being held owns a slot, and a pass's rows go into their requests' slots with one ``index_copy_``. A piece
-is copied to the host as its named columns (:meth:`~hs_dataset.server_patch.copier.HostCopier.snapshot`), each
-contiguous, and the dump writer writes it from that pinned memory as it is.
+in one store allocated once, ``[slots, piece_rows]`` records (:class:`_SlotStore`): each request being held owns
+a slot, and a pass's rows go into their requests' slots with one ``index_copy_``; a piece is split back into
+its named tensors when written. Why: filing each row by request in Python and joining a piece's rows with
+``cat`` cost the scheduler process about 1 ms of Python a decode step at 128 requests
+(``benchmarks/bench_one_pass_collector.py``), under the GIL that SGLang's own loop needs; now a step costs one
+dictionary lookup per request and a tensor copy.
+The slots fill at most ``max_held_bytes``; a request that finds none free first has the fullest slot written.
 
-Why the store lives on the device: filed on the host, every decode step went through a pinned range taken and given
-back, an event, a queue hand-over and the collector thread's wait and copy into the store, and every piece through one
-more copy of its rows (a decode step at 128 Kimi-wide requests cost the collector's thread about 2.3 ms of CPU on the
-CI VM, ``benchmarks/bench_one_pass_collector.py``, 2026-12-07; torch's copies let go of the GIL, the Python around them
-holds the GIL SGLang's scheduler needs). On the device a step is one ``index_copy_`` and one index increment, launched
-by the forward thread, and the host sees each piece once, as the copy engine lands it. The store takes
-``max_held_bytes`` of device memory (less where that much is not free: halved until it fits), outside SGLang's pools.
-
-Who copies what: the forward thread files rows and starts the host copy of any piece its pass completes (on its
-stream, so a slot is read before it is filled again); the collector's thread reserves staging room for each piece
-(waiting up to ``max_wait_s``), hands it to the writer, and writes the pieces of a quiet server, on the stream the
-rows were filed on, under the lock the forward thread files under. None within ``max_wait_s`` refuses the request
-with a marker, and its later rows are dropped: the client then captures that conversation by prefill. The client,
-not the server, decides when a request's rows are complete (it knows how many tokens the server generated), so
-nothing here waits for a request to end.
+A piece reserves its staging room first (the same budget as dumps); none within ``max_wait_s`` refuses
+the request with a marker, and its later rows are dropped: the client then captures that conversation
+by prefill. The client, not the server, decides when a request's rows are complete (it knows how many
+tokens the server generated), so nothing here waits for a request to end.
 
 Runs inside SGLang scheduler processes: stdlib, torch and this package only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.budget import StagingBudget
-from hs_dataset.server_patch.contract.dump import ONE_PASS_PATH, REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL, piece_name
-from hs_dataset.server_patch.copier import HostCopier, HostPiece, to_device
+from hs_dataset.server_patch.contract.dump import ONE_PASS_PATH, REFUSED_STAGING_FULL, piece_name
+from hs_dataset.server_patch.copier import HostPiece
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
-from hs_dataset.server_patch.row_record import RecordLayout
+from hs_dataset.server_patch.row_record import RECORD, RecordLayout
 
 __all__ = ["IDLE_FLUSH_S", "STALE_S", "PieceCollector"]
 
@@ -77,15 +69,20 @@ _REFUSED_REMEMBERED = 65536  # refused rids whose later rows are dropped (oldest
 
 
 @dataclass
-class _Ready:
-    """A request's piece on its way to the host (its copy started): room is reserved and it is written on the collector's thread."""
+class _Block:
+    """One pass's rows of one-pass requests, one packed record a row (:mod:`.row_record`), copied to the host as one piece."""
 
-    rid: str
-    piece: HostPiece  # the named columns, each contiguous, landing in host memory
-    rows: int
-    nbytes: int
+    piece: HostPiece  # its one tensor: RECORD, [rows, columns.row_bytes] bytes
+    owners: list[tuple[str, int, int]]  # (rid, first row in the block, rows)
+    columns: RecordLayout  # each row's token id, position and states within its record
     state_dtype: str
-    number: int  # k of ``{rid}.{k}``: unique within this process
+
+
+@dataclass
+class _Gone:
+    """Requests that left the decode batch: their rows go out now."""
+
+    rids: frozenset[str]
 
 
 @dataclass
@@ -95,38 +92,21 @@ class _Barrier:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def _allocate(slots: int, rows: int, row_bytes: int, device: torch.device) -> torch.Tensor:
-    """``[slots, rows, row_bytes]`` bytes on ``device``; on a GPU without that much free, half as many slots until one fits."""
-    while True:
-        try:
-            return torch.empty((slots, rows, row_bytes), dtype=torch.uint8, device=device)
-        except torch.cuda.OutOfMemoryError:
-            if slots == 1:
-                raise
-            slots //= 2
-
-
 class _SlotStore:
-    """Records of the requests being held: ``[slots, piece_rows, row_bytes]`` on the passes' device, one slot per request.
+    """Records of the requests being held: ``[slots, piece_rows, row_bytes]``, one slot per request.
 
-    Allocated at the first pass (``torch.empty``), for one record layout; a pass of another layout empties it
-    first. Why records, not a tensor per name: a step's rows are filed with one ``index_copy_``, not one per tensor.
+    Allocated at the first pass (``torch.empty``: pages are touched as rows arrive), for one record layout;
+    a pass of another layout empties it first. Why records, not a tensor per name: a step's rows are filed
+    with one ``index_copy_``, not one per tensor (Python under the GIL SGLang's scheduler needs).
     """
 
-    def __init__(self, columns: RecordLayout, piece_rows: int, max_bytes: int, state_dtype: str, device: torch.device) -> None:
+    def __init__(self, columns: RecordLayout, piece_rows: int, max_bytes: int, state_dtype: str) -> None:
         self.columns = columns
         self.row_bytes = columns.row_bytes
         self.piece_rows = max(1, min(piece_rows, max_bytes // self.row_bytes))  # a slot alone never passes the bound
-        slots = max(1, min(MAX_SLOTS, max_bytes // (self.row_bytes * self.piece_rows)))
+        self.slots = max(1, min(MAX_SLOTS, max_bytes // (self.row_bytes * self.piece_rows)))
         self.state_dtype = state_dtype
-        self.device = device
-        self.records = _allocate(slots, self.piece_rows, self.row_bytes, device)
-        self.slots = int(self.records.shape[0])
-        if self.slots < slots:
-            logger.warning(
-                "hs_dataset capture: one-pass rows held in %d slots of %d rows on %s (%d MiB): %d asked for did not fit",
-                self.slots, self.piece_rows, device, self.records.numel() >> 20, slots,
-            )  # fmt: skip
+        self.records = torch.empty((self.slots, self.piece_rows, self.row_bytes), dtype=torch.uint8)
         self.flat = as_words(self.records.view(-1, self.row_bytes))
         self.fill = [0] * self.slots  # rows held in each slot
         self.free = list(range(self.slots - 1, -1, -1))  # slots with no request (popped from the end: lowest first)
@@ -135,9 +115,13 @@ class _SlotStore:
     def held_bytes(self) -> int:
         return sum(self.fill) * self.row_bytes
 
-    def held(self, slot: int) -> dict[str, torch.Tensor]:
-        """The rows held in ``slot``, by name: views of the store (copied to the host before the slot is filed again)."""
-        return self.columns.split(self.records[slot, : self.fill[slot]])
+    def named(self, records: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``records [n, row_bytes]`` as a contiguous copy of each named tensor (a piece for the writer)."""
+        return {name: t.clone(memory_format=torch.contiguous_format) for name, t in self.columns.split(records).items()}
+
+    def rows(self, slot: int) -> dict[str, torch.Tensor]:
+        """A copy of the rows held in ``slot``, by name (the slot is then free to take others)."""
+        return self.named(self.records[slot, : self.fill[slot]])
 
 
 class _Run:
@@ -145,9 +129,9 @@ class _Run:
 
     Why: a decode step holds the same requests, in the same order, for many steps in a row (the forward thread hands
     over the same owner list while its plan holds), one row each; each step's rows then go one row further into the
-    same slots. A run files a step with one ``index_copy_`` and one addition to its index, on the device; the slots'
-    fill is brought up to date when it ends. It ends when the owner list changes, a request is refused or one of
-    its slots is freed.
+    same slots. Filing them request by request cost the collector's thread about 0.3 ms of Python a step at 128
+    requests, under the GIL SGLang's scheduler needs; a run files a step with one ``index_copy_`` and a
+    loop of additions. It ends when the owner list changes, a request is refused or one of its slots is freed.
     """
 
     __slots__ = ("dst", "headroom", "owners", "refusals", "rids", "slots", "steps", "updated")
@@ -156,15 +140,11 @@ class _Run:
         self.owners = owners  # the block's owner list (the forward thread's object: compared by identity)
         self.rids = [rid for rid, _, _ in owners]
         self.slots = slots  # each request's slot, in row order
-        self.dst = self.next_rows(store)
+        self.dst = torch.tensor([slot * store.piece_rows + store.fill[slot] for slot in slots], dtype=torch.int64)
         self.headroom = store.piece_rows - max(store.fill[slot] for slot in slots)  # steps before a slot is full
         self.refusals = refusals
         self.updated = now  # when its requests last had a row (they all have one each step)
         self.steps = 0  # steps filed and not yet added to the slots' fill (:meth:`PieceCollector._settle`)
-
-    def next_rows(self, store: _SlotStore) -> torch.Tensor:
-        """The store row each request's next row goes to, as an index on the store's device."""
-        return _index([slot * store.piece_rows + store.fill[slot] for slot in self.slots], store.device)
 
     @staticmethod
     def fits(owners: list[tuple[str, int, int]]) -> bool:
@@ -172,14 +152,8 @@ class _Run:
         return all(start == i and rows == 1 for i, (_, start, rows) in enumerate(owners))
 
 
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 index on ``device`` (to a GPU without waiting for it: :func:`.copier.to_device`)."""
-    return to_device(torch.tensor(values, dtype=torch.int64), device)
-
-
-# Row copies by index on the host move one element at a time: rows are moved as the widest words that divide them.
+# Row copies by index move one element at a time: rows are moved as the widest words that divide them.
 _WORDS = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
-_DEVICE_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)  # (a GPU copies in parallel either way)
 
 
 def as_words(t: torch.Tensor) -> torch.Tensor:
@@ -196,7 +170,7 @@ def as_words(t: torch.Tensor) -> torch.Tensor:
     if rows.shape[1] == 1 and rows.stride(1) != 1:  # a scalar a row, rows apart: its one-element rows are contiguous
         rows = rows.as_strided(rows.shape, (rows.stride(0), 1))
     raw = rows.view(torch.uint8)
-    for word in _WORDS if t.device.type == "cpu" else _DEVICE_WORDS:
+    for word in _WORDS:
         if raw.shape[1] % word.itemsize == 0 and raw.data_ptr() % word.itemsize == 0:
             return raw.view(word)
     return raw
@@ -210,7 +184,6 @@ class PieceCollector:
         *,
         budget: StagingBudget,
         writer: DumpWriter,
-        copier: HostCopier,
         stats: dict,
         refuse: Callable[[str, str], None],
         piece_rows: int,
@@ -218,25 +191,19 @@ class PieceCollector:
         max_wait_s: float,
         start_thread: bool = True,
     ) -> None:
-        """``refuse(rid, reason)``: the core's refusal (marker, log, stats); ``copier``: the core's host copies."""
+        """``refuse(rid, reason)``: the core's refusal (marker, log, stats)."""
         self.budget = budget
         self.writer = writer
-        self.copier = copier
         self.stats = stats
         self._refuse = refuse
         self.piece_rows = int(piece_rows)
         self.max_held_bytes = int(max_held_bytes)
         self.max_wait_s = float(max_wait_s)
-        self._queue: queue.Queue[_Ready | _Barrier | None] = queue.Queue()
-        # The store and its bookkeeping: the forward thread files under it, the collector's thread writes a quiet
-        # server's rows under it. Reentrant: short of host memory, pieces started under it are handed on under it.
-        self._lock = threading.RLock()
+        self._queue: queue.Queue[_Block | _Gone | _Barrier | None] = queue.Queue()
         self._store: _SlotStore | None = None
-        self._stream: torch.cuda.Stream | None = None  # the CUDA stream the store's rows were last filed on
-        self._out: list[_Ready] = []  # pieces started under the lock, handed on once it is released
         self._slot_of: dict[str, int] = {}  # the requests whose rows are held, and their slots
         self._updated: dict[str, float] = {}  # when each of them last had a row (a run's requests: see _Run.updated)
-        self._run: _Run | None = None  # the decode batch being filed as a run
+        self._run: _Run | None = None  # the decode batch being filed as a run (the collector's thread)
         self._refused: OrderedDict[str, None] = OrderedDict()
         self._refused_lock = threading.Lock()
         self._pieces = itertools.count()  # piece numbers: unique within this process, whatever the rid
@@ -244,7 +211,7 @@ class PieceCollector:
         self._decoding: set[str] = set()  # forward thread: one-pass rids of the last decode step
         self._extended: set[str] = set()  # forward thread: one-pass rids with prefill rows since that step
         self._last_stale_check = time.monotonic()
-        self._last_pass = 0.0  # when the last pass's rows were filed
+        self._last_block = 0.0  # when the last pass's rows came (the collector's thread)
         self._pass_interval = 0.0  # recent time between passes, smoothed
         self._thread: threading.Thread | None = None
         for key in ("one_pass_rows", "one_pass_run_steps", "one_pass_pieces", "one_pass_refused", "one_pass_held_peak_bytes"):
@@ -270,55 +237,26 @@ class PieceCollector:
                 self._refused.popitem(last=False)
         self._refuse(rid, reason)
 
-    def file(
-        self, record: torch.Tensor, owners: list[tuple[str, int, int]], columns: RecordLayout, state_dtype: str, *, decode: bool
-    ) -> None:
-        """A pass's rows of one-pass requests, ``record [rows, row_bytes]`` (one packed record a row, on the pass's
-        device), into their requests' slots on the current stream; pieces the pass completes start for the host.
-
-        ``record`` may be overwritten by the next pass (a decode graph's static record): it is read on this stream
-        before. ``decode``: a decode step's pass, whose pieces are copied on this stream (small, and the step's GPU
-        waits for the CPU anyway); a prefill pass's go through the copier's pump, behind which the pass's own
-        sampled tokens would otherwise wait (see :mod:`.copier`).
-        """
-        with self._lock:
-            self._passed(time.monotonic())
-            self._follow_stream(record.device)
-            try:
-                self._ensure_store(columns, state_dtype, record.device)
-            except torch.cuda.OutOfMemoryError as exc:
-                out = self._take_out()
-                for rid, _, _ in owners:
-                    self.refuse(rid, f"no device memory for one-pass rows ({exc}); lower one_pass_held_bytes")
-            else:
-                self._place(owners, record, on_stream=decode)
-                out = self._take_out()
-        self._hand_on(out)
+    def take(self, piece: HostPiece, owners: list[tuple[str, int, int]], columns: RecordLayout, state_dtype: str) -> None:
+        """A pass's rows of one-pass requests, one record a row (already being copied to ``piece``): filed on the collector's thread."""
+        self._queue.put(_Block(piece, owners, columns, state_dtype))
 
     def extended(self, rids: Iterable[str]) -> None:
         """One-pass rids that had prefill rows in a pass (gone if the next decode step lacks them)."""
         self._extended.update(rids)
 
     def decode_step(self, rids: Iterable[str]) -> None:
-        """The one-pass rids of a decode step; those of the last step (or prefilled since) not in it are gone: their
-        rows go out now."""
+        """The one-pass rids of a decode step; those of the last step (or prefilled since) not in it are gone."""
         now = set(rids)
         gone = (self._decoding | self._extended) - now
         self._decoding, self._extended = now, set()
-        if not gone:
-            return
-        with self._lock:
-            if self._store is not None:
-                self._follow_stream(self._store.device)
-            for rid in gone:
-                self._write(rid, on_stream=True)
-            out = self._take_out()
-        self._hand_on(out)
+        if gone:
+            self._queue.put(_Gone(frozenset(gone)))
 
     def flush(self, timeout: float) -> bool:
         """Write every row held now; False if that did not finish within ``timeout``."""
         if self._thread is None:
-            self._write_held(list(self._slot_of))
+            self._write_all()
             return True
         barrier = _Barrier()
         self._queue.put(barrier)
@@ -332,140 +270,65 @@ class PieceCollector:
         self._thread.join(timeout)
         self._thread = None
 
-    def _hand_on(self, out: list[_Ready]) -> None:
-        """Pieces started: from the forward thread to the collector's thread (room may take waiting for); on the
-        collector's thread, or with none (tests), submitted here."""
-        here = self._thread is None or threading.current_thread() is self._thread
-        for ready in out:
-            if here:
-                self._submit(ready)
-            else:
-                self._queue.put(ready)
-
-    def _passed(self, now: float) -> None:
-        """A pass's rows came at ``now``: the smoothed interval between passes follows."""
-        if self._last_pass:
-            gap = min(now - self._last_pass, _MAX_IDLE_S)
-            self._pass_interval = gap if not self._pass_interval else 0.8 * self._pass_interval + 0.2 * gap
-        self._last_pass = now
-
-    def _follow_stream(self, device: torch.device) -> None:
-        """Rows are filed, and pieces copied out, on the forward thread's current stream: should that change, the new
-        stream first waits for the old (a slot is read after it is filled, and filled again after it is read)."""
-        if device.type != "cuda":
-            return
-        current = torch.cuda.current_stream(device)
-        if self._stream is not None and current != self._stream:
-            current.wait_stream(self._stream)
-        self._stream = current
-
-    @contextlib.contextmanager
-    def _on_filing_stream(self) -> Iterator[None]:
-        """Copies out of the store go on the stream its rows were filed on, whichever thread starts them."""
-        if self._stream is None:
-            yield
-            return
-        with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):  # (a thread's device is its own)
-            yield
-
     # ------------------------------------------------------------------ the collector's thread
     def _loop(self) -> None:
         name_os_thread("hs-one-pass")
         while True:
-            item: _Ready | _Barrier | bool | None
             try:
                 item = self._queue.get(timeout=self.idle_wait())
             except queue.Empty:
-                item = False  # nothing came: only the quiet server's rows below
+                self._write_all()
+                continue
             try:
                 if item is None:
-                    self._write_held(list(self._slot_of))
+                    self._write_all()
                     return
-                if isinstance(item, _Ready):
-                    self._submit(item)
-                elif isinstance(item, _Barrier):
-                    self._write_held(list(self._slot_of))
-                    item.done.set()
-                self._write_quiet()
+                self._handle(item)
+                self._write_stale()
             except Exception:  # never let the thread die: the requests it held are refused instead
-                logger.exception("hs_dataset capture: one-pass rows could not be written")
-                with self._lock:
-                    held = list(self._slot_of)
-                    for rid in held:
-                        self._drop(rid)
-                for rid in held:
-                    self.refuse(rid, "the server could not write this request's rows (see its log)")
+                logger.exception("hs_dataset capture: one-pass rows could not be filed")
+                for rid in list(self._slot_of):
+                    self._drop(rid)
+                    self.refuse(rid, "the server could not file this request's rows (see its log)")
 
     def idle_wait(self) -> float:
         """How long no pass means a quiet server: a few recent pass intervals, at least ``IDLE_FLUSH_S``."""
         return min(_MAX_IDLE_S, max(IDLE_FLUSH_S, IDLE_PASSES * self._pass_interval))
 
-    def _write_quiet(self) -> None:
-        """A quiet server's rows (no pass for :meth:`idle_wait`) all go out; else, now and then, those of requests
-        with no row for ``STALE_S``."""
-        now = time.monotonic()
-        if self._slot_of and now - self._last_pass >= self.idle_wait():
-            self._write_held(list(self._slot_of))
-            return
-        if now - self._last_stale_check < STALE_S / 4:
-            return
-        self._last_stale_check = now
-        with self._lock:
-            run = self._run
-            if run is not None:  # its requests' times are the run's
-                self._updated.update(dict.fromkeys(run.rids, run.updated))
-            stale = [r for r, t in self._updated.items() if now - t > STALE_S]
-        self._write_held(stale)
+    def _passed(self, now: float) -> None:
+        """A pass's rows came at ``now``: the smoothed interval between passes follows."""
+        if self._last_block:
+            gap = min(now - self._last_block, _MAX_IDLE_S)
+            self._pass_interval = gap if not self._pass_interval else 0.8 * self._pass_interval + 0.2 * gap
+        self._last_block = now
 
-    def _write_held(self, rids: list[str]) -> None:
-        """``rids``' held rows as pieces, one request at a time (each piece handed on before the next takes host memory)."""
-        for rid in rids:
-            with self._lock, self._on_filing_stream():
-                self._write(rid, on_stream=True)
-                out = self._take_out()
-            self._hand_on(out)
+    def _handle(self, item: _Block | _Gone | _Barrier) -> None:
+        if isinstance(item, _Block):
+            self._passed(time.monotonic())
+            self._file(item)
+        elif isinstance(item, _Gone):
+            for rid in item.rids:
+                self._write(rid)
+        else:
+            self._write_all()
+            item.done.set()
 
-    def _submit(self, ready: _Ready) -> None:
-        """A piece to the writer, staging room reserved first; none in time refuses the request (its held rows dropped)."""
-        if not self.budget.reserve(ready.nbytes, self.max_wait_s, nfiles=1):
-            ready.piece.release()
-            snap = self.budget.snapshot()
-            self.refuse(
-                ready.rid,
-                f"{REFUSED_STAGING_FULL}: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting and no room for "
-                f"a one-pass piece of {ready.rows} rows within {self.max_wait_s} s; the client is not draining pieces fast enough",
-            )
-            with self._lock:
-                self._drop(ready.rid)
-            return
-        meta = {"capture_path": ONE_PASS_PATH, "piece": str(ready.number)}
-        job = DumpJob(
-            rid=ready.rid, total=ready.rows, pieces=[ready.piece], reserved=ready.nbytes, meta=meta, state_dtype=ready.state_dtype
-        )
-        job.name = piece_name(ready.rid, ready.number)
-        self.stats["one_pass_pieces"] += 1
-        self.writer.submit(job)
+    def _file(self, block: _Block) -> None:
+        """File a block's rows into their requests' slots; the pinned copy goes back at once (its rows are copied out)."""
+        try:
+            records = block.piece.wait()[RECORD]
+            self._ensure_store(block.columns, block.state_dtype)
+            self._place(block, records)
+        finally:
+            block.piece.release()
 
-    # ------------------------------------------------------------------ the store (under the lock)
-    def _take_out(self) -> list[_Ready]:
-        out, self._out = self._out, []
-        return out
-
-    def _ensure_store(self, columns: RecordLayout, state_dtype: str, device: torch.device) -> None:
-        """The store for this record layout and device (a store of another is written out and replaced)."""
+    def _ensure_store(self, columns: RecordLayout, state_dtype: str) -> None:
+        """The store for this record layout (a store of another layout is written out and replaced)."""
         store = self._store
-        if (
-            store is not None
-            and (store.columns is columns or store.columns == columns)
-            and store.state_dtype == state_dtype
-            and store.device == device
-        ):
+        if store is not None and (store.columns is columns or store.columns == columns) and store.state_dtype == state_dtype:
             return
-        for rid in list(self._slot_of):
-            self._write(rid, on_stream=True)
-        self._run = None
-        self._store = None
-        self._store = _SlotStore(columns, self.piece_rows, self.max_held_bytes, state_dtype, device)
+        self._write_all()
+        self._store = _SlotStore(columns, self.piece_rows, self.max_held_bytes, state_dtype)
 
     @property
     def held_bytes(self) -> int:
@@ -482,10 +345,10 @@ class PieceCollector:
             raise RuntimeError("hs_dataset capture: one-pass rows used before any pass was filed")
         return self._store
 
-    def _place(self, owners: list[tuple[str, int, int]], records: torch.Tensor, *, on_stream: bool) -> None:
+    def _place(self, block: _Block, records: torch.Tensor) -> None:
         """Each owner's rows into its slot: gathered into one ``index_copy_`` (a decode step: one row each)."""
         run = self._run
-        if run is not None and owners is run.owners and run.refusals == self.refusals:
+        if run is not None and block.owners is run.owners and run.refusals == self.refusals:
             self._advance(run, records)
             return
         self._end_run()
@@ -496,8 +359,8 @@ class PieceCollector:
         dst: list[int] = []
         full: list[str] = []
         with self._refused_lock:
-            refused = [rid in self._refused for rid, _, _ in owners]
-        for (rid, start, rows), dropped in zip(owners, refused, strict=True):
+            refused = [rid in self._refused for rid, _, _ in block.owners]
+        for (rid, start, rows), dropped in zip(block.owners, refused, strict=True):
             if dropped:
                 continue
             self._updated[rid] = now
@@ -510,7 +373,7 @@ class PieceCollector:
                 self._copy(records, src, dst)
                 src.clear()
                 dst.clear()
-                self._spill(rid, slot, records, start, rows, on_stream=on_stream)
+                self._spill(rid, slot, records, start, rows)
                 continue
             base = slot * per_piece + filled
             src.extend(range(start, start + rows))
@@ -523,19 +386,19 @@ class PieceCollector:
         for rid in full:
             slot = self._slot_of.get(rid)
             if slot is not None and store.fill[slot] >= per_piece:  # (not written meanwhile to free a slot)
-                self._write(rid, on_stream=on_stream)
-        self._start_run(owners, now)
+                self._write(rid)
+        self._start_run(block, now)
 
-    def _start_run(self, owners: list[tuple[str, int, int]], now: float) -> None:
-        """File the next steps of this decode batch as a run, where every request of it holds a slot with room."""
+    def _start_run(self, block: _Block, now: float) -> None:
+        """File the next steps of this block's decode batch as a run, where every request of it holds a slot with room."""
         slot_of = self._slot_of
-        if not owners or not _Run.fits(owners) or not all(rid in slot_of for rid, _, _ in owners):
+        if not block.owners or not _Run.fits(block.owners) or not all(rid in slot_of for rid, _, _ in block.owners):
             return
         with self._refused_lock:
-            if any(rid in self._refused for rid, _, _ in owners):  # its later rows are dropped: request by request
+            if any(rid in self._refused for rid, _, _ in block.owners):  # its later rows are dropped: request by request
                 return
             refusals = self.refusals
-        run = _Run(owners, [slot_of[rid] for rid, _, _ in owners], self._slots, refusals, now)
+        run = _Run(block.owners, [slot_of[rid] for rid, _, _ in block.owners], self._slots, refusals, now)
         if run.headroom > 0:
             self._run = run
 
@@ -561,16 +424,18 @@ class PieceCollector:
         per_piece = store.piece_rows
         full = [i for i, slot in enumerate(run.slots) if store.fill[slot] >= per_piece]
         for i in full:
-            self._write(run.rids[i], on_stream=True)  # ends the run (a slot freed): it is taken up again below
+            self._write(run.rids[i])  # ends the run (a slot freed): it is taken up again below
         self._run = None
         if run.refusals != self.refusals or len(store.free) < len(full):
             return  # (a write refused its request: the next step files request by request)
+        dst = run.dst.tolist()
         for i in full:
             slot = store.free.pop()
             self._slot_of[run.rids[i]] = slot
             self._updated[run.rids[i]] = run.updated
             run.slots[i] = slot
-        run.dst = run.next_rows(store)
+            dst[i] = slot * per_piece
+        run.dst = torch.tensor(dst, dtype=torch.int64)
         run.headroom = per_piece - max(store.fill[slot] for slot in run.slots)
         if run.refusals == self.refusals and run.headroom > 0:
             self._run = run
@@ -596,7 +461,7 @@ class PieceCollector:
             self._copy(records, src, dst)
             src.clear()
             dst.clear()
-            self._write(max(self._slot_of, key=lambda r: store.fill[self._slot_of[r]]), on_stream=True)
+            self._write(max(self._slot_of, key=lambda r: store.fill[self._slot_of[r]]))
         slot = store.free.pop()
         self._slot_of[rid] = slot
         return slot
@@ -607,14 +472,14 @@ class PieceCollector:
             return
         n, a, b = len(src), src[0], dst[0]
         rows = as_words(records)
-        rows = rows[a : a + n] if src == list(range(a, a + n)) else rows.index_select(0, _index(src, records.device))
+        rows = rows[a : a + n] if src == list(range(a, a + n)) else rows.index_select(0, torch.tensor(src, dtype=torch.int64))
         flat = self._slots.flat
         if dst == list(range(b, b + n)):
             flat[b : b + n].copy_(rows)
         else:
-            flat.index_copy_(0, _index(dst, records.device), rows)
+            flat.index_copy_(0, torch.tensor(dst, dtype=torch.int64), rows)
 
-    def _spill(self, rid: str, slot: int, records: torch.Tensor, start: int, rows: int, *, on_stream: bool) -> None:
+    def _spill(self, rid: str, slot: int, records: torch.Tensor, start: int, rows: int) -> None:
         """More rows of ``rid`` than its slot has room for: the slot topped up and written, whole pieces straight from
         the pass, the rest into a slot."""
         store = self._slots
@@ -624,10 +489,10 @@ class PieceCollector:
             take = per_piece - filled
             store.records[slot, filled:per_piece].copy_(records[start : start + take])
             store.fill[slot] = per_piece
-            self._write(rid, on_stream=on_stream)
+            self._write(rid)
             start, rows = start + take, rows - take
-        while rows >= per_piece and not self.refused(rid):  # whole pieces, copied to the host straight from the pass
-            self._start_piece(rid, store.columns.split(records[start : start + per_piece]), per_piece, store.state_dtype, on_stream)
+        while rows >= per_piece:  # whole pieces, copied out of the pass (its pinned memory goes back once filed)
+            self._emit(rid, store.named(records[start : start + per_piece]), per_piece, store.state_dtype)
             start, rows = start + per_piece, rows - per_piece
         if rows and not self.refused(rid):
             held = self._slot_of.get(rid)
@@ -637,40 +502,56 @@ class PieceCollector:
             self._updated[rid] = time.monotonic()
         self.stats["one_pass_held_peak_bytes"] = max(self.stats["one_pass_held_peak_bytes"], self.held_bytes)
 
-    def _drop(self, rid: str) -> None:
-        """Free ``rid``'s slot, its rows unwritten."""
+    def _write_stale(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stale_check < STALE_S / 4:
+            return
+        self._last_stale_check = now
+        run = self._run
+        if run is not None:  # its requests' times are the run's
+            self._updated.update(dict.fromkeys(run.rids, run.updated))
+        for rid in [r for r, t in self._updated.items() if now - t > STALE_S]:
+            self._write(rid)
+
+    def _write_all(self) -> None:
+        for rid in list(self._slot_of):
+            self._write(rid)
+
+    def _drop(self, rid: str) -> dict[str, torch.Tensor] | None:
+        """Free ``rid``'s slot; a copy of the rows it held (None when it held none)."""
         self._updated.pop(rid, None)
         slot = self._slot_of.pop(rid, None)
         if slot is None:
-            return
+            return None
         if self._run is not None and slot in self._run.slots:  # the run's slots are no longer all its own
             self._end_run()
         store = self._slots
+        rows = store.rows(slot) if store.fill[slot] else None
         store.fill[slot] = 0
         store.free.append(slot)
+        return rows
 
-    def _write(self, rid: str, *, on_stream: bool) -> None:
-        """A request's held rows as its next piece: the host copy started (on the filing stream, so the slot, freed
-        now, is filed again only after it is read)."""
-        slot = self._slot_of.get(rid)
-        if slot is None:
-            return
-        if self._run is not None and slot in self._run.slots:
-            self._end_run()  # (its fill settled first)
-        store = self._slots
-        rows = store.fill[slot]
+    def _write(self, rid: str) -> None:
+        """A request's held rows as its next piece (room reserved first; none in time refuses the request)."""
+        rows = self._drop(rid)
         if rows:
-            self._start_piece(rid, store.held(slot), rows, store.state_dtype, on_stream)
-        self._drop(rid)
+            self._emit(rid, rows, next(iter(rows.values())).shape[0], self._slots.state_dtype)
 
-    def _start_piece(self, rid: str, columns: dict[str, torch.Tensor], rows: int, state_dtype: str, on_stream: bool) -> None:
-        """The host copy of ``rows`` rows of ``rid`` (``columns``: views of the store or of a pass), handed on with the lock."""
-        piece = self.copier.snapshot(columns, 0.0 if self._out else self.max_wait_s, on_stream=on_stream)
-        if piece is None and self._out:  # host memory is short: the pieces started already go on first (freed once written)
-            self._hand_on(self._take_out())
-            piece = self.copier.snapshot(columns, self.max_wait_s, on_stream=on_stream)
-        if piece is None:
-            self.refuse(rid, f"{REFUSED_NO_HOST_BUFFER} (pinned_pool_bytes too small for the load)")
+    def _emit(self, rid: str, tensors: dict[str, torch.Tensor], rows: int, state_dtype: str) -> None:
+        """``tensors`` (``rows`` rows of ``rid``) to the writer as the request's next piece, room reserved first."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        if not self.budget.reserve(nbytes, self.max_wait_s, nfiles=1):
+            snap = self.budget.snapshot()
+            self.refuse(
+                rid,
+                f"{REFUSED_STAGING_FULL}: {snap['disk_files']} files / {snap['disk_bytes']} bytes waiting and no room for "
+                f"a one-pass piece of {rows} rows within {self.max_wait_s} s; the client is not draining pieces fast enough",
+            )
+            self._drop(rid)
             return
-        nbytes = sum(t.numel() * t.element_size() for t in columns.values())
-        self._out.append(_Ready(rid, piece, rows, nbytes, state_dtype, next(self._pieces)))
+        k = next(self._pieces)
+        meta = {"capture_path": ONE_PASS_PATH, "piece": str(k)}
+        job = DumpJob(rid=rid, total=rows, pieces=[HostPiece(tensors)], reserved=nbytes, meta=meta, state_dtype=state_dtype)
+        job.name = piece_name(rid, k)
+        self.stats["one_pass_pieces"] += 1
+        self.writer.submit(job)

@@ -1,28 +1,24 @@
 """The one-pass collector: its idea of a quiet server follows the pace of its passes, and every row it is handed
-comes out once, in its own request's pieces, within the memory bound (the slot store), even where the pass's
-buffer is overwritten as soon as it is filed (a decode graph's static record)."""
+comes out once, in its own request's pieces, within the memory bound (the slot store)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
-import time
-from typing import NamedTuple
 
 import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
 from hs_dataset.server_patch.budget import StagingBudget
-from hs_dataset.server_patch.copier import HostCopier
-from hs_dataset.server_patch.one_pass import _MAX_IDLE_S, IDLE_FLUSH_S, IDLE_PASSES, PieceCollector, as_words
-from hs_dataset.server_patch.row_record import RecordLayout, packed
+from hs_dataset.server_patch.copier import HostPiece
+from hs_dataset.server_patch.one_pass import _MAX_IDLE_S, IDLE_FLUSH_S, IDLE_PASSES, PieceCollector, _Block, _Gone, as_words
+from hs_dataset.server_patch.row_record import RECORD, packed
 
 
 def collector() -> PieceCollector:
-    return PieceCollector(budget=None, writer=None, copier=HostCopier(1 << 24), stats={}, refuse=lambda rid, why: None,
-                          piece_rows=256, max_held_bytes=1 << 20, max_wait_s=1.0, start_thread=False)  # fmt: skip
+    return PieceCollector(budget=None, writer=None, stats={}, refuse=lambda rid, why: None, piece_rows=256,
+                          max_held_bytes=1 << 20, max_wait_s=1.0, start_thread=False)  # fmt: skip
 
 
 def test_a_fast_server_is_quiet_after_the_floor_a_slow_one_after_a_few_of_its_passes():
@@ -48,25 +44,21 @@ HIDDEN = 4
 
 
 class Pieces:
-    """A writer that keeps every piece (its job, and a copy of its rows by tensor) in the order they came; the host
-    memory goes back to the copier's pool at once, as the dump writer's does once written."""
+    """A writer that keeps every piece (name, rows by tensor) in the order they came."""
 
     def __init__(self) -> None:
         self.jobs: list = []
-        self.rows: list[dict[str, torch.Tensor]] = []
         self.lock = threading.Lock()
 
     def submit(self, job) -> None:
-        tensors = {name: t.clone() for name, t in job.pieces[0].wait().items()}
-        job.pieces[0].release()
         with self.lock:
             self.jobs.append(job)
-            self.rows.append(tensors)
 
     def rows_of(self) -> dict[str, list[tuple[int, int, float]]]:
         """(position, token id, first state value) of every row written, by request, piece after piece."""
         out: dict[str, list[tuple[int, int, float]]] = {}
-        for job, t in zip(self.jobs, self.rows, strict=True):
+        for job in self.jobs:
+            t = job.pieces[0].wait()
             for pos, tok, val in zip(t["positions"].tolist(), t["input_ids"].tolist(), t["aux"][:, 0, 0].tolist(), strict=True):
                 out.setdefault(job.rid, []).append((pos, tok, val))
         return out
@@ -74,37 +66,22 @@ class Pieces:
 
 def filing(piece_rows: int = 4, held_bytes: int = 1 << 20) -> tuple[PieceCollector, Pieces]:
     writer = Pieces()
-    c = PieceCollector(budget=StagingBudget(1 << 40, 1 << 20, lambda: (0, 0)), writer=writer, copier=HostCopier(1 << 26),
-                       stats={}, refuse=lambda rid, why: None, piece_rows=piece_rows, max_held_bytes=held_bytes,
+    c = PieceCollector(budget=StagingBudget(1 << 40, 1 << 20, lambda: (0, 0)), writer=writer, stats={},
+                       refuse=lambda rid, why: None, piece_rows=piece_rows, max_held_bytes=held_bytes,
                        max_wait_s=1.0, start_thread=False)  # fmt: skip
     return c, writer
 
 
-class Block(NamedTuple):
-    """One pass's rows of one-pass requests as the forward thread hands them over."""
+class ReusedPiece(HostPiece):
+    """A pass's host copy whose memory is reused once released (as the pinned pool's is): zeroed on release."""
 
-    record: torch.Tensor
-    owners: list[tuple[str, int, int]]
-    columns: RecordLayout
-    state_dtype: str
-
-
-def feed(c: PieceCollector, b: Block, *, decode: bool = True) -> None:
-    """File a pass, then overwrite its buffer, as the next replay of a decode graph overwrites its static record."""
-    c.file(b.record, b.owners, b.columns, b.state_dtype, decode=decode)
-    b.record.zero_()
+    def release(self) -> None:
+        for t in self._tensors.values():
+            t.zero_()
+        super().release()
 
 
-def leave(c: PieceCollector, rids: set[str]) -> None:
-    """Requests that left the decode batch: written at once (what :meth:`PieceCollector.decode_step` does for them)."""
-    c._write_held(sorted(rids))
-
-
-def write_all(c: PieceCollector) -> None:
-    assert c.flush(10)
-
-
-def block(rows: list[tuple[str, int, int]], owners: list | None = None, dtype: torch.dtype = torch.float32) -> Block:
+def block(rows: list[tuple[str, int, int]], owners: list | None = None, dtype: torch.dtype = torch.float32) -> _Block:
     """One pass: (rid, first position, rows) per request; each row's token is its position + 1000 * request, its
     state the same value (so a row in the wrong place shows). ``owners``: the owner list to hand over (the forward
     thread hands the same list object for every step of one decode batch); else a new one."""
@@ -124,7 +101,7 @@ def block(rows: list[tuple[str, int, int]], owners: list | None = None, dtype: t
     columns, record = packed(tensors)
     if owners is not None:
         assert owners == made
-    return Block(record, made if owners is None else owners, columns, "float32")
+    return _Block(ReusedPiece({RECORD: record}), made if owners is None else owners, columns, "float32")
 
 
 def rid(k: int) -> str:
@@ -137,33 +114,33 @@ def expected_rows(k: int, positions: range) -> list[tuple[int, int, float]]:
 
 def test_decode_steps_go_out_as_pieces_of_piece_rows_each_request_its_own_rows_in_order():
     c, writer = filing(piece_rows=4)
-    feed(c, block([(rid(k), 0, 10) for k in range(3)]))  # the prompts' prefill: 10 rows each (2 pieces + 2 held)
+    c._handle(block([(rid(k), 0, 10) for k in range(3)]))  # the prompts' prefill: 10 rows each (2 pieces + 2 held)
     for step in range(9):  # then 9 decode steps, one row each, the batch in another order each step
         order = [(k + step) % 3 for k in range(3)]
-        feed(c, block([(rid(k), 10 + step, 1) for k in order]))
-    write_all(c)
+        c._handle(block([(rid(k), 10 + step, 1) for k in order]))
+    c._write_all()
     rows = writer.rows_of()
     for k in range(3):
         assert rows[rid(k)] == expected_rows(k, range(19))
-    assert all(len(t["positions"]) <= 4 for t in writer.rows)
+    assert all(len(j.pieces[0].wait()["positions"]) <= 4 for j in writer.jobs)
     assert c.held_bytes == 0 and c.stats["one_pass_rows"] == 57
 
 
 def test_a_request_gone_from_the_decode_batch_is_written_at_once_the_others_stay_held():
     c, writer = filing(piece_rows=8)
-    feed(c, block([(rid(1), 5, 1), (rid(2), 9, 1)]))
-    leave(c, {rid(1)})
+    c._handle(block([(rid(1), 5, 1), (rid(2), 9, 1)]))
+    c._handle(_Gone(frozenset({rid(1)})))
     assert [j.rid for j in writer.jobs] == [rid(1)]
     assert c.held_bytes > 0  # rid 2's row
-    write_all(c)
+    c._write_all()
     assert writer.rows_of() == {rid(1): expected_rows(1, range(5, 6)), rid(2): expected_rows(2, range(9, 10))}
 
 
 def test_rows_of_a_refused_request_are_dropped():
     c, writer = filing()
     c.refuse(rid(1), "test")
-    feed(c, block([(rid(1), 0, 3), (rid(2), 0, 3)]))
-    write_all(c)
+    c._handle(block([(rid(1), 0, 3), (rid(2), 0, 3)]))
+    c._write_all()
     assert set(writer.rows_of()) == {rid(2)}
 
 
@@ -171,10 +148,10 @@ def test_with_fewer_slots_than_requests_the_fullest_goes_out_and_memory_stays_wi
     row_bytes = block([(rid(0), 0, 1)]).columns.row_bytes
     c, writer = filing(piece_rows=4, held_bytes=2 * 4 * row_bytes)  # two slots of 4 rows
     for step in range(6):
-        feed(c, block([(rid(k), step, 1) for k in range(5)]))
+        c._handle(block([(rid(k), step, 1) for k in range(5)]))
         assert c.held_bytes <= 2 * 4 * row_bytes
     assert c.stats["one_pass_held_peak_bytes"] <= 2 * 4 * row_bytes
-    write_all(c)
+    c._write_all()
     rows = writer.rows_of()
     for k in range(5):
         assert sorted(rows[rid(k)]) == expected_rows(k, range(6))
@@ -183,20 +160,20 @@ def test_with_fewer_slots_than_requests_the_fullest_goes_out_and_memory_stays_wi
 def test_a_slot_never_holds_more_than_the_bound_even_when_piece_rows_would():
     row_bytes = block([(rid(0), 0, 1)]).columns.row_bytes
     c, writer = filing(piece_rows=256, held_bytes=3 * row_bytes)
-    feed(c, block([(rid(0), 0, 10)]))
+    c._handle(block([(rid(0), 0, 10)]))
     assert c.held_bytes <= 3 * row_bytes
-    write_all(c)
+    c._write_all()
     assert writer.rows_of()[rid(0)] == expected_rows(0, range(10))
-    assert max(len(t["positions"]) for t in writer.rows) == 3
+    assert max(len(j.pieces[0].wait()["positions"]) for j in writer.jobs) == 3
 
 
 def test_a_layout_change_writes_what_is_held_first():
     c, writer = filing(piece_rows=8)
-    feed(c, block([(rid(1), 0, 2)]))
-    feed(c, block([(rid(2), 0, 2)], dtype=torch.float16))
+    c._handle(block([(rid(1), 0, 2)]))
+    c._handle(block([(rid(2), 0, 2)], dtype=torch.float16))
     assert [j.rid for j in writer.jobs] == [rid(1)]
-    write_all(c)
-    assert writer.rows[1]["aux"].dtype == torch.float16
+    c._write_all()
+    assert writer.jobs[1].pieces[0].wait()["aux"].dtype == torch.float16
 
 
 @settings(max_examples=60, deadline=None)
@@ -222,17 +199,17 @@ def test_every_row_comes_out_once_in_its_requests_pieces_in_order(piece_rows, sl
             spec.append((rid(k), next_pos.get(k, 0), n))
             sent.setdefault(rid(k), []).extend(expected_rows(k, range(next_pos.get(k, 0), next_pos.get(k, 0) + n)))
             next_pos[k] = next_pos.get(k, 0) + n
-        feed(c, block(spec))
+        c._handle(block(spec))
         assert 0 <= c.held_bytes <= slots * piece_rows * row_bytes
         if i < len(gone):
-            leave(c, {rid(gone[i])})
-    write_all(c)
+            c._handle(_Gone(frozenset({rid(gone[i])})))
+    c._write_all()
     assert c.held_bytes == 0
     got = writer.rows_of()
     assert {r: sorted(v) for r, v in got.items()} == {r: sorted(v) for r, v in sent.items()}
     for r, rows in got.items():  # within a request, pieces in order and each piece's rows in order
         assert [p for p, _, _ in rows] == sorted(p for p, _, _ in rows), r
-    assert all(0 < len(t["positions"]) <= piece_rows for t in writer.rows)
+    assert all(0 < len(j.pieces[0].wait()["positions"]) <= piece_rows for j in writer.jobs)
 
 
 def decode_batches(c: PieceCollector, batches, refusals, *, same_owners: bool) -> None:
@@ -243,16 +220,16 @@ def decode_batches(c: PieceCollector, batches, refusals, *, same_owners: bool) -
     for b, (ks, steps) in enumerate(batches):
         rids = {rid(k) for k in ks}
         if last - rids:
-            leave(c, last - rids)
+            c._handle(_Gone(frozenset(last - rids)))
         last = rids
         owners = [(rid(k), i, 1) for i, k in enumerate(ks)]
         for step in range(steps):
             for k in [k for bb, s, k in refusals if (bb, s) == (b, step)]:
                 c.refuse(rid(k), "test")
-            feed(c, block([(rid(k), pos.get(k, 0), 1) for k in ks], owners if same_owners else None))
+            c._handle(block([(rid(k), pos.get(k, 0), 1) for k in ks], owners if same_owners else None))
             for k in ks:
                 pos[k] = pos.get(k, 0) + 1
-    write_all(c)
+    c._write_all()
 
 
 @settings(max_examples=80, deadline=None)
@@ -280,8 +257,8 @@ def test_a_decode_batch_filed_as_a_run_writes_the_very_pieces_of_filing_request_
 
     def by_request(writer: Pieces) -> dict[str, list]:
         out: dict[str, list] = {}
-        for j, rows in zip(writer.jobs, writer.rows, strict=True):
-            out.setdefault(j.rid, []).append([t.tolist() for t in rows.values()])
+        for j in writer.jobs:
+            out.setdefault(j.rid, []).append([t.tolist() for t in j.pieces[0].wait().values()])
         return out
 
     def rows_by_request(writer: Pieces) -> dict[str, list]:
@@ -300,18 +277,19 @@ def test_a_steady_decode_batch_is_filed_as_a_run_across_full_slots():
     assert c.stats["one_pass_run_steps"] == 10  # every step after the first (slots written and taken again within the run)
     rows = writer.rows_of()
     assert all(rows[rid(k)] == expected_rows(k, range(11)) for k in range(3))
-    assert [len(t["positions"]) for t in writer.rows] == [4] * 6 + [3] * 3
+    assert [len(j.pieces[0].wait()["positions"]) for j in writer.jobs] == [4] * 6 + [3] * 3
 
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_flush_writes_everything_held(threaded):
     c, writer = filing(piece_rows=64)
     if threaded:
-        c = PieceCollector(budget=c.budget, writer=writer, copier=c.copier, stats={}, refuse=lambda rid, why: None,
-                           piece_rows=64, max_held_bytes=1 << 20, max_wait_s=1.0)  # fmt: skip
-        feed(c, block([(rid(1), 0, 3)]))
+        c = PieceCollector(budget=c.budget, writer=writer, stats={}, refuse=lambda rid, why: None, piece_rows=64,
+                           max_held_bytes=1 << 20, max_wait_s=1.0)  # fmt: skip
+        b = block([(rid(1), 0, 3)])
+        c.take(b.piece, b.owners, b.columns, b.state_dtype)
     else:
-        feed(c, block([(rid(1), 0, 3)]))
+        c._handle(block([(rid(1), 0, 3)]))
     assert c.flush(10)
     assert writer.rows_of() == {rid(1): expected_rows(1, range(3))}
     c.close()
@@ -327,40 +305,3 @@ def test_rows_move_as_the_widest_word_that_divides_them_and_keep_their_bytes(sha
     words = as_words(t)
     assert words.dtype == word and words.shape[0] == shape[0]
     assert bytes(words.view(torch.uint8).flatten().tolist()) == bytes(t.reshape(shape[0], -1).view(torch.uint8).flatten().tolist())
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CPU path is tested above)")
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-def test_rows_filed_from_a_reused_buffer_on_the_forward_stream_come_out_whole_when_full_and_when_quiet(device):
-    """The store as a decode graph feeds it: each step's rows in one static buffer, overwritten by the next step
-    right after they are filed; on a GPU all on the forward thread's own stream, with the GPU running behind the CPU
-    (a copy out of order would read the next step's rows). Full pieces are started by the forward thread; the rest
-    are written by the collector's thread once no pass comes (on that same stream)."""
-    writer = Pieces()
-    c = PieceCollector(budget=StagingBudget(1 << 40, 1 << 20, lambda: (0, 0)), writer=writer, copier=HostCopier(1 << 26),
-                       stats={}, refuse=lambda rid, why: None, piece_rows=8, max_held_bytes=1 << 20, max_wait_s=5.0)  # fmt: skip
-    requests, steps = 6, 29
-    owners = [(rid(k), k, 1) for k in range(requests)]
-    cuda = device == "cuda"
-    try:
-        with torch.cuda.stream(torch.cuda.Stream()) if cuda else contextlib.nullcontext():
-            static = None
-            for step in range(steps):
-                b = block([(rid(k), step, 1) for k in range(requests)], owners)
-                if static is None:
-                    static = torch.empty_like(b.record, device=device)
-                if cuda:
-                    torch.cuda._sleep(200_000)  # the GPU falls behind: what is read out of order reads later rows
-                static.copy_(b.record.pin_memory() if cuda else b.record, non_blocking=cuda)
-                c.file(static, owners, b.columns, b.state_dtype, decode=True)
-        assert c._store is not None and c._store.device.type == device
-        deadline = time.monotonic() + 20
-        while sum(len(t["positions"]) for t in list(writer.rows)) < requests * steps and time.monotonic() < deadline:
-            time.sleep(0.02)  # the last 5 rows of each request go out when the collector finds the server quiet
-        rows = writer.rows_of()
-        assert {r: rows.get(r) for r in map(rid, range(requests))} == {rid(k): expected_rows(k, range(steps)) for k in range(requests)}
-        assert c.stats["one_pass_run_steps"] >= steps - 4  # (a run from the second step, renewed as slots fill)
-    finally:
-        c.close()
