@@ -39,7 +39,7 @@ import torch
 from hs_dataset.libc import name_os_thread
 from hs_dataset.server_patch.copy_pump import CopyPump
 
-__all__ = ["HostCopier", "HostPiece", "PinnedPool", "host_bytes"]
+__all__ = ["HostCopier", "HostPiece", "PinnedPool", "host_bytes", "to_device"]
 
 _ALIGN = 256
 DIRECT_MAX_BYTES = 16 << 20  # on_stream copies up to this size go on the current stream (see the module docstring)
@@ -65,6 +65,18 @@ def host_bytes(t: torch.Tensor) -> memoryview:
     array = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
     array._hs_owner = t  # the memory must outlive every view of it
     return memoryview(array).cast("B")
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor (an index, positions) on ``device`` without the forward thread waiting for the device.
+
+    Why: ``t.to(cuda)`` from pageable memory synchronizes the current stream (torch's copy waits for it to finish),
+    so the forward thread would wait for every kernel queued before it; from pinned memory the copy is queued like
+    any other (torch keeps the pinned block until it has landed).
+    """
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _host_view(buf: torch.Tensor, offset: int, nbytes: int, like: torch.Tensor) -> torch.Tensor:

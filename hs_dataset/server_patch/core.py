@@ -62,7 +62,7 @@ from hs_dataset.server_patch.budget import StagingBudget
 from hs_dataset.server_patch.config import CaptureConfig
 from hs_dataset.server_patch.contract.dump import REFUSED_NO_HOST_BUFFER, REFUSED_STAGING_FULL
 from hs_dataset.server_patch.contract.rid import RID_RE, content_key, rid_num_tokens
-from hs_dataset.server_patch.copier import HostCopier, HostPiece
+from hs_dataset.server_patch.copier import HostCopier, HostPiece, to_device
 from hs_dataset.server_patch.dump_writer import DumpJob, DumpWriter
 from hs_dataset.server_patch.one_pass import PieceCollector
 from hs_dataset.server_patch.reporter import StatusReporter
@@ -144,11 +144,11 @@ class _BlockLayout:
             first = held[0].offset if held else 0
             return cls(slice(first, first + start), owners)
         if all(request.length == 1 for request in held):  # a decode step: one row each
-            return cls(torch.tensor([request.offset for request in held], device=device), owners)
+            return cls(to_device(torch.tensor([request.offset for request in held]), device), owners)
         offsets = torch.tensor([request.offset for request in held])
         lengths = torch.tensor([request.length for request in held])
         shift = offsets - (torch.cumsum(lengths, 0) - lengths)  # row i of the block lies at i + its request's shift
-        return cls((torch.repeat_interleave(shift, lengths) + torch.arange(start)).to(device), owners)
+        return cls(to_device(torch.repeat_interleave(shift, lengths) + torch.arange(start), device), owners)
 
     def on(self, device: torch.device) -> bool:
         """Whether its row index can select rows of a pass on ``device``."""
@@ -420,7 +420,7 @@ class CaptureCore:
         block, owners, _ = self._block_rows(slices, pass_rows, plan)
         if batch.positions is None:  # an extend pass: each request's rows follow its cached prefix
             device = block["input_ids"].device
-            block["positions"] = torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]).to(device)
+            block["positions"] = to_device(torch.cat([torch.arange(r.prefix, r.prefix + r.length) for r in slices]), device)
         columns, record = packed(row_columns(block.pop("input_ids"), block.pop("positions"), block))  # made for this copy: no snapshot
         wait_s = pass_.deadline - time.monotonic()
         self._hand_over(slices, owners, record, (RECORD,), wait_s, columns, pass_.state_dtype, on_stream=batch.mode == DECODE_MODE)

@@ -104,6 +104,8 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
         ("2026-12-07 12:33", "H100"),
         ("2026-12-07 12:40", "H100"),  # 'the same warm H100': the machine of the run before
         ("2026-12-07 16:21", "H100"),
+        ("2026-12-07 23:36", "H100"),
+        ("2026-12-08 00:16", "H100"),  # e0ad9c2 (the device slot store), reverted on main after this run
     ]
     assert gpu[2].summary is not None and (gpu[2].summary.end_to_end, gpu[2].summary.old_tok_s) == (1.09, None)
     assert gpu[3].summary is None  # ran out of its device call in round 3: no summary lines
@@ -112,12 +114,20 @@ def test_regenerate_runs_are_read_with_date_device_and_summary() -> None:
 
 def test_runs_against_the_turn_order_client_are_read_from_their_last_line() -> None:
     assert _has_line("bench_regenerate_gpu.txt", "wall_ratio=1.089 extra_prefill_pct=0.34 build_tok_s=5689.7 turn_order_tok_s=6025.6")
+    assert _has_line("bench_regenerate_gpu.txt", "wall_ratio=1.145 extra_prefill_pct=0.34 build_tok_s=5797.9 turn_order_tok_s=6431.8")
     assert _has_line("bench_regenerate_cpu.txt", "wall_ratio=0.935 extra_prefill_pct=4.75 build_tok_s=94.7 turn_order_tok_s=86.0")
     gpu = parse_regenerate(RESULTS / "bench_regenerate_gpu.txt")
     read = [(run.date, run.turn_order.wall_ratio) for run in gpu if run.turn_order]
-    assert read == [("2026-12-07 04:51", 1.31), ("2026-12-07 12:33", 1.156), ("2026-12-07 12:40", 1.157), ("2026-12-07 16:21", 1.089)]
+    assert read == [
+        ("2026-12-07 04:51", 1.31),
+        ("2026-12-07 12:33", 1.156),
+        ("2026-12-07 12:40", 1.157),
+        ("2026-12-07 16:21", 1.089),
+        ("2026-12-07 23:36", 1.145),
+        ("2026-12-08 00:16", 1.208),
+    ]
     last = gpu[-1].turn_order
-    assert last is not None and (last.extra_prefill_pct, last.build_tok_s, last.turn_order_tok_s) == (0.34, 5689.7, 6025.6)
+    assert last is not None and (last.extra_prefill_pct, last.build_tok_s, last.turn_order_tok_s) == (0.34, 5403.5, 6325.9)
     assert gpu[3].turn_order is None  # 2026-12-06 21:02 ran out of its device call before its last line
     cpu = parse_regenerate(RESULTS / "bench_regenerate_cpu.txt")
     assert [run.date for run in cpu if run.turn_order] == ["2026-12-07 05:46", "2026-12-07 06:48"]

@@ -1026,3 +1026,23 @@ def test_cpu_snapshots_come_from_a_bounded_pool_and_go_back_after_the_write(tmp_
     first.release()  # the dump was written
     again = copier.snapshot({"aux": rows}, timeout=0)
     assert again is not None and again.wait()["aux"].data_ptr() == ptr
+
+
+@needs_cuda
+def test_a_small_host_tensor_goes_to_the_device_without_the_thread_waiting_for_its_stream():
+    """``to_device`` (positions, row indices) queues its copy behind the forward's kernels instead of waiting for them,
+    as ``.to(cuda)`` from pageable memory does."""
+    from hs_dataset.server_patch.copier import to_device
+
+    device = torch.device("cuda")
+    to_device(torch.arange(4), device)  # the first pinned block is allocated outside the timing
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(500_000_000)  # a few hundred ms of the GPU busy ahead of the copy
+        started = time.perf_counter()
+        index = to_device(torch.arange(128), device)
+        queued_in = time.perf_counter() - started
+        started = time.perf_counter()
+        torch.arange(128).to(device)  # the pageable copy, for contrast: it waits for the sleep
+        waited = time.perf_counter() - started
+        assert index.tolist() == list(range(128))
+    assert queued_in < 0.02 < waited, (queued_in, waited)
