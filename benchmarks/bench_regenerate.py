@@ -138,15 +138,18 @@ def run_build(
     """``build_dataset`` with the lengths drawn (``capture`` False: regeneration only); wall time, run report.
 
     ``times``: filled with the build's ``started`` and ``ended`` (``time.perf_counter``), to set beside its span, and
-    when it stored its last sample (``stored``) and how long the writer's close took (``close_s``): where the time after
-    the last answer goes.
+    when it stored its last sample (``stored``), how long the writer's close took (``close_s``), when the build's run
+    report was saved (``built``) and how long closing the capture session took (``session_close_s``): where the time
+    after the last answer goes.
     """
     import hs_dataset.pipeline.build as build
     from hs_dataset.capture.sglang.backend import SGLangBackend
     from hs_dataset.formats.writer import ShardWriter
+    from hs_dataset.pipeline.session import CaptureSession
 
     times = {} if times is None else times
     add, close = ShardWriter.add, ShardWriter.close
+    session_close, inner_build = CaptureSession.close, build._build
 
     def timed_add(self: ShardWriter, sample: Any) -> bool:
         stored = add(self, sample)
@@ -160,6 +163,19 @@ def run_build(
         finally:
             times["close_s"] = times.get("close_s", 0.0) + time.perf_counter() - t
 
+    def timed_session_close(self: CaptureSession) -> None:
+        t = time.perf_counter()
+        try:
+            session_close(self)
+        finally:
+            times["session_close_s"] = times.get("session_close_s", 0.0) + time.perf_counter() - t
+
+    def timed_build(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner_build(*args, **kwargs)
+        finally:
+            times["built"] = time.perf_counter()  # the run report saved: what follows is closing the regeneration and the session
+
     backend_generator = SGLangBackend.generator
 
     def make(self: SGLangBackend, *args: Any) -> Any:
@@ -171,6 +187,7 @@ def run_build(
     SGLangBackend.generator = make
     build._capture = build._capture if capture else _no_capture
     ShardWriter.add, ShardWriter.close = timed_add, timed_close  # type: ignore[method-assign]
+    CaptureSession.close, build._build = timed_session_close, timed_build  # type: ignore[method-assign]
     shutil.rmtree(out, ignore_errors=True)
     try:
         t0 = time.perf_counter()
@@ -182,6 +199,7 @@ def run_build(
         SGLangBackend.generator = backend_generator
         build._capture = saved
         ShardWriter.add, ShardWriter.close = add, close  # type: ignore[method-assign]
+        CaptureSession.close, build._build = session_close, inner_build  # type: ignore[method-assign]
 
 
 def captured_by(out: Path) -> str:
@@ -360,8 +378,14 @@ def run_one(name: str, r: int, runs: Runs, ctx: dict) -> None:
             if "stored" in times:  # of which: until the last sample was stored, the writer's close, the rest
                 extra += (
                     f" ({times['stored'] - span.end:.2f} s to the last sample stored, writer close {times.get('close_s', 0.0):.2f} s, "
-                    f"then {times['ended'] - times['stored'] - times.get('close_s', 0.0):.2f} s)"
+                    f"then {times['ended'] - times['stored'] - times.get('close_s', 0.0):.2f} s"
                 )
+                if "built" in times:  # the rest: until the run report is saved, then the regeneration's and the session's close
+                    extra += (
+                        f": {times['built'] - times['stored'] - times.get('close_s', 0.0):.2f} s to the report saved, "
+                        f"session close {times.get('session_close_s', 0.0):.2f} s"
+                    )
+                extra += ")"
         if name == "build":
             after = capture_counters(staging, settle=True)
             extra += f"; captured by {captured_by(ctx['work'] / name)}; {describe_capture_cost(counted, after)}"
