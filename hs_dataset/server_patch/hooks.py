@@ -330,7 +330,7 @@ class _Runtime:
 
     def guard(self, fn, *args) -> int:
         """Run one hook; a failure is counted and logged, never raised into SGLang. Returns its wall time (ns)."""
-        started = elapsed = time.perf_counter_ns()
+        started = time.perf_counter_ns()
         try:
             fn(*args)
         except Exception as exc:
